@@ -1,0 +1,29 @@
+/**
+ * Opens a control-plane session for a registered source: loads it, opens its sealed password
+ * (bound to the source id) and connects through the adapter of its kind.
+ */
+import type { Sealer } from '../crypto/seal.ts'
+import type { AdapterKind } from '../kinds.ts'
+import type { SourcesRepo } from '../store/sources.ts'
+import { adapterFor } from './index.ts'
+import type { AdapterSession } from './types.ts'
+
+/**
+ * Connects to source `id`. Throws `E_MIG_NOT_FOUND` (no such source), and whatever the adapter's
+ * `connect` throws (`E_MIG_SOURCE_UNREACHABLE`, `E_MIG_AUTH_FAILED`, `E_MIG_BAD_REQUEST`).
+ */
+export async function openSourceSession(sources: SourcesRepo, sealer: Sealer, id: string): Promise<AdapterSession> {
+  const source = await sources.get(id)
+  const password = sealer.open(await sources.getSealedSecret(id), id)
+  return adapterFor(source.kind as AdapterKind).connect({ endpoint: source.endpoint, username: source.username, password, tls: source.tls_config })
+}
+
+/** Runs `fn` on a session of source `id` and always closes the session. */
+export async function withSourceSession<T>(sources: SourcesRepo, sealer: Sealer, id: string, fn: (s: AdapterSession) => Promise<T>): Promise<T> {
+  const session = await openSourceSession(sources, sealer, id)
+  try {
+    return await fn(session)
+  } finally {
+    await session.close()
+  }
+}

@@ -1,0 +1,52 @@
+/**
+ * The importer registry (spec 1.1 "Nine offline importers") and the inspect entry point behind
+ * `POST /host-files/inspect` and `POST /uploads/:id/inspect`.
+ */
+import { stat } from 'node:fs/promises'
+import { MigError } from '../errors.ts'
+import type { ImporterKind } from '../kinds.ts'
+import { VmManifest } from '../manifest.ts'
+import type { Importer, InspectContext } from './types.ts'
+
+/** Importer modules by kind, loaded on first use so start-up does not pay for all nine parsers. */
+const LOADERS: Record<ImporterKind, () => Promise<{ importer: Importer }>> = {
+  ova_archive: () => import('./ova_archive.ts'),
+  ovf_folder: () => import('./ovf_folder.ts'),
+  vmx_folder: () => import('./vmx_folder.ts'),
+  vhdx: () => import('./vhdx.ts'),
+  qcow2: () => import('./qcow2.ts'),
+  vmdk: () => import('./vmdk.ts'),
+  vmcx_export: () => import('./vmcx_export.ts'),
+  vbox_folder: () => import('./vbox_folder.ts'),
+  xva_archive: () => import('./xva_archive.ts'),
+}
+
+/** The importer of `kind`. */
+export async function importerFor(kind: ImporterKind): Promise<Importer> {
+  return (await LOADERS[kind]()).importer
+}
+
+/** What inspect returns (DESIGN.md: `{detected_kind, manifest}`). */
+export interface InspectResult {
+  detected_kind: ImporterKind
+  manifest: VmManifest
+}
+
+/**
+ * Detects the kind of `absPath` (already confined to the import root) unless `kind` is given,
+ * runs that importer's inspect, and checks the manifest against the schema.
+ * Throws `E_MIG_NOT_FOUND` (no such path) and whatever the importer throws
+ * (`E_MIG_MALFORMED_ARCHIVE`, `E_MIG_UNSUPPORTED_FORMAT`, `E_MIG_HOST_PATH_REJECTED`, ...).
+ */
+export async function inspectInput(absPath: string, ctx: InspectContext, kind?: ImporterKind): Promise<InspectResult> {
+  try {
+    await stat(absPath)
+  } catch {
+    throw new MigError('E_MIG_NOT_FOUND', `${absPath} does not exist`)
+  }
+  const detected = kind ?? (await (await import('./probe.ts')).detectKind(absPath, ctx))
+  const manifest = await (await importerFor(detected)).inspect(absPath, ctx)
+  const checked = VmManifest.safeParse(manifest)
+  if (!checked.success) throw new MigError('E_MIG_INTERNAL', `${detected} importer produced an invalid manifest: ${checked.error.message}`)
+  return { detected_kind: detected, manifest: checked.data }
+}

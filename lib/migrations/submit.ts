@@ -1,0 +1,48 @@
+/**
+ * Plan submission (spec 4 `POST /migrations`): validation of the plan and of what it refers to,
+ * then a persisted `Queued` job. Running it is the job engine's work.
+ */
+import { randomUUID } from 'node:crypto'
+import { existsSync } from 'node:fs'
+import { MigError } from '../errors.ts'
+import { resolveInRoot } from '../hostpath.ts'
+import type { Job } from '../job.ts'
+import { parseSubmitBody, strategyOf, type Plan } from '../plan.ts'
+import type { Store } from '../store/index.ts'
+
+/**
+ * Checks that the plan's `source_ref` points at something that exists:
+ * - `live_vm`: a registered source (`E_MIG_NOT_FOUND`) of the plan's adapter kind (`E_MIG_INVALID_PLAN`);
+ * - `offline_host_path`: a path inside the import root (`E_MIG_HOST_PATH_REJECTED`) that exists (`E_MIG_NOT_FOUND`);
+ * - `upload`: a ready, unexpired upload (`E_MIG_UPLOAD_NOT_FOUND`).
+ */
+export async function checkPlanRefs(plan: Plan, store: Store, importRoot: string, now: Date): Promise<void> {
+  const ref = plan.source_ref
+  if (ref.kind === 'live_vm') {
+    const source = await store.sources.get(ref.source_id)
+    const kind = 'Live' in plan.source ? plan.source.Live : null
+    if (source.kind !== kind) {
+      throw new MigError('E_MIG_INVALID_PLAN', `plan.source is Live ${kind} but source ${source.id} is ${source.kind}`, {
+        details: { issues: [{ path: 'plan.source.Live', message: `source ${source.id} is of kind ${source.kind}` }] },
+      })
+    }
+  } else if (ref.kind === 'offline_host_path') {
+    const abs = resolveInRoot(importRoot, ref.path)
+    if (!existsSync(abs)) throw new MigError('E_MIG_NOT_FOUND', `plan.source_ref.path ${JSON.stringify(ref.path)} does not exist in the import root`)
+  } else {
+    await store.uploads.get(ref.upload_id, now.toISOString())
+  }
+}
+
+/**
+ * Validates a `POST /migrations` body and persists the job (state `Queued`). Offline jobs run
+ * cold whatever `mode` says (`effective_mode: "Cold"`); live jobs start with the plan's mode and
+ * may be downgraded later (spec 1.4). Throws `E_MIG_INVALID_PLAN` plus the codes of
+ * {@link checkPlanRefs}, and `E_MIG_PERSIST_FAILED`.
+ */
+export async function submitPlan(body: unknown, store: Store, importRoot: string, now: Date): Promise<Job> {
+  const plan = parseSubmitBody(body)
+  await checkPlanRefs(plan, store, importRoot, now)
+  const strategy = strategyOf(plan)
+  return store.jobs.create({ id: randomUUID(), plan, strategy, effective_mode: strategy === 'live' ? plan.mode : 'Cold', now: now.toISOString() })
+}

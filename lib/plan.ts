@@ -1,0 +1,84 @@
+/**
+ * The migration plan (spec 2.1; optional fields of DESIGN.md section 3), validated with zod.
+ * Unknown fields are rejected everywhere. Types come from `z.infer`.
+ */
+import { z } from 'zod'
+import { ADAPTER_KINDS, IMPORTER_KINDS, PASSTHROUGH_IMPORTERS, type ImporterKind } from './kinds.ts'
+import { MigError } from './errors.ts'
+import type { Strategy } from './job.ts'
+
+const uuid = z.string().regex(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i, 'must be a UUID')
+
+/** `source`: externally tagged, exactly one of `{"Live": <adapter kind>}` or `{"Offline": <importer kind>}`. */
+export const PlanSource = z.union([
+  z.strictObject({ Live: z.enum(ADAPTER_KINDS) }),
+  z.strictObject({ Offline: z.enum(IMPORTER_KINDS) }),
+])
+
+/** `source_ref`, discriminated by `kind`. */
+export const SourceRef = z.discriminatedUnion('kind', [
+  z.strictObject({ kind: z.literal('live_vm'), source_id: uuid, vm_id: z.string().min(1).max(256) }),
+  z.strictObject({ kind: z.literal('offline_host_path'), path: z.string().min(1).max(4096) }),
+  z.strictObject({ kind: z.literal('upload'), upload_id: uuid }),
+])
+
+const name = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, 'must be 1-63 characters of [A-Za-z0-9._-], starting with a letter or digit')
+const bridge = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,14}$/, 'must be a Linux interface name')
+
+/** The whole plan. */
+export const Plan = z
+  .strictObject({
+    source: PlanSource,
+    source_ref: SourceRef,
+    mode: z.enum(['Warm', 'Cold']),
+    name: name.optional(),
+    destination: z.strictObject({ pool: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,200}$/, 'must be a ZFS dataset name') }).optional(),
+    guest_os: z.enum(['windows', 'linux', 'other']).optional(),
+    networks: z.array(z.strictObject({ source: z.string().min(1).max(256), bridge })).max(64).optional(),
+    firmware: z.enum(['bios', 'efi']).optional(),
+    start: z.boolean().optional(),
+    restore_point: z.strictObject({ backup_job_id: uuid, require_quiesced: z.boolean().optional() }).optional(),
+  })
+  .superRefine((p, ctx) => {
+    const live = 'Live' in p.source
+    if (live && p.source_ref.kind !== 'live_vm') {
+      ctx.addIssue({ code: 'custom', path: ['source_ref', 'kind'], message: 'a Live source needs source_ref.kind "live_vm"' })
+    }
+    if (!live && p.source_ref.kind === 'live_vm') {
+      ctx.addIssue({ code: 'custom', path: ['source_ref', 'kind'], message: 'an Offline source needs source_ref.kind "offline_host_path" or "upload"' })
+    }
+  })
+export type Plan = z.infer<typeof Plan>
+
+/** The body of `POST /migrations`: `{"plan": {...}}`. */
+export const SubmitPlanBody = z.strictObject({ plan: Plan })
+
+/** One failing field of a rejected plan: `path` like `plan.source_ref.path`. */
+export interface PlanIssue {
+  path: string
+  message: string
+}
+
+/** zod issues as `{path, message}` with dotted paths. */
+export function issuesOf(error: z.ZodError, prefix: string[] = []): PlanIssue[] {
+  return error.issues.map((i) => ({ path: [...prefix, ...i.path.map(String)].join('.') || '(body)', message: i.message }))
+}
+
+/**
+ * Validates a `POST /migrations` body. Throws `E_MIG_INVALID_PLAN` with `details.issues`
+ * listing every failing field path (`plan.mode`, `plan.source_ref.path`, ...).
+ */
+export function parseSubmitBody(body: unknown): Plan {
+  const r = SubmitPlanBody.safeParse(body)
+  if (!r.success) {
+    const issues = issuesOf(r.error)
+    throw new MigError('E_MIG_INVALID_PLAN', `invalid plan: ${issues.map((i) => `${i.path}: ${i.message}`).join('; ')}`, { details: { issues } })
+  }
+  return r.data.plan
+}
+
+/** The strategy of spec 1.2 for a plan: live adapter, passthrough importer, or `read_disk` loop. */
+export function strategyOf(plan: Plan): Strategy {
+  if ('Live' in plan.source) return 'live'
+  return PASSTHROUGH_IMPORTERS.includes(plan.source.Offline as ImporterKind) ? 'passthrough' : 'offline'
+}

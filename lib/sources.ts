@@ -1,0 +1,51 @@
+/**
+ * Registration of live sources (spec 2.2; request shape of DESIGN.md section 3).
+ */
+import { z } from 'zod'
+import { ADAPTER_KINDS } from './kinds.ts'
+import { MigError } from './errors.ts'
+import { issuesOf } from './plan.ts'
+
+/** An endpoint: an `http(s)://` URL or a bare `host[:port]`, no credentials inside. */
+const endpoint = z
+  .string()
+  .min(1)
+  .max(2048)
+  .refine((s) => {
+    if (/^[a-z][a-z0-9+.-]*:\/\//i.test(s)) {
+      try {
+        const u = new URL(s)
+        return (u.protocol === 'https:' || u.protocol === 'http:') && u.hostname !== '' && u.username === '' && u.password === ''
+      } catch {
+        return false
+      }
+    }
+    return /^(\[[0-9a-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?$/.test(s)
+  }, 'must be an http(s) URL without credentials, or host[:port]')
+
+/** Body of `POST /sources`. The password is sealed before it is stored and never returned. */
+export const SourceInput = z.strictObject({
+  name: z.string().min(1).max(128).regex(/^[^\x00-\x1f]+$/, 'must not contain control characters'),
+  kind: z.enum(ADAPTER_KINDS),
+  endpoint,
+  username: z.string().min(1).max(256),
+  password: z.string().min(1).max(4096),
+  tls: z
+    .strictObject({
+      insecure: z.boolean().optional(),
+      ca_pem: z.string().max(65536).regex(/-----BEGIN CERTIFICATE-----/, 'must be a PEM certificate').optional(),
+      thumbprint: z.string().regex(/^([0-9A-Fa-f]{2}:?){32}$/, 'must be a SHA-256 thumbprint (64 hex digits, colons optional)').optional(),
+    })
+    .optional(),
+})
+export type SourceInput = z.infer<typeof SourceInput>
+
+/** Validates a `POST /sources` body; `E_MIG_BAD_REQUEST` with `details.issues` (never echoing the password). */
+export function parseSourceInput(body: unknown): SourceInput {
+  const r = SourceInput.safeParse(body)
+  if (!r.success) {
+    const issues = issuesOf(r.error)
+    throw new MigError('E_MIG_BAD_REQUEST', `invalid source: ${issues.map((i) => `${i.path}: ${i.message}`).join('; ')}`, { details: { issues } })
+  }
+  return r.data
+}

@@ -1,0 +1,36 @@
+/**
+ * The persistent store (spec 1.5 `migrator.db`): one SQLite database with a repository per table.
+ */
+import type { Kysely } from 'kysely'
+import { openDatabase } from './db.ts'
+import { EventsRepo } from './events.ts'
+import { JobsRepo } from './jobs.ts'
+import type { Database } from './schema.ts'
+import { SourcesRepo } from './sources.ts'
+import { UploadsRepo } from './uploads.ts'
+import { WatermarksRepo } from './watermarks.ts'
+
+/** The opened store. `close()` waits for pending queries and closes the database. */
+export interface Store {
+  db: Kysely<Database>
+  sources: SourcesRepo
+  uploads: UploadsRepo
+  jobs: JobsRepo
+  events: EventsRepo
+  watermarks: WatermarksRepo
+  close(): Promise<void>
+}
+
+/** Opens the store at `file` (see {@link openDatabase}); throws `E_MIG_PERSIST_FAILED`. */
+export async function openStore(file: string): Promise<Store> {
+  const db = await openDatabase(file)
+  return {
+    db,
+    sources: new SourcesRepo(db),
+    uploads: new UploadsRepo(db),
+    jobs: new JobsRepo(db),
+    events: new EventsRepo(db),
+    watermarks: new WatermarksRepo(db),
+    close: () => db.destroy(),
+  }
+}

@@ -1,0 +1,80 @@
+/**
+ * Schema migrations of the store, applied in order at open (kysely `Migrator`).
+ * Never edit a shipped migration: add a new one.
+ */
+import { sql, type Kysely, type Migration, type MigrationProvider } from 'kysely'
+
+const migrations: Record<string, Migration> = {
+  '0001_initial': {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable('sources')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('name', 'text', (c) => c.notNull().unique())
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('endpoint', 'text', (c) => c.notNull())
+        .addColumn('username', 'text', (c) => c.notNull())
+        .addColumn('secret', 'text', (c) => c.notNull())
+        .addColumn('tls', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('updated_at', 'text', (c) => c.notNull())
+        .execute()
+      await db.schema
+        .createTable('uploads')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('filename', 'text', (c) => c.notNull())
+        .addColumn('size_bytes', 'integer', (c) => c.notNull())
+        .addColumn('sha256', 'text')
+        .addColumn('status', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('expires_at', 'text', (c) => c.notNull())
+        .execute()
+      await db.schema
+        .createTable('jobs')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('plan', 'text', (c) => c.notNull())
+        .addColumn('state', 'text', (c) => c.notNull())
+        .addColumn('status', 'text', (c) => c.notNull())
+        .addColumn('strategy', 'text', (c) => c.notNull())
+        .addColumn('effective_mode', 'text', (c) => c.notNull())
+        .addColumn('progress', 'text', (c) => c.notNull())
+        .addColumn('last_error', 'text')
+        .addColumn('cancel_requested', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('attempts', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('lease_owner', 'text')
+        .addColumn('lease_expires_at', 'text')
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('updated_at', 'text', (c) => c.notNull())
+        .addColumn('started_at', 'text')
+        .addColumn('finished_at', 'text')
+        .execute()
+      await db.schema.createIndex('jobs_status').on('jobs').columns(['status', 'created_at']).execute()
+      await db.schema
+        .createTable('job_events')
+        .addColumn('seq', 'integer', (c) => c.primaryKey().autoIncrement())
+        .addColumn('job_id', 'text', (c) => c.notNull())
+        .addColumn('event', 'text', (c) => c.notNull())
+        .addColumn('data', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .execute()
+      await db.schema.createIndex('job_events_job').on('job_events').columns(['job_id', 'seq']).execute()
+      await db.schema
+        .createTable('watermarks')
+        .addColumn('job_id', 'text', (c) => c.notNull())
+        .addColumn('disk_label', 'text', (c) => c.notNull())
+        .addColumn('watermark_bytes', 'integer', (c) => c.notNull())
+        .addColumn('capacity_bytes', 'integer', (c) => c.notNull())
+        .addColumn('updated_at', 'text', (c) => c.notNull())
+        .addPrimaryKeyConstraint('watermarks_pk', ['job_id', 'disk_label'])
+        .execute()
+      await sql`select 1`.execute(db)
+    },
+  },
+}
+
+/** The in-code migration list for kysely's `Migrator`. */
+export const migrationProvider: MigrationProvider = {
+  async getMigrations() {
+    return migrations
+  },
+}

@@ -1,0 +1,76 @@
+/**
+ * The typed kysely schema of the migrator's SQLite store (spec 1.5 `migrator.db`).
+ * Timestamps are ISO-8601 UTC strings; sizes are bytes; JSON columns hold serialized objects.
+ */
+import type { Generated } from 'kysely'
+
+/** Registered live sources (spec 2.2). `secret` is the sealed password (AES-256-GCM, base64). */
+export interface SourcesTable {
+  id: string
+  name: string
+  kind: string
+  endpoint: string
+  username: string
+  secret: string
+  tls: string
+  created_at: string
+  updated_at: string
+}
+
+/** Multipart uploads (spec 2.4). `status`: `receiving` while streaming, then `ready`. */
+export interface UploadsTable {
+  id: string
+  filename: string
+  size_bytes: number
+  sha256: string | null
+  status: string
+  created_at: string
+  expires_at: string
+}
+
+/** Migration jobs (spec 2.3; fields of DESIGN.md section 3). JSON columns: plan, progress, last_error. */
+export interface JobsTable {
+  id: string
+  plan: string
+  state: string
+  status: string
+  strategy: string
+  effective_mode: string
+  progress: string
+  last_error: string | null
+  cancel_requested: number
+  attempts: number
+  lease_owner: string | null
+  lease_expires_at: string | null
+  created_at: string
+  updated_at: string
+  started_at: string | null
+  finished_at: string | null
+}
+
+/** Job events kept for SSE replay; `seq` is the SSE event id. */
+export interface JobEventsTable {
+  seq: Generated<number>
+  job_id: string
+  event: string
+  data: string
+  created_at: string
+}
+
+/** Per-disk watermarks: bytes from the start of the disk durably written to the destination. */
+export interface WatermarksTable {
+  job_id: string
+  disk_label: string
+  watermark_bytes: number
+  capacity_bytes: number
+  updated_at: string
+}
+
+/** The whole database, for `Kysely<Database>`. */
+export interface Database {
+  sources: SourcesTable
+  uploads: UploadsTable
+  jobs: JobsTable
+  job_events: JobEventsTable
+  watermarks: WatermarksTable
+}

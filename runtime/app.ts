@@ -1,0 +1,98 @@
+/**
+ * `createApp(config)`: the migrator as one `fetch(request) => Response` function, so the host
+ * daemon can mount it in-process or proxy to it (DESIGN.md section 1). `serve-bun.ts` and
+ * `serve-node.ts` only wrap it in a listening server.
+ */
+import { timingSafeEqual } from 'node:crypto'
+import { MigError } from '../lib/errors.ts'
+import { sweepUploads } from '../lib/uploads/sweep.ts'
+import type { Config } from './config.ts'
+import { createContext, type Ctx } from './context.ts'
+import { HANDLERS } from './handlers.ts'
+import type { Logger } from './logger.ts'
+import { buildRouter } from './router.ts'
+
+/** The running migrator: its fetch function, its context, and a clean shutdown. */
+export interface App {
+  fetch(request: Request): Promise<Response>
+  ctx: Ctx
+  /** Closes SSE streams, stops the sweeper and closes the store. Idempotent. */
+  close(): Promise<void>
+}
+
+function errorResponse(e: MigError, extraHeaders: Record<string, string> = {}): Response {
+  return new Response(JSON.stringify(e.toBody()), { status: e.status, headers: { 'content-type': 'application/json; charset=utf-8', ...extraHeaders } })
+}
+
+/**
+ * Maps anything thrown by a handler to the error body of DESIGN.md section 3: a MigError keeps
+ * its code and status; anything else is logged with its stack and answered as `E_MIG_INTERNAL`
+ * without details (no stack or secret reaches the client).
+ */
+export function toErrorResponse(e: unknown, logger: Logger, req: { method: string; path: string }): Response {
+  if (e instanceof MigError) {
+    if (e.status >= 500) logger.error({ ...req, code: e.code, err: e }, e.message)
+    return errorResponse(e)
+  }
+  logger.error({ ...req, err: e }, 'unexpected error')
+  return errorResponse(new MigError('E_MIG_INTERNAL', 'internal error; see the server log'))
+}
+
+function checkBasicAuth(expected: string, header: string | null): boolean {
+  if (!header?.startsWith('Basic ')) return false
+  const got = Buffer.from(Buffer.from(header.slice(6), 'base64').toString('utf8'))
+  const want = Buffer.from(expected)
+  return got.length === want.length && timingSafeEqual(got, want)
+}
+
+/**
+ * Builds the app: prepares the data directory and store (see `createContext`), removes uploads
+ * left half-received by a previous run, starts the upload sweeper.
+ * Throws `KeyringError` or `E_MIG_PERSIST_FAILED` when it cannot start.
+ */
+export async function createApp(config: Config, opts: { logger?: Logger; now?: () => Date } = {}): Promise<App> {
+  const ctx = await createContext(config, opts)
+  const router = buildRouter(config.basePath, HANDLERS)
+  const { logger } = ctx
+
+  const sweep = async (staleSeconds?: number) => {
+    try {
+      const removed = await sweepUploads(ctx.store, ctx.paths.uploads, ctx.now(), staleSeconds)
+      if (removed.length) logger.info({ removed }, 'uploads expired')
+    } catch (e) {
+      logger.warn({ err: e }, 'upload sweep failed')
+    }
+  }
+  await sweep(0)
+  const sweeper = setInterval(() => void sweep(), config.sweepIntervalSeconds * 1000)
+  sweeper.unref?.()
+
+  let closed = false
+  return {
+    ctx,
+    async fetch(request: Request): Promise<Response> {
+      const started = performance.now()
+      const path = new URL(request.url).pathname
+      const req = { method: request.method, path }
+      let response: Response
+      if (config.basicAuth !== null && !checkBasicAuth(config.basicAuth, request.headers.get('authorization'))) {
+        response = errorResponse(new MigError('E_MIG_AUTH_FAILED', 'authentication required', { status: 401 }), { 'www-authenticate': 'Basic realm="migrator"' })
+      } else {
+        try {
+          response = ((await router.fetch(request, ctx)) as Response | undefined) ?? errorResponse(new MigError('E_MIG_NOT_FOUND', `no route for ${request.method} ${path}`))
+        } catch (e) {
+          response = toErrorResponse(e, logger, req)
+        }
+      }
+      logger.info({ ...req, status: response.status, ms: Math.round(performance.now() - started) }, 'request')
+      return response
+    },
+    async close() {
+      if (closed) return
+      closed = true
+      clearInterval(sweeper)
+      ctx.hub.closeAll()
+      await ctx.store.close()
+    },
+  }
+}

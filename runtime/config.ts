@@ -1,0 +1,112 @@
+/**
+ * Configuration from environment variables with the embedded defaults of DESIGN.md section 2.
+ * All sizes are bytes, all durations seconds unless the name says otherwise.
+ */
+import * as path from 'node:path'
+
+/** The migrator's configuration. */
+export interface Config {
+  /** Data directory holding `imports/`, `keyring/`, `migrator.db/`, `volumes/` (default `./var`). */
+  dataDir: string
+  /** Listen address (default `127.0.0.1:8080`). */
+  listen: { host: string; port: number }
+  /** Mount point of the API (default `/api/v1/migrator`). */
+  basePath: string
+  /** Product path segment (`<appliance>` of spec 1.3/1.5; default `migrator`). */
+  appliance: string
+  /** Import root (default `<dataDir>/imports`). */
+  importRoot: string
+  /** Destination sink: `file` (default) or `zvol`. */
+  sink: 'file' | 'zvol'
+  /** ZFS pool for the zvol sink. */
+  zfsPool: string
+  /** libvirt connection URI (default `qemu:///system`). */
+  libvirtUri: string
+  /** Concurrent jobs (default 2). */
+  maxJobs: number
+  /** Upload size cap in bytes (spec 8: 20 GiB). */
+  uploadCapBytes: number
+  /** Seconds an upload is kept before the sweeper removes it (default 7 days). */
+  uploadTtlSeconds: number
+  /** Seconds between sweeper runs (default 60). */
+  sweepIntervalSeconds: number
+  /** Seconds between SSE heartbeat comments (default 15). */
+  sseHeartbeatSeconds: number
+  /** Number of job events kept for SSE `Last-Event-ID` replay (default 10000). */
+  eventReplayWindow: number
+  /** Optional Basic-auth guard `user:password`, required when listening on a non-loopback address. */
+  basicAuth: string | null
+  /** Log level for pino (default `info`; `silent` in tests). */
+  logLevel: string
+}
+
+const GiB = 1024 ** 3
+
+function int(env: NodeJS.ProcessEnv, name: string, def: number, min = 0): number {
+  const raw = env[name]
+  if (raw === undefined || raw === '') return def
+  const n = Number(raw)
+  if (!Number.isSafeInteger(n) || n < min) throw new Error(`configuration: ${name}=${JSON.stringify(raw)} is not an integer >= ${min}`)
+  return n
+}
+
+function listen(raw: string): { host: string; port: number } {
+  const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(raw)
+  if (!m) throw new Error(`configuration: MIGRATOR_LISTEN=${JSON.stringify(raw)} is not host:port`)
+  return { host: m[1].replace(/^\[|\]$/g, ''), port: Number(m[2]) }
+}
+
+/** True for addresses that only this machine can reach. */
+export function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127\./.test(host)
+}
+
+/**
+ * Reads the configuration from `env` (default `process.env`). Throws a plain Error with the
+ * variable name when a value is malformed, or when a non-loopback listen address has no
+ * `MIGRATOR_BASIC_AUTH` guard (a stand-alone install is never open).
+ */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const dataDir = path.resolve(env.MIGRATOR_DATA_DIR || './var')
+  const appliance = env.MIGRATOR_APPLIANCE || 'migrator'
+  if (!/^[a-z0-9][a-z0-9_-]{0,63}$/i.test(appliance)) throw new Error('configuration: MIGRATOR_APPLIANCE must match [a-z0-9][a-z0-9_-]*')
+  const sink = env.MIGRATOR_SINK || 'file'
+  if (sink !== 'file' && sink !== 'zvol') throw new Error('configuration: MIGRATOR_SINK must be "file" or "zvol"')
+  const basePath = (env.MIGRATOR_BASE_PATH || '/api/v1/migrator').replace(/\/+$/, '')
+  const cfg: Config = {
+    dataDir,
+    listen: listen(env.MIGRATOR_LISTEN || '127.0.0.1:8080'),
+    basePath,
+    appliance,
+    importRoot: path.resolve(env.MIGRATOR_IMPORT_ROOT || path.join(dataDir, 'imports')),
+    sink,
+    zfsPool: env.MIGRATOR_ZFS_POOL || 'tank',
+    libvirtUri: env.MIGRATOR_LIBVIRT_URI || 'qemu:///system',
+    maxJobs: int(env, 'MIGRATOR_MAX_JOBS', 2, 1),
+    uploadCapBytes: int(env, 'MIGRATOR_UPLOAD_CAP_BYTES', 20 * GiB, 1),
+    uploadTtlSeconds: int(env, 'MIGRATOR_UPLOAD_TTL_SECONDS', 7 * 24 * 3600, 1),
+    sweepIntervalSeconds: int(env, 'MIGRATOR_SWEEP_INTERVAL_SECONDS', 60, 1),
+    sseHeartbeatSeconds: int(env, 'MIGRATOR_SSE_HEARTBEAT_SECONDS', 15, 1),
+    eventReplayWindow: int(env, 'MIGRATOR_EVENT_REPLAY_WINDOW', 10000, 10),
+    basicAuth: env.MIGRATOR_BASIC_AUTH || null,
+    logLevel: env.MIGRATOR_LOG_LEVEL || 'info',
+  }
+  if (cfg.basicAuth !== null && !/^[^:]+:.+$/.test(cfg.basicAuth)) throw new Error('configuration: MIGRATOR_BASIC_AUTH must be user:password')
+  if (!isLoopback(cfg.listen.host) && cfg.basicAuth === null) {
+    throw new Error(`configuration: listening on ${cfg.listen.host} needs MIGRATOR_BASIC_AUTH (the migrator has no authentication of its own, spec 5)`)
+  }
+  return cfg
+}
+
+/** Paths below the data directory (spec 1.5 layout, DESIGN.md section 2). */
+export function dataPaths(cfg: Config) {
+  return {
+    importRoot: cfg.importRoot,
+    uploads: path.join(cfg.importRoot, '.uploads'),
+    keyringDir: path.join(cfg.dataDir, 'keyring'),
+    keyFile: path.join(cfg.dataDir, 'keyring', 'migrator.key'),
+    dbDir: path.join(cfg.dataDir, 'migrator.db'),
+    dbFile: path.join(cfg.dataDir, 'migrator.db', 'migrator.sqlite'),
+    volumes: path.join(cfg.dataDir, 'volumes'),
+  }
+}

@@ -1,0 +1,43 @@
+/**
+ * `Ctx`: the dependencies every handler receives (DESIGN.md section 1). Tests build one over a
+ * temporary data directory with {@link createContext}.
+ */
+import { chmodSync, mkdirSync } from 'node:fs'
+import { loadOrCreateKey } from '../lib/crypto/keyring.ts'
+import { Sealer } from '../lib/crypto/seal.ts'
+import { openStore, type Store } from '../lib/store/index.ts'
+import { dataPaths, type Config } from './config.ts'
+import { createLogger, type Logger } from './logger.ts'
+import { SseHub } from './sse-hub.ts'
+
+/** Handler dependencies. `now()` is the clock (tests may replace it). */
+export interface Ctx {
+  config: Config
+  paths: ReturnType<typeof dataPaths>
+  store: Store
+  sealer: Sealer
+  hub: SseHub
+  logger: Logger
+  now(): Date
+}
+
+/**
+ * Prepares the data directory (import root 0750, `.uploads` 0750, keyring 0700, store 0700,
+ * volumes), loads or creates the sealing key, opens the store and builds the context.
+ * Throws `KeyringError` (bad key file) or `E_MIG_PERSIST_FAILED` (store cannot open).
+ */
+export async function createContext(config: Config, opts: { logger?: Logger; now?: () => Date } = {}): Promise<Ctx> {
+  const paths = dataPaths(config)
+  mkdirSync(config.dataDir, { recursive: true, mode: 0o750 })
+  for (const dir of [paths.importRoot, paths.uploads]) {
+    mkdirSync(dir, { recursive: true, mode: 0o750 })
+    chmodSync(dir, 0o750)
+  }
+  mkdirSync(paths.volumes, { recursive: true, mode: 0o750 })
+  const key = loadOrCreateKey(paths.keyFile)
+  const logger = opts.logger ?? createLogger(config.logLevel)
+  const now = opts.now ?? (() => new Date())
+  const store = await openStore(paths.dbFile)
+  const hub = new SseHub(store.events, logger, config.eventReplayWindow, now)
+  return { config, paths, store, sealer: new Sealer(key), hub, logger, now }
+}

@@ -1,0 +1,47 @@
+/**
+ * The list of handler modules the router is built from: one file per endpoint of spec 4.
+ * Order matters where paths overlap: `/migrations/stream` precedes `/migrations/:id`.
+ */
+import type { HandlerModule } from './router.ts'
+import * as sourcesList from '../handlers/sources/list.ts'
+import * as sourcesCreate from '../handlers/sources/create.ts'
+import * as sourcesGet from '../handlers/sources/get.ts'
+import * as sourcesDelete from '../handlers/sources/delete.ts'
+import * as sourcesTest from '../handlers/sources/test.ts'
+import * as sourceVmsList from '../handlers/sources/vms/list.ts'
+import * as sourceVmsGet from '../handlers/sources/vms/get.ts'
+import * as migrationsList from '../handlers/migrations/list.ts'
+import * as migrationsCreate from '../handlers/migrations/create.ts'
+import * as migrationsStream from '../handlers/migrations/stream.ts'
+import * as migrationsGet from '../handlers/migrations/get.ts'
+import * as migrationsCancel from '../handlers/migrations/cancel.ts'
+import * as uploadsList from '../handlers/uploads/list.ts'
+import * as uploadsCreate from '../handlers/uploads/create.ts'
+import * as uploadsGet from '../handlers/uploads/get.ts'
+import * as uploadsDelete from '../handlers/uploads/delete.ts'
+import * as uploadsInspect from '../handlers/uploads/inspect.ts'
+import * as hostFilesBrowse from '../handlers/host-files/browse.ts'
+import * as hostFilesInspect from '../handlers/host-files/inspect.ts'
+
+/** Every endpoint of spec section 4. */
+export const HANDLERS: readonly HandlerModule[] = [
+  sourcesList,
+  sourcesCreate,
+  sourcesGet,
+  sourcesDelete,
+  sourcesTest,
+  sourceVmsList,
+  sourceVmsGet,
+  migrationsList,
+  migrationsCreate,
+  migrationsStream,
+  migrationsGet,
+  migrationsCancel,
+  uploadsList,
+  uploadsCreate,
+  uploadsGet,
+  uploadsDelete,
+  uploadsInspect,
+  hostFilesBrowse,
+  hostFilesInspect,
+] as HandlerModule[]

@@ -1,0 +1,56 @@
+/**
+ * Small HTTP helpers shared by handlers: JSON responses and bounded JSON request bodies.
+ */
+import { MigError } from '../lib/errors.ts'
+
+/** A JSON response with `status` (default 200). */
+export function json(data: unknown, status = 200, headers: Record<string, string> = {}): Response {
+  return new Response(JSON.stringify(data), { status, headers: { 'content-type': 'application/json; charset=utf-8', ...headers } })
+}
+
+/** A `{"items": [...]}` list response (DESIGN.md section 3). */
+export function list(items: unknown[], extra: Record<string, unknown> = {}): Response {
+  return json({ items, ...extra })
+}
+
+/** 204 No Content. */
+export function noContent(): Response {
+  return new Response(null, { status: 204 })
+}
+
+/** Largest JSON request body accepted (bytes). */
+export const MAX_JSON_BYTES = 1024 * 1024
+
+/**
+ * Reads a JSON request body of at most {@link MAX_JSON_BYTES} bytes, counting while streaming.
+ * `E_MIG_BAD_REQUEST` for a missing, oversized or unparsable body, or one that is not an object.
+ */
+export async function readJson(request: Request): Promise<Record<string, unknown>> {
+  if (!request.body) throw new MigError('E_MIG_BAD_REQUEST', 'request body required (JSON object)')
+  const reader = request.body.getReader()
+  const parts: Uint8Array[] = []
+  let size = 0
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    size += value.byteLength
+    if (size > MAX_JSON_BYTES) {
+      await reader.cancel().catch(() => {})
+      throw new MigError('E_MIG_BAD_REQUEST', `JSON body larger than ${MAX_JSON_BYTES} bytes`)
+    }
+    parts.push(value)
+  }
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(Buffer.concat(parts).toString('utf8'))
+  } catch (e) {
+    throw new MigError('E_MIG_BAD_REQUEST', `request body is not valid JSON: ${(e as Error).message}`)
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new MigError('E_MIG_BAD_REQUEST', 'request body must be a JSON object')
+  return parsed as Record<string, unknown>
+}
+
+/** The request's query parameters (last value wins). */
+export function query(request: Request): URLSearchParams {
+  return new URL(request.url).searchParams
+}

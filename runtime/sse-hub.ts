@@ -1,0 +1,86 @@
+/**
+ * The SSE hub (DESIGN.md section 3): job events are stored with an increasing sequence number
+ * (the SSE `id:`) and fanned out to every open `GET /migrations/stream`. `progress` events are
+ * throttled to one per job every 500 ms; `migration` events are never dropped.
+ */
+import type { EventsRepo, StoredEvent } from '../lib/store/events.ts'
+import type { Logger } from './logger.ts'
+
+/** A live subscriber: receives events, is closed on shutdown. */
+export interface Subscriber {
+  jobId?: string
+  send(e: StoredEvent): void
+  close(): void
+}
+
+/** Minimum milliseconds between two `progress` events of one job. */
+export const PROGRESS_INTERVAL_MS = 500
+
+/** Fans job events out to SSE subscribers and stores them for `Last-Event-ID` replay. */
+export class SseHub {
+  private readonly subs = new Set<Subscriber>()
+  private readonly lastProgress = new Map<string, number>()
+  private appends = 0
+
+  constructor(
+    private readonly events: EventsRepo,
+    private readonly logger: Logger,
+    private readonly replayWindow: number,
+    private readonly now: () => Date = () => new Date(),
+  ) {}
+
+  /** Stores and broadcasts a `migration` event carrying the whole job. */
+  async publishJob(job: { id: string }): Promise<void> {
+    await this.publish(job.id, 'migration', job)
+  }
+
+  /**
+   * Stores and broadcasts a `progress` event `{id, state, progress}` unless one for the same job
+   * went out less than 500 ms ago (`force` bypasses the throttle). Returns whether it was sent.
+   */
+  async publishProgress(data: { id: string; state: string; progress: unknown }, force = false): Promise<boolean> {
+    const t = this.now().getTime()
+    const last = this.lastProgress.get(data.id)
+    if (!force && last !== undefined && t - last < PROGRESS_INTERVAL_MS) return false
+    this.lastProgress.set(data.id, t)
+    await this.publish(data.id, 'progress', data)
+    return true
+  }
+
+  private async publish(jobId: string, event: string, data: unknown): Promise<void> {
+    const stored = await this.events.append(jobId, event, data, this.now().toISOString())
+    for (const s of this.subs) {
+      if (s.jobId === undefined || s.jobId === jobId) {
+        try {
+          s.send(stored)
+        } catch (e) {
+          this.logger.warn({ err: e }, 'sse subscriber failed; dropping it')
+          this.subs.delete(s)
+        }
+      }
+    }
+    if (++this.appends % 500 === 0) await this.events.prune(this.replayWindow).catch((e) => this.logger.warn({ err: e }, 'event prune failed'))
+  }
+
+  /** Adds a subscriber; returns the function that removes it. */
+  subscribe(s: Subscriber): () => void {
+    this.subs.add(s)
+    return () => this.subs.delete(s)
+  }
+
+  /** Events after `seq` for replay, at most the replay window. */
+  replay(seq: number, jobId?: string): Promise<StoredEvent[]> {
+    return this.events.since(seq, this.replayWindow, jobId)
+  }
+
+  /** Number of open subscribers. */
+  get size(): number {
+    return this.subs.size
+  }
+
+  /** Closes every subscriber (graceful shutdown). */
+  closeAll(): void {
+    for (const s of this.subs) s.close()
+    this.subs.clear()
+  }
+}

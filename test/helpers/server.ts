@@ -1,0 +1,101 @@
+/**
+ * Starts the real migrator server as a child process under Bun or Node on 127.0.0.1, waits until
+ * `GET {base}/migrations` answers 200, and stops it (SIGTERM, then SIGKILL after 10 s).
+ */
+import { execFile, spawn, type ChildProcess } from 'node:child_process'
+import { existsSync } from 'node:fs'
+import { createServer } from 'node:net'
+import * as path from 'node:path'
+import { REPO } from './tmp.ts'
+
+/** Runtimes the integration suites run against: `MIGRATOR_TEST_RUNTIMES` (default `bun,node`). */
+export const RUNTIMES = (process.env.MIGRATOR_TEST_RUNTIMES ?? 'bun,node').split(',').filter(Boolean) as Array<'bun' | 'node'>
+
+/** A free TCP port on 127.0.0.1. */
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer()
+    s.once('error', reject)
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port
+      s.close(() => resolve(port))
+    })
+  })
+}
+
+/** A running server child. */
+export interface RunningServer {
+  base: string
+  child: ChildProcess
+  stderr(): string
+  stdout(): string
+  /** SIGTERM and wait; returns the exit code. */
+  stop(): Promise<number | null>
+}
+
+let nodeBuild: Promise<void> | null = null
+
+/**
+ * Compiles the server for Node (`npm run build:node`: tsc into dist/) once per test process, as
+ * `npm run start:node` does. Type errors are the typecheck step's business; a missing output fails.
+ */
+export function ensureNodeBuild(): Promise<void> {
+  nodeBuild ??= new Promise<void>((resolve, reject) => {
+    execFile(path.join(REPO, 'node_modules/.bin/tsc'), ['-p', 'tsconfig.node.json'], { cwd: REPO }, (_err, stdout) => {
+      if (existsSync(path.join(REPO, 'dist/runtime/serve-node.js'))) resolve()
+      else reject(new Error(`node build failed: ${stdout}`))
+    })
+  })
+  return nodeBuild
+}
+
+/** The command line that serves the migrator under `runtime` (what `npm start` / `npm run start:node` run). */
+export function serverCommand(runtime: 'bun' | 'node'): [string, string[]] {
+  return runtime === 'bun'
+    ? [path.join(REPO, 'node_modules/.bin/bun'), ['runtime/serve-bun.ts']]
+    : [process.env.MIGRATOR_NODE ?? 'node', ['--enable-source-maps', 'dist/runtime/serve-node.js']]
+}
+
+/** Spawns the server with `env` (merged over the test process's), waits until it is ready. */
+export async function startServer(runtime: 'bun' | 'node', dataDir: string, env: Record<string, string> = {}): Promise<RunningServer> {
+  if (runtime === 'node') await ensureNodeBuild()
+  const port = await freePort()
+  const [cmd, args] = serverCommand(runtime)
+  const child = spawn(cmd, args, {
+    cwd: REPO,
+    env: { ...process.env, MIGRATOR_DATA_DIR: dataDir, MIGRATOR_LISTEN: `127.0.0.1:${port}`, MIGRATOR_LOG_LEVEL: 'warn', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  let out = ''
+  let err = ''
+  child.stdout!.on('data', (d) => (out += d))
+  child.stderr!.on('data', (d) => (err += d))
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
+  const base = `http://127.0.0.1:${port}/api/v1/migrator`
+  const deadline = Date.now() + 30_000
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`${runtime} server exited with ${child.exitCode}: ${err}`)
+    try {
+      if ((await fetch(`${base}/migrations`)).status === 200) break
+    } catch {}
+    if (Date.now() > deadline) {
+      child.kill('SIGKILL')
+      throw new Error(`${runtime} server not ready in 30 s: ${err}`)
+    }
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  return {
+    base,
+    child,
+    stderr: () => err,
+    stdout: () => out,
+    async stop() {
+      if (child.exitCode !== null) return child.exitCode
+      child.kill('SIGTERM')
+      const t = setTimeout(() => child.kill('SIGKILL'), 10_000)
+      const code = await exited
+      clearTimeout(t)
+      return code
+    },
+  }
+}

@@ -1,0 +1,61 @@
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs'
+import * as path from 'node:path'
+import { resolveInRoot } from '../../lib/hostpath.ts'
+import { tempDir, thrown } from '../helpers/tmp.ts'
+
+const t = tempDir()
+const root = path.join(t.dir, 'imports')
+const outside = path.join(t.dir, 'secret')
+
+beforeAll(() => {
+  mkdirSync(path.join(root, 'vms', 'a'), { recursive: true })
+  mkdirSync(path.join(root, '.uploads'), { recursive: true })
+  mkdirSync(outside, { recursive: true })
+  writeFileSync(path.join(outside, 'passwd'), 'x')
+  writeFileSync(path.join(root, 'vms', 'a', 'disk.qcow2'), 'x')
+  symlinkSync(outside, path.join(root, 'link-dir-out'))
+  symlinkSync(path.join(outside, 'passwd'), path.join(root, 'vms', 'link-file-out'))
+  symlinkSync('../../../secret', path.join(root, 'vms', 'a', 'rel-link-out'))
+  symlinkSync(path.join(root, 'vms', 'a'), path.join(root, 'link-in'))
+})
+afterAll(() => t.cleanup())
+
+describe('import root confinement (spec 8)', () => {
+  test('paths inside are resolved to absolute, symlink-free paths', () => {
+    expect(resolveInRoot(root, 'vms/a/disk.qcow2')).toBe(path.join(root, 'vms', 'a', 'disk.qcow2'))
+    expect(resolveInRoot(root, path.join(root, 'vms'))).toBe(path.join(root, 'vms'))
+    expect(resolveInRoot(root, 'link-in/disk.qcow2')).toBe(path.join(root, 'vms', 'a', 'disk.qcow2'))
+    expect(resolveInRoot(root, 'vms/./a/../a/new-file')).toBe(path.join(root, 'vms', 'a', 'new-file'))
+    expect(resolveInRoot(root, 'disk.vmdk', { base: path.join(root, 'vms', 'a') })).toBe(path.join(root, 'vms', 'a', 'disk.vmdk'))
+  })
+
+  const attempts: Array<[string, string, object?]> = [
+    ['dot-dot', '../secret/passwd'],
+    ['deep dot-dot', 'vms/a/../../../secret/passwd'],
+    ['absolute elsewhere', '/etc/passwd'],
+    ['absolute prefix trick', root + '-evil/x'],
+    ['symlinked directory out', 'link-dir-out/passwd'],
+    ['symlinked file out', 'vms/link-file-out'],
+    ['relative symlink out, nested', 'vms/a/rel-link-out/passwd'],
+    ['percent-encoded dot-dot', '%2e%2e/secret/passwd'],
+    ['percent-encoded slash', '..%2fsecret'],
+    ['NUL byte', 'vms/a/disk.qcow2\0.txt'],
+    ['uploads directory', '.uploads'],
+    ['file in uploads', '.uploads/0b5e8f1c-0000-4000-8000-000000000000'],
+    ['uploads via dot-dot', 'vms/../.uploads/x'],
+    ['empty', ''],
+    ['base escapes', '../../secret/passwd', { base: path.join(root, 'vms') }],
+    ['overlong', 'a/'.repeat(3000)],
+  ]
+  for (const [name, p, opts] of attempts) {
+    test(`rejects: ${name}`, async () => {
+      const e = await thrown(() => resolveInRoot(root, p, opts))
+      expect(e.code).toBe('E_MIG_HOST_PATH_REJECTED')
+    })
+  }
+
+  test('.uploads is reachable only when allowed', () => {
+    expect(resolveInRoot(root, '.uploads/x', { allowUploads: true })).toBe(path.join(root, '.uploads', 'x'))
+  })
+})

@@ -23,7 +23,7 @@ const data = new Uint8Array(300_000).map((_, i) => (i * 7919) % 251)
 function upload(bytes: Uint8Array, opts: { sha256Field?: string; query?: string; field?: string } = {}): Request {
   const fd = new FormData()
   if (opts.sha256Field) fd.append('sha256', opts.sha256Field)
-  fd.append(opts.field ?? 'file', new Blob([bytes]), 'disk.ova')
+  fd.append(opts.field ?? 'file', new Blob([bytes as Uint8Array<ArrayBuffer>]), 'disk.ova')
   return new Request(`http://127.0.0.1/api/v1/migrator/uploads${opts.query ?? ''}`, { method: 'POST', body: fd })
 }
 

@@ -1,0 +1,204 @@
+/**
+ * `qemu-img info` as a bounded subprocess: the fallback probe of DESIGN.md section 5 and the
+ * source of `allocated_bytes` (qemu's `actual-size`) for single-disk importers.
+ *
+ * Follows qemu's `qemu-img info --output=json` schema (QAPI `ImageInfo`: `virtual-size`,
+ * `actual-size`, `backing-filename`, `backing-filename-format`, `cluster-size`, `dirty-flag`,
+ * `format`). `-U` (force share) lets a running VM's image be inspected without taking its lock.
+ * A tar member is probed in place through qemu's raw driver `offset`/`size` options layered under
+ * the format driver (`--image-opts driver=<fmt>,file.driver=raw,file.offset=..,file.size=..`).
+ *
+ * Security note: with `backingChain: true` qemu opens every backing file it names, wherever it
+ * is; confine the chain first (e.g. `resolveQcow2BackingChain`) before asking for it.
+ */
+import { spawn } from 'node:child_process'
+import { MigError } from '../errors.ts'
+import type { DiskFormat } from '../manifest.ts'
+
+/** Default time limit of one `qemu-img info` run, milliseconds. */
+export const QEMU_INFO_TIMEOUT_MS = 20_000
+/** Largest stdout accepted from `qemu-img info`, bytes (1 MiB). */
+export const QEMU_INFO_STDOUT_CAP = 1024 * 1024
+
+/**
+ * What `qemu-img info` says about one image. Sizes are bytes.
+ * - `format`: qemu's driver name (`qcow2`, `vmdk`, `vpc`, `vhdx`, `vdi`, `raw`, `qcow`, ...).
+ * - `virtual_size`: size the guest sees.
+ * - `actual_size`: host bytes allocated to the file (null when qemu cannot tell).
+ * - `backing_filename` / `backing_format`: as recorded in the image (not resolved), or null.
+ * - `cluster_size`: allocation unit (qcow2 cluster, vhdx/vpc block, vmdk grain), or null.
+ * - `dirty`: the image's dirty flag (qcow2 lazy refcounts, vhdx log, ...).
+ * - `filename`: the name qemu reports (a `json:` pseudo-name for `--image-opts`).
+ */
+export interface QemuImgInfo {
+  format: string
+  virtual_size: number
+  actual_size: number | null
+  backing_filename: string | null
+  backing_format: string | null
+  cluster_size: number | null
+  dirty: boolean
+  filename: string
+}
+
+/**
+ * Options of {@link qemuImgInfo}.
+ * - `format`: force the driver (`-f`); omitted, qemu probes.
+ * - `offset`/`length`: byte range of an embedded image (tar member). `length` is rounded up to a
+ *   multiple of 512 (qemu's raw driver requires it; tar pads members to 512 bytes anyway).
+ * - `backingChain`: pass `--backing-chain` and return one entry per image, top first.
+ * - `timeoutMs`: time limit (default 20 s). `qemuImg`: binary (default `qemu-img`).
+ */
+export interface QemuImgInfoOptions {
+  format?: DiskFormat
+  offset?: number
+  length?: number
+  backingChain?: boolean
+  timeoutMs?: number
+  qemuImg?: string
+}
+
+/** Escapes a value for qemu's `key=value,...` option syntax (a comma is doubled). */
+function optValue(v: string): string {
+  return v.replace(/,/g, ',,')
+}
+
+/** Builds the argument vector of `qemu-img info` for `path` and `opts` (exported for tests). */
+export function qemuInfoArgs(path: string, opts: QemuImgInfoOptions = {}): string[] {
+  const args = ['info', '--output=json', '-U']
+  if (opts.backingChain) args.push('--backing-chain')
+  if (opts.offset !== undefined || opts.length !== undefined) {
+    const offset = opts.offset ?? 0
+    if (!Number.isSafeInteger(offset) || offset < 0) throw new MigError('E_MIG_INTERNAL', `qemuImgInfo: bad offset ${offset}`)
+    const parts: string[] = []
+    if (opts.format) parts.push(`driver=${opts.format}`)
+    parts.push('file.driver=raw', `file.offset=${offset}`)
+    if (opts.length !== undefined) {
+      if (!Number.isSafeInteger(opts.length) || opts.length < 0) throw new MigError('E_MIG_INTERNAL', `qemuImgInfo: bad length ${opts.length}`)
+      parts.push(`file.size=${Math.ceil(opts.length / 512) * 512}`)
+    }
+    parts.push('file.file.driver=file', `file.file.filename=${optValue(path)}`)
+    args.push('--image-opts', parts.join(','))
+  } else {
+    if (opts.format) args.push('-f', opts.format)
+    // `--` is not understood by qemu-img; a leading `-` is defused by making the path explicit.
+    args.push(path.startsWith('-') ? `./${path}` : path)
+  }
+  return args
+}
+
+function num(v: unknown): number | null {
+  return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 ? v : null
+}
+
+function str(v: unknown): string | null {
+  return typeof v === 'string' ? v : null
+}
+
+/** Maps one QAPI `ImageInfo` object to {@link QemuImgInfo}; null when it lacks the basics. */
+function toInfo(o: unknown): QemuImgInfo | null {
+  if (!o || typeof o !== 'object' || Array.isArray(o)) return null
+  const r = o as Record<string, unknown>
+  const format = str(r['format'])
+  const virtual_size = num(r['virtual-size'])
+  if (format === null || virtual_size === null) return null
+  return {
+    format,
+    virtual_size,
+    actual_size: num(r['actual-size']),
+    backing_filename: str(r['backing-filename']),
+    backing_format: str(r['backing-filename-format']),
+    cluster_size: num(r['cluster-size']),
+    dirty: r['dirty-flag'] === true,
+    filename: str(r['filename']) ?? '',
+  }
+}
+
+interface RunResult {
+  code: number | null
+  stdout: string
+  stderr: string
+}
+
+/** Runs `bin args` with a time limit and output caps; rejects with E_MIG_* codes. */
+function runBounded(bin: string, args: string[], label: string, timeoutMs: number): Promise<RunResult> {
+  return new Promise((resolve, reject) => {
+    let settled = false
+    const out: Buffer[] = []
+    const err: Buffer[] = []
+    let outLen = 0
+    let errLen = 0
+    const child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] })
+    const finish = (fn: () => void): void => {
+      if (settled) return
+      settled = true
+      clearTimeout(timer)
+      fn()
+    }
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL')
+      finish(() => reject(new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info did not finish within ${timeoutMs} ms`)))
+    }, timeoutMs)
+    child.stdout!.on('data', (b: Buffer) => {
+      outLen += b.length
+      if (outLen > QEMU_INFO_STDOUT_CAP) {
+        child.kill('SIGKILL')
+        finish(() => reject(new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info printed more than ${QEMU_INFO_STDOUT_CAP} bytes`)))
+        return
+      }
+      out.push(b)
+    })
+    child.stderr!.on('data', (b: Buffer) => {
+      if (errLen < 64 * 1024) err.push(b)
+      errLen += b.length
+    })
+    child.on('error', (e: NodeJS.ErrnoException) => {
+      if (e.code === 'ENOENT') finish(() => reject(new MigError('E_MIG_INTERNAL', `qemu-img is not installed (${bin} not found)`, { cause: e })))
+      else finish(() => reject(new MigError('E_MIG_INTERNAL', `cannot run ${bin}: ${e.message}`, { cause: e })))
+    })
+    child.on('close', (code) => {
+      finish(() => resolve({ code, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') }))
+    })
+  })
+}
+
+/** First meaningful line of qemu-img's stderr, without the `qemu-img: ` prefix. */
+function firstErrorLine(stderr: string): string {
+  const line = stderr.split('\n').map((l) => l.trim()).find((l) => l.length > 0) ?? 'failed without a message'
+  return line.replace(/^qemu-img:\s*/, '').slice(0, 500)
+}
+
+/**
+ * Runs `qemu-img info --output=json -U` on `path` (or on the byte range `offset`/`length` of it).
+ *
+ * @returns one {@link QemuImgInfo}; with `backingChain: true`, an array, top image first.
+ * @throws E_MIG_MALFORMED_ARCHIVE qemu-img failed (message names the file and qemu's first error
+ *   line), ran past the time limit, printed over 1 MiB, or printed something that is not its JSON.
+ * @throws E_MIG_INTERNAL `qemu-img` is not installed or cannot be started.
+ */
+export function qemuImgInfo(path: string, opts: QemuImgInfoOptions & { backingChain: true }): Promise<QemuImgInfo[]>
+export function qemuImgInfo(path: string, opts?: QemuImgInfoOptions & { backingChain?: false }): Promise<QemuImgInfo>
+export function qemuImgInfo(path: string, opts?: QemuImgInfoOptions): Promise<QemuImgInfo | QemuImgInfo[]>
+export async function qemuImgInfo(path: string, opts: QemuImgInfoOptions = {}): Promise<QemuImgInfo | QemuImgInfo[]> {
+  const label = opts.offset !== undefined ? `${path}@${opts.offset}` : path
+  const args = qemuInfoArgs(path, opts)
+  const res = await runBounded(opts.qemuImg ?? 'qemu-img', args, label, opts.timeoutMs ?? QEMU_INFO_TIMEOUT_MS)
+  if (res.code !== 0) {
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info failed: ${firstErrorLine(res.stderr)}`)
+  }
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(res.stdout)
+  } catch {
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info printed invalid JSON`)
+  }
+  if (opts.backingChain) {
+    if (!Array.isArray(parsed)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info --backing-chain did not print an array`)
+    const chain = parsed.map(toInfo)
+    if (chain.length === 0 || chain.some((c) => c === null)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info printed an entry without format or virtual-size`)
+    return chain as QemuImgInfo[]
+  }
+  const info = toInfo(parsed)
+  if (!info) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info printed no format or virtual-size`)
+  return info
+}

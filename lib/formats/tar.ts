@@ -1,0 +1,353 @@
+/**
+ * Tar walking without extraction (OVA, XVA): lists members with their data offsets by hopping
+ * from header to header with positioned reads, so listing a 20 GiB OVA costs a few KiB of I/O.
+ *
+ * Format followed: POSIX.1-2017 `pax` utility, "ustar Interchange Format" and "pax Interchange
+ * Format" (extended headers `x`, global headers `g`, records `"<len> <key>=<value>\n"`), plus the
+ * GNU extensions found in practice: old GNU magic (`"ustar  \0"`), long names `L` / long link
+ * names `K`, and base-256 (binary) numeric fields for sizes of 8 GiB and more.
+ *
+ * The header codec is our own rather than tar-stream's `headers.js`: tar-stream 3's package
+ * `exports` map only exposes its root module, so `tar-stream/headers.js` is not importable under
+ * Node, and its decoder does not bound PAX records. Every numeric field is checked, every
+ * declared size is checked against the file, nothing is allocated from a declared size without a
+ * cap.
+ */
+import { open, type FileHandle } from 'node:fs/promises'
+import { createHash } from 'node:crypto'
+import { MigError } from '../errors.ts'
+
+/** Size of a tar block (header or data padding unit), bytes. */
+export const TAR_BLOCK = 512
+/** Default bound on the number of members {@link listTarMembers} returns. */
+export const DEFAULT_MAX_MEMBERS = 100_000
+/** Largest PAX extended header or GNU long name/link record accepted, bytes (1 MiB). */
+export const MAX_META_RECORD = 1024 * 1024
+
+/** Kind of a tar member (typeflag `0`/`\0`/`7` file, `5` directory, `2` symlink, `1` hard link). */
+export type TarMemberType = 'file' | 'directory' | 'symlink' | 'hardlink' | 'other'
+
+/**
+ * One member of a tar archive.
+ * - `name`: full path as stored (PAX `path` or GNU long name win over the ustar `prefix/name`).
+ * - `size`: bytes of member data (PAX `size` wins over the header field).
+ * - `offset`: byte offset of the member's data in the archive (always a multiple of 512).
+ * - `linkname`: target of a symlink or hard link.
+ */
+export interface TarMember {
+  name: string
+  size: number
+  offset: number
+  type: TarMemberType
+  linkname?: string
+}
+
+/** Hash algorithms of the OVF `.mf` manifest (DSP0243 5.3: SHA1, SHA256, SHA512). */
+export type HashAlgorithm = 'sha1' | 'sha256' | 'sha512'
+
+function malformed(archive: string, reason: string, details?: Record<string, unknown>): MigError {
+  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${archive}: ${reason}`, details ? { details } : {})
+}
+
+/** Opens `path` read-only; an unreadable file is `E_MIG_DISK_READ_FAILED`. */
+async function openRead(path: string): Promise<FileHandle> {
+  try {
+    return await open(path, 'r')
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: cannot open: ${(e as Error).message}`, { cause: e })
+  }
+}
+
+/** Reads exactly up to `len` bytes at `pos`; returns the bytes actually read (short at EOF). */
+async function preadAt(fh: FileHandle, path: string, len: number, pos: number): Promise<Buffer> {
+  const buf = Buffer.alloc(len)
+  let got = 0
+  try {
+    while (got < len) {
+      const { bytesRead } = await fh.read(buf, got, len - got, pos + got)
+      if (bytesRead === 0) break
+      got += bytesRead
+    }
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
+  }
+  return got === len ? buf : buf.subarray(0, got)
+}
+
+/** Magic of compressed streams a tar may be wrapped in, for a precise `E_MIG_UNSUPPORTED_FORMAT`. */
+export function sniffCompression(head: Uint8Array): 'gzip' | 'bzip2' | 'xz' | 'zstd' | 'zip' | null {
+  if (head.length >= 2 && head[0] === 0x1f && head[1] === 0x8b) return 'gzip'
+  if (head.length >= 3 && head[0] === 0x42 && head[1] === 0x5a && head[2] === 0x68) return 'bzip2'
+  if (head.length >= 6 && head[0] === 0xfd && head[1] === 0x37 && head[2] === 0x7a && head[3] === 0x58 && head[4] === 0x5a && head[5] === 0x00) return 'xz'
+  if (head.length >= 4 && head[0] === 0x28 && head[1] === 0xb5 && head[2] === 0x2f && head[3] === 0xfd) return 'zstd'
+  if (head.length >= 4 && head[0] === 0x50 && head[1] === 0x4b && head[2] === 0x03 && head[3] === 0x04) return 'zip'
+  return null
+}
+
+/** NUL-terminated field as UTF-8 (names) or latin1 (magic). */
+function cstr(buf: Buffer, start: number, len: number, enc: BufferEncoding = 'utf8'): string {
+  let end = start
+  const stop = start + len
+  while (end < stop && buf[end] !== 0) end++
+  return buf.toString(enc, start, end)
+}
+
+/**
+ * Numeric header field: octal ASCII (leading spaces/NULs allowed, terminated by space or NUL), or
+ * GNU base-256 when the high bit of the first byte is set. Returns null when the field is not a
+ * valid non-negative number that fits a JS safe integer.
+ */
+function numField(buf: Buffer, start: number, len: number): number | null {
+  const first = buf[start]!
+  if (first & 0x80) {
+    if (first === 0xff) return null // negative base-256
+    let v = first & 0x7f
+    for (let i = 1; i < len; i++) {
+      v = v * 256 + buf[start + i]!
+      if (v > Number.MAX_SAFE_INTEGER) return null
+    }
+    return v
+  }
+  let i = start
+  const end = start + len
+  while (i < end && (buf[i] === 0x20 || buf[i] === 0)) i++
+  let v = 0
+  let digits = 0
+  for (; i < end; i++) {
+    const c = buf[i]!
+    if (c === 0x20 || c === 0) break
+    if (c < 0x30 || c > 0x37) return null
+    v = v * 8 + (c - 0x30)
+    digits++
+  }
+  for (; i < end; i++) if (buf[i] !== 0x20 && buf[i] !== 0) return null
+  return digits === 0 ? 0 : v
+}
+
+/** Header checksum (POSIX: sum of the 512 bytes with the chksum field as spaces); unsigned and signed (historic) sums. */
+function checksums(h: Buffer): [number, number] {
+  let u = 0
+  let s = 0
+  for (let i = 0; i < TAR_BLOCK; i++) {
+    const b = i >= 148 && i < 156 ? 0x20 : h[i]!
+    u += b
+    s += b >= 0x80 ? b - 256 : b
+  }
+  return [u, s]
+}
+
+function isZeroBlock(h: Buffer): boolean {
+  for (let i = 0; i < h.length; i++) if (h[i] !== 0) return false
+  return true
+}
+
+const padTo = (n: number) => Math.ceil(n / TAR_BLOCK) * TAR_BLOCK
+
+/**
+ * Parses PAX extended header records (`"<len> <key>=<value>\n"`, POSIX pax "pax Extended Header").
+ * Returns a null-prototype map; throws `E_MIG_MALFORMED_ARCHIVE` on a malformed record.
+ */
+function parsePax(data: Buffer, archive: string, where: string): Record<string, string> {
+  const out: Record<string, string> = Object.create(null)
+  let pos = 0
+  while (pos < data.length) {
+    if (data[pos] === 0) break // trailing NUL padding (some writers)
+    let sp = pos
+    while (sp < data.length && sp - pos < 20 && data[sp] !== 0x20) sp++
+    const lenText = data.toString('latin1', pos, sp)
+    if (sp >= data.length || data[sp] !== 0x20 || !/^[0-9]+$/.test(lenText)) throw malformed(archive, `${where}: bad PAX record length`)
+    const len = Number(lenText)
+    if (len <= sp - pos + 1 || pos + len > data.length || data[pos + len - 1] !== 0x0a) throw malformed(archive, `${where}: bad PAX record`)
+    const rec = data.toString('utf8', sp + 1, pos + len - 1)
+    const eq = rec.indexOf('=')
+    if (eq <= 0) throw malformed(archive, `${where}: PAX record without key`)
+    out[rec.slice(0, eq)] = rec.slice(eq + 1)
+    pos += len
+  }
+  return out
+}
+
+function paxSize(v: string | undefined, archive: string, where: string): number | undefined {
+  if (v === undefined) return undefined
+  if (!/^[0-9]{1,16}$/.test(v) || Number(v) > Number.MAX_SAFE_INTEGER) throw malformed(archive, `${where}: bad PAX size ${JSON.stringify(v.slice(0, 32))}`)
+  return Number(v)
+}
+
+/**
+ * Lists the members of the tar archive at `path` without reading member data.
+ *
+ * Walks 512-byte headers with positioned reads (ustar, old GNU and v7 headers; GNU `L`/`K` long
+ * names; PAX `x` extended and `g` global headers, keys `path`, `linkpath`, `size`; base-256 sizes),
+ * checking each header's checksum. The walk ends at a zero block (end-of-archive marker, POSIX
+ * requires two; like GNU tar and Python's tarfile the first one ends the listing) or at a clean
+ * EOF on a block boundary (a missing end marker is tolerated). Meta headers (`L`, `K`, `x`, `g`)
+ * are consumed, not returned.
+ *
+ * @param opts.offset byte offset of the first header (default 0; must be a multiple of 512).
+ * @param opts.maxMembers bound on members returned (default 100 000).
+ * @returns members in archive order.
+ * @throws E_MIG_MALFORMED_ARCHIVE "not a tar archive" (bad checksum on the first header), a bad
+ *   header later on, a header cut short by EOF, "truncated member <name>: declares N bytes,
+ *   archive holds M", too many members, PAX/long-name records over 1 MiB.
+ * @throws E_MIG_UNSUPPORTED_FORMAT the file is a gzip/bzip2/xz/zstd/zip stream, not a plain tar.
+ * @throws E_MIG_DISK_READ_FAILED the file cannot be opened or read.
+ */
+export async function listTarMembers(path: string, opts: { offset?: number; maxMembers?: number } = {}): Promise<TarMember[]> {
+  const maxMembers = opts.maxMembers ?? DEFAULT_MAX_MEMBERS
+  let pos = opts.offset ?? 0
+  if (!Number.isSafeInteger(pos) || pos < 0 || pos % TAR_BLOCK !== 0) throw new MigError('E_MIG_INTERNAL', `listTarMembers: bad offset ${pos}`)
+  const fh = await openRead(path)
+  try {
+    const fileSize = (await fh.stat()).size
+    const members: TarMember[] = []
+    let global: Record<string, string> = Object.create(null)
+    let pending: Record<string, string> = Object.create(null)
+    let longName: string | undefined
+    let longLink: string | undefined
+    let headers = 0
+    const maxHeaders = maxMembers * 4 + 16
+    const first = pos
+
+    while (pos < fileSize) {
+      const h = await preadAt(fh, path, TAR_BLOCK, pos)
+      if (h.length < TAR_BLOCK) {
+        if (isZeroBlock(h)) break // zero padding cut short: still the end
+        throw malformed(path, `header at offset ${pos} cut short by end of file (${h.length} of 512 bytes)`, { offset: pos })
+      }
+      if (isZeroBlock(h)) break
+      if (++headers > maxHeaders) throw malformed(path, `more than ${maxHeaders} headers`)
+
+      const stored = numField(h, 148, 8)
+      const [u, s] = checksums(h)
+      if (stored === null || (stored !== u && stored !== s)) {
+        if (pos === first) {
+          const comp = sniffCompression(h)
+          if (comp) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${path}: ${comp}-compressed archive: decompress it first`)
+          throw malformed(path, 'not a tar archive (bad header checksum)')
+        }
+        const after = members.length ? ` after member ${members[members.length - 1]!.name}` : ''
+        throw malformed(path, `bad tar header checksum at offset ${pos}${after}`, { offset: pos })
+      }
+
+      const magic = h.toString('latin1', 257, 263)
+      const isUstar = magic === 'ustar\0'
+      const typeflag = h[156] === 0 ? '0' : String.fromCharCode(h[156]!)
+      let name = cstr(h, 0, 100)
+      if (isUstar) {
+        const prefix = cstr(h, 345, 155)
+        if (prefix) name = `${prefix}/${name}`
+      }
+      const headerName = name
+      const rawSize = numField(h, 124, 12)
+      if (rawSize === null) throw malformed(path, `bad size field in header of ${JSON.stringify(headerName)} at offset ${pos}`, { offset: pos })
+      const dataOffset = pos + TAR_BLOCK
+
+      // Meta headers: their data is a name or PAX records for the next member.
+      if (typeflag === 'L' || typeflag === 'K' || typeflag === 'x' || typeflag === 'g' || typeflag === 'X') {
+        const what = typeflag === 'L' ? 'GNU long name' : typeflag === 'K' ? 'GNU long link name' : 'PAX header'
+        if (rawSize > MAX_META_RECORD) throw malformed(path, `${what} at offset ${pos} declares ${rawSize} bytes (limit ${MAX_META_RECORD})`, { offset: pos })
+        if (dataOffset + rawSize > fileSize) throw malformed(path, `truncated member ${what}: declares ${rawSize} bytes, archive holds ${Math.max(0, fileSize - dataOffset)}`)
+        const data = await preadAt(fh, path, rawSize, dataOffset)
+        if (typeflag === 'L') longName = cstr(data, 0, data.length)
+        else if (typeflag === 'K') longLink = cstr(data, 0, data.length)
+        else {
+          const recs = parsePax(data, path, `${what} at offset ${pos}`)
+          if (typeflag === 'g') global = Object.assign(Object.create(null), global, recs)
+          else pending = Object.assign(pending, recs)
+        }
+        pos = dataOffset + padTo(rawSize)
+        continue
+      }
+
+      const pax: Record<string, string> = Object.assign(Object.create(null), global, pending)
+      if (pax.path !== undefined) name = pax.path
+      else if (longName !== undefined) name = longName
+      let linkname: string | undefined = cstr(h, 157, 100) || undefined
+      if (pax.linkpath !== undefined) linkname = pax.linkpath
+      else if (longLink !== undefined) linkname = longLink
+      const size = paxSize(pax.size, path, `PAX header of ${JSON.stringify(name)}`) ?? rawSize
+      pending = Object.create(null)
+      longName = undefined
+      longLink = undefined
+
+      let type: TarMemberType
+      switch (typeflag) {
+        case '0': case '7': type = name.endsWith('/') ? 'directory' : 'file'; break
+        case '1': type = 'hardlink'; break
+        case '2': type = 'symlink'; break
+        case '5': type = 'directory'; break
+        default: type = 'other'
+      }
+      // Data blocks follow regular files and unknown types (POSIX: size is 0 for links, devices,
+      // FIFOs and directories; GNU sparse `S` and vendor types carry data).
+      const carriesData = !(typeflag === '1' || typeflag === '2' || typeflag === '3' || typeflag === '4' || typeflag === '5' || typeflag === '6')
+      const dataSize = carriesData ? size : 0
+      if (dataOffset + dataSize > fileSize) {
+        throw malformed(path, `truncated member ${name}: declares ${dataSize} bytes, archive holds ${Math.max(0, fileSize - dataOffset)}`, { member: name, declared: dataSize, held: Math.max(0, fileSize - dataOffset) })
+      }
+      if (members.length >= maxMembers) throw malformed(path, `more than ${maxMembers} members`)
+      const m: TarMember = { name, size: dataSize, offset: dataOffset, type }
+      if (linkname !== undefined && (type === 'symlink' || type === 'hardlink')) m.linkname = linkname
+      members.push(m)
+      pos = dataOffset + padTo(dataSize)
+    }
+    if (longName !== undefined || Object.keys(pending).length > 0) throw malformed(path, 'archive ends after a long-name or PAX header without its member')
+    return members
+  } finally {
+    await fh.close()
+  }
+}
+
+/**
+ * Reads a member's data (for descriptors and manifests: `.ovf`, `.mf`, `ova.xml`).
+ *
+ * @param maxBytes refuse members larger than this many bytes (the caller's descriptor cap).
+ * @throws E_MIG_MALFORMED_ARCHIVE the member is larger than `maxBytes` or its data is cut short.
+ * @throws E_MIG_DISK_READ_FAILED the archive cannot be read.
+ */
+export async function readTarMember(path: string, member: TarMember, maxBytes: number): Promise<Buffer> {
+  if (member.size > maxBytes) throw malformed(path, `member ${member.name} is ${member.size} bytes, larger than the ${maxBytes}-byte limit`, { member: member.name })
+  const fh = await openRead(path)
+  try {
+    const buf = await preadAt(fh, path, member.size, member.offset)
+    if (buf.length < member.size) throw malformed(path, `truncated member ${member.name}: declares ${member.size} bytes, archive holds ${buf.length}`, { member: member.name })
+    return buf
+  } finally {
+    await fh.close()
+  }
+}
+
+/** Read size of {@link hashRange}, bytes (within the 64 KiB - 4 MiB band). */
+const HASH_CHUNK = 1024 * 1024
+
+/**
+ * Digest (lower-case hex) of `length` bytes of `path` from byte `offset`, streamed with 1 MiB
+ * positioned reads into one reused buffer (never a whole-file buffer). Used for `.mf` manifest
+ * digests of tar members (offset = member data offset) and of plain files (offset 0).
+ *
+ * @throws E_MIG_MALFORMED_ARCHIVE the file ends before `offset + length`.
+ * @throws E_MIG_DISK_READ_FAILED the file cannot be opened or read.
+ */
+export async function hashRange(path: string, offset: number, length: number, algorithm: HashAlgorithm): Promise<string> {
+  const hash = createHash(algorithm)
+  const fh = await openRead(path)
+  try {
+    const buf = Buffer.allocUnsafe(Math.max(1, Math.min(HASH_CHUNK, length)))
+    let done = 0
+    while (done < length) {
+      const want = Math.min(buf.length, length - done)
+      let bytesRead: number
+      try {
+        ;({ bytesRead } = await fh.read(buf, 0, want, offset + done))
+      } catch (e) {
+        throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: read at offset ${offset + done} failed: ${(e as Error).message}`, { cause: e })
+      }
+      if (bytesRead === 0) throw malformed(path, `range of ${length} bytes at offset ${offset} runs past the end of the file (${done} bytes read)`)
+      hash.update(buf.subarray(0, bytesRead))
+      done += bytesRead
+    }
+    return hash.digest('hex')
+  } finally {
+    await fh.close()
+  }
+}

@@ -1,0 +1,210 @@
+/**
+ * VHD footer and dynamic header reader (Virtual PC / Hyper-V generation 1 disks; qemu's `vpc`
+ * driver).
+ *
+ * Follows Microsoft's "Virtual Hard Disk Image Format Specification" v1.0 (2006): the 512-byte
+ * big-endian hard disk footer at the end of the file (cookie `conectix`, features, format version
+ * 0x00010000, data offset, creator application/host, original and current size, CHS geometry,
+ * disk type 2 fixed / 3 dynamic / 4 differencing, one's-complement checksum, unique id) and, for
+ * dynamic and differencing disks, the 1024-byte dynamic disk header at the footer's data offset
+ * (cookie `cxsparse`, BAT offset, max table entries, block size, checksum, parent unique id,
+ * parent unicode name, eight parent locator entries). Old Virtual PC versions wrote a 511-byte
+ * footer; it is accepted at `size - 511`. Dynamic disks also keep a copy of the footer at offset
+ * 0, used when the last sector is damaged. The guest-visible size follows qemu `block/vpc.c`:
+ * CHS geometry for creators `vpc `, `qemu`, others the footer's current size.
+ */
+import { open, type FileHandle } from 'node:fs/promises'
+import { MigError } from '../errors.ts'
+
+/** Largest VHD virtual size accepted, bytes (the format's 2040 GiB limit, rounded up to 2 TiB). */
+export const VHD_MAX_VIRTUAL_SIZE = 2 * 2 ** 40
+const NO_OFFSET = 0xffffffffffffffffn
+
+/** Parent locator platform codes (VHD spec "Parent Locator Entries"). */
+const PLATFORMS: Record<string, 'utf16le' | 'utf8'> = { W2ru: 'utf16le', W2ku: 'utf16le', Wi2r: 'utf8', Wi2k: 'utf8', MacX: 'utf8' }
+
+/** One parent locator of a differencing VHD: `platform` code (`W2ru` relative Windows path,
+ * `W2ku` absolute Windows path, `MacX` file URL, ...) and the decoded `path`. */
+export interface VhdParentLocator {
+  platform: string
+  path: string
+}
+
+/**
+ * What a VHD says about itself. Sizes are bytes.
+ * - `disk_type`: footer disk type. `virtual_size`: the size qemu's `vpc` driver presents (see the
+ *   module note); `current_size`: the footer's current size; `geometry` its CHS.
+ * - `parent_name`: dynamic header parent unicode name (differencing disks), else null;
+ *   `parent_locators`: the decoded locators (differencing disks), else [].
+ * - `block_size`: dynamic header block size (null for fixed disks). `creator_app`: 4 characters.
+ * - `footer_offset`: where the footer used was found.
+ * - `unique_id`: the footer's unique id (32 hex digits); `parent_unique_id`: the dynamic
+ *   header's parent unique id of a differencing disk (must equal the parent's `unique_id`), else null.
+ */
+export interface VhdInfo {
+  disk_type: 'fixed' | 'dynamic' | 'differencing'
+  virtual_size: number
+  current_size: number
+  geometry: { cylinders: number; heads: number; sectors: number }
+  parent_name: string | null
+  parent_locators: VhdParentLocator[]
+  block_size: number | null
+  creator_app: string
+  footer_offset: number
+  unique_id: string
+  parent_unique_id: string | null
+}
+
+function malformed(file: string, reason: string): MigError {
+  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${file}: ${reason}`)
+}
+
+async function openRead(file: string): Promise<FileHandle> {
+  try {
+    return await open(file, 'r')
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
+  }
+}
+
+async function readAt(fh: FileHandle, file: string, len: number, pos: number): Promise<Buffer> {
+  const buf = Buffer.alloc(len)
+  let got = 0
+  try {
+    while (got < len) {
+      const { bytesRead } = await fh.read(buf, got, len - got, pos + got)
+      if (bytesRead === 0) break
+      got += bytesRead
+    }
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
+  }
+  return got === len ? buf : buf.subarray(0, got)
+}
+
+/** One's complement of the byte sum of `buf` with the 4-byte checksum at `at` skipped. */
+function vhdChecksum(buf: Buffer, at: number): number {
+  let sum = 0
+  for (let i = 0; i < buf.length; i++) if (i < at || i >= at + 4) sum = (sum + buf[i]!) >>> 0
+  return ~sum >>> 0
+}
+
+/** True when `buf` (at least 85 bytes) starts with the footer cookie and its checksum matches. */
+function footerOk(buf: Buffer): boolean {
+  if (buf.length < 85 || buf.toString('latin1', 0, 8) !== 'conectix') return false
+  // The checksum covers the 512-byte footer; a 511-byte footer lacks a trailing reserved zero.
+  const full = buf.length >= 512 ? buf.subarray(0, 512) : Buffer.concat([buf, Buffer.alloc(512 - buf.length)])
+  return vhdChecksum(full, 64) === full.readUInt32BE(64)
+}
+
+/** True when the last 512 (or 511) bytes of a file hold a `conectix` cookie (no checksum check). */
+export function hasVhdCookie(tail: Buffer): boolean {
+  return (tail.length >= 512 && tail.toString('latin1', tail.length - 512, tail.length - 504) === 'conectix') ||
+    (tail.length >= 511 && tail.toString('latin1', tail.length - 511, tail.length - 503) === 'conectix')
+}
+
+/**
+ * Reads the VHD footer (and dynamic header) of `file`.
+ *
+ * @returns the {@link VhdInfo}.
+ * @throws E_MIG_UNSUPPORTED_FORMAT no `conectix` cookie at the end (nor at offset 0); a disk type
+ *   other than 2/3/4; a format version other than 1.x.
+ * @throws E_MIG_MALFORMED_ARCHIVE no footer with a valid checksum; current size over 2 TiB or past
+ *   the end of a fixed disk; a dynamic header missing, with a bad cookie or checksum, a block
+ *   size not a power of two, or a BAT outside the file or too small for the size.
+ * @throws E_MIG_DISK_READ_FAILED the file cannot be opened or read.
+ */
+export async function readVhdInfo(file: string): Promise<VhdInfo> {
+  const fh = await openRead(file)
+  try {
+    const fileSize = (await fh.stat()).size
+    const candidates: number[] = []
+    if (fileSize >= 512) candidates.push(fileSize - 512)
+    if (fileSize >= 511) candidates.push(fileSize - 511)
+    candidates.push(0)
+    let footer: Buffer | null = null
+    let footerOffset = -1
+    let sawCookie = false
+    for (const off of candidates) {
+      const b = await readAt(fh, file, Math.min(512, fileSize - off), off)
+      if (b.toString('latin1', 0, 8) !== 'conectix') continue
+      sawCookie = true
+      if (footerOk(b)) {
+        footer = b.length >= 512 ? b : Buffer.concat([b, Buffer.alloc(512 - b.length)])
+        footerOffset = off
+        break
+      }
+    }
+    if (!sawCookie) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHD image (no conectix footer)`)
+    if (!footer) throw malformed(file, 'VHD footer checksum mismatch (no intact footer copy)')
+
+    const version = footer.readUInt32BE(12)
+    if (version >>> 16 !== 1) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VHD format version 0x${version.toString(16)} is not 1.x`)
+    const dataOffset = footer.readBigUInt64BE(16)
+    const creator_app = footer.toString('latin1', 28, 32)
+    const unique_id = footer.toString('hex', 68, 84)
+    const currentBig = footer.readBigUInt64BE(48)
+    const geometry = { cylinders: footer.readUInt16BE(56), heads: footer[58]!, sectors: footer[59]! }
+    const type = footer.readUInt32BE(60)
+    const disk_type = type === 2 ? 'fixed' : type === 3 ? 'dynamic' : type === 4 ? 'differencing' : null
+    if (!disk_type) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VHD disk type ${type} is not fixed (2), dynamic (3) or differencing (4)`)
+    if (currentBig > BigInt(VHD_MAX_VIRTUAL_SIZE)) throw malformed(file, `current size ${currentBig} bytes exceeds 2 TiB`)
+    const current_size = Number(currentBig)
+
+    // qemu block/vpc.c: CHS size for Virtual PC and old qemu, current size otherwise and for the
+    // maximum geometry 65535/16/255.
+    const chs = geometry.cylinders * geometry.heads * geometry.sectors * 512
+    const maxChs = geometry.cylinders === 65535 && geometry.heads === 16 && geometry.sectors === 255
+    const virtual_size = !maxChs && (creator_app === 'vpc ' || creator_app === 'qemu') ? chs : current_size
+
+    if (disk_type === 'fixed') {
+      if (footerOffset === 0) throw malformed(file, 'fixed VHD has no footer at its end')
+      if (virtual_size > footerOffset) throw malformed(file, `fixed VHD declares ${virtual_size} bytes but holds ${footerOffset}`)
+      return { disk_type, virtual_size, current_size, geometry, parent_name: null, parent_locators: [], block_size: null, creator_app, footer_offset: footerOffset, unique_id, parent_unique_id: null }
+    }
+
+    // Dynamic disk header.
+    if (dataOffset === NO_OFFSET || dataOffset + 1024n > BigInt(fileSize)) throw malformed(file, `dynamic disk header offset ${dataOffset} lies outside the file`)
+    const dhOff = Number(dataOffset)
+    const dh = await readAt(fh, file, 1024, dhOff)
+    if (dh.toString('latin1', 0, 8) !== 'cxsparse') throw malformed(file, `no cxsparse dynamic disk header at offset ${dhOff}`)
+    if (vhdChecksum(dh, 36) !== dh.readUInt32BE(36)) throw malformed(file, 'dynamic disk header checksum mismatch')
+    const batOffset = dh.readBigUInt64BE(16)
+    const maxEntries = dh.readUInt32BE(28)
+    const block_size = dh.readUInt32BE(32)
+    if (block_size < 512 || block_size > 256 * 1024 * 1024 || (block_size & (block_size - 1)) !== 0) throw malformed(file, `block size ${block_size} is not a power of two in 512 B..256 MiB`)
+    if (maxEntries * block_size < virtual_size) throw malformed(file, `BAT of ${maxEntries} entries of ${block_size} bytes cannot map ${virtual_size} bytes`)
+    if (batOffset + BigInt(maxEntries) * 4n > BigInt(fileSize)) throw malformed(file, `BAT at offset ${batOffset} (${maxEntries} entries) lies outside the file`)
+
+    let parent_name: string | null = null
+    let parent_unique_id: string | null = null
+    const parent_locators: VhdParentLocator[] = []
+    if (disk_type === 'differencing') {
+      parent_unique_id = dh.toString('hex', 40, 56)
+      const nameBuf = dh.subarray(64, 64 + 512)
+      const s = Buffer.from(nameBuf).swap16().toString('utf16le')
+      const nul = s.indexOf('\0')
+      parent_name = (nul < 0 ? s : s.slice(0, nul)) || null
+      for (let i = 0; i < 8; i++) {
+        const at = 576 + i * 24
+        const code = dh.toString('latin1', at, at + 4)
+        if (dh.readUInt32BE(at) === 0) continue
+        const enc = PLATFORMS[code]
+        if (!enc) continue
+        const len = dh.readUInt32BE(at + 8)
+        const off = dh.readBigUInt64BE(at + 16)
+        if (len === 0) continue
+        if (len > 4096 || off + BigInt(len) > BigInt(fileSize)) throw malformed(file, `parent locator ${code} at ${off} (+${len}) lies outside the file`)
+        const data = await readAt(fh, file, len, Number(off))
+        let p = data.toString(enc)
+        const nul2 = p.indexOf('\0')
+        if (nul2 >= 0) p = p.slice(0, nul2)
+        if (p) parent_locators.push({ platform: code, path: p })
+      }
+      if (!parent_name && parent_locators.length === 0) throw malformed(file, 'differencing VHD names no parent')
+    }
+    return { disk_type, virtual_size, current_size, geometry, parent_name, parent_locators, block_size, creator_app, footer_offset: footerOffset, unique_id, parent_unique_id }
+  } finally {
+    await fh.close()
+  }
+}

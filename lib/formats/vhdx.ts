@@ -1,0 +1,315 @@
+/**
+ * VHDX header and metadata reader (Hyper-V disk images, generation 2).
+ *
+ * Follows Microsoft's [MS-VHDX] "Virtual Hard Disk v2 (VHDX) File Format" v1.0: section 2.2.1
+ * file type identifier (`vhdxfile` + creator), 2.2.2 the two 4 KiB headers at 64 KiB and
+ * 128 KiB (signature `head`, CRC-32C checksum, sequence number; the valid header with the higher
+ * sequence number is current), 2.2.3 the region tables at 192 KiB and 256 KiB (signature `regi`,
+ * CRC-32C over 64 KiB; BAT and metadata regions), 2.6 the metadata region (`metadata` table,
+ * items File Parameters, Virtual Disk Size, Virtual Disk ID, Logical/Physical Sector Size,
+ * Parent Locator with its UTF-16LE key/value entries). All integers are little-endian and GUIDs
+ * use the Microsoft mixed-endian layout. Only the first 320 KiB and the metadata items are read.
+ */
+import { open, type FileHandle } from 'node:fs/promises'
+import { MigError } from '../errors.ts'
+
+const KiB = 1024
+const MiB = 1024 * 1024
+/** Largest virtual size of a VHDX, bytes (MS-VHDX 2.6.2.2: 64 TiB). */
+export const VHDX_MAX_VIRTUAL_SIZE = 64 * 2 ** 40
+
+/** Region GUIDs (MS-VHDX 2.2.3.1). */
+export const VHDX_REGION_BAT = '2DC27766-F623-4200-9D64-115E9BFD4A08'
+export const VHDX_REGION_METADATA = '8B7CA206-4790-4B9A-B8FE-575F050F886E'
+/** Metadata item GUIDs (MS-VHDX 2.6.2). */
+const ITEM_FILE_PARAMETERS = 'CAA16737-FA36-4D43-B3B6-33F0AA44E76B'
+const ITEM_VIRTUAL_DISK_SIZE = '2FA54224-CD1B-4876-B211-5DBED83BF4B8'
+const ITEM_VIRTUAL_DISK_ID = 'BECA12AB-B2E6-4523-93EF-C309E000C746'
+const ITEM_LOGICAL_SECTOR_SIZE = '8141BF1D-A96F-4709-BA47-F233A8FAAB5F'
+const ITEM_PHYSICAL_SECTOR_SIZE = 'CDA348C7-445D-4471-9CC9-E9885251C556'
+const ITEM_PARENT_LOCATOR = 'A8D35F2D-B30B-454D-ABF7-D3D84834AB0C'
+/** Locator type of a VHDX parent (MS-VHDX 2.6.2.6). */
+const LOCATOR_TYPE_VHDX = 'B04AEFB7-D19E-4A81-B789-25B8E9445913'
+const KNOWN_ITEMS = new Set([ITEM_FILE_PARAMETERS, ITEM_VIRTUAL_DISK_SIZE, ITEM_VIRTUAL_DISK_ID, ITEM_LOGICAL_SECTOR_SIZE, ITEM_PHYSICAL_SECTOR_SIZE, ITEM_PARENT_LOCATOR])
+
+/**
+ * What a VHDX says about itself. Sizes are bytes.
+ * - `virtual_size`: Virtual Disk Size item. `block_size`: File Parameters BlockSize (the BAT's
+ *   payload block, 1..256 MiB). `logical_sector_size`/`physical_sector_size`: 512 or 4096.
+ * - `fixed`: File Parameters LeaveBlockAllocated (a fixed VHDX). `has_parent`: HasParent (a
+ *   differencing VHDX); `parent_locator`: its key/value entries (`parent_linkage`,
+ *   `parent_linkage2`, `relative_path`, `volume_path`, `absolute_win32_path`), else null.
+ * - `creator`: the file type identifier's creator string. `virtual_disk_id`,
+ *   `data_write_guid`: GUIDs as upper-case `XXXXXXXX-XXXX-XXXX-XXXX-XXXXXXXXXXXX`.
+ * - `needs_log_replay`: the current header's LogGuid is set (unreplayed log; qemu refuses such
+ *   an image read-only). `header_sequence`: sequence number of the current header (decimal).
+ */
+export interface VhdxInfo {
+  virtual_size: number
+  block_size: number
+  logical_sector_size: number
+  physical_sector_size: number
+  fixed: boolean
+  has_parent: boolean
+  parent_locator: Record<string, string> | null
+  creator: string
+  virtual_disk_id: string | null
+  data_write_guid: string
+  needs_log_replay: boolean
+  header_sequence: string
+}
+
+function malformed(file: string, reason: string): MigError {
+  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${file}: ${reason}`)
+}
+
+async function openRead(file: string): Promise<FileHandle> {
+  try {
+    return await open(file, 'r')
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
+  }
+}
+
+async function readAt(fh: FileHandle, file: string, len: number, pos: number): Promise<Buffer> {
+  const buf = Buffer.alloc(len)
+  let got = 0
+  try {
+    while (got < len) {
+      const { bytesRead } = await fh.read(buf, got, len - got, pos + got)
+      if (bytesRead === 0) break
+      got += bytesRead
+    }
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
+  }
+  return got === len ? buf : buf.subarray(0, got)
+}
+
+let CRC32C_TABLE: Uint32Array | null = null
+
+/**
+ * CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, init and final XOR 0xFFFFFFFF), the
+ * checksum of VHDX headers, region tables and log entries (MS-VHDX 2.2.2, 2.2.3).
+ */
+export function crc32c(data: Uint8Array): number {
+  if (!CRC32C_TABLE) {
+    CRC32C_TABLE = new Uint32Array(256)
+    for (let n = 0; n < 256; n++) {
+      let c = n
+      for (let k = 0; k < 8; k++) c = c & 1 ? (c >>> 1) ^ 0x82f63b78 : c >>> 1
+      CRC32C_TABLE[n] = c >>> 0
+    }
+  }
+  const t = CRC32C_TABLE
+  let crc = 0xffffffff
+  for (let i = 0; i < data.length; i++) crc = t[(crc ^ data[i]!) & 0xff]! ^ (crc >>> 8)
+  return (crc ^ 0xffffffff) >>> 0
+}
+
+/** True when the CRC-32C of `block`, with its 4-byte checksum field at `at` zeroed, matches it. */
+function checksumOk(block: Buffer, at: number): boolean {
+  const stored = block.readUInt32LE(at)
+  const copy = Buffer.from(block)
+  copy.writeUInt32LE(0, at)
+  return crc32c(copy) === stored
+}
+
+/** A Microsoft GUID (mixed-endian: Data1-3 little-endian, Data4 bytes) as upper-case text. */
+export function guidAt(buf: Buffer, at: number): string {
+  const h = (a: number, b: number): string => buf.subarray(at + a, at + b).toString('hex')
+  const le = (a: number, n: number): string => Buffer.from(buf.subarray(at + a, at + a + n)).reverse().toString('hex')
+  return `${le(0, 4)}-${le(4, 2)}-${le(6, 2)}-${h(8, 10)}-${h(10, 16)}`.toUpperCase()
+}
+
+const ZERO_GUID = '00000000-0000-0000-0000-000000000000'
+
+/** A UTF-16LE string up to its first NUL. */
+function utf16z(buf: Buffer): string {
+  const s = buf.subarray(0, buf.length - (buf.length % 2)).toString('utf16le')
+  const nul = s.indexOf('\0')
+  return nul < 0 ? s : s.slice(0, nul)
+}
+
+interface Header {
+  seq: bigint
+  dataWriteGuid: string
+  logGuid: string
+}
+
+function parseHeader(block: Buffer): Header | null {
+  if (block.length < 4 * KiB || block.toString('latin1', 0, 4) !== 'head' || !checksumOk(block, 4)) return null
+  if (block.readUInt16LE(66) !== 1) return null // Version must be 1
+  return { seq: block.readBigUInt64LE(8), dataWriteGuid: guidAt(block, 32), logGuid: guidAt(block, 48) }
+}
+
+interface Region {
+  offset: number
+  length: number
+}
+
+/**
+ * Reads the VHDX headers, region table and metadata of `file`.
+ *
+ * @returns the {@link VhdxInfo}.
+ * @throws E_MIG_UNSUPPORTED_FORMAT no `vhdxfile` identifier; an unknown region or metadata item
+ *   marked required; a parent locator of a type other than VHDX.
+ * @throws E_MIG_MALFORMED_ARCHIVE file cut short; no header or region table with a valid
+ *   CRC-32C; regions unaligned, overlapping the headers or outside the file; a missing BAT,
+ *   metadata region or required metadata item; block size not a power of two in 1..256 MiB;
+ *   sector sizes other than 512/4096; virtual size 0, over 64 TiB or not a multiple of the
+ *   logical sector size; a BAT region too small for the virtual size; bad parent locator entries.
+ * @throws E_MIG_DISK_READ_FAILED the file cannot be opened or read.
+ */
+export async function readVhdxInfo(file: string): Promise<VhdxInfo> {
+  const fh = await openRead(file)
+  try {
+    const fileSize = (await fh.stat()).size
+    const head = await readAt(fh, file, Math.min(fileSize, 320 * KiB), 0)
+    if (head.length < 8 || head.toString('latin1', 0, 8) !== 'vhdxfile') throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHDX image (no vhdxfile identifier)`)
+    if (head.length < 320 * KiB) throw malformed(file, `VHDX cut short: ${fileSize} bytes, the headers and region tables need ${320 * KiB}`)
+    const creator = utf16z(head.subarray(8, 8 + 512))
+
+    // Headers (2.2.2): take the valid one with the higher sequence number.
+    const h1 = parseHeader(head.subarray(64 * KiB, 68 * KiB))
+    const h2 = parseHeader(head.subarray(128 * KiB, 132 * KiB))
+    if (!h1 && !h2) throw malformed(file, 'neither VHDX header has a valid signature, version and CRC-32C')
+    const cur = !h1 ? h2! : !h2 ? h1 : h2.seq > h1.seq ? h2 : h1
+
+    // Region table (2.2.3): the first with a valid CRC-32C.
+    let table: Buffer | null = null
+    for (const off of [192 * KiB, 256 * KiB]) {
+      const t = head.subarray(off, off + 64 * KiB)
+      if (t.toString('latin1', 0, 4) === 'regi' && checksumOk(t, 4)) {
+        table = t
+        break
+      }
+    }
+    if (!table) throw malformed(file, 'neither VHDX region table has a valid signature and CRC-32C')
+    const count = table.readUInt32LE(8)
+    if (count > 2047) throw malformed(file, `region table declares ${count} entries (limit 2047)`)
+    const regions = new Map<string, Region>()
+    for (let i = 0; i < count; i++) {
+      const at = 16 + i * 32
+      const guid = guidAt(table, at)
+      const offset = table.readBigUInt64LE(at + 16)
+      const length = table.readUInt32LE(at + 24)
+      const required = (table.readUInt32LE(at + 28) & 1) === 1
+      if (offset % BigInt(MiB) !== 0n || offset < BigInt(MiB) || length % MiB !== 0 || length === 0) throw malformed(file, `region ${guid} at ${offset} (+${length}) is not 1 MiB aligned`)
+      if (offset + BigInt(length) > BigInt(fileSize)) throw malformed(file, `region ${guid} at ${offset} (+${length}) lies outside the file of ${fileSize} bytes`)
+      if (regions.has(guid)) throw malformed(file, `region ${guid} listed twice`)
+      if (guid !== VHDX_REGION_BAT && guid !== VHDX_REGION_METADATA && required) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown required VHDX region ${guid}`)
+      regions.set(guid, { offset: Number(offset), length })
+    }
+    const bat = regions.get(VHDX_REGION_BAT)
+    const meta = regions.get(VHDX_REGION_METADATA)
+    if (!bat) throw malformed(file, 'no BAT region')
+    if (!meta) throw malformed(file, 'no metadata region')
+    if (meta.length < 64 * KiB) throw malformed(file, 'metadata region smaller than its 64 KiB table')
+
+    // Metadata table (2.6.1).
+    const mt = await readAt(fh, file, 64 * KiB, meta.offset)
+    if (mt.length < 64 * KiB || mt.toString('latin1', 0, 8) !== 'metadata') throw malformed(file, `no metadata table signature at offset ${meta.offset}`)
+    const entries = mt.readUInt16LE(10)
+    if (entries > 2047) throw malformed(file, `metadata table declares ${entries} entries (limit 2047)`)
+    const items = new Map<string, { offset: number; length: number }>()
+    for (let i = 0; i < entries; i++) {
+      const at = 32 + i * 32
+      const id = guidAt(mt, at)
+      const offset = mt.readUInt32LE(at + 16)
+      const length = mt.readUInt32LE(at + 20)
+      const required = (mt.readUInt32LE(at + 24) & 4) !== 0
+      if (!KNOWN_ITEMS.has(id)) {
+        if (required) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown required VHDX metadata item ${id}`)
+        continue
+      }
+      if (items.has(id)) throw malformed(file, `metadata item ${id} listed twice`)
+      if (length === 0 || length > MiB || offset < 64 * KiB || offset + length > meta.length) throw malformed(file, `metadata item ${id} at ${offset} (+${length}) lies outside the metadata region`)
+      items.set(id, { offset, length })
+    }
+    const readItem = async (id: string, name: string, min: number): Promise<Buffer> => {
+      const it = items.get(id)
+      if (!it) throw malformed(file, `missing required metadata item ${name}`)
+      if (it.length < min) throw malformed(file, `metadata item ${name} is ${it.length} bytes, needs ${min}`)
+      const b = await readAt(fh, file, it.length, meta.offset + it.offset)
+      if (b.length < it.length) throw malformed(file, `metadata item ${name} cut short by the end of the file`)
+      return b
+    }
+
+    const fp = await readItem(ITEM_FILE_PARAMETERS, 'File Parameters', 8)
+    const block_size = fp.readUInt32LE(0)
+    const flags = fp.readUInt32LE(4)
+    if (block_size < MiB || block_size > 256 * MiB || (block_size & (block_size - 1)) !== 0) throw malformed(file, `block size ${block_size} is not a power of two in 1..256 MiB`)
+    const fixed = (flags & 1) !== 0
+    const has_parent = (flags & 2) !== 0
+
+    const vs = (await readItem(ITEM_VIRTUAL_DISK_SIZE, 'Virtual Disk Size', 8)).readBigUInt64LE(0)
+    const logical_sector_size = (await readItem(ITEM_LOGICAL_SECTOR_SIZE, 'Logical Sector Size', 4)).readUInt32LE(0)
+    const physical_sector_size = (await readItem(ITEM_PHYSICAL_SECTOR_SIZE, 'Physical Sector Size', 4)).readUInt32LE(0)
+    if (logical_sector_size !== 512 && logical_sector_size !== 4096) throw malformed(file, `logical sector size ${logical_sector_size} (512 or 4096)`)
+    if (physical_sector_size !== 512 && physical_sector_size !== 4096) throw malformed(file, `physical sector size ${physical_sector_size} (512 or 4096)`)
+    if (vs === 0n || vs > BigInt(VHDX_MAX_VIRTUAL_SIZE)) throw malformed(file, `virtual disk size ${vs} outside 1 byte..64 TiB`)
+    const virtual_size = Number(vs)
+    if (virtual_size % logical_sector_size !== 0) throw malformed(file, `virtual disk size ${virtual_size} is not a multiple of the ${logical_sector_size}-byte logical sector`)
+    const virtual_disk_id = items.has(ITEM_VIRTUAL_DISK_ID) ? guidAt(await readItem(ITEM_VIRTUAL_DISK_ID, 'Virtual Disk ID', 16), 0) : null
+
+    // BAT size (2.5): payload blocks plus interleaved sector bitmap blocks, one per chunk.
+    const chunkRatio = (2 ** 23 * logical_sector_size) / block_size
+    const dataBlocks = Math.ceil(virtual_size / block_size)
+    const batEntries = has_parent
+      ? Math.ceil(dataBlocks / chunkRatio) * (chunkRatio + 1)
+      : dataBlocks + Math.floor((dataBlocks - 1) / chunkRatio)
+    if (batEntries * 8 > bat.length) throw malformed(file, `BAT region of ${bat.length} bytes cannot hold the ${batEntries} entries the virtual size needs`)
+
+    let parent_locator: Record<string, string> | null = null
+    if (has_parent) parent_locator = parseParentLocator(await readItem(ITEM_PARENT_LOCATOR, 'Parent Locator', 20), file)
+
+    return {
+      virtual_size,
+      block_size,
+      logical_sector_size,
+      physical_sector_size,
+      fixed,
+      has_parent,
+      parent_locator,
+      creator,
+      virtual_disk_id,
+      data_write_guid: cur.dataWriteGuid,
+      needs_log_replay: cur.logGuid !== ZERO_GUID,
+      header_sequence: cur.seq.toString(),
+    }
+  } finally {
+    await fh.close()
+  }
+}
+
+const FORBIDDEN_KEYS = new Set(['__proto__', 'constructor', 'prototype'])
+
+/**
+ * Parses a Parent Locator metadata item (MS-VHDX 2.6.2.6): locator type GUID, key/value count,
+ * then 12-byte entries (key offset, value offset, key length, value length; offsets relative to
+ * the item) pointing at UTF-16LE strings. Returns a null-prototype map; `__proto__`,
+ * `constructor` and `prototype` keys are ignored.
+ * @throws E_MIG_UNSUPPORTED_FORMAT locator type is not the VHDX one.
+ * @throws E_MIG_MALFORMED_ARCHIVE entries or strings outside the item, odd lengths, duplicates.
+ */
+export function parseParentLocator(item: Buffer, file: string): Record<string, string> {
+  const type = guidAt(item, 0)
+  if (type !== LOCATOR_TYPE_VHDX) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: parent locator type ${type} is not the VHDX locator`)
+  const n = item.readUInt16LE(18)
+  if (20 + n * 12 > item.length) throw malformed(file, `parent locator declares ${n} entries, its item holds ${Math.floor((item.length - 20) / 12)}`)
+  const out: Record<string, string> = Object.create(null)
+  const str = (off: number, len: number, what: string): string => {
+    if (len === 0 || len % 2 !== 0 || off + len > item.length || off < 20 + n * 12) throw malformed(file, `parent locator ${what} at ${off} (+${len}) is invalid`)
+    return item.subarray(off, off + len).toString('utf16le')
+  }
+  for (let i = 0; i < n; i++) {
+    const at = 20 + i * 12
+    const key = str(item.readUInt32LE(at), item.readUInt16LE(at + 8), `key ${i}`)
+    const value = str(item.readUInt32LE(at + 4), item.readUInt16LE(at + 10), `value of ${JSON.stringify(key)}`)
+    if (FORBIDDEN_KEYS.has(key)) continue
+    if (key in out) throw malformed(file, `parent locator key ${JSON.stringify(key)} listed twice`)
+    out[key] = value
+  }
+  return out
+}

@@ -1,0 +1,201 @@
+/**
+ * Runs `qemu-nbd` as a read-only NBD server on a private Unix socket, so qemu's block drivers
+ * (qcow2, vmdk, vhdx, vpc, vdi) decode an image that the TypeScript NBD client then reads
+ * (DESIGN.md section 5: Debian's qemu-img 7.2 cannot write raw to a pipe).
+ *
+ * The image is always described as a `json:` block-node specification (qemu `docs/system/qemu-block-drivers`,
+ * QAPI `BlockdevOptions`), never as a bare file name, so that
+ * - a file name is never parsed for a protocol prefix (`nbd:`, `http:` ...) or for commas;
+ * - a tar member is opened in place through the raw driver's `offset`/`size` options:
+ *   `{"driver":"vmdk","file":{"driver":"raw","offset":O,"size":N,"file":{"driver":"file","filename":ARCHIVE}}}`;
+ * - the backing chain is exactly the one the importer validated (`backing` nodes built from
+ *   `backingChain`, each parent's format probed from its magic bytes), and `"backing": null`
+ *   when there is none, so a hostile header cannot make qemu open a host file outside the
+ *   import root.
+ *
+ * Command: `qemu-nbd --read-only --persistent --shared=4 --socket=<tmp>/nbd.sock 'json:{...}'`.
+ */
+import { spawn, type ChildProcess } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { open, stat } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { MigError } from '../errors.ts'
+import type { DiskFormat } from '../manifest.ts'
+
+/** Options of {@link startQemuNbd}. Offsets and lengths in bytes. */
+export interface QemuNbdOptions {
+  /** Absolute path of the image, or of the archive holding it as a member. */
+  path: string
+  /** qemu block driver of the image. */
+  format: DiskFormat
+  /** Byte offset of the image inside `path` (tar member data offset). */
+  offset?: number
+  /** Byte length of the image inside `path` (tar member size); required with `offset`. */
+  length?: number
+  /** Parent images, nearest first (absolute paths, already confined to the import root). */
+  backingChain?: string[]
+  /** Aborting kills qemu-nbd. */
+  signal?: AbortSignal
+  /** qemu-nbd binary (default `qemu-nbd` from PATH). */
+  qemuNbdPath?: string
+  /** How long to wait for the socket, milliseconds (default 15 000). */
+  startTimeoutMs?: number
+  /** Name used in messages (e.g. `disk.vmdk in appliance.ova`); defaults to `path`. */
+  label?: string
+}
+
+/** A running qemu-nbd. */
+export interface QemuNbdServer {
+  /** The Unix socket the export is served on (export name `""`). */
+  socketPath: string
+  /** Process id of qemu-nbd. */
+  pid: number
+  /** What qemu-nbd wrote on stderr so far (at most 64 KiB, trimmed). */
+  stderr(): string
+  /** Whether the process has exited. */
+  exited(): boolean
+  /** Kills qemu-nbd (SIGTERM, then SIGKILL after 2 s), waits for it and removes the socket. Never throws. */
+  close(): Promise<void>
+}
+
+const MAX_STDERR = 64 * 1024
+
+type Node = Record<string, unknown>
+
+/**
+ * Probes the qemu driver of a parent image from its magic bytes: `QFI\xfb` qcow2, `KDMV` or
+ * `# Disk DescriptorFile` vmdk, `vhdxfile` vhdx, `conectix` (head or footer) vpc, VDI signature
+ * `0xbeda107f` at byte 64 vdi, anything else raw. Throws `E_MIG_DISK_READ_FAILED` when unreadable.
+ */
+export async function probeImageFormat(path: string): Promise<DiskFormat> {
+  let fh
+  try {
+    fh = await open(path, 'r')
+    const head = Buffer.alloc(512)
+    const { bytesRead } = await fh.read(head, 0, 512, 0)
+    const h = head.subarray(0, bytesRead)
+    if (h.subarray(0, 4).equals(Buffer.from([0x51, 0x46, 0x49, 0xfb]))) return 'qcow2'
+    if (h.subarray(0, 4).toString('latin1') === 'KDMV' || h.subarray(0, 21).toString('latin1') === '# Disk DescriptorFile') return 'vmdk'
+    if (h.subarray(0, 8).toString('latin1') === 'vhdxfile') return 'vhdx'
+    if (h.subarray(0, 8).toString('latin1') === 'conectix') return 'vpc'
+    if (h.length >= 68 && h.readUInt32LE(64) === 0xbeda107f) return 'vdi'
+    const size = (await fh.stat()).size
+    if (size >= 512) {
+      const tail = Buffer.alloc(512)
+      await fh.read(tail, 0, 512, size - 512)
+      if (tail.subarray(0, 8).toString('latin1') === 'conectix') return 'vpc'
+    }
+    return 'raw'
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: cannot probe image: ${(e as Error).message}`, { cause: e })
+  } finally {
+    await fh?.close().catch(() => {})
+  }
+}
+
+/**
+ * The qemu block-node specification of {@link QemuNbdOptions} (the object after `json:`).
+ * Throws `E_MIG_DISK_READ_FAILED` for an inconsistent offset/length or an unreadable parent.
+ */
+export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format' | 'offset' | 'length' | 'backingChain'>): Promise<Node> {
+  let file: Node = { driver: 'file', filename: opts.path }
+  if (opts.offset !== undefined || opts.length !== undefined) {
+    if (!Number.isSafeInteger(opts.offset) || !Number.isSafeInteger(opts.length) || opts.offset! < 0 || opts.length! <= 0) {
+      throw new MigError('E_MIG_DISK_READ_FAILED', `${opts.path}: a member range needs a non-negative offset and a positive length`)
+    }
+    file = { driver: 'raw', offset: opts.offset, size: opts.length, file }
+  }
+  const top: Node = { driver: opts.format, 'read-only': true, file }
+  let node = top
+  for (const parent of opts.backingChain ?? []) {
+    const fmt = await probeImageFormat(parent)
+    const p: Node = { driver: fmt, 'read-only': true, file: { driver: 'file', filename: parent } }
+    node.backing = p
+    node = p
+  }
+  node.backing = null
+  return top
+}
+
+/**
+ * Starts qemu-nbd over the image of `opts` and waits until its socket exists.
+ * Throws `E_MIG_DISK_READ_FAILED` (qemu-nbd missing, exited early, socket timeout; the message
+ * carries qemu-nbd's stderr), `E_MIG_CANCELLED` when `signal` aborts while starting.
+ */
+export async function startQemuNbd(opts: QemuNbdOptions): Promise<QemuNbdServer> {
+  const label = opts.label ?? opts.path
+  if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', `${label}: cancelled before qemu-nbd started`)
+  const spec = await qemuBlockSpec(opts)
+  const dir = mkdtempSync(join(tmpdir(), 'mig-nbd-'))
+  const socketPath = join(dir, 'nbd.sock')
+  const args = ['--read-only', '--persistent', '--shared=4', `--socket=${socketPath}`, `json:${JSON.stringify(spec)}`]
+  let err = ''
+  let exitInfo: string | null = null
+  let child: ChildProcess
+  try {
+    child = spawn(opts.qemuNbdPath ?? 'qemu-nbd', args, { stdio: ['ignore', 'ignore', 'pipe'] })
+  } catch (e) {
+    rmSync(dir, { recursive: true, force: true })
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot start qemu-nbd: ${(e as Error).message}`, { cause: e })
+  }
+  child.stderr!.setEncoding('utf8')
+  child.stderr!.on('data', (s: string) => {
+    if (err.length < MAX_STDERR) err += s.slice(0, MAX_STDERR - err.length)
+  })
+  const exited = new Promise<void>((resolve) => {
+    child.once('exit', (code, sig) => {
+      exitInfo = sig ? `signal ${sig}` : `exit code ${code}`
+      resolve()
+    })
+    child.once('error', (e) => {
+      exitInfo = `spawn error: ${e.message}`
+      resolve()
+    })
+  })
+
+  let closing: Promise<void> | null = null
+  const close = (): Promise<void> => {
+    closing ??= (async () => {
+      opts.signal?.removeEventListener('abort', onAbort)
+      if (exitInfo === null && child.pid !== undefined) {
+        child.kill('SIGTERM')
+        const t = setTimeout(() => child.kill('SIGKILL'), 2000)
+        await exited
+        clearTimeout(t)
+      }
+      rmSync(dir, { recursive: true, force: true })
+    })()
+    return closing
+  }
+  const onAbort = () => void close()
+  opts.signal?.addEventListener('abort', onAbort, { once: true })
+
+  const stderr = () => err.trim()
+  const fail = async (why: string): Promise<never> => {
+    await close()
+    const tail = stderr()
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: qemu-nbd ${why}${tail ? `: ${tail}` : ''}`)
+  }
+
+  const deadline = Date.now() + (opts.startTimeoutMs ?? 15_000)
+  for (;;) {
+    if (opts.signal?.aborted) {
+      await close()
+      throw new MigError('E_MIG_CANCELLED', `${label}: cancelled while qemu-nbd started`)
+    }
+    if (exitInfo !== null) {
+      // Let the last stderr bytes arrive before reporting.
+      await new Promise((r) => setTimeout(r, 20))
+      return fail(`exited before serving (${exitInfo})`)
+    }
+    try {
+      if ((await stat(socketPath)).isSocket()) break
+    } catch {
+      /* not yet */
+    }
+    if (Date.now() > deadline) return fail('did not open its socket in time')
+    await new Promise((r) => setTimeout(r, 15))
+  }
+  return { socketPath, pid: child.pid!, stderr, exited: () => exitInfo !== null, close }
+}

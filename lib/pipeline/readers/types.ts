@@ -1,0 +1,39 @@
+/**
+ * The disk reader contract of the data path (DESIGN.md section 5, spec 1.2 `read_disk`):
+ * a virtual disk seen as raw bytes, with the extents that hold data and those known to read as
+ * zeros, so the copy loop never reads unallocated or zero areas it can skip.
+ *
+ * Implementations: `raw-file.ts` (a raw/flat file or a tar member's byte range), `nbd.ts`
+ * (qemu-nbd + the NBD client, for qcow2/vmdk/vhdx/vpc/vdi), `xva-blocks.ts` (XVA 1 MiB blocks),
+ * and live adapters' snapshot readers.
+ */
+
+/**
+ * One extent of a disk, bytes. `zero: true` means the range is known to read as zeros (an
+ * unallocated or zero-flagged area) and need not be read; `zero: false` means it must be read
+ * (it may still turn out to be zeros: the chunker checks).
+ */
+export interface DiskExtent {
+  offset: number
+  length: number
+  zero: boolean
+}
+
+/**
+ * A readable virtual disk.
+ * - `size`: virtual size, bytes.
+ * - `extents(from)`: extents from byte `from` to `size`, in increasing offset order and never
+ *   overlapping. Full-disk readers cover `[from, size)` without gaps; a reader restricted to
+ *   changed areas (warm deltas) may leave gaps, which the copy loop leaves untouched.
+ * - `read(offset, length, into?)`: exactly `length` bytes at `offset` (`offset + length <= size`,
+ *   `length` at most 32 MiB). When `into` is given and at least `length` bytes long, the reader
+ *   may fill it and return a view of it (buffer reuse); callers must use the returned buffer.
+ * - `close()`: releases files, sockets and child processes; never throws, idempotent.
+ * Failures are `MigError('E_MIG_DISK_READ_FAILED')` naming the disk and offset.
+ */
+export interface DiskReader {
+  size: number
+  extents(from: number): AsyncIterable<DiskExtent>
+  read(offset: number, length: number, into?: Buffer): Promise<Buffer>
+  close(): Promise<void>
+}

@@ -1,0 +1,148 @@
+/**
+ * Disk reader over an XVA (XenServer/XCP-ng export) VDI stored as 1 MiB blocks (xapi
+ * `stream_vdi` format): the tar holds members `Ref:<n>/NNNNNNNN` (eight decimal digits), each
+ * the disk bytes at `N * 1 MiB`, usually followed by a `Ref:<n>/NNNNNNNN.checksum` (SHA-1 hex) or
+ * `.xxhash` member. Blocks the exporter left out read as zeros. The blocks are read in place
+ * with positioned reads at their tar member data offsets (DESIGN.md section 5 reader 2).
+ */
+import { open, type FileHandle } from 'node:fs/promises'
+import { MigError } from '../../errors.ts'
+import { listTarMembers } from '../../formats/tar.ts'
+import type { DiskExtent, DiskReader } from './types.ts'
+
+/** Size of an XVA block, bytes (1 MiB). */
+export const XVA_BLOCK = 1024 * 1024
+/**
+ * Largest member count listed for one archive: bounds memory while allowing every VDI of an
+ * export to total about 2 TiB (one block and one checksum member per MiB).
+ */
+const MAX_MEMBERS = 4_000_000
+
+/** Options of {@link openXvaBlocksReader}. */
+export interface XvaBlocksReaderOptions {
+  /** The VDI directory inside the tar, e.g. `Ref:5` (no trailing slash). */
+  member: string
+  /** Virtual size of the disk, bytes (from the XVA `ova.xml` VDI `virtual_size`). */
+  capacity: number
+  /** Name used in messages. */
+  label?: string
+}
+
+interface Block {
+  index: number
+  /** Data offset of the member inside the archive, bytes. */
+  at: number
+  /** Member size (at most 1 MiB), bytes. */
+  size: number
+}
+
+/**
+ * Lists the blocks of `opts.member` in the archive `path` and opens a reader of `capacity` bytes.
+ * Throws `E_MIG_MALFORMED_ARCHIVE` (a block larger than 1 MiB or beyond the capacity, a duplicate
+ * block, a block that is not a regular file), `E_MIG_DISK_READ_FAILED` (unreadable archive, read
+ * errors), and whatever {@link listTarMembers} throws for a broken tar.
+ */
+export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOptions): Promise<DiskReader> {
+  const label = opts.label ?? `${opts.member} in ${path}`
+  const size = opts.capacity
+  if (!Number.isSafeInteger(size) || size < 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: invalid capacity ${size}`)
+  const members = await listTarMembers(path, { maxMembers: MAX_MEMBERS })
+  const prefix = opts.member.replace(/\/+$/, '') + '/'
+  const blocks: Block[] = []
+  const seen = new Set<number>()
+  for (const m of members) {
+    if (!m.name.startsWith(prefix)) continue
+    const rest = m.name.slice(prefix.length)
+    if (!/^\d{8}$/.test(rest)) continue // checksums (.checksum, .xxhash) and anything else
+    const index = Number(rest)
+    if (m.type !== 'file') throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} is not a regular file`)
+    if (m.size > XVA_BLOCK) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} is ${m.size} bytes, more than 1 MiB`)
+    if (index * XVA_BLOCK + m.size > size) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} lies beyond the disk's capacity of ${size} bytes`)
+    if (seen.has(index)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} appears twice`)
+    seen.add(index)
+    if (m.size > 0) blocks.push({ index, at: m.offset, size: m.size })
+  }
+  blocks.sort((a, b) => a.index - b.index)
+
+  let fh: FileHandle
+  try {
+    fh = await open(path, 'r')
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot open: ${(e as Error).message}`, { cause: e })
+  }
+  let closed = false
+
+  /** Index in `blocks` of the first block whose data ends after `offset`. */
+  const firstAfter = (offset: number): number => {
+    let lo = 0
+    let hi = blocks.length
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1
+      if (blocks[mid].index * XVA_BLOCK + blocks[mid].size <= offset) lo = mid + 1
+      else hi = mid
+    }
+    return lo
+  }
+
+  return {
+    size,
+    async *extents(from: number): AsyncIterable<DiskExtent> {
+      let pos = Math.max(0, from)
+      let run: DiskExtent | null = null
+      const emit = function* (offset: number, length: number, zero: boolean): Generator<DiskExtent> {
+        if (length <= 0) return
+        if (run && run.zero === zero && run.offset + run.length === offset) {
+          run.length += length
+          return
+        }
+        if (run) yield run
+        run = { offset, length, zero }
+      }
+      for (let i = firstAfter(pos); i < blocks.length; i++) {
+        const start = Math.max(pos, blocks[i].index * XVA_BLOCK)
+        const end = blocks[i].index * XVA_BLOCK + blocks[i].size
+        yield* emit(pos, start - pos, true)
+        yield* emit(start, end - start, false)
+        pos = end
+      }
+      yield* emit(pos, size - pos, true)
+      if (run) yield run
+    },
+    async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
+      if (closed) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read at offset ${offset} after close`)
+      if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length < 0 || offset + length > size) {
+        throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of ${length} bytes at offset ${offset} is outside the disk (${size} bytes)`)
+      }
+      const buf = into && into.length >= length ? into.subarray(0, length) : Buffer.allocUnsafe(length)
+      const end = offset + length
+      let pos = offset
+      for (let i = firstAfter(offset); i < blocks.length && pos < end; i++) {
+        const b = blocks[i]
+        const bStart = b.index * XVA_BLOCK
+        if (bStart >= end) break
+        const s = Math.max(pos, bStart)
+        if (s > pos) buf.fill(0, pos - offset, s - offset)
+        const e = Math.min(end, bStart + b.size)
+        let got = 0
+        try {
+          while (got < e - s) {
+            const { bytesRead } = await fh.read(buf, s - offset + got, e - s - got, b.at + (s - bStart) + got)
+            if (bytesRead === 0) break
+            got += bytesRead
+          }
+        } catch (err) {
+          throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of block ${b.index} at disk offset ${s} failed: ${(err as Error).message}`, { cause: err })
+        }
+        if (got !== e - s) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: short read of block ${b.index} at disk offset ${s + got} (archive truncated?)`)
+        pos = e
+      }
+      if (pos < end) buf.fill(0, pos - offset, length)
+      return buf
+    },
+    async close(): Promise<void> {
+      if (closed) return
+      closed = true
+      await fh.close().catch(() => {})
+    },
+  }
+}

@@ -1,0 +1,55 @@
+/**
+ * The destination sink contract (spec 1.3, DESIGN.md section 6): one volume per disk of a job,
+ * written with positioned writes, zero runs discarded instead of written, flushed to make
+ * progress durable before a watermark is persisted.
+ *
+ * Implementations: `file.ts` (sparse raw files, embedded default) and `zvol.ts` (ZFS zvols).
+ */
+
+/**
+ * One destination volume (a disk of the migrated VM). Offsets and lengths in bytes.
+ * - `path`: what the domain's disk points at (raw file or `/dev/zvol/...` block device).
+ * - `capacity`: size of the volume as created (at least the requested capacity).
+ * - `blockSize`: granularity at which zero runs are worth detecting and discarding (file sink:
+ *   4 KiB filesystem blocks; zvol: the 64 KiB volblocksize). Optional for test doubles.
+ * - `write(offset, buf)`: writes all of `buf` at `offset`.
+ * - `zero(offset, length)`: makes the range read as zeros, discarding it where possible
+ *   (a range never written on a freshly created volume needs no I/O).
+ * - `flush()`: fsync; after it resolves, everything written or zeroed before is durable.
+ * - `close()`: closes the handle; never throws, idempotent.
+ * Failures are `MigError('E_MIG_DISK_WRITE_FAILED')` naming the volume and offset.
+ */
+export interface SinkVolume {
+  path: string
+  capacity?: number
+  blockSize?: number
+  write(offset: number, buf: Buffer): Promise<void>
+  zero(offset: number, length: number): Promise<void>
+  flush(): Promise<void>
+  close(): Promise<void>
+}
+
+/**
+ * A destination for the volumes of jobs.
+ * - `create(jobId, label, capacityBytes)`: creates the volume of disk `label` (sanitized with
+ *   `sanitizeLabel`), or reopens it when it exists already (a resumed job), and opens it for
+ *   writing. `E_MIG_DISK_WRITE_FAILED`.
+ * - `remove(jobId)`: removes every volume of the job (and their container); volumes must be
+ *   closed first; removing a job with nothing on the destination succeeds.
+ *   `E_MIG_DISK_WRITE_FAILED`.
+ * - `snapshot(jobId)`: a point-in-time copy of all the job's volumes taken before V2V rewrites
+ *   them (spec 1.5): `take`, then `rollback` + `release` on failure or `release` on success.
+ *   Failures are `E_MIG_DISK_WRITE_FAILED`.
+ */
+export interface Sink {
+  create(jobId: string, label: string, capacityBytes: number): Promise<SinkVolume>
+  remove(jobId: string): Promise<void>
+  snapshot(jobId: string): VolumeSnapshot
+}
+
+/** A snapshot of a job's volumes (same shape as the V2V preparer's `V2vSnapshot`). */
+export interface VolumeSnapshot {
+  take(): Promise<void>
+  rollback(): Promise<void>
+  release(): Promise<void>
+}

@@ -1,0 +1,142 @@
+import { describe, expect, test } from 'bun:test'
+import { MigError } from '../../lib/errors.ts'
+import { CHUNK_BYTES, chunkExtents, isAllZero, splitZeroRuns, type Chunk } from '../../lib/pipeline/chunker.ts'
+import type { DiskExtent } from '../../lib/pipeline/readers/types.ts'
+
+const MiB = 1024 * 1024
+const KiB = 1024
+
+async function collect(extents: DiskExtent[], from: number, size: number): Promise<Chunk[]> {
+  const out: Chunk[] = []
+  async function* gen() {
+    yield* extents
+  }
+  for await (const c of chunkExtents(gen(), { from, size })) out.push(c)
+  return out
+}
+
+describe('chunkExtents', () => {
+  test('cuts a data extent at absolute 4 MiB boundaries', async () => {
+    const c = await collect([{ offset: 0, length: 10 * MiB, zero: false }], 0, 10 * MiB)
+    expect(c).toEqual([
+      { offset: 0, length: 4 * MiB, zero: false },
+      { offset: 4 * MiB, length: 4 * MiB, zero: false },
+      { offset: 8 * MiB, length: 2 * MiB, zero: false },
+    ])
+  })
+
+  test('a resumed copy starts mid-window and realigns on the next boundary', async () => {
+    const c = await collect([{ offset: 0, length: 10 * MiB, zero: false }], 5 * MiB, 10 * MiB)
+    expect(c).toEqual([
+      { offset: 5 * MiB, length: 3 * MiB, zero: false },
+      { offset: 8 * MiB, length: 2 * MiB, zero: false },
+    ])
+  })
+
+  test('merges adjacent zero extents into one run of any length', async () => {
+    const c = await collect(
+      [
+        { offset: 0, length: 8 * MiB, zero: true },
+        { offset: 8 * MiB, length: 100 * MiB, zero: true },
+        { offset: 108 * MiB, length: 4 * MiB, zero: false },
+      ],
+      0,
+      112 * MiB,
+    )
+    expect(c).toEqual([
+      { offset: 0, length: 108 * MiB, zero: true },
+      { offset: 108 * MiB, length: 4 * MiB, zero: false },
+    ])
+  })
+
+  test('data pieces separated by small zero extents in one window form one pieced chunk', async () => {
+    const c = await collect(
+      [
+        { offset: 0, length: 64 * KiB, zero: false },
+        { offset: 64 * KiB, length: 64 * KiB, zero: true },
+        { offset: 128 * KiB, length: 64 * KiB, zero: false },
+        { offset: 192 * KiB, length: 8 * MiB - 192 * KiB, zero: true },
+      ],
+      0,
+      8 * MiB,
+    )
+    expect(c).toEqual([
+      { offset: 0, length: 192 * KiB, zero: false, pieces: [{ offset: 0, length: 64 * KiB }, { offset: 128 * KiB, length: 64 * KiB }] },
+      { offset: 192 * KiB, length: 8 * MiB - 192 * KiB, zero: true },
+    ])
+  })
+
+  test('gaps (restricted readers) are skipped and never bridged', async () => {
+    const c = await collect(
+      [
+        { offset: MiB, length: MiB, zero: false },
+        { offset: 3 * MiB, length: MiB, zero: false },
+      ],
+      0,
+      8 * MiB,
+    )
+    expect(c).toEqual([
+      { offset: MiB, length: MiB, zero: false },
+      { offset: 3 * MiB, length: MiB, zero: false },
+    ])
+  })
+
+  test('clips to the disk size and drops extents before `from`', async () => {
+    const c = await collect(
+      [
+        { offset: 0, length: MiB, zero: false },
+        { offset: MiB, length: 9 * MiB, zero: true },
+      ],
+      2 * MiB,
+      6 * MiB,
+    )
+    expect(c).toEqual([{ offset: 2 * MiB, length: 4 * MiB, zero: true }])
+  })
+
+  test('overlapping or unordered extents are E_MIG_DISK_READ_FAILED', async () => {
+    let err: unknown
+    try {
+      await collect(
+        [
+          { offset: 0, length: 2 * MiB, zero: false },
+          { offset: MiB, length: MiB, zero: false },
+        ],
+        0,
+        4 * MiB,
+      )
+    } catch (e) {
+      err = e
+    }
+    expect(err).toBeInstanceOf(MigError)
+    expect((err as MigError).code).toBe('E_MIG_DISK_READ_FAILED')
+  })
+})
+
+describe('zero detection', () => {
+  test('isAllZero on zeros, a single set byte, and buffers over 4 MiB', () => {
+    const b = Buffer.alloc(CHUNK_BYTES + 10)
+    expect(isAllZero(b)).toBe(true)
+    b[CHUNK_BYTES + 9] = 1
+    expect(isAllZero(b)).toBe(false)
+    expect(isAllZero(Buffer.alloc(0))).toBe(true)
+  })
+
+  test('splitZeroRuns cuts at absolute granularity and merges neighbours', () => {
+    const buf = Buffer.alloc(64 * KiB)
+    buf[5 * KiB] = 7 // block [4K, 8K)
+    buf[6 * KiB] = 7
+    buf[9 * KiB] = 1 // block [8K, 12K)
+    buf[40 * KiB] = 1 // block [40K, 44K)
+    // buffer starts at disk offset 2 KiB: first segment is partial
+    const segs = splitZeroRuns(buf, 2 * KiB, 4 * KiB)
+    expect(segs).toEqual([
+      { offset: 2 * KiB, length: 2 * KiB, zero: true },
+      { offset: 4 * KiB, length: 8 * KiB, zero: false },
+      { offset: 12 * KiB, length: 28 * KiB, zero: true },
+      { offset: 40 * KiB, length: 4 * KiB, zero: false },
+      { offset: 44 * KiB, length: 22 * KiB, zero: true },
+    ])
+    const total = segs.reduce((a, s) => a + s.length, 0)
+    expect(total).toBe(64 * KiB)
+  })
+})

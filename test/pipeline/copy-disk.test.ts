@@ -1,0 +1,259 @@
+/**
+ * copyDisk: resume from a watermark with a new reader (bit-exact, only the rest read), abort,
+ * watermark durability order, gaps left untouched, digest verification, error propagation.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { createHash, randomBytes } from 'node:crypto'
+import { closeSync, openSync, readFileSync, statSync, writeSync } from 'node:fs'
+import * as path from 'node:path'
+import { MigError } from '../../lib/errors.ts'
+import type { ManifestDisk } from '../../lib/manifest.ts'
+import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
+import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
+import type { DiskExtent, DiskReader } from '../../lib/pipeline/readers/types.ts'
+import { FileSink } from '../../lib/sink/file.ts'
+import type { SinkVolume } from '../../lib/sink/types.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const MiB = 1024 * 1024
+const KiB = 1024
+const SIZE = 64 * MiB
+/** 64 KiB-aligned data pieces spread over the disk. */
+const PIECES: Array<[number, number]> = [
+  [MiB, 256 * KiB],
+  [10 * MiB, 2 * MiB],
+  [30 * MiB + 64 * KiB, 64 * KiB],
+  [40 * MiB, 3 * MiB],
+  [60 * MiB, 128 * KiB],
+]
+const tmp = tempDir('mig-copy-')
+let RAW = ''
+let QCOW = ''
+let RAW_BYTES = Buffer.alloc(0)
+const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex')
+const noop = { onProgress() {}, async onWatermark() {} }
+afterAll(() => tmp.cleanup())
+
+beforeAll(() => {
+  RAW = path.join(tmp.dir, 'src.raw')
+  const fd = openSync(RAW, 'w')
+  for (const [o, l] of PIECES) writeSync(fd, randomBytes(l), 0, l, o)
+  closeSync(fd)
+  execFileSync('truncate', ['-s', String(SIZE), RAW])
+  RAW_BYTES = readFileSync(RAW)
+  QCOW = path.join(tmp.dir, 'src.qcow2')
+  execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', RAW, QCOW])
+})
+
+const qcowDisk = (): ManifestDisk => ({ label: 'disk0', capacity_bytes: SIZE, disk_format: 'qcow2', source: { path: QCOW }, controller: 'virtio', address: '0' })
+const dataFrom = (w: number) => PIECES.reduce((a, [o, l]) => a + Math.max(0, o + l - Math.max(o, w)), 0)
+
+/** A reader over an in-memory disk that counts the bytes it reads. */
+function memReader(bytes: Buffer, extents?: DiskExtent[]): DiskReader & { readBytes: number } {
+  const r = {
+    size: bytes.length,
+    readBytes: 0,
+    async *extents(from: number) {
+      for (const e of extents ?? [{ offset: 0, length: bytes.length, zero: false }]) if (e.offset + e.length > from) yield e
+    },
+    async read(offset: number, length: number) {
+      r.readBytes += length
+      await new Promise((res) => setTimeout(res, 1))
+      return Buffer.from(bytes.subarray(offset, offset + length))
+    },
+    async close() {},
+  }
+  return r
+}
+
+/** A volume in memory that logs operations. */
+function memVolume(size: number): SinkVolume & { bytes: Buffer; log: string[]; failAt?: number } {
+  const v = {
+    path: 'mem',
+    blockSize: 4096,
+    bytes: Buffer.alloc(size, 0xee),
+    log: [] as string[],
+    failAt: undefined as number | undefined,
+    async write(offset: number, buf: Buffer) {
+      if (v.failAt !== undefined && offset <= v.failAt && v.failAt < offset + buf.length) {
+        throw new MigError('E_MIG_DISK_WRITE_FAILED', `mem: write at offset ${offset} failed: ENOSPC`)
+      }
+      buf.copy(v.bytes, offset)
+      v.log.push(`w ${offset} ${buf.length}`)
+    },
+    async zero(offset: number, length: number) {
+      v.bytes.fill(0, offset, offset + length)
+      v.log.push(`z ${offset} ${length}`)
+    },
+    async flush() {
+      v.log.push('flush')
+    },
+    async close() {},
+  }
+  return v
+}
+
+describe('copyDisk', () => {
+  test('resume: copy until a watermark, then continue from it with a new reader; bit-exact, the second run reads only the rest', async () => {
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
+    const ac = new AbortController()
+    let watermark = 0
+    const r1 = await openDiskReader(qcowDisk())
+    const v1 = await sink.create('job-resume', 'disk0', SIZE)
+    let err: unknown
+    try {
+      await copyDisk(r1, v1, {
+        from: 0,
+        signal: ac.signal,
+        flushEveryBytes: 8 * MiB,
+        onProgress() {},
+        async onWatermark(w) {
+          watermark = w
+          if (w >= 32 * MiB) ac.abort()
+        },
+      })
+    } catch (e) {
+      err = e
+    }
+    await v1.close()
+    await r1.close()
+    expect(err).toBeInstanceOf(MigError)
+    expect((err as MigError).code).toBe('E_MIG_CANCELLED')
+    expect(watermark).toBeGreaterThanOrEqual(32 * MiB)
+    expect(watermark).toBeLessThan(SIZE)
+    expect(watermark % (4 * MiB)).toBe(0)
+
+    // A new process would reopen the volume (resume) and a new reader.
+    const r2 = await openDiskReader(qcowDisk())
+    const v2 = await sink.create('job-resume', 'disk0', SIZE)
+    const marks: number[] = []
+    const res = await copyDisk(r2, v2, { from: watermark, signal: new AbortController().signal, onProgress() {}, async onWatermark(w) { marks.push(w) } })
+    await v2.close()
+    await r2.close()
+    expect(res.bytes_read).toBe(dataFrom(watermark))
+    expect(res.bytes_read).toBeLessThan(PIECES.reduce((a, [, l]) => a + l, 0))
+    expect(marks).toEqual([SIZE])
+    expect(sha(readFileSync(v2.path))).toBe(sha(RAW_BYTES))
+  })
+
+  test('abort before and during the copy is E_MIG_CANCELLED and stops reading', async () => {
+    const ac = new AbortController()
+    ac.abort()
+    const r = memReader(RAW_BYTES)
+    let err = await copyDisk(r, memVolume(SIZE), { from: 0, signal: ac.signal, ...noop }).catch((e) => e)
+    expect(err).toBeInstanceOf(MigError)
+    expect(err.code).toBe('E_MIG_CANCELLED')
+    expect(r.readBytes).toBe(0)
+
+    const ac2 = new AbortController()
+    const r2 = memReader(RAW_BYTES)
+    err = await copyDisk(r2, memVolume(SIZE), {
+      from: 0,
+      signal: ac2.signal,
+      onProgress(p) {
+        if (p.bytes_done >= 8 * MiB) ac2.abort()
+      },
+      async onWatermark() {},
+    }).catch((e) => e)
+    expect(err).toBeInstanceOf(MigError)
+    expect(err.code).toBe('E_MIG_CANCELLED')
+    expect(r2.readBytes).toBeLessThan(8 * MiB + 6 * 4 * MiB)
+  })
+
+  test('watermarks are reported only after a flush covering them; zero runs are discarded, not written', async () => {
+    const v = memVolume(SIZE)
+    const order: string[] = []
+    const res = await copyDisk(memReader(RAW_BYTES), v, {
+      from: 0,
+      signal: new AbortController().signal,
+      flushEveryBytes: 16 * MiB,
+      onProgress() {},
+      async onWatermark(w) {
+        order.push(`mark ${w} after ${v.log.lastIndexOf('flush') >= 0 ? 'flush' : 'nothing'}`)
+        v.log.push(`mark ${w}`)
+      },
+    })
+    expect(v.bytes.equals(RAW_BYTES)).toBe(true)
+    expect(res.bytes_written).toBe(PIECES.reduce((a, [, l]) => a + l, 0))
+    expect(res.bytes_zero).toBe(SIZE - res.bytes_written)
+    expect(res.bytes_read).toBe(SIZE)
+    // Every mark is preceded by a flush and by every write below it.
+    for (let i = 0; i < v.log.length; i++) {
+      const m = /^mark (\d+)$/.exec(v.log[i])
+      if (!m) continue
+      expect(v.log.slice(0, i).includes('flush')).toBe(true)
+      const lastFlush = v.log.slice(0, i).lastIndexOf('flush')
+      const w = Number(m[1])
+      // Operations between that flush and the mark (the copy goes on while the fsync runs)
+      // all lie at or above the mark.
+      for (const op of v.log.slice(lastFlush + 1, i)) {
+        const off = Number(op.split(' ')[1])
+        if (op.startsWith('w ') || op.startsWith('z ')) expect(off).toBeGreaterThanOrEqual(w)
+      }
+    }
+    expect(order[order.length - 1]).toBe(`mark ${SIZE} after flush`)
+    expect(v.log.filter((x) => x.startsWith('w ')).length).toBeLessThanOrEqual(PIECES.length + 2)
+  })
+
+  test('gaps between extents (changed areas only) are left untouched', async () => {
+    const v = memVolume(SIZE)
+    const areas = [
+      { offset: 10 * MiB, length: MiB, zero: false },
+      { offset: 40 * MiB, length: 2 * MiB, zero: false },
+    ]
+    const res = await copyDisk(memReader(RAW_BYTES, areas), v, { from: 0, signal: new AbortController().signal, ...noop })
+    expect(res.bytes_read).toBe(3 * MiB)
+    expect(v.bytes.subarray(10 * MiB, 11 * MiB).equals(RAW_BYTES.subarray(10 * MiB, 11 * MiB))).toBe(true)
+    expect(v.bytes.subarray(40 * MiB, 42 * MiB).equals(RAW_BYTES.subarray(40 * MiB, 42 * MiB))).toBe(true)
+    expect(v.bytes[0]).toBe(0xee)
+    expect(v.bytes[20 * MiB]).toBe(0xee)
+    expect(v.bytes[SIZE - 1]).toBe(0xee)
+  })
+
+  test('digest: verified over all bytes (the prefix re-read on resume); a mismatch is E_MIG_MALFORMED_ARCHIVE', async () => {
+    const hex = createHash('sha256').update(RAW_BYTES).digest('hex')
+    const ok = await copyDisk(memReader(RAW_BYTES), memVolume(SIZE), { from: 0, signal: new AbortController().signal, digest: { algorithm: 'sha256', hex }, ...noop })
+    expect(ok.bytes_read).toBe(SIZE)
+    const r = memReader(RAW_BYTES)
+    await copyDisk(r, memVolume(SIZE), { from: 32 * MiB, signal: new AbortController().signal, digest: { algorithm: 'sha256', hex: hex.toUpperCase() }, ...noop })
+    expect(r.readBytes).toBe(SIZE) // 32 MiB hashed again + 32 MiB copied
+    const err = await copyDisk(memReader(RAW_BYTES), memVolume(SIZE), { from: 0, signal: new AbortController().signal, digest: { algorithm: 'sha1', hex: 'ab'.repeat(20) }, ...noop }).catch((e) => e)
+    expect(err).toBeInstanceOf(MigError)
+    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
+  })
+
+  test('a write failure surfaces as E_MIG_DISK_WRITE_FAILED and no final watermark is reported', async () => {
+    const v = memVolume(SIZE)
+    v.failAt = 40 * MiB + 4096
+    const marks: number[] = []
+    const err = await copyDisk(memReader(RAW_BYTES), v, { from: 0, signal: new AbortController().signal, flushEveryBytes: 8 * MiB, onProgress() {}, async onWatermark(w) { marks.push(w) } }).catch((e) => e)
+    expect(err).toBeInstanceOf(MigError)
+    expect(err.code).toBe('E_MIG_DISK_WRITE_FAILED')
+    expect(Math.max(0, ...marks)).toBeLessThanOrEqual(40 * MiB)
+  })
+
+  test('a read failure surfaces as E_MIG_DISK_READ_FAILED', async () => {
+    const r = memReader(RAW_BYTES)
+    r.read = async (offset: number) => {
+      if (offset >= 16 * MiB) throw new MigError('E_MIG_DISK_READ_FAILED', `mem: read at offset ${offset} failed`)
+      return Buffer.from(RAW_BYTES.subarray(offset, offset + 4 * MiB))
+    }
+    const err = await copyDisk(r, memVolume(SIZE), { from: 0, signal: new AbortController().signal, ...noop }).catch((e) => e)
+    expect(err).toBeInstanceOf(MigError)
+    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+    expect(err.message).toContain('16777216')
+  })
+
+  test('the file sink destination stays sparse: allocation equals the data', async () => {
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var2') })
+    const r = await openDiskReader(qcowDisk())
+    const v = await sink.create('job-sparse', 'disk0', SIZE)
+    const res = await copyDisk(r, v, { from: 0, signal: new AbortController().signal, ...noop })
+    await v.close()
+    await r.close()
+    const data = PIECES.reduce((a, [, l]) => a + l, 0)
+    expect(res.bytes_written).toBe(data)
+    expect(statSync(v.path).blocks * 512).toBeLessThanOrEqual(data * 1.05)
+  })
+})

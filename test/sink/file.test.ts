@@ -1,0 +1,123 @@
+/**
+ * File sink: sparse images under <dataDir>/volumes/migrations/<job-id>/, resume reopening, zero
+ * runs (nothing on a fresh image, hole punching over old data), removal, ENOSPC on a 4 MiB tmpfs.
+ */
+import { afterAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { existsSync, mkdirSync, readFileSync, statSync } from 'node:fs'
+import * as path from 'node:path'
+import { MigError } from '../../lib/errors.ts'
+import { FileSink } from '../../lib/sink/file.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const MiB = 1024 * 1024
+const tmp = tempDir('mig-filesink-')
+afterAll(() => tmp.cleanup())
+const blocks = (p: string) => statSync(p).blocks * 512
+
+async function codeOf(p: Promise<unknown>): Promise<MigError> {
+  try {
+    await p
+  } catch (e) {
+    expect(e).toBeInstanceOf(MigError)
+    return e as MigError
+  }
+  throw new Error('expected an error')
+}
+
+describe('FileSink', () => {
+  const sink = new FileSink({ dataDir: tmp.dir })
+
+  test('creates a sparse image of the capacity at the documented path', async () => {
+    const v = await sink.create('job-1', 'Hard disk 1', 10 * MiB + 512)
+    expect(v.path).toBe(path.join(tmp.dir, 'volumes', 'migrations', 'job-1', 'Hard_disk_1.img'))
+    expect(statSync(v.path).size).toBe(10 * MiB + 512)
+    expect(blocks(v.path)).toBe(0)
+    expect(v.blockSize).toBe(4096)
+    await v.close()
+  })
+
+  test('writes land at their offsets; zero runs past the written data cost nothing on a fresh image', async () => {
+    const v = await sink.create('job-2', 'd', 16 * MiB)
+    const data = randomBytes(MiB)
+    await v.write(2 * MiB, data)
+    await v.zero(4 * MiB, 12 * MiB) // never written: no I/O
+    await v.flush()
+    expect(blocks(v.path)).toBe(MiB)
+    // A zero run over data written in this session is honoured (zero-filled or punched).
+    await v.zero(2 * MiB, 4096)
+    await v.flush()
+    await v.close()
+    const back = readFileSync(v.path)
+    expect(back.subarray(2 * MiB, 2 * MiB + 4096).equals(Buffer.alloc(4096))).toBe(true)
+    expect(back.subarray(2 * MiB + 4096, 3 * MiB).equals(data.subarray(4096))).toBe(true)
+  })
+
+  test('a resumed job reopens the image with its data; zero runs over old data punch holes', async () => {
+    const v1 = await sink.create('job-3', 'disk', 8 * MiB)
+    await v1.write(0, randomBytes(4 * MiB))
+    await v1.flush()
+    await v1.close()
+    const v2 = await sink.create('job-3', 'disk', 8 * MiB)
+    expect(blocks(v2.path)).toBe(4 * MiB)
+    await v2.zero(MiB, 2 * MiB + 100)
+    await v2.flush()
+    await v2.close()
+    const back = readFileSync(v2.path)
+    expect(back.subarray(MiB, 3 * MiB + 100).equals(Buffer.alloc(2 * MiB + 100))).toBe(true)
+    expect(blocks(v2.path)).toBeLessThanOrEqual(2 * MiB + 4096)
+  })
+
+  test('writes outside the volume and after close are E_MIG_DISK_WRITE_FAILED', async () => {
+    const v = await sink.create('job-4', 'disk', MiB)
+    const e1 = await codeOf(v.write(MiB - 10, Buffer.alloc(20)))
+    expect(e1.code).toBe('E_MIG_DISK_WRITE_FAILED')
+    expect(e1.message).toContain('disk.img')
+    await v.close()
+    expect((await codeOf(v.write(0, Buffer.alloc(1)))).code).toBe('E_MIG_DISK_WRITE_FAILED')
+    expect(statSync(v.path).size).toBe(MiB)
+  })
+
+  test('remove deletes every image of the job; removing twice is fine', async () => {
+    const v = await sink.create('job-5', 'a', MiB)
+    await v.close()
+    await (await sink.create('job-5', 'b', MiB)).close()
+    await sink.remove('job-5')
+    expect(existsSync(path.join(tmp.dir, 'volumes', 'migrations', 'job-5'))).toBe(false)
+    await sink.remove('job-5')
+  })
+
+  test('a job id that is not a safe path segment is refused', async () => {
+    expect((await codeOf(sink.create('../x', 'a', MiB))).code).toBe('E_MIG_INTERNAL')
+    expect((await codeOf(sink.remove('..'))).code).toBe('E_MIG_INTERNAL')
+  })
+})
+
+describe('FileSink on a full file system', () => {
+  test('ENOSPC on a 4 MiB tmpfs is E_MIG_DISK_WRITE_FAILED naming the volume and offset', async () => {
+    const mnt = path.join(tmp.dir, 'mnt')
+    mkdirSync(mnt)
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=4m', 'tmpfs', mnt])
+    try {
+      const sink = new FileSink({ dataDir: mnt })
+      const v = await sink.create('job-full', 'disk', 64 * MiB)
+      let err: MigError | null = null
+      try {
+        for (let o = 0; o < 16 * MiB; o += MiB) await v.write(o, randomBytes(MiB))
+      } catch (e) {
+        err = e as MigError
+      }
+      await v.close()
+      expect(err).toBeInstanceOf(MigError)
+      expect(err!.code).toBe('E_MIG_DISK_WRITE_FAILED')
+      expect(err!.message).toContain(v.path)
+      expect(err!.message).toMatch(/at offset \d+/)
+      expect(err!.details?.errno).toBe('ENOSPC')
+      expect(Number(err!.details?.offset)).toBeGreaterThanOrEqual(2 * MiB)
+      expect(Number(err!.details?.offset)).toBeLessThanOrEqual(4 * MiB)
+    } finally {
+      execFileSync('umount', [mnt])
+    }
+  })
+})

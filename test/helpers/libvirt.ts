@@ -1,0 +1,105 @@
+/**
+ * Test scaffolding for real libvirt + qemu (TCG): starts `virtlogd --daemon` and `libvirtd --daemon`
+ * when they are not already running (no systemd here, DESIGN.md section 6), waits until
+ * `virsh -c qemu:///system version` answers, and stops in `stopLibvirt()` only the daemons it
+ * started itself. `cleanupDomains(prefix)` destroys and undefines every domain whose name starts
+ * with a test prefix, so no qemu process outlives a test file.
+ */
+import { execFile } from 'node:child_process'
+import { existsSync, readFileSync } from 'node:fs'
+
+/** The libvirt URI the tests use. */
+export const TEST_LIBVIRT_URI = 'qemu:///system'
+
+/** Daemons started by this process (their pids), so `stopLibvirt` stops only those. */
+const started: Array<{ name: string; pid: number }> = []
+
+function run(cmd: string, args: string[], timeoutMs = 15_000): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    execFile(cmd, args, { timeout: timeoutMs, killSignal: 'SIGKILL', maxBuffer: 4 << 20 }, (err, stdout, stderr) => {
+      const code = err ? (typeof (err as any).code === 'number' ? (err as any).code : 1) : 0
+      resolve({ code, stdout: String(stdout), stderr: String(stderr) })
+    })
+  })
+}
+
+/** Pid of a running daemon from its pid file, when that process is alive. */
+function alivePid(pidFile: string): number | null {
+  if (!existsSync(pidFile)) return null
+  const pid = Number(readFileSync(pidFile, 'utf8').trim())
+  if (!Number.isInteger(pid) || pid <= 0) return null
+  try {
+    process.kill(pid, 0)
+    return pid
+  } catch {
+    return null
+  }
+}
+
+async function ensureDaemon(name: 'virtlogd' | 'libvirtd', bin: string, pidFile: string): Promise<void> {
+  if (alivePid(pidFile) !== null) return
+  const r = await run(bin, ['--daemon'])
+  if (r.code !== 0) throw new Error(`${name} --daemon failed: ${r.stderr.trim()}`)
+  for (let i = 0; i < 100; i++) {
+    const pid = alivePid(pidFile)
+    if (pid !== null) {
+      started.push({ name, pid })
+      return
+    }
+    await Bun.sleep(50)
+  }
+  throw new Error(`${name} did not write ${pidFile}`)
+}
+
+/**
+ * Makes sure virtlogd and libvirtd run and `virsh -c qemu:///system version` answers (up to 20 s).
+ * Throws a plain Error when libvirt cannot be brought up (the test then fails loudly).
+ */
+export async function ensureLibvirt(): Promise<void> {
+  await ensureDaemon('virtlogd', '/usr/sbin/virtlogd', '/run/virtlogd.pid')
+  await ensureDaemon('libvirtd', '/usr/sbin/libvirtd', '/run/libvirtd.pid')
+  let last = ''
+  for (let i = 0; i < 80; i++) {
+    const r = await run('virsh', ['-c', TEST_LIBVIRT_URI, 'version'], 5000)
+    if (r.code === 0) return
+    last = r.stderr.trim()
+    await Bun.sleep(250)
+  }
+  throw new Error(`libvirt did not answer: ${last}`)
+}
+
+/** Stops (SIGTERM) only the daemons `ensureLibvirt` started, libvirtd first. */
+export async function stopLibvirt(): Promise<void> {
+  for (const d of started.splice(0).reverse()) {
+    try {
+      process.kill(d.pid, 'SIGTERM')
+    } catch {
+      /* already gone */
+    }
+  }
+}
+
+/** Names of every domain (running or not) whose name starts with `prefix`. */
+export async function domainsWithPrefix(prefix: string): Promise<string[]> {
+  const r = await run('virsh', ['-c', TEST_LIBVIRT_URI, 'list', '--all', '--name'])
+  if (r.code !== 0) throw new Error(`virsh list failed: ${r.stderr.trim()}`)
+  return r.stdout.split('\n').map((s) => s.trim()).filter((s) => s !== '' && s.startsWith(prefix))
+}
+
+/** Destroys and undefines (with its NVRAM) every domain whose name starts with `prefix`. */
+export async function cleanupDomains(prefix: string): Promise<string[]> {
+  if (prefix.length < 4) throw new Error('cleanupDomains needs a specific test prefix')
+  const names = await domainsWithPrefix(prefix)
+  for (const n of names) {
+    await run('virsh', ['-c', TEST_LIBVIRT_URI, 'destroy', '--domain', n])
+    const u = await run('virsh', ['-c', TEST_LIBVIRT_URI, 'undefine', '--nvram', '--domain', n])
+    if (u.code !== 0) await run('virsh', ['-c', TEST_LIBVIRT_URI, 'undefine', '--domain', n])
+  }
+  return names
+}
+
+/** Pids of qemu processes whose command line names a domain starting with `prefix` (expected: none). */
+export async function qemuPidsFor(prefix: string): Promise<number[]> {
+  const r = await run('pgrep', ['-f', `guest=${prefix}`])
+  return r.stdout.split('\n').map((s) => Number(s.trim())).filter((n) => Number.isInteger(n) && n > 0)
+}

@@ -68,6 +68,15 @@ export interface LastError {
   fatal: boolean
 }
 
+/** The host restore point taken before the job wrote anything (plan `restore_point`). */
+export interface RestorePointRecord {
+  backup_job_id: string
+  run_id: string
+  restore_point_id: string
+  quiesced: boolean
+  created_at: string | null
+}
+
 /** How the job runs: a live adapter (`live`), a `read_disk` loop (`offline`), or `run_full_import` (`passthrough`). */
 export type Strategy = 'live' | 'offline' | 'passthrough'
 
@@ -81,6 +90,7 @@ export interface Job {
   effective_mode: 'Warm' | 'Cold'
   progress: Progress
   last_error: LastError | null
+  restore_point: RestorePointRecord | null
   created_at: string
   updated_at: string
   started_at: string | null

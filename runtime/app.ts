@@ -11,6 +11,7 @@ import { createContext, type Ctx } from './context.ts'
 import { HANDLERS } from './handlers.ts'
 import type { Logger } from './logger.ts'
 import { buildRouter } from './router.ts'
+import { Supervisor, type SupervisorOptions } from './supervisor.ts'
 
 /** The running migrator: its fetch function, its context, and a clean shutdown. */
 export interface App {
@@ -46,12 +47,18 @@ function checkBasicAuth(expected: string, header: string | null): boolean {
 }
 
 /**
- * Builds the app: prepares the data directory and store (see `createContext`), removes uploads
- * left half-received by a previous run, starts the upload sweeper.
+ * Builds the app: prepares the data directory and store (see `createContext`), starts the job
+ * supervisor (unless `runJobs: false`), removes uploads left half-received by a previous run,
+ * starts the upload sweeper.
  * Throws `KeyringError` or `E_MIG_PERSIST_FAILED` when it cannot start.
  */
-export async function createApp(config: Config, opts: { logger?: Logger; now?: () => Date } = {}): Promise<App> {
+export async function createApp(config: Config, opts: { logger?: Logger; now?: () => Date; runJobs?: boolean; supervisor?: Partial<SupervisorOptions> } = {}): Promise<App> {
   const ctx = await createContext(config, opts)
+  const supervisor = opts.runJobs === false ? null : new Supervisor(ctx, { ...config.supervisor, ...opts.supervisor })
+  if (supervisor) {
+    ctx.runner = supervisor
+    supervisor.start()
+  }
   const router = buildRouter(config.basePath, HANDLERS)
   const { logger } = ctx
 
@@ -91,6 +98,7 @@ export async function createApp(config: Config, opts: { logger?: Logger; now?: (
       if (closed) return
       closed = true
       clearInterval(sweeper)
+      await supervisor?.stop()
       ctx.hub.closeAll()
       await ctx.store.close()
     },

@@ -2,6 +2,7 @@
  * Configuration from environment variables with the embedded defaults of DESIGN.md section 2.
  * All sizes are bytes, all durations seconds unless the name says otherwise.
  */
+import { existsSync } from 'node:fs'
 import * as path from 'node:path'
 
 /** The migrator's configuration. */
@@ -38,6 +39,18 @@ export interface Config {
   basicAuth: string | null
   /** Log level for pino (default `info`; `silent` in tests). */
   logLevel: string
+  /** Job supervision: lease (s), heartbeat timeout (s), worker attempts per job. */
+  supervisor: { leaseSeconds: number; heartbeatTimeoutSeconds: number; maxAttempts: number }
+  /** Warm delta loop: converged below this many bytes per pass, at most this many passes. */
+  delta: { convergeBelowBytes: number; maxPasses: number }
+  /** Keep the destination volumes of a cancelled job (default false: remove them). */
+  keepOnCancel: boolean
+  /** The destination domain: libvirt domain type (`kvm`, or `qemu` for TCG; default `kvm` when /dev/kvm exists, else `qemu`), default bridge for NICs the plan does not map (null: user-mode network), boot check (s; optional serial regexp that must appear). */
+  domain: { type: 'kvm' | 'qemu'; defaultBridge: string | null; bootGraceSeconds: number; bootTimeoutSeconds: number; bootSerialPattern: string | null }
+  /** Windows V2V (spec 1.5): the virtio-win ISO and the `virt-v2v-in-place` binary. */
+  v2v: { virtioWinIso: string; binary: string }
+  /** The host backup API for plan `restore_point` (spec 4, 5.2); null when not configured. */
+  backup: { baseUrl: string; username: string; password: string; caFile: string | null; fingerprint256: string | null; insecure: boolean; restorePointTimeoutSeconds: number } | null
 }
 
 const GiB = 1024 ** 3
@@ -54,6 +67,23 @@ function listen(raw: string): { host: string; port: number } {
   const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(raw)
   if (!m) throw new Error(`configuration: MIGRATOR_LISTEN=${JSON.stringify(raw)} is not host:port`)
   return { host: m[1].replace(/^\[|\]$/g, ''), port: Number(m[2]) }
+}
+
+function domainType(raw: string | undefined): 'kvm' | 'qemu' {
+  if (raw === 'kvm' || raw === 'qemu') return raw
+  if (raw) throw new Error('configuration: MIGRATOR_DOMAIN_TYPE must be "kvm" or "qemu"')
+  return existsSync('/dev/kvm') ? 'kvm' : 'qemu'
+}
+
+function regexp(env: NodeJS.ProcessEnv, name: string): string | null {
+  const raw = env[name]
+  if (!raw) return null
+  try {
+    new RegExp(raw)
+  } catch (e) {
+    throw new Error(`configuration: ${name} is not a regular expression: ${(e as Error).message}`)
+  }
+  return raw
 }
 
 /** True for addresses that only this machine can reach. */
@@ -90,6 +120,38 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     eventReplayWindow: int(env, 'MIGRATOR_EVENT_REPLAY_WINDOW', 10000, 10),
     basicAuth: env.MIGRATOR_BASIC_AUTH || null,
     logLevel: env.MIGRATOR_LOG_LEVEL || 'info',
+    supervisor: {
+      leaseSeconds: int(env, 'MIGRATOR_LEASE_SECONDS', 30, 1),
+      heartbeatTimeoutSeconds: int(env, 'MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS', 20, 1),
+      maxAttempts: int(env, 'MIGRATOR_MAX_ATTEMPTS', 3, 1),
+    },
+    delta: {
+      convergeBelowBytes: int(env, 'MIGRATOR_DELTA_CONVERGE_BYTES', 64 * 1024 * 1024, 0),
+      maxPasses: int(env, 'MIGRATOR_DELTA_MAX_PASSES', 8, 1),
+    },
+    keepOnCancel: env.MIGRATOR_KEEP_ON_CANCEL === '1',
+    domain: {
+      type: domainType(env.MIGRATOR_DOMAIN_TYPE),
+      defaultBridge: env.MIGRATOR_DEFAULT_BRIDGE || null,
+      bootGraceSeconds: int(env, 'MIGRATOR_BOOT_GRACE_SECONDS', 10, 0),
+      bootTimeoutSeconds: int(env, 'MIGRATOR_BOOT_TIMEOUT_SECONDS', 120, 1),
+      bootSerialPattern: regexp(env, 'MIGRATOR_BOOT_SERIAL_PATTERN'),
+    },
+    v2v: {
+      virtioWinIso: env.MIGRATOR_VIRTIO_WIN_ISO || '/usr/share/virtio-win/virtio-win.iso',
+      binary: env.MIGRATOR_V2V_BINARY || 'virt-v2v-in-place',
+    },
+    backup: env.MIGRATOR_BACKUP_URL
+      ? {
+          baseUrl: env.MIGRATOR_BACKUP_URL,
+          username: env.MIGRATOR_BACKUP_USER || '',
+          password: env.MIGRATOR_BACKUP_PASSWORD || '',
+          caFile: env.MIGRATOR_BACKUP_CA_FILE || null,
+          fingerprint256: env.MIGRATOR_BACKUP_FINGERPRINT || null,
+          insecure: env.MIGRATOR_BACKUP_INSECURE === '1',
+          restorePointTimeoutSeconds: int(env, 'MIGRATOR_BACKUP_TIMEOUT_SECONDS', 600, 1),
+        }
+      : null,
   }
   if (cfg.basicAuth !== null && !/^[^:]+:.+$/.test(cfg.basicAuth)) throw new Error('configuration: MIGRATOR_BASIC_AUTH must be user:password')
   if (!isLoopback(cfg.listen.host) && cfg.basicAuth === null) {

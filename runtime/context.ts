@@ -10,6 +10,14 @@ import { dataPaths, type Config } from './config.ts'
 import { createLogger, type Logger } from './logger.ts'
 import { SseHub } from './sse-hub.ts'
 
+/** What handlers may ask of the job runner (the supervisor), when one runs. */
+export interface JobRunner {
+  /** Look at the queue now. */
+  notify(): void
+  /** Tell the worker of a running job to cancel; false when no worker here runs it. */
+  cancel(jobId: string): boolean
+}
+
 /** Handler dependencies. `now()` is the clock (tests may replace it). */
 export interface Ctx {
   config: Config
@@ -19,6 +27,8 @@ export interface Ctx {
   hub: SseHub
   logger: Logger
   now(): Date
+  /** The job runner; absent in contexts that do not run jobs (handler unit tests). */
+  runner?: JobRunner
 }
 
 /**

@@ -12,5 +12,6 @@ export const path = '/migrations/:id/cancel'
 export async function handle(_request: Request, ctx: Ctx, params: Record<string, string>): Promise<Response> {
   const { job, changed } = await ctx.store.jobs.requestCancel(params.id, ctx.now().toISOString())
   if (changed) await ctx.hub.publishJob(job)
+  else ctx.runner?.cancel(job.id)
   return json(job, 202)
 }

@@ -14,5 +14,6 @@ export const path = '/migrations'
 export async function handle(request: Request, ctx: Ctx): Promise<Response> {
   const job = await submitPlan(await readJson(request), ctx.store, ctx.config.importRoot, ctx.now())
   await ctx.hub.publishJob(job)
+  ctx.runner?.notify()
   return json(job, 201)
 }

@@ -6,6 +6,8 @@
 import type { AdapterKind } from '../kinds.ts'
 import type { VmManifest } from '../manifest.ts'
 import type { SourceTls } from '../store/sources.ts'
+import type { ManifestDisk } from '../manifest.ts'
+import type { DiskReader } from '../pipeline/readers/types.ts'
 
 /** What an adapter needs to reach a source. `password` is the opened (unsealed) secret. */
 export interface SourceConnection {
@@ -35,6 +37,48 @@ export interface AdapterSession {
   inspect(vmId: string): Promise<VmManifest>
   /** Ends the session (logout); never throws. */
   close(): Promise<void>
+}
+
+/** A snapshot the migrator took of a source VM, with the CBT changeId of each disk at that point. */
+export interface SnapshotRef {
+  id: string
+  /** changeId per disk label (VMware CBT); absent when CBT is off. */
+  change_ids: Record<string, string>
+}
+
+/** A byte range of a disk, in bytes. */
+export interface Extent {
+  offset: number
+  length: number
+}
+
+/**
+ * The data plane of a live session (spec 1.1: enable CBT, snapshot, shutdown, mark, cleanup;
+ * DESIGN.md section 7). Reads come only from snapshots, never from the active disk of a
+ * running VM.
+ */
+export interface LiveSession extends AdapterSession {
+  /** Whether warm migration (CBT deltas) is possible with this source at all (spec 1.4). */
+  supportsWarm(): boolean
+  /** Turns changed block tracking on. */
+  enableCbt(vmId: string): Promise<void>
+  /** Takes a crash-consistent (quiesced when tools run) snapshot. `E_MIG_SNAPSHOT_FAILED`. */
+  createSnapshot(vmId: string, name: string): Promise<SnapshotRef>
+  /** Opens a reader over `disk` as of `snapshot`. `E_MIG_DISK_READ_FAILED`. */
+  openDisk(vmId: string, snapshot: SnapshotRef, disk: ManifestDisk): Promise<DiskReader>
+  /**
+   * The areas of `disk` changed between `sinceChangeId` and `snapshot` (QueryChangedDiskAreas,
+   * paged until the capacity is covered). `E_MIG_CBT_RESET` when the changeId is no longer valid.
+   */
+  changedAreas(vmId: string, snapshot: SnapshotRef, disk: ManifestDisk, sinceChangeId: string): Promise<Extent[]>
+  /** Removes one snapshot the migrator took. */
+  removeSnapshot(vmId: string, snapshot: SnapshotRef): Promise<void>
+  /** Shuts the guest down (guest shutdown, then power off after a timeout). */
+  shutdown(vmId: string): Promise<void>
+  /** Marks the VM as being migrated (annotation naming the destination and job). */
+  mark(vmId: string, note: string): Promise<void>
+  /** Removes every snapshot the migrator made of `vmId`; never throws. */
+  cleanup(vmId: string): Promise<void>
 }
 
 /**

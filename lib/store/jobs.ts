@@ -3,7 +3,7 @@
  */
 import { sql, type Kysely, type Selectable } from 'kysely'
 import { MigError } from '../errors.ts'
-import { emptyProgress, statusOf, TERMINAL_STATES, type Job, type JobState, type LastError, type Progress, type Strategy } from '../job.ts'
+import { emptyProgress, statusOf, TERMINAL_STATES, type Job, type JobState, type LastError, type Progress, type RestorePointRecord, type Strategy } from '../job.ts'
 import type { Plan } from '../plan.ts'
 import { persist } from './persist.ts'
 import type { Database, JobsTable } from './schema.ts'
@@ -18,6 +18,7 @@ function toJob(r: Selectable<JobsTable>): Job {
     effective_mode: r.effective_mode as Job['effective_mode'],
     progress: JSON.parse(r.progress) as Progress,
     last_error: r.last_error === null ? null : (JSON.parse(r.last_error) as LastError),
+    restore_point: r.restore_point === null ? null : (JSON.parse(r.restore_point) as RestorePointRecord),
     created_at: r.created_at,
     updated_at: r.updated_at,
     started_at: r.started_at,
@@ -33,6 +34,7 @@ export interface JobPatch {
   effective_mode?: Job['effective_mode']
   started_at?: string | null
   finished_at?: string | null
+  restore_point?: RestorePointRecord | null
 }
 
 const ACTIVE = ['queued', 'running'] as const
@@ -60,6 +62,7 @@ export class JobsRepo {
       updated_at: j.now,
       started_at: null,
       finished_at: null,
+      restore_point: null,
     }
     return persist('create job', async () => {
       await this.db.insertInto('jobs').values(row).execute()
@@ -89,6 +92,7 @@ export class JobsRepo {
       if (patch.effective_mode !== undefined) set.effective_mode = patch.effective_mode
       if (patch.started_at !== undefined) set.started_at = patch.started_at
       if (patch.finished_at !== undefined) set.finished_at = patch.finished_at
+      if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
       await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
       return this.get(id)
     })
@@ -130,4 +134,53 @@ export class JobsRepo {
       ).map((r) => r.id),
     )
   }
+
+  /**
+   * Claims the oldest `queued` or `running` job whose lease is free or expired (never claimed,
+   * released for a retry, or its worker or server died) for `owner` until `now + leaseSeconds`.
+   * Returns its id, or null.
+   */
+  claimNext(owner: string, leaseSeconds: number, now: Date): Promise<string | null> {
+    const nowIso = now.toISOString()
+    const until = new Date(now.getTime() + leaseSeconds * 1000).toISOString()
+    return persist('claim job', () =>
+      this.db.transaction().execute(async (tx) => {
+        const row = await tx
+          .selectFrom('jobs')
+          .select('id')
+          .where('status', 'in', ['queued', 'running'])
+          .where((eb) => eb.or([eb('lease_expires_at', 'is', null), eb('lease_expires_at', '<', nowIso)]))
+          .orderBy('created_at')
+          .orderBy('id')
+          .limit(1)
+          .executeTakeFirst()
+        if (!row) return null
+        await tx.updateTable('jobs').set({ lease_owner: owner, lease_expires_at: until }).where('id', '=', row.id).execute()
+        return row.id
+      }),
+    )
+  }
+
+  /** Extends the lease of `id` held by `owner`; false when another owner holds it now. */
+  renewLease(id: string, owner: string, leaseSeconds: number, now: Date): Promise<boolean> {
+    const until = new Date(now.getTime() + leaseSeconds * 1000).toISOString()
+    return persist('renew job lease', async () => Number((await this.db.updateTable('jobs').set({ lease_expires_at: until }).where('id', '=', id).where('lease_owner', '=', owner).executeTakeFirst()).numUpdatedRows) > 0)
+  }
+
+  /** Drops the lease of `id` so any supervisor may claim it at once (a retry). */
+  releaseLease(id: string): Promise<void> {
+    return persist('release job lease', async () => {
+      await this.db.updateTable('jobs').set({ lease_owner: null, lease_expires_at: null }).where('id', '=', id).execute()
+    })
+  }
+
+  /** Counts one more worker attempt at `id`; returns the new count. */
+  addAttempt(id: string): Promise<number> {
+    return persist('count job attempt', async () => {
+      await this.db.updateTable('jobs').set((eb) => ({ attempts: eb('attempts', '+', 1) })).where('id', '=', id).execute()
+      const r = await this.db.selectFrom('jobs').select('attempts').where('id', '=', id).executeTakeFirstOrThrow()
+      return r.attempts
+    })
+  }
 }
+

@@ -70,6 +70,11 @@ const migrations: Record<string, Migration> = {
       await sql`select 1`.execute(db)
     },
   },
+  '0002_job_restore_point': {
+    async up(db: Kysely<any>) {
+      await db.schema.alterTable('jobs').addColumn('restore_point', 'text').execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

@@ -46,6 +46,8 @@ export interface JobsTable {
   updated_at: string
   started_at: string | null
   finished_at: string | null
+  /** JSON `RestorePointRecord` when the plan asked for a restore point (migration 0002). */
+  restore_point: string | null
 }
 
 /** Job events kept for SSE replay; `seq` is the SSE event id. */

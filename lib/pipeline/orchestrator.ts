@@ -1,0 +1,323 @@
+/**
+ * The orchestrator: the state machine of spec 1.2 and 3 for one job.
+ *
+ *   live warm:   CopyingFull -> DeltaSyncing -> CuttingOver -> [V2vProcessing] -> Starting -> Completed
+ *   live cold:   CopyingFull -> [V2vProcessing] -> Starting -> Completed
+ *   offline:     CopyingFull (read_disk loop, or run_full_import for passthrough importers)
+ *                -> [V2vProcessing] -> Starting -> Completed
+ *
+ * plus `Queued` (initial), `Failed` and `Cancelled`. V2vProcessing runs for Windows guests only.
+ * A warm plan is downgraded to cold when the adapter cannot do warm or the VM has no CBT
+ * (spec 1.4): `last_error` gets the non-fatal `E_MIG_CBT_UNSUPPORTED` and the job goes on.
+ * A delta loop that does not converge within the configured passes fails with
+ * `E_MIG_DELTA_TOO_LARGE`. Cancellation ends in `Cancelled` with `E_MIG_CANCELLED` and removes
+ * what the job created on the destination unless told to keep it.
+ *
+ * Resume: a job re-run after its worker died continues from its persisted state; offline copies
+ * continue from each disk's durable watermark. Live copies restart from a fresh snapshot
+ * (a changeId chain cannot be trusted across a crash).
+ */
+import { MigError, asMigError } from '../errors.ts'
+import type { Job, JobState, LastError, RestorePointRecord } from '../job.ts'
+import type { ManifestDisk, VmManifest } from '../manifest.ts'
+import type { Plan } from '../plan.ts'
+import type { Extent, LiveSession, SnapshotRef } from '../adapters/types.ts'
+import type { JobsRepo } from '../store/jobs.ts'
+import type { WatermarksRepo } from '../store/watermarks.ts'
+import type { Sink, SinkVolume } from '../sink/types.ts'
+import type { DiskReader } from './readers/types.ts'
+import { ProgressTracker } from './progress.ts'
+
+/** What the source side provides once the plan is resolved. */
+export type PreparedSource =
+  | { strategy: 'offline'; manifest: VmManifest; openReader(disk: ManifestDisk): Promise<DiskReader>; close(): Promise<void> }
+  | { strategy: 'passthrough'; manifest: VmManifest; runFullImport(volumes: SinkVolume[], onBytes: (label: string, bytesDone: number) => void, signal: AbortSignal): Promise<void>; close(): Promise<void> }
+  | { strategy: 'live'; manifest: VmManifest; session: LiveSession; vmId: string; close(): Promise<void> }
+
+/** Result of copying one disk (bytes). */
+export interface CopyResult {
+  bytes_read: number
+  bytes_written: number
+  bytes_zero: number
+}
+
+/** The copy loop used for every disk (lib/pipeline/copy-disk.ts in production). */
+export type CopyDiskFn = (
+  reader: DiskReader,
+  volume: SinkVolume,
+  opts: { from: number; signal: AbortSignal; onProgress(p: { bytes_done: number; bytes_zero: number; watermark: number }): void; onWatermark(watermark: number): Promise<void> },
+) => Promise<CopyResult>
+
+/** Tunables of the warm delta loop (spec 3 rule 2; "not shown" thresholds are config). */
+export interface DeltaPolicy {
+  /** A pass that changed fewer bytes than this counts as converged (default 64 MiB). */
+  convergeBelowBytes: number
+  /** Delta passes before `E_MIG_DELTA_TOO_LARGE` (default 8). */
+  maxPasses: number
+}
+
+/** Everything the orchestrator needs; tests inject doubles of the outer systems. */
+export interface OrchestratorDeps {
+  jobId: string
+  jobs: JobsRepo
+  watermarks: WatermarksRepo
+  now(): Date
+  signal: AbortSignal
+  /** Called after every state change with the whole job (SSE `migration`). */
+  onJob(job: Job): void
+  /** Called with progress snapshots, at most every 500 ms (SSE `progress`). */
+  onProgress(p: { id: string; state: JobState; progress: Job['progress'] }): void
+  prepare(job: Job, signal: AbortSignal): Promise<PreparedSource>
+  sink: Sink
+  copyDisk: CopyDiskFn
+  /** Windows virtio driver injection over the destination volumes. */
+  v2v(job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal): Promise<void>
+  /** Defines and starts the domain; returns the domain name. */
+  start(job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal): Promise<string>
+  /**
+   * Runs the plan's host backup job and waits for its restore point (plan `restore_point`);
+   * called before anything is written to the destination. Absent: a plan asking for one fails.
+   */
+  takeRestorePoint?(job: Job, signal: AbortSignal): Promise<RestorePointRecord>
+  delta?: Partial<DeltaPolicy>
+  /** Keep destination volumes of a cancelled job (default false: remove them). */
+  keepOnCancel?: boolean
+}
+
+const ORDER: JobState[] = ['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'V2vProcessing', 'Starting', 'Completed']
+
+function cancelled(): MigError {
+  return new MigError('E_MIG_CANCELLED', 'cancelled by operator')
+}
+
+/** True when the guest needs V2V: `plan.guest_os` wins over the manifest's detection. */
+export function isWindows(plan: Plan, manifest: VmManifest): boolean {
+  return (plan.guest_os ?? manifest.guest_os.family) === 'windows'
+}
+
+/** Runs (or resumes) job `deps.jobId` to a terminal state. Never throws for job failures. */
+export async function runJob(deps: OrchestratorDeps): Promise<Job> {
+  const { jobs, jobId, signal } = deps
+  const iso = () => deps.now().toISOString()
+  let job = await jobs.get(jobId)
+  if (job.status === 'completed' || job.status === 'failed' || job.status === 'cancelled') return job
+  const resumedAt = ORDER.indexOf(job.state)
+  let notice: LastError | null = job.last_error && !job.last_error.fatal ? job.last_error : null
+
+  const setState = async (state: JobState, extra: Parameters<JobsRepo['update']>[1] = {}) => {
+    job = await jobs.update(jobId, { state, ...extra }, iso())
+    deps.onJob(job)
+  }
+  const reached = (state: JobState) => resumedAt > ORDER.indexOf(state)
+
+  let source: PreparedSource | null = null
+  let volumes: SinkVolume[] = []
+  let tracker: ProgressTracker | null = null
+  let lastEmit = 0
+  const emit = (force = false) => {
+    if (!tracker) return
+    const t = deps.now().getTime()
+    if (!force && t - lastEmit < 500) return
+    lastEmit = t
+    const progress = tracker.snapshot()
+    void jobs.update(jobId, { progress }, iso()).catch(() => {})
+    deps.onProgress({ id: jobId, state: job.state, progress })
+  }
+
+  try {
+    if (signal.aborted) throw cancelled()
+    source = await deps.prepare(job, signal)
+    const manifest = source.manifest
+    if (manifest.disks.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${manifest.name}: the source has no disks to migrate`)
+    if (job.plan.restore_point && job.restore_point === null) {
+      if (!deps.takeRestorePoint) throw new MigError('E_MIG_SNAPSHOT_FAILED', 'the plan asks for a restore point but no backup API is configured (MIGRATOR_BACKUP_URL)')
+      const point = await deps.takeRestorePoint(job, signal)
+      job = await jobs.update(jobId, { restore_point: point }, iso())
+      deps.onJob(job)
+    }
+    const resumed = new Map((await deps.watermarks.list(jobId)).map((w) => [w.disk_label, w.watermark_bytes]))
+    if (source.strategy === 'live') resumed.clear()
+    tracker = new ProgressTracker(manifest.disks, resumed, () => deps.now().getTime())
+    volumes = []
+    for (const d of manifest.disks) volumes.push(await deps.sink.create(jobId, d.label, d.capacity_bytes))
+
+    if (!reached('CopyingFull')) {
+      await setState('CopyingFull', { started_at: job.started_at ?? iso(), progress: tracker.snapshot() })
+    }
+
+    if (!reached('DeltaSyncing') && !reached('CuttingOver')) {
+      if (source.strategy === 'offline') await copyOffline(deps, source, volumes, tracker, resumed, emit)
+      else if (source.strategy === 'passthrough') {
+        await source.runFullImport(volumes, (label, done) => (tracker!.setDone(label, done), emit()), signal)
+        for (const d of manifest.disks) tracker.finish(d.label)
+      } else {
+        const warm = job.effective_mode === 'Warm'
+        if (warm && (!source.session.supportsWarm() || !manifest.cbt_available)) {
+          const why = !source.session.supportsWarm() ? 'the source adapter does not support warm migration' : 'changed block tracking is not available on this VM'
+          notice = { code: 'E_MIG_CBT_UNSUPPORTED', message: `warm migration downgraded to cold: ${why}`, fatal: false }
+          job = await jobs.update(jobId, { effective_mode: 'Cold', last_error: notice }, iso())
+          deps.onJob(job)
+        }
+        await copyLive(deps, source, volumes, tracker, emit, setState, () => job.effective_mode === 'Warm')
+      }
+      emit(true)
+    }
+
+    if (signal.aborted) throw cancelled()
+    if (isWindows(job.plan, manifest) && !reached('V2vProcessing')) {
+      await setState('V2vProcessing')
+      await deps.v2v(job, manifest, volumes, signal)
+    }
+    if (signal.aborted) throw cancelled()
+    if (!reached('Starting')) await setState('Starting')
+    await deps.start(job, manifest, volumes, signal)
+    await setState('Completed', { finished_at: iso(), last_error: notice, progress: tracker.snapshot() })
+    return job
+  } catch (e) {
+    const err = signal.aborted ? cancelled() : asMigError(e, 'E_MIG_INTERNAL', 'job')
+    if (err.code === 'E_MIG_CANCELLED') {
+      for (const v of volumes) await v.close().catch(() => {})
+      if (!deps.keepOnCancel) {
+        await deps.sink.remove(jobId).catch(() => {})
+        await deps.watermarks.clear(jobId).catch(() => {})
+      }
+      await setState('Cancelled', { finished_at: iso(), last_error: { code: 'E_MIG_CANCELLED', message: 'cancelled by operator', fatal: true } })
+    } else {
+      await setState('Failed', { finished_at: iso(), last_error: { code: err.code, message: err.message, fatal: true } })
+    }
+    return job
+  } finally {
+    for (const v of volumes) await v.close().catch(() => {})
+    await source?.close().catch(() => {})
+  }
+}
+
+/** The offline `read_disk` loop: every disk from its durable watermark to its end. */
+async function copyOffline(
+  deps: OrchestratorDeps,
+  source: Extract<PreparedSource, { strategy: 'offline' }>,
+  volumes: SinkVolume[],
+  tracker: ProgressTracker,
+  resumed: Map<string, number>,
+  emit: (force?: boolean) => void,
+): Promise<void> {
+  const disks = source.manifest.disks
+  for (let i = 0; i < disks.length; i++) {
+    const disk = disks[i]
+    const from = Math.min(resumed.get(disk.label) ?? 0, disk.capacity_bytes)
+    if (from >= disk.capacity_bytes) continue
+    const reader = await source.openReader(disk)
+    try {
+      await copyOne(deps, reader, volumes[i], disk, from, tracker, emit)
+    } finally {
+      await reader.close().catch(() => {})
+    }
+  }
+}
+
+async function copyOne(deps: OrchestratorDeps, reader: DiskReader, volume: SinkVolume, disk: ManifestDisk, from: number, tracker: ProgressTracker, emit: (force?: boolean) => void): Promise<void> {
+  let zeroSeen = 0
+  await deps.copyDisk(reader, volume, {
+    from,
+    signal: deps.signal,
+    onProgress(p) {
+      tracker.setDone(disk.label, p.bytes_done)
+      tracker.add(disk.label, 0, p.bytes_zero - zeroSeen)
+      zeroSeen = p.bytes_zero
+      emit()
+    },
+    async onWatermark(w) {
+      await deps.watermarks.set(deps.jobId, { disk_label: disk.label, watermark_bytes: w, capacity_bytes: disk.capacity_bytes }, deps.now().toISOString())
+      tracker.setWatermark(disk.label, w)
+    },
+  })
+  tracker.finish(disk.label)
+  await deps.watermarks.set(deps.jobId, { disk_label: disk.label, watermark_bytes: disk.capacity_bytes, capacity_bytes: disk.capacity_bytes }, deps.now().toISOString())
+}
+
+/** A reader that yields only `areas` (changed extents) of `inner`, in order. */
+export function restrictTo(inner: DiskReader, areas: Extent[]): DiskReader {
+  const sorted = [...areas].sort((a, b) => a.offset - b.offset)
+  return {
+    size: inner.size,
+    async *extents(from: number) {
+      for (const a of sorted) {
+        const end = Math.min(a.offset + a.length, inner.size)
+        const start = Math.max(a.offset, from)
+        if (end > start) yield { offset: start, length: end - start, zero: false }
+      }
+    },
+    read: (offset: number, length: number) => inner.read(offset, length),
+    close: () => inner.close(),
+  }
+}
+
+/** Live copy: a full pass from a snapshot, then (warm) delta passes and the cutover. */
+async function copyLive(
+  deps: OrchestratorDeps,
+  source: Extract<PreparedSource, { strategy: 'live' }>,
+  volumes: SinkVolume[],
+  tracker: ProgressTracker,
+  emit: (force?: boolean) => void,
+  setState: (s: JobState) => Promise<void>,
+  warm: () => boolean,
+): Promise<void> {
+  const { session, vmId, manifest } = source
+  const policy: DeltaPolicy = { convergeBelowBytes: 64 * 1024 * 1024, maxPasses: 8, ...deps.delta }
+  const snapshots: SnapshotRef[] = []
+  const snap = async (n: number) => {
+    const s = await session.createSnapshot(vmId, `migrator-${deps.jobId}-${n}`)
+    snapshots.push(s)
+    return s
+  }
+  try {
+    await session.mark(vmId, `migrating to this host, job ${deps.jobId}`)
+    if (!warm()) await session.shutdown(vmId)
+    else await session.enableCbt(vmId)
+    let current = await snap(0)
+    for (let i = 0; i < manifest.disks.length; i++) {
+      const reader = await session.openDisk(vmId, current, manifest.disks[i])
+      try {
+        await copyOne(deps, reader, volumes[i], manifest.disks[i], 0, tracker, emit)
+      } finally {
+        await reader.close().catch(() => {})
+      }
+    }
+    if (!warm()) return
+
+    const deltaPass = async (n: number): Promise<number> => {
+      const next = await snap(n)
+      let changed = 0
+      for (let i = 0; i < manifest.disks.length; i++) {
+        const disk = manifest.disks[i]
+        const since = current.change_ids[disk.label]
+        if (!since) throw new MigError('E_MIG_CBT_RESET', `disk ${disk.label}: no changeId recorded at the previous snapshot`)
+        const areas = await session.changedAreas(vmId, next, disk, since)
+        changed += areas.reduce((s, a) => s + a.length, 0)
+        const reader = restrictTo(await session.openDisk(vmId, next, disk), areas)
+        try {
+          await deps.copyDisk(reader, volumes[i], { from: 0, signal: deps.signal, onProgress: () => emit(), onWatermark: async () => {} })
+        } finally {
+          await reader.close().catch(() => {})
+        }
+      }
+      await session.removeSnapshot(vmId, current)
+      snapshots.splice(snapshots.indexOf(current), 1)
+      current = next
+      return changed
+    }
+
+    await setState('DeltaSyncing')
+    let converged = false
+    for (let pass = 1; pass <= policy.maxPasses && !converged; pass++) {
+      if (deps.signal.aborted) throw cancelled()
+      converged = (await deltaPass(pass)) < policy.convergeBelowBytes
+    }
+    if (!converged) throw new MigError('E_MIG_DELTA_TOO_LARGE', `deltas did not fall below ${policy.convergeBelowBytes} bytes in ${policy.maxPasses} passes`)
+    await setState('CuttingOver')
+    await session.shutdown(vmId)
+    await deltaPass(policy.maxPasses + 1)
+  } finally {
+    await session.cleanup(vmId)
+  }
+}

@@ -1,0 +1,122 @@
+/**
+ * Wires the orchestrator of one job to the real outer systems, from the configuration
+ * (DESIGN.md sections 4-6): the source preparation of the plan, the destination sink
+ * (`file` or `zvol`), the streaming copy loop, the Windows V2V preparer with the sink's
+ * snapshot, the libvirt domain start with its boot check, and the host backup API for
+ * plan `restore_point`. Used by the job worker (`runtime/worker.ts`).
+ */
+import { readFileSync } from 'node:fs'
+import { mkdir } from 'node:fs/promises'
+import * as path from 'node:path'
+import { BackupClient } from '../lib/backup/client.ts'
+import type { Sealer } from '../lib/crypto/seal.ts'
+import { defineAndStart } from '../lib/domain/start.ts'
+import { Virsh } from '../lib/domain/virsh.ts'
+import { MigError } from '../lib/errors.ts'
+import type { RestorePointRecord } from '../lib/job.ts'
+import { copyDisk } from '../lib/pipeline/copy-disk.ts'
+import type { OrchestratorDeps } from '../lib/pipeline/orchestrator.ts'
+import { prepareSource } from '../lib/pipeline/prepare.ts'
+import { FileSink } from '../lib/sink/file.ts'
+import type { Sink } from '../lib/sink/types.ts'
+import { ZvolSink } from '../lib/sink/zvol.ts'
+import type { Store } from '../lib/store/index.ts'
+import { V2vPreparer } from '../lib/v2v/preparer.ts'
+import type { Config, dataPaths } from './config.ts'
+import type { Logger } from './logger.ts'
+
+/** What the worker has at hand. `signal` aborts the job (cancel). */
+export interface JobDepsInput {
+  config: Config
+  paths: ReturnType<typeof dataPaths>
+  store: Store
+  sealer: Sealer
+  logger: Logger
+  jobId: string
+  signal: AbortSignal
+}
+
+/** The destination sink the configuration names. */
+export function sinkFromConfig(config: Config): Sink {
+  return config.sink === 'zvol' ? new ZvolSink({ pool: config.zfsPool, appliance: config.appliance }) : new FileSink({ dataDir: config.dataDir })
+}
+
+/** The backup API client of the configuration, or null when `MIGRATOR_BACKUP_URL` is unset. */
+export function backupClientFromConfig(config: Config): BackupClient | null {
+  const b = config.backup
+  if (!b) return null
+  return new BackupClient({
+    baseUrl: b.baseUrl,
+    username: b.username,
+    password: b.password,
+    tls: { ca_pem: b.caFile ? readFileSync(b.caFile, 'utf8') : undefined, fingerprint256: b.fingerprint256 ?? undefined, insecure: b.insecure },
+  })
+}
+
+/** Everything of `OrchestratorDeps` but the IPC callbacks (`onJob`, `onProgress`). */
+export function buildJobDeps(input: JobDepsInput): Omit<OrchestratorDeps, 'onJob' | 'onProgress'> {
+  const { config, paths, store, sealer, logger, jobId, signal } = input
+  const sink = sinkFromConfig(config)
+  const virsh = new Virsh({ uri: config.libvirtUri })
+  const backup = backupClientFromConfig(config)
+  const now = () => new Date()
+
+  const takeRestorePoint = backup
+    ? async (job: { plan: { restore_point?: { backup_job_id: string; require_quiesced?: boolean } } }, sig: AbortSignal): Promise<RestorePointRecord> => {
+        const rp = job.plan.restore_point!
+        logger.info({ backup_job_id: rp.backup_job_id }, 'running the backup job for the restore point')
+        const runId = await backup.runJob(rp.backup_job_id)
+        const point = await backup.waitForRestorePoint(runId, { timeoutMs: config.backup!.restorePointTimeoutSeconds * 1000, requireQuiesced: rp.require_quiesced, signal: sig })
+        return { backup_job_id: rp.backup_job_id, run_id: runId, restore_point_id: point.id, quiesced: point.quiesced, created_at: point.created_at }
+      }
+    : undefined
+
+  return {
+    jobId,
+    jobs: store.jobs,
+    watermarks: store.watermarks,
+    now,
+    signal,
+    sink,
+    keepOnCancel: config.keepOnCancel,
+    delta: config.delta,
+    takeRestorePoint,
+    prepare: (job) => prepareSource(job, { store, sealer, paths: { importRoot: paths.importRoot, uploadsDir: paths.uploads }, now }),
+    copyDisk: (reader, volume, opts) => copyDisk(reader, volume, { ...opts, label: volume.path }),
+    async v2v(job, manifest, volumes, sig) {
+      const preparer = new V2vPreparer({ virtioWinIso: config.v2v.virtioWinIso, binary: config.v2v.binary })
+      const disks = manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path }))
+      for (const v of volumes) await v.flush()
+      const result = await preparer.run(disks, manifest, {
+        signal: sig,
+        snapshot: sink.snapshot(job.id),
+        onProgress: (p) => p.message && logger.info({ v2v: p.message }, 'V2V'),
+      })
+      for (const w of result.warnings) logger.warn({ v2v: w }, 'V2V warning')
+    },
+    async start(job, manifest, volumes, sig) {
+      for (const v of volumes) await v.flush()
+      const logDir = path.join(config.dataDir, 'logs')
+      await mkdir(logDir, { recursive: true, mode: 0o750 })
+      const result = await defineAndStart({
+        virsh,
+        manifest,
+        plan: { name: job.plan.name, guest_os: job.plan.guest_os, firmware: job.plan.firmware, networks: job.plan.networks, start: job.plan.start },
+        volumes: manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
+        domainType: config.domain.type,
+        defaultBridge: config.domain.defaultBridge,
+        serialLogPath: path.join(logDir, `${jobId}.serial.log`),
+        bootCheck: {
+          graceSeconds: config.domain.bootGraceSeconds,
+          timeoutSeconds: config.domain.bootTimeoutSeconds,
+          expectSerial: config.domain.bootSerialPattern ? new RegExp(config.domain.bootSerialPattern) : undefined,
+        },
+        signal: sig,
+      }).catch((e: unknown) => {
+        throw e instanceof MigError ? e : new MigError('E_MIG_DOMAIN_DEFINE_FAILED', (e as Error).message)
+      })
+      logger.info({ domain: result.name, started: result.started }, 'domain defined')
+      return result.name
+    },
+  }
+}

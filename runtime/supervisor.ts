@@ -1,0 +1,179 @@
+/**
+ * The supervisor (DESIGN.md section 4): claims queued jobs from the SQLite job table with a
+ * lease, respects the concurrency limit, runs each job in a worker child process (Bun when the
+ * server runs under Bun, Node under Node), relays the worker's events to the SSE hub, and
+ * notices a worker that exits or stops heart-beating. A job whose worker died is retried
+ * (bounded), resuming from its durable watermarks; a server restart resumes every job whose
+ * lease expired.
+ */
+import { fork, type ChildProcess } from 'node:child_process'
+import { randomUUID } from 'node:crypto'
+import { existsSync } from 'node:fs'
+import { fileURLToPath } from 'node:url'
+import { TERMINAL_STATES } from '../lib/job.ts'
+import type { Ctx } from './context.ts'
+import type { SupervisorMessage, WorkerMessage } from './ipc.ts'
+
+/** Timing and retry settings (seconds unless the name says ms). */
+export interface SupervisorOptions {
+  /** How long a claim lasts without a heartbeat renewing it (default 30 s). */
+  leaseSeconds: number
+  /** A worker silent for this long is killed (default 20 s). */
+  heartbeatTimeoutSeconds: number
+  /** Worker runs of one job before it fails (default 3). */
+  maxAttempts: number
+  /** Queue poll interval in ms (default 1000). */
+  pollMs: number
+}
+
+interface Running {
+  child: ChildProcess
+  lastBeat: number
+}
+
+/** Path of the worker entry next to this module (`.ts` under Bun, compiled `.js` under Node). */
+function workerPath(): string {
+  const here = fileURLToPath(import.meta.url)
+  const ext = here.endsWith('.ts') ? '.ts' : '.js'
+  const p = here.replace(/supervisor\.(ts|js)$/, `worker${ext}`)
+  if (!existsSync(p)) throw new Error(`worker entry ${p} missing`)
+  return p
+}
+
+/** Runs jobs in worker processes. */
+export class Supervisor {
+  readonly owner = `${process.pid}-${randomUUID()}`
+  private readonly running = new Map<string, Running>()
+  private timer: ReturnType<typeof setInterval> | null = null
+  private polling = false
+  private stopped = false
+  private readonly opts: SupervisorOptions
+
+  constructor(private readonly ctx: Ctx, opts: Partial<SupervisorOptions> = {}) {
+    this.opts = { leaseSeconds: 30, heartbeatTimeoutSeconds: 20, maxAttempts: 3, pollMs: 1000, ...opts }
+  }
+
+  /** Starts polling the queue. */
+  start(): void {
+    this.timer = setInterval(() => void this.poll(), this.opts.pollMs)
+    this.timer.unref?.()
+    void this.poll()
+  }
+
+  /** Looks at the queue now (after a submission). */
+  notify(): void {
+    void this.poll()
+  }
+
+  /** Number of workers running now. */
+  get size(): number {
+    return this.running.size
+  }
+
+  /** Asks the worker of `jobId`, if it runs here, to cancel. Returns whether one was told. */
+  cancel(jobId: string): boolean {
+    const r = this.running.get(jobId)
+    if (!r || !r.child.connected) return false
+    r.child.send({ type: 'cancel' } satisfies SupervisorMessage)
+    return true
+  }
+
+  /**
+   * Stops claiming and ends the workers (their jobs stay `running` and are resumed from their
+   * watermarks by the next server once the lease expires).
+   */
+  async stop(): Promise<void> {
+    this.stopped = true
+    if (this.timer) clearInterval(this.timer)
+    const exits = [...this.running.values()].map((r) => new Promise<void>((resolve) => (r.child.exitCode !== null || r.child.signalCode !== null ? resolve() : r.child.once('exit', () => resolve()))))
+    for (const r of this.running.values()) this.killGroup(r.child, 'SIGTERM')
+    const hard = setTimeout(() => {
+      for (const r of this.running.values()) this.killGroup(r.child, 'SIGKILL')
+    }, 5000)
+    await Promise.all(exits)
+    clearTimeout(hard)
+  }
+
+  private killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
+    try {
+      if (child.pid) process.kill(-child.pid, signal)
+    } catch {
+      child.kill(signal)
+    }
+  }
+
+  private async poll(): Promise<void> {
+    if (this.polling || this.stopped) return
+    this.polling = true
+    try {
+      this.watchdog()
+      while (this.running.size < this.ctx.config.maxJobs && !this.stopped) {
+        const id = await this.ctx.store.jobs.claimNext(this.owner, this.opts.leaseSeconds, this.ctx.now())
+        if (id === null) break
+        await this.launch(id)
+      }
+    } catch (e) {
+      this.ctx.logger.warn({ err: e }, 'supervisor poll failed')
+    } finally {
+      this.polling = false
+    }
+  }
+
+  private watchdog(): void {
+    const limit = this.opts.heartbeatTimeoutSeconds * 1000
+    for (const [id, r] of this.running) {
+      if (Date.now() - r.lastBeat > limit) {
+        this.ctx.logger.warn({ job: id }, 'worker stopped heart-beating; killing it')
+        this.killGroup(r.child, 'SIGKILL')
+      }
+    }
+  }
+
+  private async launch(id: string): Promise<void> {
+    const { jobs } = this.ctx.store
+    const attempts = await jobs.addAttempt(id)
+    if (attempts > this.opts.maxAttempts) {
+      const job = await jobs.update(id, { state: 'Failed', finished_at: this.ctx.now().toISOString(), last_error: { code: 'E_MIG_INTERNAL', message: `the job's worker died ${attempts - 1} times; giving up`, fatal: true } }, this.ctx.now().toISOString())
+      await this.ctx.hub.publishJob(job)
+      return
+    }
+    const child = fork(workerPath(), [id], {
+      execPath: process.execPath,
+      execArgv: [],
+      detached: true,
+      serialization: 'json',
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      env: { ...process.env, MIGRATOR_WORKER_LEASE_OWNER: this.owner },
+    })
+    const entry: Running = { child, lastBeat: Date.now() }
+    this.running.set(id, entry)
+    this.ctx.logger.info({ job: id, pid: child.pid, attempt: attempts }, 'worker started')
+    child.on('message', (m: WorkerMessage) => void this.onMessage(id, entry, m))
+    child.once('exit', (code, signal) => void this.onExit(id, code, signal))
+  }
+
+  private async onMessage(id: string, entry: Running, m: WorkerMessage): Promise<void> {
+    entry.lastBeat = Date.now()
+    try {
+      if (m.type === 'heartbeat') await this.ctx.store.jobs.renewLease(id, this.owner, this.opts.leaseSeconds, this.ctx.now())
+      else if (m.type === 'job' || m.type === 'done') await this.ctx.hub.publishJob(m.job)
+      else if (m.type === 'progress') await this.ctx.hub.publishProgress({ id: m.id, state: m.state, progress: m.progress }, false)
+    } catch (e) {
+      this.ctx.logger.warn({ err: e, job: id }, 'relaying a worker message failed')
+    }
+  }
+
+  private async onExit(id: string, code: number | null, signal: NodeJS.Signals | null): Promise<void> {
+    this.running.delete(id)
+    try {
+      const job = await this.ctx.store.jobs.get(id)
+      if (!TERMINAL_STATES.includes(job.state) && !this.stopped) {
+        this.ctx.logger.warn({ job: id, code, signal, state: job.state }, 'worker ended before its job did; it will be retried')
+        await this.ctx.store.jobs.releaseLease(id)
+      }
+    } catch (e) {
+      this.ctx.logger.warn({ err: e, job: id }, 'inspecting an ended worker failed')
+    }
+    this.notify()
+  }
+}

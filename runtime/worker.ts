@@ -1,0 +1,65 @@
+/**
+ * A job's worker process (DESIGN.md section 4), forked by the supervisor with the job id as its
+ * argument. It runs the orchestrator, writes state, progress and watermarks to SQLite, and
+ * reports to the supervisor over IPC. A `cancel` message or the job's cancel flag aborts the job
+ * (which ends `Cancelled`); losing the supervisor (IPC disconnect) or SIGTERM ends the process
+ * and its children at once, leaving the job to be resumed from its durable watermarks.
+ */
+import { loadOrCreateKey } from '../lib/crypto/keyring.ts'
+import { Sealer } from '../lib/crypto/seal.ts'
+import { runJob } from '../lib/pipeline/orchestrator.ts'
+import { openStore } from '../lib/store/index.ts'
+import { dataPaths, loadConfig } from './config.ts'
+import type { SupervisorMessage, WorkerMessage } from './ipc.ts'
+import { buildJobDeps } from './job-deps.ts'
+import { createLogger } from './logger.ts'
+
+const jobId = process.argv[2]
+const send = (m: WorkerMessage) => {
+  if (process.connected) process.send?.(m)
+}
+
+/** Ends this worker and everything it started (its own process group). */
+function die(): never {
+  try {
+    process.kill(-process.pid, 'SIGKILL')
+  } catch {}
+  process.exit(1)
+}
+
+async function main(): Promise<void> {
+  const config = loadConfig()
+  const logger = createLogger(config.logLevel).child({ job: jobId, worker: process.pid })
+  const paths = dataPaths(config)
+  const store = await openStore(paths.dbFile)
+  const sealer = new Sealer(loadOrCreateKey(paths.keyFile))
+  const controller = new AbortController()
+
+  process.on('message', (m: SupervisorMessage) => {
+    if (m.type === 'cancel') controller.abort()
+  })
+  process.on('disconnect', die)
+  process.on('SIGTERM', die)
+
+  const beat = setInterval(async () => {
+    send({ type: 'heartbeat' })
+    if (!controller.signal.aborted && (await store.jobs.cancelRequested(jobId).catch(() => false))) controller.abort()
+  }, 1000)
+
+  const deps = buildJobDeps({ config, paths, store, sealer, logger, jobId, signal: controller.signal })
+  const job = await runJob({
+    ...deps,
+    onJob: (j) => send({ type: 'job', job: j }),
+    onProgress: (p) => send({ type: 'progress', ...p }),
+  })
+  clearInterval(beat)
+  logger.info({ state: job.state, last_error: job.last_error }, 'job ended')
+  send({ type: 'done', job })
+  await store.close()
+  process.exit(0)
+}
+
+main().catch((e) => {
+  process.stderr.write(`worker ${jobId}: ${e instanceof Error ? e.stack : String(e)}\n`)
+  process.exit(2)
+})

@@ -1,0 +1,154 @@
+/**
+ * The CLI's client of the migrator HTTP API (spec 4): JSON calls, a streamed multipart upload
+ * with SHA-256 computed on the way, and the SSE stream parsed with eventsource-parser.
+ */
+import { createHash } from 'node:crypto'
+import { open, stat } from 'node:fs/promises'
+import { basename } from 'node:path'
+import { createParser, type EventSourceMessage } from 'eventsource-parser'
+
+/** An error answered by the API (`{"error": {code, message}}`) or a transport failure (`code` null). */
+export class ApiError extends Error {
+  constructor(readonly code: string | null, message: string, readonly status: number | null) {
+    super(message)
+    this.name = 'ApiError'
+  }
+}
+
+/** Where the server is and how to authenticate (Basic, optional). */
+export interface ApiTarget {
+  baseUrl: string
+  user?: string
+  password?: string
+}
+
+/** Thin typed access to the API. */
+export class Api {
+  constructor(private readonly target: ApiTarget) {}
+
+  private headers(extra: Record<string, string> = {}): Record<string, string> {
+    const h: Record<string, string> = { accept: 'application/json', ...extra }
+    if (this.target.user) h.authorization = 'Basic ' + Buffer.from(`${this.target.user}:${this.target.password ?? ''}`).toString('base64')
+    return h
+  }
+
+  private url(p: string): string {
+    return this.target.baseUrl.replace(/\/+$/, '') + p
+  }
+
+  private async parse(res: Response): Promise<any> {
+    const text = await res.text()
+    let body: any = null
+    try {
+      body = text === '' ? null : JSON.parse(text)
+    } catch {
+      if (!res.ok) throw new ApiError(null, `HTTP ${res.status}: ${text.slice(0, 200)}`, res.status)
+      throw new ApiError(null, `unexpected response: ${text.slice(0, 200)}`, res.status)
+    }
+    if (!res.ok) throw new ApiError(body?.error?.code ?? null, body?.error?.message ?? `HTTP ${res.status}`, res.status)
+    return body
+  }
+
+  /** A JSON call; throws {@link ApiError}. */
+  async call(method: string, p: string, body?: unknown): Promise<any> {
+    let res: Response
+    try {
+      res = await fetch(this.url(p), { method, headers: this.headers(body === undefined ? {} : { 'content-type': 'application/json' }), body: body === undefined ? undefined : JSON.stringify(body) })
+    } catch (e) {
+      throw new ApiError(null, `cannot reach the migrator at ${this.target.baseUrl}: ${(e as Error).message}`, null)
+    }
+    return this.parse(res)
+  }
+
+  /**
+   * Uploads a local file as the multipart field `file`, streaming it from disk; its SHA-256 is
+   * computed while reading and sent as the `sha256` field after the file, so the server checks
+   * what it received against what was read. `onProgress(bytesSent, total)`.
+   */
+  async upload(file: string, onProgress: (sent: number, total: number) => void): Promise<any> {
+    const total = (await stat(file)).size
+    const fh = await open(file, 'r')
+    const boundary = `migrator${Date.now().toString(16)}${Math.random().toString(16).slice(2)}`
+    const enc = new TextEncoder()
+    const hash = createHash('sha256')
+    const name = basename(file).replace(/["\r\n]/g, '_')
+    let sent = 0
+    let phase = 0
+    const buf = Buffer.alloc(1024 * 1024)
+    const body = new ReadableStream<Uint8Array>({
+      async pull(c) {
+        if (phase === 0) {
+          c.enqueue(enc.encode(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${name}"\r\nContent-Type: application/octet-stream\r\n\r\n`))
+          phase = 1
+          return
+        }
+        if (phase === 1) {
+          const { bytesRead } = await fh.read(buf, 0, buf.length, sent)
+          if (bytesRead > 0) {
+            const chunk = Buffer.from(buf.subarray(0, bytesRead))
+            hash.update(chunk)
+            sent += bytesRead
+            onProgress(sent, total)
+            c.enqueue(chunk)
+            return
+          }
+          phase = 2
+        }
+        c.enqueue(enc.encode(`\r\n--${boundary}\r\nContent-Disposition: form-data; name="sha256"\r\n\r\n${hash.digest('hex')}\r\n--${boundary}--\r\n`))
+        await fh.close()
+        c.close()
+      },
+      async cancel() {
+        await fh.close()
+      },
+    })
+    let res: Response
+    try {
+      res = await fetch(this.url('/uploads'), { method: 'POST', headers: this.headers({ 'content-type': `multipart/form-data; boundary=${boundary}` }), body, duplex: 'half' } as RequestInit)
+    } catch (e) {
+      throw new ApiError(null, `upload of ${file} failed: ${(e as Error).message}`, null)
+    }
+    return this.parse(res)
+  }
+
+  /**
+   * Follows `GET /migrations/stream` (optionally `?id=`), calling `onEvent(name, data)` for every
+   * event until `onEvent` returns true or the signal aborts. Reconnects with `Last-Event-ID` when
+   * the connection drops.
+   */
+  async follow(jobId: string | null, onEvent: (name: string, data: any) => boolean | void, signal?: AbortSignal): Promise<void> {
+    let lastId: string | null = null
+    let done = false
+    while (!done && !signal?.aborted) {
+      const q = jobId ? `?id=${encodeURIComponent(jobId)}` : ''
+      let res: Response
+      try {
+        res = await fetch(this.url(`/migrations/stream${q}`), { headers: this.headers(lastId ? { 'last-event-id': lastId } : {}), signal })
+      } catch (e) {
+        if (signal?.aborted) return
+        throw new ApiError(null, `cannot reach the migrator at ${this.target.baseUrl}: ${(e as Error).message}`, null)
+      }
+      if (!res.ok || !res.body) await this.parse(res)
+      const parser = createParser({
+        onEvent: (m: EventSourceMessage) => {
+          if (m.id) lastId = m.id
+          if (!done && onEvent(m.event ?? 'message', JSON.parse(m.data))) done = true
+        },
+      })
+      const reader = res.body!.getReader()
+      const dec = new TextDecoder()
+      try {
+        while (!done) {
+          const { value, done: end } = await reader.read()
+          if (end) break
+          parser.feed(dec.decode(value, { stream: true }))
+        }
+      } catch (e) {
+        if (signal?.aborted) return
+      } finally {
+        await reader.cancel().catch(() => {})
+      }
+      if (!done) await new Promise((r) => setTimeout(r, 500))
+    }
+  }
+}

@@ -1,0 +1,36 @@
+/**
+ * What every CLI command shares: global options, the API client built from them, and error
+ * reporting (`E_MIG_*` code and message on stderr, exit status 1).
+ */
+import type { Command } from 'commander'
+import { Api, ApiError } from '../api.ts'
+
+/** Global options (flags, else environment). */
+export interface Globals {
+  url: string
+  user?: string
+  password?: string
+  json: boolean
+}
+
+/** The global options of the program `cmd` belongs to. */
+export function globals(cmd: Command): Globals {
+  return cmd.optsWithGlobals() as Globals
+}
+
+/** An API client for the server the global options name. */
+export function apiOf(cmd: Command): Api {
+  const g = globals(cmd)
+  return new Api({ baseUrl: g.url, user: g.user, password: g.password })
+}
+
+/** Runs an action; an error prints `CODE: message` on stderr and exits 1. */
+export async function run(fn: () => Promise<void>): Promise<void> {
+  try {
+    await fn()
+  } catch (e) {
+    const code = e instanceof ApiError && e.code ? `${e.code}: ` : 'error: '
+    process.stderr.write(`${code}${(e as Error).message}\n`)
+    process.exit(1)
+  }
+}

@@ -1,0 +1,79 @@
+/**
+ * `migrator import <path>`: brings an offline input in end to end. A path the server accepts
+ * inside its import root is inspected in place; any other local file is uploaded (progress bar,
+ * SHA-256 checked by the server) and inspected as an upload. Then the plan is submitted and
+ * followed like `watch`.
+ */
+import { existsSync, statSync } from 'node:fs'
+import { resolve } from 'node:path'
+import cliProgress from 'cli-progress'
+import type { Command } from 'commander'
+import { ApiError, type Api } from '../api.ts'
+import { bytes } from '../output.ts'
+import { apiOf, globals, run } from './common.ts'
+import { watchJob } from './watch.ts'
+
+async function uploadWithProgress(api: Api, file: string, json: boolean): Promise<any> {
+  const tty = process.stdout.isTTY === true && !json
+  const bar = tty ? new cliProgress.SingleBar({ format: 'upload |{bar}| {percentage}% {value_h}/{total_h}', hideCursor: true }, cliProgress.Presets.shades_classic) : null
+  let last = 0
+  const upload = await api.upload(file, (sent, total) => {
+    if (bar) {
+      if (sent === Math.min(total, 1024 * 1024) || bar.getTotal() !== total) bar.start(total, 0, { total_h: bytes(total), value_h: bytes(0) })
+      bar.update(sent, { value_h: bytes(sent) })
+    } else if (!json && (sent === total || Date.now() - last > 1000)) {
+      last = Date.now()
+      process.stdout.write(`upload: ${bytes(sent)} of ${bytes(total)}\n`)
+    }
+  })
+  bar?.stop()
+  if (json) process.stdout.write(JSON.stringify({ event: 'uploaded', upload }) + '\n')
+  else process.stdout.write(`uploaded ${upload.filename} as ${upload.id} (${bytes(upload.size_bytes)}, sha256 ${upload.sha256})\n`)
+  return upload
+}
+
+/** Inspects `target` in place or after uploading it; returns the inspect result and the plan's source_ref. */
+async function locate(api: Api, target: string, kind: string | undefined, json: boolean): Promise<{ inspected: any; sourceRef: any }> {
+  const local = existsSync(target) ? resolve(target) : null
+  const asHostPath = local ?? target
+  try {
+    const inspected = await api.call('POST', '/host-files/inspect', { path: asHostPath, ...(kind ? { kind } : {}) })
+    return { inspected, sourceRef: { kind: 'offline_host_path', path: asHostPath } }
+  } catch (e) {
+    const outsideRoot = e instanceof ApiError && (e.code === 'E_MIG_HOST_PATH_REJECTED' || e.code === 'E_MIG_NOT_FOUND')
+    if (!outsideRoot || local === null || !statSync(local).isFile()) throw e
+  }
+  const upload = await uploadWithProgress(api, local, json)
+  const inspected = await api.call('POST', `/uploads/${upload.id}/inspect`)
+  return { inspected, sourceRef: { kind: 'upload', upload_id: upload.id } }
+}
+
+/** Registers `import`. */
+export function register(program: Command): void {
+  program
+    .command('import <path>')
+    .description('inspect (uploading a local file when needed), submit and follow an offline migration')
+    .option('--kind <kind>', 'importer kind instead of detection')
+    .option('--name <name>', 'target domain name')
+    .option('--no-start', 'define the domain but do not start it')
+    .option('--no-watch', 'return once the plan is submitted')
+    .action((target: string, o: { kind?: string; name?: string; start: boolean; watch: boolean }, cmd: Command) =>
+      run(async () => {
+        const g = globals(cmd)
+        const api = apiOf(cmd)
+        const { inspected, sourceRef } = await locate(api, target, o.kind, g.json)
+        const m = inspected.manifest
+        if (g.json) process.stdout.write(JSON.stringify({ event: 'inspected', ...inspected }) + '\n')
+        else {
+          process.stdout.write(`${inspected.detected_kind}: ${m.name}, ${m.cpu.count} vCPU, ${bytes(m.memory_bytes)}, ${m.firmware}, guest ${m.guest_os.family}\n`)
+          for (const d of m.disks) process.stdout.write(`  disk ${d.label}: ${bytes(d.capacity_bytes)} ${d.disk_format}\n`)
+          for (const w of m.warnings) process.stdout.write(`  warning: ${w}\n`)
+        }
+        const plan = { source: { Offline: inspected.detected_kind }, source_ref: sourceRef, mode: 'Cold', ...(o.name ? { name: o.name } : {}), ...(o.start ? {} : { start: false }) }
+        const job = await api.call('POST', '/migrations', { plan })
+        if (g.json) process.stdout.write(JSON.stringify({ event: 'submitted', id: job.id }) + '\n')
+        else process.stdout.write(`migration ${job.id} submitted\n`)
+        if (o.watch) process.exit(await watchJob(api, job.id, g.json))
+      }),
+    )
+}

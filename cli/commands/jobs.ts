@@ -1,0 +1,21 @@
+/** `migrator jobs` and `migrator cancel <id>`: list migrations, request a cancellation. */
+import type { Command } from 'commander'
+import { bytes, show, table } from '../output.ts'
+import { apiOf, globals, run } from './common.ts'
+
+/** Registers `jobs` and `cancel`. */
+export function register(program: Command): void {
+  program
+    .command('jobs')
+    .description('list migrations, newest first')
+    .action((_o, cmd: Command) =>
+      run(async () => {
+        const { items } = await apiOf(cmd).call('GET', '/migrations')
+        table(globals(cmd).json, items, ['ID', 'STATE', 'DONE', 'TOTAL', 'ERROR', 'CREATED'], (j) => [j.id, j.state, bytes(j.progress.bytes_done), bytes(j.progress.bytes_total), j.last_error?.code, j.created_at])
+      }),
+    )
+  program
+    .command('cancel <id>')
+    .description('request cancellation of a migration')
+    .action((id: string, _o, cmd: Command) => run(async () => show(await apiOf(cmd).call('POST', `/migrations/${encodeURIComponent(id)}/cancel`))))
+}

@@ -1,0 +1,31 @@
+/** `migrator uploads list|rm` and `migrator host-files ls [path]`. */
+import type { Command } from 'commander'
+import { bytes, table } from '../output.ts'
+import { apiOf, globals, run } from './common.ts'
+
+/** Registers `uploads` and `host-files`. */
+export function register(program: Command): void {
+  const uploads = program.command('uploads').description('uploaded archives')
+  uploads.command('list').action((_o, cmd: Command) =>
+    run(async () => {
+      const { items } = await apiOf(cmd).call('GET', '/uploads')
+      table(globals(cmd).json, items, ['ID', 'FILE', 'SIZE', 'SHA256', 'EXPIRES'], (u) => [u.id, u.filename, bytes(u.size_bytes), u.sha256, u.expires_at])
+    }),
+  )
+  uploads.command('rm <id>').action((id: string, _o, cmd: Command) =>
+    run(async () => {
+      await apiOf(cmd).call('DELETE', `/uploads/${encodeURIComponent(id)}`)
+      if (!globals(cmd).json) process.stdout.write(`removed ${id}\n`)
+    }),
+  )
+  program
+    .command('host-files')
+    .description('the import root')
+    .command('ls [path]')
+    .action((p: string | undefined, _o, cmd: Command) =>
+      run(async () => {
+        const r = await apiOf(cmd).call('GET', `/host-files?path=${encodeURIComponent(p ?? '')}`)
+        table(globals(cmd).json, r.items, ['TYPE', 'SIZE', 'MODIFIED', 'PATH'], (e) => [e.type, e.type === 'file' ? bytes(e.size_bytes) : '', e.modified_at, e.path])
+      }),
+    )
+}

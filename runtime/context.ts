@@ -38,12 +38,15 @@ export interface Ctx {
  */
 export async function createContext(config: Config, opts: { logger?: Logger; now?: () => Date } = {}): Promise<Ctx> {
   const paths = dataPaths(config)
-  mkdirSync(config.dataDir, { recursive: true, mode: 0o750 })
+  // 0711 on the data dir and volumes/: qemu (libvirt's unprivileged user) must traverse to the
+  // destination images of the file sink; nobody else may list them.
+  mkdirSync(config.dataDir, { recursive: true, mode: 0o711 })
   for (const dir of [paths.importRoot, paths.uploads]) {
     mkdirSync(dir, { recursive: true, mode: 0o750 })
     chmodSync(dir, 0o750)
   }
-  mkdirSync(paths.volumes, { recursive: true, mode: 0o750 })
+  mkdirSync(paths.volumes, { recursive: true, mode: 0o711 })
+  chmodSync(paths.volumes, 0o711)
   const key = loadOrCreateKey(paths.keyFile)
   const logger = opts.logger ?? createLogger(config.logLevel)
   const now = opts.now ?? (() => new Date())

@@ -156,7 +156,7 @@ export class Supervisor {
     entry.lastBeat = Date.now()
     try {
       if (m.type === 'heartbeat') await this.ctx.store.jobs.renewLease(id, this.owner, this.opts.leaseSeconds, this.ctx.now())
-      else if (m.type === 'job' || m.type === 'done') await this.ctx.hub.publishJob(m.job)
+      else if (m.type === 'job') await this.ctx.hub.publishJob(m.job)
       else if (m.type === 'progress') await this.ctx.hub.publishProgress({ id: m.id, state: m.state, progress: m.progress }, false)
     } catch (e) {
       this.ctx.logger.warn({ err: e, job: id }, 'relaying a worker message failed')

@@ -194,7 +194,9 @@ export class FileSink implements Sink {
     let fh: FileHandle
     let fresh = true
     try {
-      await mkdir(dir, { recursive: true, mode: 0o750 })
+      // 0711: qemu, running as libvirt's unprivileged user, must traverse to the image (libvirt
+      // gives it the image itself); nobody else may list the job's volumes.
+      await mkdir(dir, { recursive: true, mode: 0o711 })
       try {
         fh = await open(path, C.O_RDWR | C.O_CREAT | C.O_EXCL | C.O_NOFOLLOW, 0o640)
       } catch (e) {

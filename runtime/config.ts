@@ -43,6 +43,8 @@ export interface Config {
   supervisor: { leaseSeconds: number; heartbeatTimeoutSeconds: number; maxAttempts: number }
   /** Warm delta loop: converged below this many bytes per pass, at most this many passes. */
   delta: { convergeBelowBytes: number; maxPasses: number }
+  /** The copy loop: durable checkpoint (fsync + watermark) every `flushEveryBytes` (default 256 MiB); bandwidth cap on source reads in bytes/s (0: none). */
+  copy: { flushEveryBytes: number; maxBytesPerSecond: number }
   /** Keep the destination volumes of a cancelled job (default false: remove them). */
   keepOnCancel: boolean
   /** The destination domain: libvirt domain type (`kvm`, or `qemu` for TCG; default `kvm` when /dev/kvm exists, else `qemu`), default bridge for NICs the plan does not map (null: user-mode network), boot check (s; optional serial regexp that must appear). */
@@ -128,6 +130,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     delta: {
       convergeBelowBytes: int(env, 'MIGRATOR_DELTA_CONVERGE_BYTES', 64 * 1024 * 1024, 0),
       maxPasses: int(env, 'MIGRATOR_DELTA_MAX_PASSES', 8, 1),
+    },
+    copy: {
+      flushEveryBytes: int(env, 'MIGRATOR_FLUSH_EVERY_BYTES', 256 * 1024 * 1024, 1024 * 1024),
+      maxBytesPerSecond: int(env, 'MIGRATOR_COPY_MAX_BYTES_PER_SECOND', 0, 0),
     },
     keepOnCancel: env.MIGRATOR_KEEP_ON_CANCEL === '1',
     domain: {

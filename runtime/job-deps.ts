@@ -82,7 +82,7 @@ export function buildJobDeps(input: JobDepsInput): Omit<OrchestratorDeps, 'onJob
     delta: config.delta,
     takeRestorePoint,
     prepare: (job) => prepareSource(job, { store, sealer, paths: { importRoot: paths.importRoot, uploadsDir: paths.uploads }, now }),
-    copyDisk: (reader, volume, opts) => copyDisk(reader, volume, { ...opts, label: volume.path }),
+    copyDisk: (reader, volume, opts) => copyDisk(reader, volume, { ...opts, label: volume.path, flushEveryBytes: config.copy.flushEveryBytes, maxBytesPerSecond: config.copy.maxBytesPerSecond }),
     async v2v(job, manifest, volumes, sig) {
       const preparer = new V2vPreparer({ virtioWinIso: config.v2v.virtioWinIso, binary: config.v2v.binary })
       const disks = manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path }))

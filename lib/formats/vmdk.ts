@@ -481,7 +481,7 @@ function positiveInt(s: string): number | null {
  * disk database). `input` is the text or its bytes (decoded per its `encoding` line); `label`
  * names it in errors. Comments (`#`) and blank lines are skipped; CRLF is accepted.
  *
- * Throws `E_MIG_MALFORMED_ARCHIVE` (larger than 4 MiB, NUL bytes, a line that is neither
+ * Throws `E_MIG_MALFORMED_ARCHIVE` (larger than 4 MiB, NUL bytes before the trailing padding, a line that is neither
  * `key = value` nor an extent line, bad sector count/offset, missing `createType`, no extent,
  * a non-hex CID, more than {@link MAX_EXTENTS} extents) and `E_MIG_UNSUPPORTED_FORMAT` (version
  * outside 1..3, unknown `createType`, unknown extent type).
@@ -489,7 +489,9 @@ function positiveInt(s: string): number | null {
 export function parseVmdkDescriptor(input: string | Uint8Array, label: string): VmdkDescriptor {
   const size = typeof input === 'string' ? input.length : input.byteLength
   if (size > MAX_DESCRIPTOR_BYTES) throw malformed(label, `descriptor larger than 4 MiB (${size} bytes)`)
-  const text = typeof input === 'string' ? input : decodeText(input)
+  // A descriptor may be NUL-padded to a sector boundary (as embedded descriptors are, and as
+  // qemu-img writes some stand-alone ones): the padding ends the text; a NUL inside it is an error.
+  const text = (typeof input === 'string' ? input : decodeText(input)).replace(/\0+$/, '')
   if (text.includes('\0')) throw malformed(label, 'descriptor contains NUL bytes')
   const fields: Map<string, string> = new Map()
   const ddb: Record<string, string> = Object.create(null)

@@ -20,6 +20,7 @@
  *   are the digested file's bytes (raw disks).
  */
 import { createHash, type Hash } from 'node:crypto'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError } from '../errors.ts'
 import { CHUNK_BYTES, ZERO_BUFFER, chunkExtents, splitZeroRuns, type Chunk } from './chunker.ts'
 import type { DiskReader } from './readers/types.ts'
@@ -61,6 +62,11 @@ export interface CopyDiskOptions {
   digest?: { algorithm: 'sha1' | 'sha256' | 'sha512'; hex: string }
   /** Name used in messages (default the volume path). */
   label?: string
+  /**
+   * Bandwidth cap on bytes read from the source, bytes per second (0 or absent: unlimited), so
+   * an import does not starve the source storage's other users.
+   */
+  maxBytesPerSecond?: number
 }
 
 const DEFAULT_FLUSH = 256 * 1024 * 1024
@@ -179,6 +185,13 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
     await it.return?.(undefined).catch(() => {})
   }
 
+  const rate = opts.maxBytesPerSecond ?? 0
+  const t0 = performance.now()
+  const throttle = async () => {
+    const ahead = (res.bytes_read / rate) * 1000 - (performance.now() - t0)
+    if (ahead > 1) await sleep(ahead, undefined, { signal }).catch(() => {})
+  }
+
   try {
     await fill()
     while (queue.length > 0 || !exhausted) {
@@ -245,6 +258,7 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
         sinceFlush = 0
       }
       opts.onProgress({ bytes_done: from + res.bytes_written + res.bytes_zero, bytes_zero: res.bytes_zero, watermark })
+      if (rate > 0) await throttle()
     }
     if (signal.aborted) throw cancelled(label, position)
     await issueZero()

@@ -212,6 +212,12 @@ describe('parseVmdkDescriptor', () => {
     expect(d.adapterType).toBe('ide')
   })
 
+  test('a descriptor NUL-padded to a sector (as qemu-img writes some) parses like the unpadded one', () => {
+    const text = descriptorText('monolithicFlat', ['RW 20480 FLAT "a-flat.vmdk" 0'])
+    const padded = Buffer.concat([Buffer.from(text), Buffer.alloc(512 - (text.length % 512))])
+    expect(parseVmdkDescriptor(padded, 'padded.vmdk')).toEqual(parseVmdkDescriptor(text, 'padded.vmdk'))
+  })
+
   test('bad descriptors carry the right codes', () => {
     const ok = (ct: string, ext: string) => descriptorText(ct, [ext])
     const cases: Array<[string, string]> = [
@@ -227,7 +233,7 @@ describe('parseVmdkDescriptor', () => {
       [descriptorText('monolithicFlat', []), 'E_MIG_MALFORMED_ARCHIVE'],
       [ok('monolithicFlat', 'RW 10 FLAT "a" 0').replace('CID=12345678', 'CID=nothex!'), 'E_MIG_MALFORMED_ARCHIVE'],
       [ok('monolithicFlat', 'RW 10 FLAT "a" 0').replace('version=1', 'version=9'), 'E_MIG_UNSUPPORTED_FORMAT'],
-      [ok('monolithicFlat', 'RW 10 FLAT "a" 0') + '\0', 'E_MIG_MALFORMED_ARCHIVE'],
+      [ok('monolithicFlat', 'RW 10 FLAT "a" 0').replace('version=1', 'version=1\0'), 'E_MIG_MALFORMED_ARCHIVE'],
       ['x'.repeat(5 * MiB), 'E_MIG_MALFORMED_ARCHIVE'],
     ]
     for (const [text, code] of cases) {

@@ -257,3 +257,26 @@ describe('copyDisk', () => {
     expect(statSync(v.path).blocks * 512).toBeLessThanOrEqual(data * 1.05)
   })
 })
+
+describe('copyDisk bandwidth cap', () => {
+  test('maxBytesPerSecond holds source reads to the cap (16 MiB at 32 MiB/s takes at least 0.45 s) and the copy stays exact', async () => {
+    const bytes = randomBytes(16 * MiB)
+    const r = memReader(bytes)
+    const v = memVolume(bytes.length)
+    const t0 = performance.now()
+    const res = await copyDisk(r, v, { from: 0, signal: new AbortController().signal, ...noop, maxBytesPerSecond: 32 * MiB })
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(450)
+    expect(res.bytes_read).toBe(16 * MiB)
+    expect(v.bytes.equals(bytes)).toBe(true)
+  })
+
+  test('a cancel during a throttled copy ends it at once with E_MIG_CANCELLED', async () => {
+    const ac = new AbortController()
+    const t0 = performance.now()
+    setTimeout(() => ac.abort(), 100)
+    const err = await copyDisk(memReader(randomBytes(16 * MiB)), memVolume(16 * MiB), { from: 0, signal: ac.signal, ...noop, maxBytesPerSecond: 4 * MiB }).catch((e) => e)
+    expect(err).toBeInstanceOf(MigError)
+    expect(err.code).toBe('E_MIG_CANCELLED')
+    expect(performance.now() - t0).toBeLessThan(2000)
+  })
+})

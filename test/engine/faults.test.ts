@@ -1,0 +1,175 @@
+/**
+ * Fault tests of the job engine through the HTTP API (issue 4): the worker killed with SIGKILL
+ * half-way, the server killed with SIGKILL, cancellation mid-copy, a full destination file
+ * system, and 20 jobs submitted at once under the concurrency limit of 2.
+ *
+ * Copies are slowed with the bandwidth cap `MIGRATOR_COPY_MAX_BYTES_PER_SECOND` and checkpointed
+ * every 16 MiB (`MIGRATOR_FLUSH_EVERY_BYTES`) so "half-way" is a moment a test can hit. Plans use
+ * `start: false` (define the domain, do not boot it): booting is covered in import-kinds.test.ts.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { chmodSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, closeSync, writeSync } from 'node:fs'
+import { randomBytes } from 'node:crypto'
+import * as path from 'node:path'
+import { buildInput, fileSha256 } from '../helpers/inputs.ts'
+import { call, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { startServer, type RunningServer } from '../helpers/server.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const PREFIX = 'migflt-'
+const MiB = 1024 * 1024
+const SLOW = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(48 * MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(16 * MiB), MIGRATOR_DOMAIN_TYPE: 'qemu' }
+
+/** A raw image of `size` bytes, random data in its first `dataBytes`, then a hole. */
+function randomImage(file: string, size: number, dataBytes: number): string {
+  const fd = openSync(file, 'w')
+  for (let at = 0; at < dataBytes; at += 4 * MiB) writeSync(fd, randomBytes(Math.min(4 * MiB, dataBytes - at)), 0, undefined, at)
+  closeSync(fd)
+  execFileSync('truncate', ['-s', String(size), file])
+  return file
+}
+
+/** The pid of the worker running `jobId` (its command line carries the job id). */
+function workerPid(jobId: string): number | null {
+  try {
+    const out = execFileSync('pgrep', ['-f', `worker\\.(ts|js) ${jobId}`], { encoding: 'utf8' }).trim()
+    return out ? Number(out.split('\n')[0]) : null
+  } catch {
+    return null
+  }
+}
+
+describe('engine faults (real server, worker processes, file sink)', () => {
+  const t = tempDir('mig-faults-')
+  const importRoot = path.join(t.dir, 'imports')
+  let srv: RunningServer
+  let raw = ''
+
+  beforeAll(async () => {
+    chmodSync(t.dir, 0o755)
+    mkdirSync(importRoot, { recursive: true })
+    raw = randomImage(path.join(t.dir, 'big.raw'), 320 * MiB, 192 * MiB)
+    buildInput('qcow2', importRoot, 'big', [raw])
+    await ensureLibvirt()
+    await cleanupDomains(PREFIX)
+    srv = await startServer('bun', path.join(t.dir), SLOW)
+  }, 120_000)
+
+  afterAll(async () => {
+    await srv?.stop()
+    await cleanupDomains(PREFIX)
+    await stopLibvirt()
+    t.cleanup()
+  })
+
+  test('kill -9 of the worker half-way: the job is retried, resumes from its watermark and completes bit-exact', async () => {
+    const stream = openStream(srv.base)
+    await stream.ready
+    const job = await submit(srv.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}wkill`, start: false }))
+    const half = await waitJob(srv.base, job.id, (j) => j.progress.bytes_done >= j.progress.bytes_total / 2 && j.progress.bytes_total > 0, 60_000)
+    const durable = half.progress.disks[0].watermark
+    expect(durable).toBeGreaterThan(0)
+    const pid = workerPid(job.id)
+    expect(pid).not.toBeNull()
+    const killedAt = stream.events.length
+    process.kill(pid!, 'SIGKILL')
+    const done = await waitJob(srv.base, job.id)
+    stream.close()
+    expect(done.state).toBe('Completed')
+    expect(fileSha256(volumePath(t.dir, job.id, done.progress.disks[0].label))).toBe(fileSha256(raw))
+    // Nothing below the durable watermark was copied again: progress after the kill never fell under it.
+    const after = stream.events.slice(killedAt).filter((e) => e.data.id === job.id && e.event === 'progress')
+    expect(after.length).toBeGreaterThan(0)
+    expect(Math.min(...after.map((e) => e.data.progress.bytes_done))).toBeGreaterThanOrEqual(durable)
+  }, 120_000)
+
+  test('cancel mid-copy: 202, the job ends Cancelled with E_MIG_CANCELLED and its destination files are gone', async () => {
+    const job = await submit(srv.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}cancel`, start: false }))
+    await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 32 * MiB, 60_000)
+    expect(existsSync(path.join(t.dir, 'volumes', 'migrations', job.id))).toBe(true)
+    const c = await call(srv.base, 'POST', `/migrations/${job.id}/cancel`)
+    expect(c.status).toBe(202)
+    const done = await waitJob(srv.base, job.id)
+    expect([done.state, done.last_error.code]).toEqual(['Cancelled', 'E_MIG_CANCELLED'])
+    expect(existsSync(path.join(t.dir, 'volumes', 'migrations', job.id))).toBe(false)
+    expect(workerPid(job.id)).toBeNull()
+  }, 120_000)
+
+  test('20 jobs submitted at once with the limit of 2 all complete, never more than 2 running', async () => {
+    const small = randomImage(path.join(t.dir, 'small.raw'), 8 * MiB, 2 * MiB)
+    const first = buildInput('qcow2', importRoot, 'many', [small])
+    for (let i = 1; i < 20; i++) copyFileSync(first.path, path.join(importRoot, 'many', `many-${i}.qcow2`))
+    const stream = openStream(srv.base)
+    await stream.ready
+    const jobs = await Promise.all(Array.from({ length: 20 }, (_, i) => submit(srv.base, offlinePlan('qcow2', i ? `many/many-${i}.qcow2` : 'many/many.qcow2', { name: `${PREFIX}many-${i}`, start: false }))))
+    const done = await Promise.all(jobs.map((j) => waitJob(srv.base, j.id, undefined, 110_000)))
+    stream.close()
+    expect(done.map((j) => j.state)).toEqual(Array(20).fill('Completed'))
+    for (const j of done) expect(fileSha256(volumePath(t.dir, j.id, j.progress.disks[0].label))).toBe(fileSha256(small))
+    const ids = new Set(jobs.map((j) => j.id))
+    const running = new Set<string>()
+    let peak = 0
+    for (const e of stream.events) {
+      if (e.event !== 'migration' || !ids.has(e.data.id)) continue
+      if (e.data.status === 'running') running.add(e.data.id)
+      else running.delete(e.data.id)
+      peak = Math.max(peak, running.size)
+    }
+    expect(peak).toBe(2)
+  }, 120_000)
+
+  test('a full destination file system (8 MiB ext4 on a loop device) fails the job with E_MIG_DISK_WRITE_FAILED naming the volume and offset', async () => {
+    const d = path.join(t.dir, 'full')
+    mkdirSync(path.join(d, 'volumes'), { recursive: true })
+    const fsImage = path.join(t.dir, 'tiny-ext4.img')
+    execFileSync('truncate', ['-s', String(8 * MiB), fsImage])
+    execFileSync('mkfs.ext4', ['-q', fsImage])
+    execFileSync('mount', ['-o', 'loop', fsImage, path.join(d, 'volumes')])
+    const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot, MIGRATOR_COPY_MAX_BYTES_PER_SECOND: '0' })
+    try {
+      const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}full`, start: false }))
+      const done = await waitJob(s2.base, job.id)
+      expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DISK_WRITE_FAILED'])
+      expect(done.last_error.message).toMatch(/volumes\/migrations\/[0-9a-f-]{36}\/\S+\.img/)
+      expect(done.last_error.message).toMatch(/offset \d+/)
+      expect(done.last_error.message).toMatch(/ENOSPC|no space/i)
+    } finally {
+      await s2.stop()
+      execFileSync('umount', ['-l', path.join(d, 'volumes')])
+    }
+  }, 120_000)
+
+  test('kill -9 of the server: a new server resumes the job once its lease expired, from its watermark, bit-exact', async () => {
+    const d = path.join(t.dir, 'srvkill')
+    mkdirSync(d, { recursive: true })
+    chmodSync(d, 0o755)
+    const env = { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot, MIGRATOR_LEASE_SECONDS: '2' }
+    const s1 = await startServer('bun', d, env)
+    const job = await submit(s1.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}skill`, start: false }))
+    const half = await waitJob(s1.base, job.id, (j) => j.progress.bytes_done >= j.progress.bytes_total / 2 && j.progress.bytes_total > 0, 60_000)
+    const durable = half.progress.disks[0].watermark
+    expect(durable).toBeGreaterThan(0)
+    s1.child.kill('SIGKILL')
+    await new Promise((r) => s1.child.once('exit', r))
+    // The worker notices its supervisor is gone (IPC disconnect) and ends with its process group.
+    for (let i = 0; i < 50 && workerPid(job.id) !== null; i++) await new Promise((r) => setTimeout(r, 100))
+    expect(workerPid(job.id)).toBeNull()
+    const s2 = await startServer('bun', d, env)
+    try {
+      const stream = openStream(s2.base)
+      await stream.ready
+      const done = await waitJob(s2.base, job.id)
+      stream.close()
+      expect(done.state).toBe('Completed')
+      expect(fileSha256(volumePath(d, job.id, done.progress.disks[0].label))).toBe(fileSha256(raw))
+      const progress = stream.events.filter((e) => e.data.id === job.id && e.event === 'progress')
+      expect(progress.length).toBeGreaterThan(0)
+      expect(Math.min(...progress.map((e) => e.data.progress.bytes_done))).toBeGreaterThanOrEqual(durable)
+      expect(readdirSync(path.join(d, 'volumes', 'migrations', job.id))).toEqual([`${path.basename(volumePath(d, job.id, done.progress.disks[0].label))}`])
+    } finally {
+      await s2.stop()
+    }
+  }, 120_000)
+})

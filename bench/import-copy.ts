@@ -13,21 +13,20 @@
  *   ./node_modules/.bin/bun bench/import-copy.ts [sizeGiB] [readAhead] [writeDepth]
  *   env: BENCH_VERBOSE=1 prints every run; BENCH_FLUSH_MIB overrides copyDisk's flush interval.
  */
-import { execFileSync, spawnSync } from 'node:child_process'
-import { randomBytes } from 'node:crypto'
-import { closeSync, openSync, readFileSync, rmSync, statSync, writeSync } from 'node:fs'
+import { execFileSync } from 'node:child_process'
+import { readFileSync, rmSync, statSync } from 'node:fs'
 import * as path from 'node:path'
 import { tempDir } from '../test/helpers/tmp.ts'
 import { openDiskReader } from '../lib/pipeline/readers/open.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import { FileSink } from '../lib/sink/file.ts'
+import { makeHalfFullQcow2 } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
 const size = Math.round(Number(process.argv[2] ?? 4) * GiB)
 const readAhead = Number(process.argv[3] ?? 4)
 const writeDepth = Number(process.argv[4] ?? 2)
-const CLUSTER = 64 * 1024
 
 function vmHwm(): number {
   const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync('/proc/self/status', 'utf8'))
@@ -44,24 +43,7 @@ const fmt = (n: number) => n.toLocaleString('en-US')
 
 const t = tempDir('mig-bench-')
 try {
-  // Source: raw with every other cluster random, converted to qcow2 (64 KiB clusters).
-  const raw = path.join(t.dir, 'src.raw')
-  const fd = openSync(raw, 'w')
-  let rnd: Buffer | null = randomBytes(CLUSTER * 256)
-  let dataBytes = 0
-  for (let o = 0; o < size; o += 2 * CLUSTER) {
-    const k = (o / (2 * CLUSTER)) % 256
-    writeSync(fd, rnd!, k * CLUSTER, CLUSTER, o)
-    dataBytes += CLUSTER
-  }
-  closeSync(fd)
-  rnd = null
-  spawnSync('truncate', ['-s', String(size), raw])
-  const qcow = path.join(t.dir, 'src.qcow2')
-  execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', raw, qcow])
-  execFileSync('rm', ['-f', raw])
-  // Warm the page cache for both runs alike.
-  execFileSync('cat', [qcow], { stdio: ['ignore', 'ignore', 'inherit'] })
+  const { path: qcow, dataBytes } = makeHalfFullQcow2(t.dir, size)
 
   // Each side runs twice (best time kept), in the order ref, ours, ours, ref. Before every run
   // both destinations are removed and the file system synced, so each run starts from the same

@@ -1,0 +1,137 @@
+/**
+ * Import benchmark (issue 4, DESIGN.md section 8): the whole migrator against `qemu-img convert`
+ * on the same input, in one run.
+ *
+ * Source: a qcow2 of SIZE GiB (default 4) with half its 64 KiB clusters holding random data.
+ * - Reference: `qemu-img convert -f qcow2 -O raw` to a sparse file, then `sync -f`.
+ * - Migrator: the real server (Bun) and its job worker: `POST /migrations` with an offline qcow2
+ *   plan (`start: false`: define the domain, do not boot it); the copy time is the time between the
+ *   job's `CopyingFull` and `Starting` events on the SSE stream (qemu-nbd start, the copy and its
+ *   fsyncs). The worker's peak RSS is its VmHWM, sampled from /proc until it exits.
+ * Each side runs twice in the order ref, ours, ours, ref, after removing both destinations and
+ * syncing; the best time of each is printed with MB/s of virtual size, their ratio,
+ * destination allocated bytes and sha256 (must be equal).
+ *
+ *   ./node_modules/.bin/bun bench/import.ts [sizeGiB] [bun|node]   (the runtime of the server and its worker)
+ * Needs root, qemu-utils and libvirt (started here when not running).
+ */
+import { execFileSync } from 'node:child_process'
+import { readFileSync, rmSync, statSync } from 'node:fs'
+import * as path from 'node:path'
+import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
+import { startServer } from '../test/helpers/server.ts'
+import { tempDir } from '../test/helpers/tmp.ts'
+import { makeHalfFullQcow2 } from './source.ts'
+
+const GiB = 1024 ** 3
+const MiB = 1024 ** 2
+const size = Math.round(Number(process.argv[2] ?? 4) * GiB)
+const runtime = process.argv[3] === 'node' ? 'node' : 'bun'
+const fmt = (n: number) => n.toLocaleString('en-US')
+const sha256 = (file: string) => execFileSync('sha256sum', [file], { encoding: 'utf8' }).split(' ')[0]
+const allocated = (file: string) => statSync(file).blocks * 512
+
+function workerPid(jobId: string): number | null {
+  try {
+    const out = execFileSync('pgrep', ['-f', `worker\\.(ts|js) ${jobId}`], { encoding: 'utf8' }).trim()
+    return out ? Number(out.split('\n')[0]) : null
+  } catch {
+    return null
+  }
+}
+
+function vmHwm(pid: number): number {
+  try {
+    const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))
+    return m ? Number(m[1]) * 1024 : 0
+  } catch {
+    return 0
+  }
+}
+
+const t = tempDir('mig-bench-import-')
+const importRoot = path.join(t.dir, 'imports')
+execFileSync('mkdir', ['-p', importRoot])
+execFileSync('chmod', ['755', t.dir])
+await ensureLibvirt()
+const srv = await startServer(runtime, t.dir, { MIGRATOR_DOMAIN_TYPE: 'qemu' })
+try {
+  const { dataBytes } = makeHalfFullQcow2(importRoot, size)
+  const qcow = path.join(importRoot, 'src.qcow2')
+  const ref = path.join(t.dir, 'ref.raw')
+  let refSec = Infinity
+  let ourSec = Infinity
+  let peakRss = 0
+  let refSha = ''
+  let ourSha = ''
+  let refAlloc = 0
+  let ourAlloc = 0
+  let lastJob: string | null = null
+  let runNo = 0
+
+  const settle = async () => {
+    rmSync(ref, { force: true })
+    if (lastJob) rmSync(path.join(t.dir, 'volumes', 'migrations', lastJob), { recursive: true, force: true })
+    execFileSync('sync')
+    await new Promise((r) => setTimeout(r, 1000))
+  }
+  const runRef = async () => {
+    await settle()
+    const t0 = performance.now()
+    execFileSync('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', qcow, ref])
+    execFileSync('sync', ['-f', ref])
+    refSec = Math.min(refSec, (performance.now() - t0) / 1000)
+    refSha = sha256(ref)
+    refAlloc = allocated(ref)
+  }
+  const runOurs = async () => {
+    await settle()
+    const stream = openStream(srv.base)
+    await stream.ready
+    const job = await submit(srv.base, offlinePlan('qcow2', 'src.qcow2', { name: `migbench-${++runNo}`, start: false }))
+    lastJob = job.id
+    let pid: number | null = null
+    let hwm = 0
+    const sampler = setInterval(() => {
+      pid ??= workerPid(job.id)
+      if (pid) hwm = Math.max(hwm, vmHwm(pid))
+    }, 50)
+    const done = await waitJob(srv.base, job.id, undefined, 600_000)
+    clearInterval(sampler)
+    stream.close()
+    if (done.state !== 'Completed') throw new Error(`job ended ${done.state}: ${JSON.stringify(done.last_error)}`)
+    const at = (state: string) => stream.events.find((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === state)
+    const t0 = Date.parse(at('CopyingFull')!.data.updated_at)
+    const t1 = Date.parse(at('Starting')!.data.updated_at)
+    ourSec = Math.min(ourSec, (t1 - t0) / 1000)
+    peakRss = Math.max(peakRss, hwm)
+    const img = volumePath(t.dir, job.id, done.progress.disks[0].label)
+    ourSha = sha256(img)
+    ourAlloc = allocated(img)
+  }
+  await runRef()
+  await runOurs()
+  await runOurs()
+  await runRef()
+
+  const mbs = (s: number) => (size / MiB / s).toFixed(0)
+  console.log(`server and worker: ${runtime}`)
+  console.log(`source: qcow2, ${fmt(size)} bytes virtual, ${fmt(dataBytes)} bytes of data (half the 64 KiB clusters)`)
+  console.log('')
+  console.log(`${''.padEnd(30)}${'qemu-img convert'.padStart(20)}${'migrator job'.padStart(20)}`)
+  console.log(`${'seconds'.padEnd(30)}${refSec.toFixed(2).padStart(20)}${ourSec.toFixed(2).padStart(20)}`)
+  console.log(`${'MB/s (virtual size)'.padEnd(30)}${mbs(refSec).padStart(20)}${mbs(ourSec).padStart(20)}`)
+  console.log(`${'destination allocated bytes'.padEnd(30)}${fmt(refAlloc).padStart(20)}${fmt(ourAlloc).padStart(20)}`)
+  console.log(`${'sha256'.padEnd(30)}${refSha.slice(0, 16).padStart(20)}${ourSha.slice(0, 16).padStart(20)}`)
+  console.log('')
+  console.log(`ratio (migrator / qemu-img MB/s): ${(refSec / ourSec).toFixed(2)}`)
+  console.log(`worker peak RSS (VmHWM): ${(peakRss / MiB).toFixed(0)} MiB`)
+  console.log(refSha === ourSha ? 'destinations are sha256-equal' : 'MISMATCH: destinations differ')
+  if (refSha !== ourSha) process.exitCode = 1
+} finally {
+  await srv.stop()
+  await cleanupDomains('migbench-')
+  await stopLibvirt()
+  t.cleanup()
+}

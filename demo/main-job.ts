@@ -1,0 +1,144 @@
+/**
+ * The main job, end to end, on the embedded defaults (issue 5; README "Two commands"):
+ *
+ *  1. makes sure `virtlogd` and `libvirtd` run (starts them as daemons when they do not: a fresh
+ *     Debian container has no systemd);
+ *  2. starts the migrator (Bun, `runtime/serve-bun.ts`) on its defaults: data in `./var`,
+ *     `127.0.0.1:8080`;
+ *  3. creates a sample OVA in the import root, `var/imports/demo/demo-vm.ova`: an OVF envelope
+ *     and a streamOptimized VMDK made with `qemu-img` from a 64 MiB disk whose hand-written boot
+ *     sector prints a marker on the serial port;
+ *  4. submits the plan over HTTP and prints the live progress from the SSE stream;
+ *  5. ends by showing the domain running (`virsh list`) and the marker in its serial log.
+ *
+ * The sample guest is a boot sector, so TCG is enough: the domain type is `qemu` unless
+ * `MIGRATOR_DOMAIN_TYPE` says otherwise (KVM needs a working /dev/kvm, which nested VMs often
+ * lack). The domain is left running; the last lines say how to remove it.
+ * Run as root: `npm run demo` (which first runs `.ci/install`).
+ */
+import { spawn, spawnSync } from 'node:child_process'
+import { existsSync, mkdirSync, readFileSync } from 'node:fs'
+import * as path from 'node:path'
+import { Api } from '../cli/api.ts'
+import { bytes } from '../cli/output.ts'
+import { makeBootDisk } from '../test/helpers/bootdisk.ts'
+import { buildInput } from '../test/helpers/inputs.ts'
+
+const REPO = path.resolve(import.meta.dir, '..')
+const MARKER = 'MIGRATOR-DEMO: hello from the migrated guest'
+const dataDir = path.resolve(process.env.MIGRATOR_DATA_DIR || path.join(REPO, 'var'))
+const listen = process.env.MIGRATOR_LISTEN || '127.0.0.1:8080'
+const base = `http://${listen}/api/v1/migrator`
+const virsh = (...args: string[]) => spawnSync('virsh', ['-c', 'qemu:///system', ...args], { encoding: 'utf8' })
+const say = (s: string) => console.log(`\n== ${s}`)
+
+function alive(pidFile: string): boolean {
+  try {
+    process.kill(Number(readFileSync(pidFile, 'utf8').trim()), 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+async function ensureLibvirt(): Promise<void> {
+  for (const [name, pidFile] of [['virtlogd', '/run/virtlogd.pid'], ['libvirtd', '/run/libvirtd.pid']]) {
+    if (alive(pidFile) || virsh('version').status === 0) continue
+    console.log(`starting ${name}`)
+    const r = spawnSync(`/usr/sbin/${name}`, ['--daemon'], { encoding: 'utf8' })
+    if (r.status !== 0) throw new Error(`${name} --daemon failed: ${r.stderr}`)
+  }
+  for (let i = 0; i < 80; i++) {
+    if (virsh('version').status === 0) return
+    await Bun.sleep(250)
+  }
+  throw new Error('libvirt does not answer on qemu:///system')
+}
+
+if (process.getuid?.() !== 0) {
+  console.error('the demo defines a libvirt domain on qemu:///system: run it as root')
+  process.exit(1)
+}
+
+say('libvirt')
+await ensureLibvirt()
+console.log(virsh('version').stdout.trim())
+
+say(`migrator: data in ${dataDir}, listening on ${listen}`)
+const server = spawn(path.join(REPO, 'node_modules/.bin/bun'), ['runtime/serve-bun.ts'], {
+  cwd: REPO,
+  env: {
+    ...process.env,
+    MIGRATOR_DATA_DIR: dataDir,
+    MIGRATOR_LISTEN: listen,
+    MIGRATOR_DOMAIN_TYPE: process.env.MIGRATOR_DOMAIN_TYPE || 'qemu',
+    MIGRATOR_BOOT_SERIAL_PATTERN: 'MIGRATOR-DEMO',
+    MIGRATOR_LOG_LEVEL: process.env.MIGRATOR_LOG_LEVEL || 'warn',
+  },
+  stdio: ['ignore', 'inherit', 'inherit'],
+})
+let exitCode = 1
+try {
+  const api = new Api({ baseUrl: base })
+  for (let i = 0; ; i++) {
+    if (server.exitCode !== null) throw new Error(`the migrator exited with ${server.exitCode}`)
+    if (await api.call('GET', '/migrations').then(() => true, () => false)) break
+    if (i > 150) throw new Error('the migrator did not answer in 30 s')
+    await Bun.sleep(200)
+  }
+
+  say('sample export: a 64 MiB disk with a boot sector that prints a marker, as an OVA (streamOptimized VMDK)')
+  const importRoot = path.join(dataDir, 'imports')
+  const work = path.join(dataDir, 'demo-work')
+  mkdirSync(work, { recursive: true })
+  const disk = makeBootDisk(path.join(work, 'demo-vm-disk.raw'), MARKER, 64 * 1024 * 1024)
+  const ovaPath = path.join(importRoot, 'demo', 'demo-vm.ova')
+  if (!existsSync(ovaPath)) {
+    mkdirSync(path.dirname(ovaPath), { recursive: true })
+    buildInput('ova_archive', path.dirname(ovaPath), 'demo-vm', [disk.path])
+  }
+  console.log(`${ovaPath} (${bytes(Bun.file(ovaPath).size)})`)
+
+  say('inspect')
+  const manifest = await api.call('POST', '/host-files/inspect', { path: 'demo/demo-vm.ova', kind: 'ova_archive' })
+  const m = manifest.manifest ?? manifest
+  console.log(`${m.name}: ${m.disks.length} disk(s), ${bytes(m.disks[0].capacity_bytes)}, ${m.cpu.count} vCPU, ${bytes(m.memory_bytes)} memory, firmware ${m.firmware}, guest ${m.guest_os.family}`)
+
+  say('submit the plan')
+  const plan = { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'demo/demo-vm.ova' }, mode: 'Cold', name: 'demo-vm' }
+  console.log(JSON.stringify(plan))
+  const job = await api.call('POST', '/migrations', { plan })
+  console.log(`job ${job.id}: ${job.state}`)
+
+  say('live progress (SSE /migrations/stream)')
+  let final: any = null
+  await api.follow(job.id, (event, data) => {
+    if (data.id !== job.id) return
+    if (event === 'progress') {
+      const p = data.progress
+      console.log(`  ${data.state.padEnd(12)} ${bytes(p.bytes_done).padStart(10)} / ${bytes(p.bytes_total)}  (${bytes(p.bytes_zero)} zero, skipped)  ${bytes(p.rate_bytes_per_s)}/s  eta ${p.eta_s ?? '-'} s`)
+    } else if (event === 'migration') {
+      const p = data.progress
+      console.log(`  state: ${data.state.padEnd(12)} ${bytes(p.bytes_done)} / ${bytes(p.bytes_total)} copied${data.last_error ? `  ${data.last_error.code}: ${data.last_error.message}` : ''}`)
+      if (['completed', 'failed', 'cancelled'].includes(data.status)) {
+        final = data
+        return true
+      }
+    }
+  })
+  if (final?.state !== 'Completed') throw new Error(`the job ended ${final?.state}`)
+
+  say('the domain on this host')
+  console.log(virsh('list', '--all').stdout.trim())
+  const domain = virsh('list', '--name').stdout.split('\n').map((s) => s.trim()).filter((n) => n.startsWith('demo-vm')).pop() ?? 'demo-vm'
+  say(`serial console of ${domain} (${path.join(dataDir, 'logs', `${job.id}.serial.log`)})`)
+  console.log(readFileSync(path.join(dataDir, 'logs', `${job.id}.serial.log`), 'utf8').trim())
+  console.log(`\nDone. Remove the demo domain with: virsh destroy ${domain} && virsh undefine ${domain}`)
+  exitCode = 0
+} catch (e) {
+  console.error(`demo failed: ${(e as Error).message}`)
+} finally {
+  server.kill('SIGTERM')
+  await new Promise((r) => server.once('exit', r))
+  process.exit(exitCode)
+}

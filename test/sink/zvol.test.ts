@@ -42,8 +42,13 @@ case "$1" in
     case "$last" in *fail*) echo "cannot create '$last': out of space" >&2; exit 1;; esac
     mkdir -p "$dev/$(dirname "$last")" && ln -s ${JSON.stringify(loop)} "$dev/$last";;
   destroy)
+    case "$last" in *@*) exit 0;; esac
     [ -e "$dev/$last" ] || { echo "cannot open '$last': dataset does not exist" >&2; exit 1; }
     rm -rf "$dev/$last";;
+  snapshot)
+    case "$last" in *fail*) echo "cannot create snapshot '$last': out of space" >&2; exit 1;; esac;;
+  list)
+    echo "$last/disk0"; echo "$last/disk1";;
 esac
 `,
     { mode: 0o755 },
@@ -143,6 +148,26 @@ describe('ZvolSink', () => {
     expect(existsSync(path.join(root, 'dev', 'zvol', 'tank/migrator/migrations/job-1'))).toBe(false)
     await s.remove('job-1')
     expect(zfsCalls().at(-1)).toEqual(['destroy', '-r', 'tank/migrator/migrations/job-1'])
+  })
+
+  test('the pre-V2V snapshot: zfs snapshot -r, rollback of every volume, destroy of the snapshot', async () => {
+    const snap = sink().snapshot('job-snap')
+    const before = zfsCalls().length
+    await snap.take()
+    await snap.rollback()
+    await snap.release()
+    const ds = 'tank/migrator/migrations/job-snap'
+    expect(zfsCalls().slice(before)).toEqual([
+      ['snapshot', '-r', `${ds}@pre-v2v`],
+      ['list', '-H', '-o', 'name', '-t', 'volume', '-r', ds],
+      ['rollback', '-r', `${ds}/disk0@pre-v2v`],
+      ['rollback', '-r', `${ds}/disk1@pre-v2v`],
+      ['destroy', '-r', `${ds}@pre-v2v`],
+    ])
+    const err = await sink().snapshot('job-fail').take().catch((e) => e)
+    expect(err).toBeInstanceOf(MigError)
+    expect(err.code).toBe('E_MIG_DISK_WRITE_FAILED')
+    expect(err.message).toContain('out of space')
   })
 
   test('pool and appliance names that could be options are refused', () => {

@@ -91,6 +91,8 @@ export interface Job {
   progress: Progress
   last_error: LastError | null
   restore_point: RestorePointRecord | null
+  /** The libvirt domain defined for the job (set in `Starting`), null before. */
+  domain: string | null
   created_at: string
   updated_at: string
   started_at: string | null

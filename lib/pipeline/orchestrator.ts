@@ -170,8 +170,8 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     if (signal.aborted) throw cancelled()
     if (!reached('Starting')) await setState('Starting')
-    await deps.start(job, manifest, volumes, signal)
-    await setState('Completed', { finished_at: iso(), last_error: notice, progress: tracker.snapshot() })
+    const domain = await deps.start(job, manifest, volumes, signal)
+    await setState('Completed', { domain, finished_at: iso(), last_error: notice, progress: tracker.snapshot() })
     return job
   } catch (e) {
     const err = signal.aborted ? cancelled() : asMigError(e, 'E_MIG_INTERNAL', 'job')
@@ -183,7 +183,9 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
       }
       await setState('Cancelled', { finished_at: iso(), last_error: { code: 'E_MIG_CANCELLED', message: 'cancelled by operator', fatal: true } })
     } else {
-      await setState('Failed', { finished_at: iso(), last_error: { code: err.code, message: err.message, fatal: true } })
+      // A domain left defined by a failed start (or boot check) is named on the job for the operator.
+      const domain = typeof err.details?.domain === 'string' ? err.details.domain : undefined
+      await setState('Failed', { domain, finished_at: iso(), last_error: { code: err.code, message: err.message, fatal: true } })
     }
     return job
   } finally {

@@ -19,6 +19,7 @@ function toJob(r: Selectable<JobsTable>): Job {
     progress: JSON.parse(r.progress) as Progress,
     last_error: r.last_error === null ? null : (JSON.parse(r.last_error) as LastError),
     restore_point: r.restore_point === null ? null : (JSON.parse(r.restore_point) as RestorePointRecord),
+    domain: r.domain,
     created_at: r.created_at,
     updated_at: r.updated_at,
     started_at: r.started_at,
@@ -35,6 +36,7 @@ export interface JobPatch {
   started_at?: string | null
   finished_at?: string | null
   restore_point?: RestorePointRecord | null
+  domain?: string | null
 }
 
 const ACTIVE = ['queued', 'running'] as const
@@ -63,6 +65,7 @@ export class JobsRepo {
       started_at: null,
       finished_at: null,
       restore_point: null,
+      domain: null,
     }
     return persist('create job', async () => {
       await this.db.insertInto('jobs').values(row).execute()
@@ -92,6 +95,7 @@ export class JobsRepo {
       if (patch.effective_mode !== undefined) set.effective_mode = patch.effective_mode
       if (patch.started_at !== undefined) set.started_at = patch.started_at
       if (patch.finished_at !== undefined) set.finished_at = patch.finished_at
+      if (patch.domain !== undefined) set.domain = patch.domain
       if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
       await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
       return this.get(id)

@@ -75,6 +75,11 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('jobs').addColumn('restore_point', 'text').execute()
     },
   },
+  '0003_job_domain': {
+    async up(db: Kysely<any>) {
+      await db.schema.alterTable('jobs').addColumn('domain', 'text').execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

@@ -48,6 +48,8 @@ export interface JobsTable {
   finished_at: string | null
   /** JSON `RestorePointRecord` when the plan asked for a restore point (migration 0002). */
   restore_point: string | null
+  /** Name of the libvirt domain the job defined (migration 0003). */
+  domain: string | null
 }
 
 /** Job events kept for SSE replay; `seq` is the SSE event id. */

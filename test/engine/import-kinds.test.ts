@@ -105,6 +105,7 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
 
       // The domain runs and printed the marker.
       const name = `${PREFIX}${kind.replace('_', '-')}`
+      expect(done.domain).toBe(name)
       expect(domstate(name)).toBe('running')
       expect(readFileSync(path.join(t.dir, 'logs', `${job.id}.serial.log`), 'utf8')).toContain(MARKER)
       execFileSync('virsh', ['-c', 'qemu:///system', 'destroy', name], { stdio: 'ignore' })
@@ -138,6 +139,7 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
     const done = await waitJob(srv.base, job.id)
     expect([done.state, done.last_error.code, done.last_error.fatal]).toEqual(['Failed', 'E_MIG_GUEST_BOOT_FAILED', true])
     expect(done.last_error.message).toContain(MARKER)
+    expect(done.domain).toBe(`${PREFIX}nonboot`)
     expect(domstate(`${PREFIX}nonboot`)).toBe('shut off')
   }, 120_000)
 
@@ -150,6 +152,7 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
     expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DOMAIN_DEFINE_FAILED'])
     expect(done.last_error.message).toContain('Maximum CPUs greater than specified machine type limit')
     expect(domstate(`${PREFIX}bigcpu`)).toBe('absent')
+    expect(done.domain).toBeNull()
   }, 120_000)
 
   test('the upload path: a local OVA uploaded, then imported from the upload id', async () => {

@@ -1,6 +1,7 @@
 /**
  * `qemu-img info` as a bounded subprocess: the fallback probe of DESIGN.md section 5 and the
- * source of `allocated_bytes` (qemu's `actual-size`) for single-disk importers.
+ * source of `allocated_bytes` (qemu's `actual-size`) for single-disk importers; and
+ * `qemu-img check`, run before a copy to refuse truncated or damaged images.
  *
  * Follows qemu's `qemu-img info --output=json` schema (QAPI `ImageInfo`: `virtual-size`,
  * `actual-size`, `backing-filename`, `backing-filename-format`, `cluster-size`, `dirty-flag`,
@@ -121,7 +122,7 @@ interface RunResult {
 }
 
 /** Runs `bin args` with a time limit and output caps; rejects with E_MIG_* codes. */
-function runBounded(bin: string, args: string[], label: string, timeoutMs: number): Promise<RunResult> {
+function runBounded(bin: string, args: string[], label: string, timeoutMs: number, what = 'qemu-img info'): Promise<RunResult> {
   return new Promise((resolve, reject) => {
     let settled = false
     const out: Buffer[] = []
@@ -137,13 +138,13 @@ function runBounded(bin: string, args: string[], label: string, timeoutMs: numbe
     }
     const timer = setTimeout(() => {
       child.kill('SIGKILL')
-      finish(() => reject(new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info did not finish within ${timeoutMs} ms`)))
+      finish(() => reject(new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${what} did not finish within ${timeoutMs} ms`)))
     }, timeoutMs)
     child.stdout!.on('data', (b: Buffer) => {
       outLen += b.length
       if (outLen > QEMU_INFO_STDOUT_CAP) {
         child.kill('SIGKILL')
-        finish(() => reject(new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info printed more than ${QEMU_INFO_STDOUT_CAP} bytes`)))
+        finish(() => reject(new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${what} printed more than ${QEMU_INFO_STDOUT_CAP} bytes`)))
         return
       }
       out.push(b)
@@ -201,4 +202,48 @@ export async function qemuImgInfo(path: string, opts: QemuImgInfoOptions = {}): 
   const info = toInfo(parsed)
   if (!info) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info printed no format or virtual-size`)
   return info
+}
+
+/** Formats whose `qemu-img check` finds data beyond the end of a truncated file (qemu 7.2; its VDI check does not). */
+export const CHECKABLE_FORMATS: readonly DiskFormat[] = ['qcow2', 'vhdx']
+
+/**
+ * What `qemu-img check` found (QAPI `ImageCheck`): `corruptions` (e.g. data clusters beyond the
+ * end of the file), `leaks` (harmless unreferenced clusters), `check_errors` (metadata it could
+ * not read), `image_end_offset` (bytes, when reported). `checked` is false when the driver has no
+ * check (exit status 63).
+ */
+export interface QemuImgCheck {
+  checked: boolean
+  corruptions: number
+  leaks: number
+  check_errors: number
+  image_end_offset: number | null
+}
+
+/**
+ * Runs `qemu-img check --output=json -U -f <format> <path>`: reads only metadata (L1/L2 tables,
+ * refcounts, BAT), so it is fast whatever the disk size. qemu reads data clusters that lie beyond
+ * the end of a truncated file as zeros without any error (and so does `qemu-img convert`), so a
+ * copy must run this first to notice the missing data.
+ * Exit status (qemu-img(1)): 0 clean, 2 corruptions, 3 leaks only, 63 no check for the format,
+ * 1 the check could not complete.
+ * @throws E_MIG_DISK_READ_FAILED the check could not complete (qemu's first error line).
+ * @throws E_MIG_MALFORMED_ARCHIVE time limit (default 10 min), oversized or unparsable output.
+ * @throws E_MIG_INTERNAL `qemu-img` is not installed.
+ */
+export async function qemuImgCheck(path: string, format: DiskFormat, opts: { timeoutMs?: number; qemuImg?: string } = {}): Promise<QemuImgCheck> {
+  const res = await runBounded(opts.qemuImg ?? 'qemu-img', ['check', '--output=json', '-U', '-f', format, path], path, opts.timeoutMs ?? 600_000, 'qemu-img check')
+  if (res.code === 63) return { checked: false, corruptions: 0, leaks: 0, check_errors: 0, image_end_offset: null }
+  if (res.code !== 0 && res.code !== 2 && res.code !== 3) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: qemu-img check could not complete: ${firstErrorLine(res.stderr)}`)
+  }
+  let r: Record<string, unknown>
+  try {
+    r = JSON.parse(res.stdout) as Record<string, unknown>
+  } catch {
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${path}: qemu-img check printed invalid JSON`)
+  }
+  const n = (k: string) => (typeof r[k] === 'number' && Number.isSafeInteger(r[k]) ? (r[k] as number) : 0)
+  return { checked: true, corruptions: n('corruptions'), leaks: n('leaks'), check_errors: n('check-errors'), image_end_offset: typeof r['image-end-offset'] === 'number' ? (r['image-end-offset'] as number) : null }
 }

@@ -86,6 +86,11 @@ export function parseVdiHeader(buf: Buffer, fileSize: number, file: string): Vdi
   if (blocks_allocated > blocks) throw malformed(file, `${blocks_allocated} allocated blocks of ${blocks}`)
   if (offBlocks < HEADER_END || offBlocks + blocks * 4 > fileSize) throw malformed(file, `block map at offset ${offBlocks} (${blocks} entries) lies outside the file of ${fileSize} bytes`)
   if (offData < offBlocks || offData > fileSize) throw malformed(file, `data offset ${offData} invalid`)
+  // Allocated blocks are stored back to back from the data offset (each with its extra bytes,
+  // 0x17C); a shorter file is truncated, and qemu would read the missing blocks as zeros.
+  const extra = buf.readUInt32LE(0x17c)
+  const needed = offData + blocks_allocated * (block_size + extra)
+  if (needed > fileSize) throw malformed(file, `truncated: ${blocks_allocated} allocated blocks need ${needed} bytes, the file has ${fileSize}`)
   const uuid = uuidAt(buf, 0x188)
   const link = uuidAt(buf, 0x1a8)
   const parent_uuid = link === NIL ? null : link

@@ -141,6 +141,19 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     }
   }, 120_000)
 
+  test('a truncated source (a qcow2 cut short, which qemu would read as zeros) fails the job with E_MIG_DISK_READ_FAILED naming the disk', async () => {
+    const cut = path.join(importRoot, 'cut', 'cut.qcow2')
+    mkdirSync(path.dirname(cut), { recursive: true })
+    copyFileSync(path.join(importRoot, 'big', 'big.qcow2'), cut)
+    execFileSync('truncate', ['-s', String(64 * MiB), cut])
+    const job = await submit(srv.base, offlinePlan('qcow2', 'cut/cut.qcow2', { name: `${PREFIX}cut`, start: false }))
+    const done = await waitJob(srv.base, job.id)
+    expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DISK_READ_FAILED'])
+    expect(done.last_error.message).toContain('cut.qcow2')
+    expect(done.last_error.message).toMatch(/qemu-img check found \d+ corruptions .*truncated/)
+    expect(done.progress.bytes_done).toBe(0)
+  }, 120_000)
+
   test('kill -9 of the server: a new server resumes the job once its lease expired, from its watermark, bit-exact', async () => {
     const d = path.join(t.dir, 'srvkill')
     mkdirSync(d, { recursive: true })

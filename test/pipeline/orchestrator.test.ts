@@ -277,7 +277,7 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     const ok = await setup(src, 'Cold', { takeRestorePoint: async (j: Job) => ((volumesAtBackup = existsSync(ok.sink.jobDir(j.id))), point) }, plan)
     const job = await runJob(ok.deps)
     expect([job.state, job.restore_point]).toEqual(['Completed', point])
-    expect(volumesAtBackup).toBe(false)
+    expect(volumesAtBackup as boolean | null).toBe(false)
 
     const bad = await setup(new ScriptedLiveSource([randomBytes(MiB)], { warm: true, cbt: true }), 'Cold', {
       takeRestorePoint: async () => {

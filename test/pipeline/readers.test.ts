@@ -150,6 +150,27 @@ describe('qemu formats through qemu-nbd', () => {
   })
 })
 
+describe('damaged images are refused before any copy (qemu-img check)', () => {
+  for (const fmt of ['qcow2', 'vdi', 'vhdx'] as const) {
+    test(`${fmt} cut short: E_MIG_DISK_READ_FAILED instead of zeros where the data was`, async () => {
+      const img = path.join(tmp.dir, `cut.${fmt}`)
+      execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', fmt, RAW, img])
+      execFileSync('truncate', ['-s', String(Math.floor(statSync(img).size / 3)), img])
+      const err = await codeOf(openDiskReader(disk(fmt, { path: img })))
+      expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+      expect(err.message).toContain(img)
+    })
+  }
+
+  test('an intact qcow2 passes the check and opens', async () => {
+    const img = path.join(tmp.dir, 'intact.qcow2')
+    execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', RAW, img])
+    const r = await openDiskReader(disk('qcow2', { path: img }))
+    expect(r.size).toBe(SIZE)
+    await r.close()
+  })
+})
+
 describe('raw and XVA readers', () => {
   test('a raw image inside a tar is read by positioned reads at its member offset', async () => {
     const dir = path.join(tmp.dir, 'rawtar')

@@ -11,7 +11,9 @@
  *   driver's offset/size for a tar member, with the manifest's validated `backing_chain`.
  */
 import { MigError } from '../../errors.ts'
-import type { ManifestDisk } from '../../manifest.ts'
+import type { DiskFormat, ManifestDisk } from '../../manifest.ts'
+import { CHECKABLE_FORMATS, qemuImgCheck } from '../../formats/qemu-info.ts'
+import { readVdiInfo } from '../../formats/vdi.ts'
 import { openNbdReader } from './nbd.ts'
 import { openRawFileReader } from './raw-file.ts'
 import type { DiskReader } from './types.ts'
@@ -52,6 +54,7 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     if ((src.offset === undefined) !== (src.length === undefined)) {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: a member range needs both offset and length`)
     }
+    if (src.offset === undefined) await refuseDamaged(src.path, disk.disk_format, label)
     reader = await openNbdReader({
       path: src.path,
       format: disk.disk_format,
@@ -68,4 +71,25 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: the image holds ${reader.size} bytes, more than the manifest's capacity of ${disk.capacity_bytes} bytes`)
   }
   return reader
+}
+
+/**
+ * `qemu-img check` of a whole-file image of a checkable format (qcow2, VHDX; VDI by its header): corruptions or
+ * unreadable metadata are `E_MIG_DISK_READ_FAILED`, because qemu would read the missing clusters
+ * of a truncated image as zeros and the copy would silently lose data. Leaks are harmless.
+ */
+async function refuseDamaged(path: string, format: DiskFormat, label: string): Promise<void> {
+  if (format === 'vdi') {
+    // qemu's VDI check does not look at the file size; the header reader does.
+    await readVdiInfo(path).catch((e: unknown) => {
+      throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${(e as Error).message}; refusing to copy it`, { cause: e })
+    })
+    return
+  }
+  if (!CHECKABLE_FORMATS.includes(format)) return
+  const c = await qemuImgCheck(path, format)
+  if (c.corruptions > 0 || c.check_errors > 0) {
+    const end = c.image_end_offset !== null ? ` (its metadata ends at byte ${c.image_end_offset})` : ''
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: qemu-img check found ${c.corruptions} corruptions and ${c.check_errors} unreadable metadata blocks${end}: the image is truncated or damaged, and its missing data would read as zeros; refusing to copy it`, { details: { corruptions: c.corruptions, check_errors: c.check_errors } })
+  }
 }

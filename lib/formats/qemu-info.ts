@@ -204,8 +204,8 @@ export async function qemuImgInfo(path: string, opts: QemuImgInfoOptions = {}): 
   return info
 }
 
-/** Formats whose `qemu-img check` finds data beyond the end of a truncated file (qemu 7.2; its VDI check does not). */
-export const CHECKABLE_FORMATS: readonly DiskFormat[] = ['qcow2', 'vhdx']
+/** Formats whose `qemu-img check` finds data beyond the end of a truncated file (qemu 7.2: qcow2, VHDX, VMDK sparse; its VDI check does not). */
+export const CHECKABLE_FORMATS: readonly DiskFormat[] = ['qcow2', 'vhdx', 'vmdk']
 
 /**
  * What `qemu-img check` found (QAPI `ImageCheck`): `corruptions` (e.g. data clusters beyond the

@@ -151,7 +151,7 @@ describe('qemu formats through qemu-nbd', () => {
 })
 
 describe('damaged images are refused before any copy (qemu-img check)', () => {
-  for (const fmt of ['qcow2', 'vdi', 'vhdx'] as const) {
+  for (const fmt of ['qcow2', 'vdi', 'vhdx', 'vmdk'] as const) {
     test(`${fmt} cut short: E_MIG_DISK_READ_FAILED instead of zeros where the data was`, async () => {
       const img = path.join(tmp.dir, `cut.${fmt}`)
       execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', fmt, RAW, img])

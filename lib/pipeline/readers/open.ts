@@ -74,7 +74,7 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
 }
 
 /**
- * `qemu-img check` of a whole-file image of a checkable format (qcow2, VHDX; VDI by its header): corruptions or
+ * `qemu-img check` of a whole-file image of a checkable format (qcow2, VHDX, VMDK; VDI by its header): corruptions or
  * unreadable metadata are `E_MIG_DISK_READ_FAILED`, because qemu would read the missing clusters
  * of a truncated image as zeros and the copy would silently lose data. Leaks are harmless.
  */

@@ -18,7 +18,7 @@
 import { execFileSync } from 'node:child_process'
 import { readFileSync, rmSync, statSync } from 'node:fs'
 import * as path from 'node:path'
-import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/helpers/jobs.ts'
+import { offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../test/helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
 import { startServer } from '../test/helpers/server.ts'
 import { tempDir } from '../test/helpers/tmp.ts'
@@ -32,14 +32,6 @@ const fmt = (n: number) => n.toLocaleString('en-US')
 const sha256 = (file: string) => execFileSync('sha256sum', [file], { encoding: 'utf8' }).split(' ')[0]
 const allocated = (file: string) => statSync(file).blocks * 512
 
-function workerPid(jobId: string): number | null {
-  try {
-    const out = execFileSync('pgrep', ['-f', `worker\\.(ts|js) ${jobId}`], { encoding: 'utf8' }).trim()
-    return out ? Number(out.split('\n')[0]) : null
-  } catch {
-    return null
-  }
-}
 
 function vmHwm(pid: number): number {
   try {

@@ -8,9 +8,10 @@
  * backing file name or the end of the first cluster. Only the header cluster is read, with
  * positioned reads; every declared offset and size is checked against the file before use.
  */
-import { open, realpath, stat, type FileHandle } from 'node:fs/promises'
+import { realpath, stat } from 'node:fs/promises'
 import * as nodePath from 'node:path'
 import { MigError } from '../errors.ts'
+import { malformed, openRead, readAt } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { InspectContext } from '../importers/types.ts'
 
@@ -73,34 +74,6 @@ export interface Qcow2Header {
   extended_l2: boolean
   compression_type: 'zlib' | 'zstd'
   file_size: number
-}
-
-function malformed(file: string, reason: string): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${file}: ${reason}`)
-}
-
-async function openRead(file: string): Promise<FileHandle> {
-  try {
-    return await open(file, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
-}
-
-/** Reads up to `len` bytes at `pos` (short at EOF). */
-async function readAt(fh: FileHandle, file: string, len: number, pos: number): Promise<Buffer> {
-  const buf = Buffer.alloc(len)
-  let got = 0
-  try {
-    while (got < len) {
-      const { bytesRead } = await fh.read(buf, got, len - got, pos + got)
-      if (bytesRead === 0) break
-      got += bytesRead
-    }
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
-  }
-  return got === len ? buf : buf.subarray(0, got)
 }
 
 /** Big-endian u64 as a number; null when it exceeds 2^53 - 1. */

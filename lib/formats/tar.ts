@@ -13,9 +13,9 @@
  * declared size is checked against the file, nothing is allocated from a declared size without a
  * cap.
  */
-import { open, type FileHandle } from 'node:fs/promises'
 import { createHash } from 'node:crypto'
 import { MigError } from '../errors.ts'
+import { malformed, openRead, readAt } from './io.ts'
 
 /** Size of a tar block (header or data padding unit), bytes. */
 export const TAR_BLOCK = 512
@@ -44,35 +44,6 @@ export interface TarMember {
 
 /** Hash algorithms of the OVF `.mf` manifest (DSP0243 5.3: SHA1, SHA256, SHA512). */
 export type HashAlgorithm = 'sha1' | 'sha256' | 'sha512'
-
-function malformed(archive: string, reason: string, details?: Record<string, unknown>): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${archive}: ${reason}`, details ? { details } : {})
-}
-
-/** Opens `path` read-only; an unreadable file is `E_MIG_DISK_READ_FAILED`. */
-async function openRead(path: string): Promise<FileHandle> {
-  try {
-    return await open(path, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
-}
-
-/** Reads exactly up to `len` bytes at `pos`; returns the bytes actually read (short at EOF). */
-async function preadAt(fh: FileHandle, path: string, len: number, pos: number): Promise<Buffer> {
-  const buf = Buffer.alloc(len)
-  let got = 0
-  try {
-    while (got < len) {
-      const { bytesRead } = await fh.read(buf, got, len - got, pos + got)
-      if (bytesRead === 0) break
-      got += bytesRead
-    }
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
-  }
-  return got === len ? buf : buf.subarray(0, got)
-}
 
 /** Magic of compressed streams a tar may be wrapped in, for a precise `E_MIG_UNSUPPORTED_FORMAT`. */
 export function sniffCompression(head: Uint8Array): 'gzip' | 'bzip2' | 'xz' | 'zstd' | 'zip' | null {
@@ -209,7 +180,7 @@ export async function listTarMembers(path: string, opts: { offset?: number; maxM
     const first = pos
 
     while (pos < fileSize) {
-      const h = await preadAt(fh, path, TAR_BLOCK, pos)
+      const h = await readAt(fh, path, TAR_BLOCK, pos)
       if (h.length < TAR_BLOCK) {
         if (isZeroBlock(h)) break // zero padding cut short: still the end
         throw malformed(path, `header at offset ${pos} cut short by end of file (${h.length} of 512 bytes)`, { offset: pos })
@@ -247,7 +218,7 @@ export async function listTarMembers(path: string, opts: { offset?: number; maxM
         const what = typeflag === 'L' ? 'GNU long name' : typeflag === 'K' ? 'GNU long link name' : 'PAX header'
         if (rawSize > MAX_META_RECORD) throw malformed(path, `${what} at offset ${pos} declares ${rawSize} bytes (limit ${MAX_META_RECORD})`, { offset: pos })
         if (dataOffset + rawSize > fileSize) throw malformed(path, `truncated member ${what}: declares ${rawSize} bytes, archive holds ${Math.max(0, fileSize - dataOffset)}`)
-        const data = await preadAt(fh, path, rawSize, dataOffset)
+        const data = await readAt(fh, path, rawSize, dataOffset)
         if (typeflag === 'L') longName = cstr(data, 0, data.length)
         else if (typeflag === 'K') longLink = cstr(data, 0, data.length)
         else {
@@ -309,7 +280,7 @@ export async function readTarMember(path: string, member: TarMember, maxBytes: n
   if (member.size > maxBytes) throw malformed(path, `member ${member.name} is ${member.size} bytes, larger than the ${maxBytes}-byte limit`, { member: member.name })
   const fh = await openRead(path)
   try {
-    const buf = await preadAt(fh, path, member.size, member.offset)
+    const buf = await readAt(fh, path, member.size, member.offset)
     if (buf.length < member.size) throw malformed(path, `truncated member ${member.name}: declares ${member.size} bytes, archive holds ${buf.length}`, { member: member.name })
     return buf
   } finally {

@@ -20,6 +20,7 @@ import { XMLParser, XMLValidator } from 'fast-xml-parser'
 import { stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
+import { malformed } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import { guestFamilyOf, sanitizeLabel, type ControllerBus, type DiskFormat, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 import { qemuImgInfo } from './qemu-info.ts'
@@ -51,10 +52,6 @@ export interface XmlNode {
 const UNSAFE_NAMES = new Set(['__proto__', 'constructor', 'prototype'])
 const UNSAFE_MARK = '#unsafe:'
 const PREDEFINED_ENTITIES = new Map([['amp', '&'], ['lt', '<'], ['gt', '>'], ['quot', '"'], ['apos', "'"]])
-
-function malformed(label: string, reason: string, details?: Record<string, unknown>): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${reason}`, details ? { details } : {})
-}
 
 /** Decodes the five predefined entities and character references; anything else is an error. */
 function decodeXmlText(s: string, label: string): string {

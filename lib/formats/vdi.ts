@@ -9,8 +9,8 @@
  * blocks in image, blocks allocated, and four UUIDs (image, last modification, parent link,
  * parent modification; RTUUID, i.e. Microsoft mixed-endian layout).
  */
-import { open, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
+import { malformed, openRead } from './io.ts'
 
 /** The VDI signature at offset 0x40. */
 export const VDI_SIGNATURE = 0xbeda107f
@@ -33,18 +33,6 @@ export interface VdiInfo {
   parent_uuid: string | null
   blocks: number
   blocks_allocated: number
-}
-
-function malformed(file: string, reason: string): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${file}: ${reason}`)
-}
-
-async function openRead(file: string): Promise<FileHandle> {
-  try {
-    return await open(file, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
 }
 
 /** An RTUUID (little-endian first three fields) as lower-case text. */

@@ -13,8 +13,8 @@
  * 0, used when the last sector is damaged. The guest-visible size follows qemu `block/vpc.c`:
  * CHS geometry for creators `vpc `, `qemu`, others the footer's current size.
  */
-import { open, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
+import { malformed, openRead, readAt } from './io.ts'
 
 /** Largest VHD virtual size accepted, bytes (the format's 2040 GiB limit, rounded up to 2 TiB). */
 export const VHD_MAX_VIRTUAL_SIZE = 2 * 2 ** 40
@@ -53,33 +53,6 @@ export interface VhdInfo {
   footer_offset: number
   unique_id: string
   parent_unique_id: string | null
-}
-
-function malformed(file: string, reason: string): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${file}: ${reason}`)
-}
-
-async function openRead(file: string): Promise<FileHandle> {
-  try {
-    return await open(file, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
-}
-
-async function readAt(fh: FileHandle, file: string, len: number, pos: number): Promise<Buffer> {
-  const buf = Buffer.alloc(len)
-  let got = 0
-  try {
-    while (got < len) {
-      const { bytesRead } = await fh.read(buf, got, len - got, pos + got)
-      if (bytesRead === 0) break
-      got += bytesRead
-    }
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
-  }
-  return got === len ? buf : buf.subarray(0, got)
 }
 
 /** One's complement of the byte sum of `buf` with the 4-byte checksum at `at` skipped. */

@@ -10,8 +10,8 @@
  * Parent Locator with its UTF-16LE key/value entries). All integers are little-endian and GUIDs
  * use the Microsoft mixed-endian layout. Only the first 320 KiB and the metadata items are read.
  */
-import { open, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
+import { malformed, openRead, readAt } from './io.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
@@ -57,33 +57,6 @@ export interface VhdxInfo {
   data_write_guid: string
   needs_log_replay: boolean
   header_sequence: string
-}
-
-function malformed(file: string, reason: string): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${file}: ${reason}`)
-}
-
-async function openRead(file: string): Promise<FileHandle> {
-  try {
-    return await open(file, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
-}
-
-async function readAt(fh: FileHandle, file: string, len: number, pos: number): Promise<Buffer> {
-  const buf = Buffer.alloc(len)
-  let got = 0
-  try {
-    while (got < len) {
-      const { bytesRead } = await fh.read(buf, got, len - got, pos + got)
-      if (bytesRead === 0) break
-      got += bytesRead
-    }
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
-  }
-  return got === len ? buf : buf.subarray(0, got)
 }
 
 let CRC32C_TABLE: Uint32Array | null = null

@@ -33,6 +33,7 @@
  * that fails its checksum or points outside its table/file is `E_MIG_MALFORMED_ARCHIVE`.
  */
 import { MigError } from '../errors.ts'
+import { malformed } from './io.ts'
 
 /** Largest `.vmcx` accepted, bytes (4 MiB; real files are 30-200 KiB). */
 export const MAX_VMCX_BYTES = 4 * 1024 * 1024
@@ -108,10 +109,6 @@ function crcWithZeroedField(buf: Buffer, start: number, len: number, ckAt: numbe
   const copy = Buffer.from(buf.subarray(start, start + len))
   copy.fill(0, ckAt, ckAt + 4)
   return crc32(copy)
-}
-
-function malformed(label: string, reason: string): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${reason}`)
 }
 
 function hex(n: number): string {

@@ -12,6 +12,7 @@ import { open, stat } from 'node:fs/promises'
 import type { Stats } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
+import { malformed } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { ControllerBus, ManifestDisk } from '../manifest.ts'
 import type { InspectContext } from '../importers/types.ts'
@@ -205,10 +206,6 @@ export interface VmdkInfo {
 
 // ---------------------------------------------------------------------------------------------
 // Low-level reads
-
-function malformed(label: string, reason: string, details?: Record<string, unknown>): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${reason}`, details ? { details } : {})
-}
 
 function unsupported(label: string, reason: string): MigError {
   return new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: ${reason}`)

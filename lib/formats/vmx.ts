@@ -9,6 +9,7 @@
  * `uefi.secureBoot.enabled`, `guestOS`, `<bus>N[:M].*`, `ethernetN.*`, `encryption.*`).
  */
 import { MigError } from '../errors.ts'
+import { malformed } from './io.ts'
 import { guestFamilyOf, type ControllerBus, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 import { decodeText } from './vmdk.ts'
 
@@ -31,10 +32,6 @@ export interface VmxFile {
   label: string
   encoding: string | null
   values: Map<string, string>
-}
-
-function malformed(label: string, reason: string): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${reason}`)
 }
 
 /** Decodes VMware's `|XX` escapes (a byte in hex) in a value; a `|` not followed by two hex digits stays. */

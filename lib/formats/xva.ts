@@ -19,6 +19,7 @@
 import { createHash } from 'node:crypto'
 import { open } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
+import { malformed } from './io.ts'
 import type { TarMember } from './tar.ts'
 import { parseXmlDocument, xmlChild, xmlChildren, type XmlNode } from './vbox.ts'
 
@@ -37,10 +38,6 @@ const MAX_RPC_ITEMS = 1_000_000
 export type XmlRpcValue = string | number | boolean | null | XmlRpcValue[] | XmlRpcStruct
 /** An XML-RPC `struct`: a null-prototype-safe map of member names to values. */
 export interface XmlRpcStruct extends Map<string, XmlRpcValue> {}
-
-function malformed(label: string, reason: string, details?: Record<string, unknown>): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${reason}`, details ? { details } : {})
-}
 
 /**
  * Decodes one XML-RPC `<value>` element (XML-RPC spec: `i4`/`int`/`i8`, `boolean`, `string`,

@@ -13,7 +13,7 @@ import { chmodSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, 
 import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
-import { call, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { call, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -31,15 +31,6 @@ function randomImage(file: string, size: number, dataBytes: number): string {
   return file
 }
 
-/** The pid of the worker running `jobId` (its command line carries the job id). */
-function workerPid(jobId: string): number | null {
-  try {
-    const out = execFileSync('pgrep', ['-f', `worker\\.(ts|js) ${jobId}`], { encoding: 'utf8' }).trim()
-    return out ? Number(out.split('\n')[0]) : null
-  } catch {
-    return null
-  }
-}
 
 describe('engine faults (real server, worker processes, file sink)', () => {
   const t = tempDir('mig-faults-')

@@ -2,6 +2,7 @@
  * Helpers for tests that drive jobs through the HTTP API: JSON calls, submitting a plan, waiting
  * for a state, reading the SSE stream, and measuring destination images.
  */
+import { execFileSync } from 'node:child_process'
 import { closeSync, openSync, readSync, statSync } from 'node:fs'
 import * as path from 'node:path'
 import { sanitizeLabel } from '../../lib/manifest.ts'
@@ -122,4 +123,14 @@ export function nonZeroBytes(file: string, block = 4096): number {
     closeSync(fd)
   }
   return total
+}
+
+/** The pid of the worker process running `jobId` (its command line carries the job id), or null. */
+export function workerPid(jobId: string): number | null {
+  try {
+    const out = execFileSync('pgrep', ['-f', `worker\\.(ts|js) ${jobId}`], { encoding: 'utf8' }).trim()
+    return out ? Number(out.split('\n')[0]) : null
+  } catch {
+    return null
+  }
 }

@@ -1,0 +1,39 @@
+/**
+ * Shared low-level helpers of the format readers: positioned reads of headers and descriptors
+ * (never whole disks) and the `E_MIG_MALFORMED_ARCHIVE` error every reader raises for bad input.
+ */
+import { open, type FileHandle } from 'node:fs/promises'
+import { MigError, type ErrorDetails } from '../errors.ts'
+
+/** `MigError('E_MIG_MALFORMED_ARCHIVE', '<file or member>: <reason>')`, with optional details. */
+export function malformed(label: string, reason: string, details?: ErrorDetails): MigError {
+  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${reason}`, details ? { details } : {})
+}
+
+/** Opens `path` read-only. Throws `E_MIG_DISK_READ_FAILED` when it cannot be opened. */
+export async function openRead(path: string): Promise<FileHandle> {
+  try {
+    return await open(path, 'r')
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: cannot open: ${(e as Error).message}`, { cause: e })
+  }
+}
+
+/**
+ * Reads up to `len` bytes at byte offset `pos` of `fh` (the file `path`); the result is shorter
+ * only at the end of the file. Throws `E_MIG_DISK_READ_FAILED` naming the file and offset.
+ */
+export async function readAt(fh: FileHandle, path: string, len: number, pos: number): Promise<Buffer> {
+  const buf = Buffer.alloc(len)
+  let got = 0
+  try {
+    while (got < len) {
+      const { bytesRead } = await fh.read(buf, got, len - got, pos + got)
+      if (bytesRead === 0) break
+      got += bytesRead
+    }
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
+  }
+  return got === len ? buf : buf.subarray(0, got)
+}

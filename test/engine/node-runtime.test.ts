@@ -1,0 +1,80 @@
+/**
+ * The same server under Node 20 (compiled with tsc, `npm run start:node`): its supervisor forks
+ * workers with Node, and a job runs end to end: an OVA with two disks imported into the file
+ * sink, bit-exact, the domain started on libvirt (TCG) with its marker on the serial console,
+ * and a cancel mid-copy that removes the destination.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { chmodSync, existsSync, mkdirSync, readFileSync } from 'node:fs'
+import * as path from 'node:path'
+import { makeBootDisk } from '../helpers/bootdisk.ts'
+import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
+import { call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { startServer, type RunningServer } from '../helpers/server.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const PREFIX = 'mignode-'
+const MARKER = 'MIGRATOR-NODE-BOOT-9043'
+const MiB = 1024 * 1024
+
+describe('jobs under the Node server and Node workers', () => {
+  const t = tempDir('mig-node-engine-')
+  const importRoot = path.join(t.dir, 'imports')
+  let srv: RunningServer
+
+  beforeAll(async () => {
+    chmodSync(t.dir, 0o755)
+    mkdirSync(importRoot, { recursive: true })
+    await ensureLibvirt()
+    await cleanupDomains(PREFIX)
+    srv = await startServer('node', t.dir, {
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+      MIGRATOR_BOOT_GRACE_SECONDS: '1',
+      MIGRATOR_BOOT_TIMEOUT_SECONDS: '20',
+      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+    })
+  }, 120_000)
+
+  afterAll(async () => {
+    await srv?.stop()
+    await cleanupDomains(PREFIX)
+    await stopLibvirt()
+    t.cleanup()
+  })
+
+  test('an OVA with two disks: Completed, images bit-exact, the domain runs and printed its marker; the worker was Node', async () => {
+    const boot = makeBootDisk(path.join(t.dir, 'boot.raw'), MARKER, 16 * MiB).path
+    const data = makeRawImage(path.join(t.dir, 'data.raw'), 12 * MiB, 5)
+    buildInput('ova_archive', importRoot, 'vm', [boot, data])
+    const job = await submit(srv.base, offlinePlan('ova_archive', 'vm.ova', { name: `${PREFIX}ova` }))
+    let sawNode = false
+    const done = await waitJob(srv.base, job.id, (j) => {
+      const pid = workerPid(job.id)
+      if (pid) sawNode ||= readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('worker.js')
+      return ['completed', 'failed', 'cancelled'].includes(j.status)
+    })
+    expect([done.state, done.last_error, done.domain]).toEqual(['Completed', null, `${PREFIX}ova`])
+    expect(sawNode).toBe(true)
+    expect(fileSha256(volumePath(t.dir, job.id, done.progress.disks[0].label))).toBe(fileSha256(boot))
+    expect(fileSha256(volumePath(t.dir, job.id, done.progress.disks[1].label))).toBe(fileSha256(data))
+    expect(readFileSync(path.join(t.dir, 'logs', `${job.id}.serial.log`), 'utf8')).toContain(MARKER)
+  }, 120_000)
+
+  test('cancel mid-copy under Node: Cancelled, destination removed, no worker left', async () => {
+    const big = makeRawImage(path.join(t.dir, 'big.raw'), 256 * MiB, 9)
+    buildInput('qcow2', importRoot, 'slow', [big])
+    const s2 = await startServer('node', path.join(t.dir, 'second'), { MIGRATOR_IMPORT_ROOT: importRoot, MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(MiB) })
+    try {
+      const job = await submit(s2.base, offlinePlan('qcow2', 'slow/slow.qcow2', { name: `${PREFIX}cancel`, start: false }))
+      await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' && j.progress.bytes_done > 0, 60_000)
+      expect((await call(s2.base, 'POST', `/migrations/${job.id}/cancel`)).status).toBe(202)
+      const done = await waitJob(s2.base, job.id)
+      expect([done.state, done.last_error.code]).toEqual(['Cancelled', 'E_MIG_CANCELLED'])
+      expect(existsSync(path.join(t.dir, 'second', 'volumes', 'migrations', job.id))).toBe(false)
+      expect(workerPid(job.id)).toBeNull()
+    } finally {
+      await s2.stop()
+    }
+  }, 120_000)
+})

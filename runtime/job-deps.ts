@@ -36,9 +36,12 @@ export interface JobDepsInput {
   signal: AbortSignal
 }
 
-/** The destination sink the configuration names. */
-export function sinkFromConfig(config: Config): Sink {
-  return config.sink === 'zvol' ? new ZvolSink({ pool: config.zfsPool, appliance: config.appliance }) : new FileSink({ dataDir: config.dataDir })
+/**
+ * The destination sink the configuration names; for the zvol sink, `pool` (the plan's
+ * `destination.pool`) overrides `MIGRATOR_ZFS_POOL`. The file sink has no pool and ignores it.
+ */
+export function sinkFromConfig(config: Config, pool?: string): Sink {
+  return config.sink === 'zvol' ? new ZvolSink({ pool: pool ?? config.zfsPool, appliance: config.appliance }) : new FileSink({ dataDir: config.dataDir })
 }
 
 /** The backup API client of the configuration, or null when `MIGRATOR_BACKUP_URL` is unset. */
@@ -53,10 +56,14 @@ export function backupClientFromConfig(config: Config): BackupClient | null {
   })
 }
 
-/** Everything of `OrchestratorDeps` but the IPC callbacks (`onJob`, `onProgress`). */
-export function buildJobDeps(input: JobDepsInput): Omit<OrchestratorDeps, 'onJob' | 'onProgress'> {
+/**
+ * Everything of `OrchestratorDeps` but the IPC callbacks (`onJob`, `onProgress`), for job
+ * `input.jobId` (read to pick its destination pool). Throws `E_MIG_NOT_FOUND` for an unknown job,
+ * `E_MIG_PERSIST_FAILED` when the store fails.
+ */
+export async function buildJobDeps(input: JobDepsInput): Promise<Omit<OrchestratorDeps, 'onJob' | 'onProgress'>> {
   const { config, paths, store, sealer, logger, jobId, signal } = input
-  const sink = sinkFromConfig(config)
+  const sink = sinkFromConfig(config, (await store.jobs.get(jobId)).plan.destination?.pool)
   const virsh = new Virsh({ uri: config.libvirtUri })
   const backup = backupClientFromConfig(config)
   const now = () => new Date()

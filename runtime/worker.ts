@@ -46,7 +46,7 @@ async function main(): Promise<void> {
     if (!controller.signal.aborted && (await store.jobs.cancelRequested(jobId).catch(() => false))) controller.abort()
   }, 1000)
 
-  const deps = buildJobDeps({ config, paths, store, sealer, logger, jobId, signal: controller.signal })
+  const deps = await buildJobDeps({ config, paths, store, sealer, logger, jobId, signal: controller.signal })
   const job = await runJob({
     ...deps,
     onJob: (j) => send({ type: 'job', job: j }),

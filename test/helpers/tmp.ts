@@ -1,13 +1,17 @@
 /**
  * Test scaffolding free of the app: temporary directories, corpus location, error capture.
  */
-import { mkdtempSync, rmSync } from 'node:fs'
+import { existsSync, mkdtempSync, realpathSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 
-/** The repository root and the shared corpus (used in place, never copied into the repo). */
+/**
+ * The repository root and the shared corpus (used in place, never copied into the repo). The
+ * corpus path is resolved through symlinks, as the importers resolve the paths they report.
+ */
 export const REPO = path.resolve(import.meta.dir, '../..')
-export const CORPUS = path.resolve(REPO, '../shared/corpus')
+const corpus = path.resolve(REPO, '../shared/corpus')
+export const CORPUS = existsSync(corpus) ? realpathSync(corpus) : corpus
 
 /** A fresh temporary directory; `cleanup()` removes it. */
 export function tempDir(prefix = 'mig-test-'): { dir: string; cleanup(): void } {

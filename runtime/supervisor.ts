@@ -149,7 +149,12 @@ export class Supervisor {
     this.running.set(id, entry)
     this.ctx.logger.info({ job: id, pid: child.pid, attempt: attempts }, 'worker started')
     child.on('message', (m: WorkerMessage) => void this.onMessage(id, entry, m))
-    child.once('exit', (code, signal) => void this.onExit(id, code, signal))
+    child.once('exit', (code, signal) => {
+      // A worker that died (SIGKILL, crash) cannot end its children: end its whole process group,
+      // so no qemu-nbd or V2V tool outlives it.
+      this.killGroup(child, 'SIGKILL')
+      void this.onExit(id, code, signal)
+    })
   }
 
   private async onMessage(id: string, entry: Running, m: WorkerMessage): Promise<void> {

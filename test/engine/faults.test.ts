@@ -22,6 +22,15 @@ const PREFIX = 'migflt-'
 const MiB = 1024 * 1024
 const SLOW = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(48 * MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(16 * MiB), MIGRATOR_DOMAIN_TYPE: 'qemu' }
 
+/** Pids of qemu-nbd processes serving an image under `dir`. */
+function qemuNbdServing(dir: string): number[] {
+  try {
+    return execFileSync('pgrep', ['-f', `qemu-nbd .*${dir}`], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
+  } catch {
+    return []
+  }
+}
+
 /** A raw image of `size` bytes, random data in its first `dataBytes`, then a hole. */
 function randomImage(file: string, size: number, dataBytes: number): string {
   const fd = openSync(file, 'w')
@@ -74,6 +83,8 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     const after = stream.events.slice(killedAt).filter((e) => e.data.id === job.id && e.event === 'progress')
     expect(after.length).toBeGreaterThan(0)
     expect(Math.min(...after.map((e) => e.data.progress.bytes_done))).toBeGreaterThanOrEqual(durable)
+    // The killed worker's qemu-nbd went with it (the supervisor ends the dead worker's process group).
+    expect(qemuNbdServing(path.join(importRoot, 'big'))).toEqual([])
   }, 120_000)
 
   test('cancel mid-copy: 202, the job ends Cancelled with E_MIG_CANCELLED and its destination files are gone', async () => {

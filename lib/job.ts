@@ -45,6 +45,12 @@ export interface DiskProgress {
   label: string
   capacity_bytes: number
   bytes_done: number
+  /** Bytes of this disk found zero and discarded instead of written (counted in `bytes_done`). */
+  bytes_zero: number
+  /** Bytes per second over the last 5 s, and seconds left at that rate (null when unknown). */
+  rate_bytes_per_s: number
+  eta_s: number | null
+  /** Bytes durably written (flushed) from the start of the disk: a resumed copy starts here. */
   watermark: number
 }
 

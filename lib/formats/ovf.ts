@@ -850,7 +850,9 @@ export interface OvfToManifestOptions {
  * - firmware: `vmw:Config firmware=efi`, else `vbox:Machine` Firmware, else BIOS; secure boot
  *   from `uefi.secureBoot.enabled` / `bootOptions.efiSecureBootEnabled`.
  *
- * @throws E_MIG_MALFORMED_ARCHIVE a disk file not resolved, bad quantities.
+ * @throws E_MIG_MALFORMED_ARCHIVE a disk file not resolved, bad quantities, an image whose header
+ *   virtual size (VMDK sparse/qcow2 header, or a raw file's size) exceeds its DiskSection capacity
+ *   (a smaller image is grown to the capacity, with a warning).
  */
 export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmManifest {
   const label = opts.label ?? 'OVF'
@@ -934,6 +936,13 @@ export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmM
     labels.add(lbl)
     const capacity = r.disk ? r.disk.capacity : resolved.capacity_bytes
     if (capacity === undefined) throw bad(label, `${lbl}: capacity unknown`)
+    if (r.disk && resolved.capacity_bytes !== undefined && resolved.capacity_bytes !== r.disk.capacity) {
+      // The destination volume is sized from the DiskSection: an image larger than that does not fit.
+      if (resolved.capacity_bytes > r.disk.capacity) {
+        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${lbl}: DiskSection ovf:capacity is ${r.disk.capacity} bytes but ${r.file.href} holds a ${resolved.capacity_bytes}-byte image: the data does not fit the declared capacity`, { details: { file: r.file.href, declared: r.disk.capacity, image: resolved.capacity_bytes } })
+      }
+      warnings.push(`${lbl}: ${r.file.href} is a ${resolved.capacity_bytes}-byte image; the disk is grown to the declared ovf:capacity of ${r.disk.capacity} bytes`)
+    }
     const d: ManifestDisk = {
       label: lbl,
       capacity_bytes: capacity,

@@ -270,6 +270,39 @@ export async function listTarMembers(path: string, opts: { offset?: number; maxM
 }
 
 /**
+ * Why a tar member name (or link target) is unsafe, or null when it is a plain relative path.
+ * Unsafe: empty, a NUL byte, an absolute path (`/x`, `C:/x`, `\x`), or a `..` segment anywhere
+ * (with `/` or `\` separators). Such names would land outside the extraction folder
+ * (CVE-2007-4559 class "tar slip"); the migrator never extracts, but an archive carrying them is
+ * hostile and is refused whole.
+ */
+export function unsafeMemberReason(name: string): string | null {
+  if (name === '' || name.includes('\0')) return 'empty name or NUL byte'
+  const n = name.replace(/\\/g, '/')
+  if (n.startsWith('/') || /^[A-Za-z]:/.test(n)) return 'absolute path'
+  if (n.split('/').some((seg) => seg === '..')) return '".." path segment'
+  return null
+}
+
+/**
+ * Refuses an archive any of whose members is named outside the archive root (see
+ * {@link unsafeMemberReason}); symlink and hard-link targets are checked the same way.
+ *
+ * @param label archive name for the message.
+ * @throws E_MIG_HOST_PATH_REJECTED naming the first such member and the reason (`details.member`).
+ */
+export function assertSafeMemberNames(members: readonly TarMember[], label: string): void {
+  for (const m of members) {
+    const why = unsafeMemberReason(m.name)
+    if (why) throw new MigError('E_MIG_HOST_PATH_REJECTED', `${label}: member ${JSON.stringify(m.name.slice(0, 200))} rejected: ${why} (outside the archive)`, { details: { member: m.name.slice(0, 200) } })
+    if (m.linkname !== undefined) {
+      const lw = unsafeMemberReason(m.linkname)
+      if (lw) throw new MigError('E_MIG_HOST_PATH_REJECTED', `${label}: ${m.type} member ${JSON.stringify(m.name.slice(0, 200))} points to ${JSON.stringify(m.linkname.slice(0, 200))}: ${lw} (outside the archive)`, { details: { member: m.name.slice(0, 200) } })
+    }
+  }
+}
+
+/**
  * Reads a member's data (for descriptors and manifests: `.ovf`, `.mf`, `ova.xml`).
  *
  * @param maxBytes refuse members larger than this many bytes (the caller's descriptor cap).

@@ -11,7 +11,7 @@ import * as posix from 'node:path/posix'
 import { createHash } from 'node:crypto'
 import { MigError } from '../errors.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
-import { hashRange, listTarMembers, readTarMember, sniffCompression, type TarMember } from '../formats/tar.ts'
+import { assertSafeMemberNames, hashRange, listTarMembers, readTarMember, sniffCompression, type TarMember } from '../formats/tar.ts'
 import {
   MAX_DESCRIPTOR_BYTES, capacityFromHeader, checkHref, chooseDiskFormat, decodeDescriptor, inflateHead, ovfDiskRefs, ovfToManifest,
   parseOvfEnvelope, pickHardwareSection, type OvfFile, type ResolvedOvfFile,
@@ -53,7 +53,9 @@ function memberKey(name: string): string {
  * Inspects an OVA.
  *
  * Steps: refuse compressed archives (`E_MIG_UNSUPPORTED_FORMAT` "gzip-compressed archive:
- * decompress it first"); list members ({@link listTarMembers}); exactly one `.ovf` (first member
+ * decompress it first"); list members ({@link listTarMembers}); refuse the archive when a member
+ * is named outside it (absolute, `..`: `E_MIG_HOST_PATH_REJECTED`, {@link assertSafeMemberNames});
+ * exactly one `.ovf` (first member
  * per DSP0243, accepted elsewhere with a warning); parse it; check each used File href
  * ({@link checkHref}: `..`, absolute, URL scheme -> `E_MIG_HOST_PATH_REJECTED`), resolved relative to
  * the descriptor's folder in the archive; the member must exist and hold at least `ovf:size`
@@ -75,6 +77,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   if (comp) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${arcName}: ${comp}-compressed archive: decompress it first`)
 
   const members = await listTarMembers(archive)
+  assertSafeMemberNames(members, arcName)
   const byName = new Map<string, TarMember>()
   for (const m of members) if (m.type === 'file') byName.set(memberKey(m.name), m) // later members win, as on extraction
   const ovfs = members.filter((m) => m.type === 'file' && /\.ovf$/i.test(m.name))

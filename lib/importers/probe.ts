@@ -12,7 +12,7 @@ import { MigError, isMigError } from '../errors.ts'
 import type { ImporterKind } from '../kinds.ts'
 import type { DiskFormat } from '../manifest.ts'
 import { qemuImgInfo } from '../formats/qemu-info.ts'
-import { listTarMembers, type TarMember } from '../formats/tar.ts'
+import { assertSafeMemberNames, listTarMembers, type TarMember } from '../formats/tar.ts'
 import type { InspectContext } from './types.ts'
 
 /**
@@ -194,7 +194,9 @@ async function tarMembers(file: string): Promise<TarMember[]> {
 }
 
 async function detectTar(file: string): Promise<ImporterKind> {
-  const members = (await tarMembers(file)).filter((m) => m.type !== 'directory')
+  const all = await tarMembers(file)
+  assertSafeMemberNames(all, nodePath.basename(file))
+  const members = all.filter((m) => m.type !== 'directory')
   const base = (n: string): string => n.replace(/^(\.\/)+/, '')
   if (members.length > 0 && base(members[0]!.name) === 'ova.xml') return 'xva_archive'
   if (members.some((m) => m.type === 'file' && ext(m.name) === '.ovf')) return 'ova_archive'
@@ -207,7 +209,7 @@ async function detectTar(file: string): Promise<ImporterKind> {
  *
  * Folder: `*.ovf` -> `ovf_folder`, `*.vmx` -> `vmx_folder`, `*.vbox` -> `vbox_folder`,
  * `Virtual Machines/*.vmcx` (a Hyper-V export) -> `vmcx_export` (in that precedence).
- * File: `.ovf`/`.vmx`/`.vbox` -> that folder kind; a tar whose first member is `ova.xml` ->
+ * File: `.ovf`/`.vmx`/`.vbox` -> that folder kind, `.vmcx` -> `vmcx_export`; a tar whose first member is `ova.xml` ->
  * `xva_archive`, a tar with an `.ovf` member -> `ova_archive`; qcow2 -> `qcow2`; VHDX or VHD ->
  * `vhdx`; VMDK sparse, COWD or descriptor -> `vmdk`.
  *
@@ -215,6 +217,7 @@ async function detectTar(file: string): Promise<ImporterKind> {
  *   decompress it first"), legacy qcow v1, lone VDI images, raw data, XML that is no descriptor,
  *   images, folders without a descriptor: the message names what was seen.
  * @throws E_MIG_MALFORMED_ARCHIVE a tar archive that cannot be walked.
+ * @throws E_MIG_HOST_PATH_REJECTED a tar member named outside the archive (absolute, `..`).
  * @throws E_MIG_DISK_READ_FAILED / E_MIG_NOT_FOUND the path cannot be read / does not exist.
  */
 export async function detectKind(path: string, ctx: InspectContext): Promise<ImporterKind> {
@@ -228,6 +231,8 @@ export async function detectKind(path: string, ctx: InspectContext): Promise<Imp
   if (!st.isFile()) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${path}: not a regular file or folder`)
   const e = ext(path)
   for (const [x, kind] of FOLDER_KINDS) if (e === x) return kind
+  // The Hyper-V configuration itself (the importer takes the .vmcx or its export folder).
+  if (e === '.vmcx') return 'vmcx_export'
   const p = await probeFile(path, { qemuImg: ctx.qemuImg })
   switch (p.format) {
     case 'qcow2':

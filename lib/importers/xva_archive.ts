@@ -13,7 +13,7 @@ import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import { guestFamilyOf, sanitizeLabel, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
-import { listTarMembers, readTarMember } from '../formats/tar.ts'
+import { assertSafeMemberNames, listTarMembers, readTarMember } from '../formats/tar.ts'
 import { MAX_OVA_XML_BYTES, parseOvaXml, verifyXvaBlocks } from '../formats/xva.ts'
 import type { Importer, InspectContext } from './types.ts'
 
@@ -31,6 +31,7 @@ const MAX_MEMBERS = 8_000_000
  * Throws `E_MIG_UNSUPPORTED_FORMAT` (a folder, a compressed archive, no `ova.xml`),
  * `E_MIG_MALFORMED_ARCHIVE` (not a tar, bad `ova.xml`, not XML-RPC, a bad block size or number,
  * a block whose SHA-1 differs from its `.checksum`: messages name the member),
+ * `E_MIG_HOST_PATH_REJECTED` (a member named outside the archive: absolute or `..`),
  * `E_MIG_DISK_READ_FAILED`.
  */
 async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManifest> {
@@ -40,6 +41,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   })
   if (!st.isFile()) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${archive}: an XVA is a single tar file (an unpacked XVA folder is not supported)`)
   const members = await listTarMembers(archive, { maxMembers: MAX_MEMBERS })
+  assertSafeMemberNames(members, path.basename(archive))
   const xmlIdx = members.findIndex((m) => m.name.replace(/^\.\//, '') === 'ova.xml' && m.type === 'file')
   if (xmlIdx < 0) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${archive}: not an XVA (no ova.xml member)`)
   const warnings: string[] = []

@@ -45,7 +45,14 @@ export interface CopyResult {
 export type CopyDiskFn = (
   reader: DiskReader,
   volume: SinkVolume,
-  opts: { from: number; signal: AbortSignal; onProgress(p: { bytes_done: number; bytes_zero: number; watermark: number }): void; onWatermark(watermark: number): Promise<void> },
+  opts: {
+    from: number
+    signal: AbortSignal
+    onProgress(p: { bytes_done: number; bytes_zero: number; watermark: number }): void
+    onWatermark(watermark: number): Promise<void>
+    /** Expected digest of the reader's bytes (a raw disk file's `.mf` digest). */
+    digest?: { algorithm: 'sha1' | 'sha256' | 'sha512'; hex: string }
+  },
 ) => Promise<CopyResult>
 
 /** Tunables of the warm delta loop (spec 3 rule 2; "not shown" thresholds are config). */
@@ -222,6 +229,7 @@ async function copyOne(deps: OrchestratorDeps, reader: DiskReader, volume: SinkV
   await deps.copyDisk(reader, volume, {
     from,
     signal: deps.signal,
+    digest: disk.disk_format === 'raw' ? disk.source.digest : undefined,
     onProgress(p) {
       tracker.setDone(disk.label, p.bytes_done)
       tracker.add(disk.label, 0, p.bytes_zero - zeroSeen)

@@ -3,6 +3,7 @@
  * an offline input is confined to the import root (or is an upload), inspected with the plan's
  * importer kind, and read disk by disk; a live source is a control-plane session.
  */
+import { stat } from 'node:fs/promises'
 import { join } from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
@@ -13,6 +14,8 @@ import type { Sealer } from '../crypto/seal.ts'
 import type { Store } from '../store/index.ts'
 import { openSourceSession } from '../adapters/session.ts'
 import type { LiveSession } from '../adapters/types.ts'
+import { hashRange } from '../formats/tar.ts'
+import type { ManifestDisk } from '../manifest.ts'
 import { openDiskReader } from './readers/open.ts'
 import type { PreparedSource } from './orchestrator.ts'
 
@@ -31,6 +34,27 @@ export async function offlineInputPath(job: Job, store: Store, paths: SourcePath
     return { path: join(paths.uploadsDir, ref.upload_id), upload: true }
   }
   throw new MigError('E_MIG_INVALID_PLAN', 'an offline plan needs an offline_host_path or upload source_ref')
+}
+
+/**
+ * The manifest (`.mf`) digest of a disk file too large to hash at inspect (`source.digest`), for
+ * a disk whose file is not the disk's raw bytes (streamOptimized VMDK, qcow2 ...): the file (or
+ * tar member) is hashed before anything is copied. A raw disk's digest is checked by the copy
+ * loop on the bytes it reads. Throws `E_MIG_MALFORMED_ARCHIVE` on a mismatch,
+ * `E_MIG_DISK_READ_FAILED` when the file cannot be read.
+ */
+export async function verifyPackedDigest(disk: ManifestDisk): Promise<void> {
+  const d = disk.source.digest
+  if (!d || disk.disk_format === 'raw') return
+  const { path, offset = 0 } = disk.source
+  const length = disk.source.length ?? (await stat(path).catch((e: Error) => {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: ${e.message}`)
+  })).size
+  const got = await hashRange(path, offset, length, d.algorithm)
+  if (got !== d.hex.toLowerCase()) {
+    const name = disk.source.member ?? path
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${name}: ${d.algorithm.toUpperCase()} digest mismatch with the manifest (.mf): expected ${d.hex.toLowerCase()}, the file has ${got}`)
+  }
 }
 
 function isLiveSession(s: object): s is LiveSession {
@@ -52,7 +76,15 @@ export async function prepareSource(job: Job, deps: { store: Store; sealer: Seal
     if (PASSTHROUGH_IMPORTERS.includes(kind)) {
       throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${kind}: the virt-v2v passthrough import (run_full_import) is not available in this build`)
     }
-    return { strategy: 'offline', manifest, openReader: (disk) => openDiskReader(disk), close: async () => {} }
+    return {
+      strategy: 'offline',
+      manifest,
+      openReader: async (disk) => {
+        await verifyPackedDigest(disk)
+        return openDiskReader(disk)
+      },
+      close: async () => {},
+    }
   }
   const ref = job.plan.source_ref
   if (ref.kind !== 'live_vm') throw new MigError('E_MIG_INVALID_PLAN', 'a live plan needs a live_vm source_ref')

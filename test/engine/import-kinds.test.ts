@@ -9,8 +9,8 @@
  * shows the marker. Then the failure ends of Starting: a disk that does not boot, and a domain
  * libvirt refuses to define.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBadBootDisk, makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
@@ -63,6 +63,12 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
       MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
     })
   }, 60_000)
+
+  // Each test's domains and destination disks go when it ends, passed or failed.
+  afterEach(async () => {
+    await cleanupDomains(PREFIX)
+    rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
+  })
 
   afterAll(async () => {
     await srv?.stop()

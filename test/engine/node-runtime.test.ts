@@ -4,8 +4,8 @@
  * sink, bit-exact, the domain started on libvirt (TCG) with its marker on the serial console,
  * and a cancel mid-copy that removes the destination.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, existsSync, mkdirSync, readFileSync } from 'node:fs'
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
@@ -35,6 +35,12 @@ describe('jobs under the Node server and Node workers', () => {
       MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
     })
   }, 120_000)
+
+  // Each test's domains and destination disks go when it ends, passed or failed.
+  afterEach(async () => {
+    await cleanupDomains(PREFIX)
+    rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
+  })
 
   afterAll(async () => {
     await srv?.stop()

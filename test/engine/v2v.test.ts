@@ -9,8 +9,8 @@
  * and VIRTIO_WIN, and fails (after scribbling over the disk, so the rollback shows) when the
  * disk's first bytes say `V2V-FAIL`.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync, closeSync, existsSync } from 'node:fs'
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
@@ -64,6 +64,12 @@ exit 0
       MIGRATOR_VIRTIO_WIN_ISO: iso,
     })
   }, 60_000)
+
+  // Each test's domains and destination disks go when it ends, passed or failed.
+  afterEach(async () => {
+    await cleanupDomains(PREFIX)
+    rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
+  })
 
   afterAll(async () => {
     await srv?.stop()

@@ -26,6 +26,11 @@ export interface ApiTarget {
 export class Api {
   constructor(private readonly target: ApiTarget) {}
 
+  /** The API base URL this client talks to. */
+  get baseUrl(): string {
+    return this.target.baseUrl
+  }
+
   private headers(extra: Record<string, string> = {}): Record<string, string> {
     const h: Record<string, string> = { accept: 'application/json', ...extra }
     if (this.target.user) h.authorization = 'Basic ' + Buffer.from(`${this.target.user}:${this.target.password ?? ''}`).toString('base64')
@@ -42,10 +47,14 @@ export class Api {
     try {
       body = text === '' ? null : JSON.parse(text)
     } catch {
+      if (res.status === 401) throw new ApiError('E_MIG_AUTH_FAILED', 'HTTP 401: give --user and --password, or MIGRATOR_USER and MIGRATOR_PASSWORD', 401)
       if (!res.ok) throw new ApiError(null, `HTTP ${res.status}: ${text.slice(0, 200)}`, res.status)
       throw new ApiError(null, `unexpected response: ${text.slice(0, 200)}`, res.status)
     }
-    if (!res.ok) throw new ApiError(body?.error?.code ?? null, body?.error?.message ?? `HTTP ${res.status}`, res.status)
+    if (!res.ok) {
+      const hint = res.status === 401 ? ` (HTTP 401: give --user and --password, or MIGRATOR_USER and MIGRATOR_PASSWORD${this.target.user ? `; the credentials of ${this.target.user} were rejected` : ''})` : ''
+      throw new ApiError(body?.error?.code ?? null, (body?.error?.message ?? `HTTP ${res.status}`) + hint, res.status)
+    }
     return body
   }
 
@@ -113,17 +122,21 @@ export class Api {
 
   /**
    * Follows `GET /migrations/stream` (optionally `?id=`), calling `onEvent(name, data)` for every
-   * event until `onEvent` returns true or the signal aborts. Reconnects with `Last-Event-ID` when
-   * the connection drops.
+   * event until `onEvent` returns true or the signal aborts. `onOpen()` runs each time the stream
+   * is connected (the server subscribed the client before answering, so nothing that happens
+   * after `onOpen` starts is missed); returning true from it ends the follow too. Reconnects with
+   * `Last-Event-ID` when the connection drops; an event whose data is not JSON is skipped.
+   * Throws {@link ApiError} when the server cannot be reached or answers an error.
    */
-  async follow(jobId: string | null, onEvent: (name: string, data: any) => boolean | void, signal?: AbortSignal): Promise<void> {
+  async follow(jobId: string | null, onEvent: (name: string, data: any) => boolean | void, opts: { signal?: AbortSignal; onOpen?: () => Promise<boolean | void> } = {}): Promise<void> {
+    const { signal } = opts
     let lastId: string | null = null
     let done = false
     while (!done && !signal?.aborted) {
       const q = jobId ? `?id=${encodeURIComponent(jobId)}` : ''
       let res: Response
       try {
-        res = await fetch(this.url(`/migrations/stream${q}`), { headers: this.headers(lastId ? { 'last-event-id': lastId } : {}), signal })
+        res = await fetch(this.url(`/migrations/stream${q}`), { headers: this.headers(lastId ? { 'last-event-id': lastId, accept: 'text/event-stream' } : { accept: 'text/event-stream' }), signal })
       } catch (e) {
         if (signal?.aborted) return
         throw new ApiError(null, `cannot reach the migrator at ${this.target.baseUrl}: ${(e as Error).message}`, null)
@@ -132,12 +145,19 @@ export class Api {
       const parser = createParser({
         onEvent: (m: EventSourceMessage) => {
           if (m.id) lastId = m.id
-          if (!done && onEvent(m.event ?? 'message', JSON.parse(m.data))) done = true
+          let data: unknown
+          try {
+            data = JSON.parse(m.data)
+          } catch {
+            return
+          }
+          if (!done && onEvent(m.event ?? 'message', data)) done = true
         },
       })
       const reader = res.body!.getReader()
       const dec = new TextDecoder()
       try {
+        if (opts.onOpen && (await opts.onOpen())) done = true
         while (!done) {
           const { value, done: end } = await reader.read()
           if (end) break
@@ -145,6 +165,7 @@ export class Api {
         }
       } catch (e) {
         if (signal?.aborted) return
+        if (e instanceof ApiError) throw e
       } finally {
         await reader.cancel().catch(() => {})
       }

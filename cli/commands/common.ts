@@ -3,9 +3,9 @@
  * reporting (`E_MIG_*` code and message on stderr, exit status 1).
  */
 import type { Command } from 'commander'
-import { Api, ApiError } from '../api.ts'
+import { Api } from '../api.ts'
 
-/** Global options (flags, else environment). */
+/** Global options (flags, else environment: MIGRATOR_URL, MIGRATOR_USER, MIGRATOR_PASSWORD). */
 export interface Globals {
   url: string
   user?: string
@@ -24,13 +24,17 @@ export function apiOf(cmd: Command): Api {
   return new Api({ baseUrl: g.url, user: g.user, password: g.password })
 }
 
-/** Runs an action; an error prints `CODE: message` on stderr and exits 1. */
+/**
+ * Runs an action; an error prints `E_MIG_<CODE>: message` (an API error or a `MigError` of the
+ * backup client) or `error: message` on stderr and exits 1.
+ */
 export async function run(fn: () => Promise<void>): Promise<void> {
   try {
     await fn()
   } catch (e) {
-    const code = e instanceof ApiError && e.code ? `${e.code}: ` : 'error: '
-    process.stderr.write(`${code}${(e as Error).message}\n`)
+    const c = (e as { code?: unknown })?.code
+    const code = typeof c === 'string' && c.startsWith('E_MIG_') ? `${c}: ` : 'error: '
+    process.stderr.write(`${code}${(e as Error)?.message ?? String(e)}\n`)
     process.exit(1)
   }
 }

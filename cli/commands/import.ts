@@ -13,17 +13,30 @@ import { bytes } from '../output.ts'
 import { apiOf, globals, run } from './common.ts'
 import { watchJob } from './watch.ts'
 
+/**
+ * Uploads `file` with its progress: a bar on a terminal; otherwise (pipes, logs) a line
+ * `upload: <sent> of <total> (<pct>%)` at every 10 % step and at least every second; nothing but
+ * the final NDJSON record with `json`. Returns the upload resource.
+ */
 async function uploadWithProgress(api: Api, file: string, json: boolean): Promise<any> {
+  const total = statSync(file).size
   const tty = process.stdout.isTTY === true && !json
-  const bar = tty ? new cliProgress.SingleBar({ format: 'upload |{bar}| {percentage}% {value_h}/{total_h}', hideCursor: true }, cliProgress.Presets.shades_classic) : null
-  let last = 0
-  const upload = await api.upload(file, (sent, total) => {
-    if (bar) {
-      if (sent === Math.min(total, 1024 * 1024) || bar.getTotal() !== total) bar.start(total, 0, { total_h: bytes(total), value_h: bytes(0) })
-      bar.update(sent, { value_h: bytes(sent) })
-    } else if (!json && (sent === total || Date.now() - last > 1000)) {
-      last = Date.now()
-      process.stdout.write(`upload: ${bytes(sent)} of ${bytes(total)}\n`)
+  const bar = tty ? new cliProgress.SingleBar({ format: 'upload |{bar}| {percentage}% {value_h}/{total_h} {rate}/s', hideCursor: true }, cliProgress.Presets.shades_classic) : null
+  const started = Date.now()
+  bar?.start(Math.max(total, 1), 0, { total_h: bytes(total), value_h: bytes(0), rate: bytes(0) })
+  if (!bar && !json) process.stdout.write(`upload: ${file} (${bytes(total)}) to ${api.baseUrl}\n`)
+  let lastLine = 0
+  let lastStep = 0
+  const upload = await api.upload(file, (sent) => {
+    const rate = bytes(Math.round(sent / Math.max(0.001, (Date.now() - started) / 1000)))
+    if (bar) return void bar.update(sent, { value_h: bytes(sent), rate })
+    if (json) return
+    const pct = total === 0 ? 100 : Math.floor((sent * 100) / total)
+    const step = Math.floor(pct / 10)
+    if (step > lastStep || Date.now() - lastLine >= 1000 || sent === total) {
+      lastStep = step
+      lastLine = Date.now()
+      process.stdout.write(`upload: ${bytes(sent)} of ${bytes(total)} (${pct}%) ${rate}/s\n`)
     }
   })
   bar?.stop()

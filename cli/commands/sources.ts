@@ -22,15 +22,20 @@ export function register(program: Command): void {
     )
   sources
     .command('list')
+    .description('list registered sources')
     .action((_o, cmd: Command) =>
       run(async () => {
         const { items } = await apiOf(cmd).call('GET', '/sources')
         table(globals(cmd).json, items, ['ID', 'NAME', 'KIND', 'ENDPOINT', 'USER'], (s) => [s.id, s.name, s.kind, s.endpoint, s.username])
       }),
     )
-  sources.command('test <id>').action((id: string, _o, cmd: Command) => run(async () => show(await apiOf(cmd).call('POST', `/sources/${encodeURIComponent(id)}/test`))))
+  sources
+    .command('test <id>')
+    .description('check that the source answers and the credentials work')
+    .action((id: string, _o, cmd: Command) => run(async () => show(await apiOf(cmd).call('POST', `/sources/${encodeURIComponent(id)}/test`))))
   sources
     .command('vms <id>')
+    .description("list the source's VMs")
     .action((id: string, _o, cmd: Command) =>
       run(async () => {
         const { items } = await apiOf(cmd).call('GET', `/sources/${encodeURIComponent(id)}/vms`)

@@ -11,56 +11,90 @@ import { globals, apiOf, run } from './common.ts'
 
 const TERMINAL = new Set(['Completed', 'Failed', 'Cancelled'])
 
-/** Exit status of a final job state. */
+/** Exit status of a final job state: 0 `Completed`, 2 `Cancelled`, 1 anything else (`Failed`). */
 export function exitCodeOf(state: string): number {
   return state === 'Completed' ? 0 : state === 'Cancelled' ? 2 : 1
 }
 
-/** Follows job `id` until it ends; prints as it goes; returns the exit status. */
+/**
+ * Follows job `id` until it ends, printing state changes, progress (a bar on a terminal, a line
+ * a second otherwise, NDJSON `{event: state|progress|notice|end}` with `json`) and non-fatal notices;
+ * returns the exit status ({@link exitCodeOf}). Throws `ApiError` (`E_MIG_NOT_FOUND` for an
+ * unknown job, transport errors with a null code).
+ */
 export async function watchJob(api: Api, id: string, json: boolean): Promise<number> {
   const tty = process.stdout.isTTY === true && !json
-  const multi = tty ? new cliProgress.MultiBar({ format: '{state} |{bar}| {percentage}% {done}/{total} {rate}/s eta {eta_s}s', hideCursor: true }, cliProgress.Presets.shades_classic) : null
+  // A terminal gets a bar (cli-progress); its own `{total}`/`{value}` tokens are raw numbers, hence `_h`.
+  const multi = tty ? new cliProgress.MultiBar({ format: '{state} |{bar}| {percentage}% {done_h}/{total_h} {rate}/s eta {eta_s}s', hideCursor: true }, cliProgress.Presets.shades_classic) : null
+  let stopped = false
   let bar: cliProgress.SingleBar | null = null
   let state = ''
   let lastLine = 0
   let notice = ''
   let final: any = null
-  const say = (line: string) => (multi ? multi.log(line + '\n') : process.stdout.write(line + '\n'))
+  // Lines go above the bar while it is drawn (MultiBar.log), straight to stdout once it is stopped.
+  const say = (line: string) => (multi && bar && !stopped ? multi.log(line + '\n') : process.stdout.write(line + '\n'))
+  const stopBar = () => {
+    if (!multi || stopped) return
+    if (bar) multi.update() // flushes the lines logged since the last redraw (stop() does not)
+    multi.stop()
+    stopped = true
+  }
+  const drawBar = (st: string, pr: any) => {
+    const fields = { state: st, done_h: bytes(pr.bytes_done), total_h: bytes(pr.bytes_total), rate: bytes(pr.rate_bytes_per_s), eta_s: pr.eta_s ?? '?' }
+    bar ??= multi!.create(pr.bytes_total || 1, 0, fields)
+    if (bar.getTotal() !== pr.bytes_total) bar.setTotal(pr.bytes_total || 1)
+    bar.update(pr.bytes_done ?? 0, fields)
+  }
+  let seenUpdate = ''
   const onJob = (job: any) => {
+    // The stream and the GET that follows its connection may overlap: never step back in time.
+    if (typeof job?.updated_at === 'string') {
+      if (job.updated_at < seenUpdate) return
+      seenUpdate = job.updated_at
+    }
+    if (TERMINAL.has(job.state)) final = job
+    if (multi && !stopped && (bar || final) && job.progress) drawBar(job.state, job.progress)
+    if (final) stopBar()
     if (job.last_error && !job.last_error.fatal && job.last_error.code !== notice) {
       notice = job.last_error.code
-      say(`*** ${job.last_error.code}: ${job.last_error.message} ***`)
+      if (json) process.stdout.write(JSON.stringify({ event: 'notice', id, code: job.last_error.code, message: job.last_error.message }) + '\n')
+      else say(`*** ${job.last_error.code}: ${job.last_error.message} ***`)
     }
     if (job.state !== state) {
       state = job.state
       if (json) process.stdout.write(JSON.stringify({ event: 'state', id, state }) + '\n')
       else say(`state: ${state}`)
     }
-    if (TERMINAL.has(job.state)) final = job
   }
   const onProgress = (p: any) => {
-    const pr = p.progress
-    if (json) return void process.stdout.write(JSON.stringify({ event: 'progress', id, ...pr }) + '\n')
-    const fields = { state: p.state, done: bytes(pr.bytes_done), total: bytes(pr.bytes_total), rate: bytes(pr.rate_bytes_per_s), eta_s: pr.eta_s ?? '?' }
-    if (multi) {
-      bar ??= multi.create(pr.bytes_total || 1, 0, fields)
-      if (bar.getTotal() !== pr.bytes_total) bar.setTotal(pr.bytes_total || 1)
-      bar.update(pr.bytes_done, fields)
-    } else if (Date.now() - lastLine >= 1000) {
+    const pr = p?.progress
+    if (!pr || final) return
+    if (json) return void process.stdout.write(JSON.stringify({ event: 'progress', id, state: p.state, ...pr }) + '\n')
+    if (multi) drawBar(p.state, pr)
+    else if (Date.now() - lastLine >= 1000) {
       lastLine = Date.now()
-      process.stdout.write(`progress: ${fields.done} of ${fields.total} at ${fields.rate}/s, ${bytes(pr.bytes_zero)} zero\n`)
+      process.stdout.write(`progress: ${bytes(pr.bytes_done)} of ${bytes(pr.bytes_total)} at ${bytes(pr.rate_bytes_per_s)}/s, ${bytes(pr.bytes_zero)} zero\n`)
     }
   }
-  onJob(await api.call('GET', `/migrations/${encodeURIComponent(id)}`))
-  if (!final) {
-    await api.follow(id, (name, data) => {
-      if (name === 'migration') onJob(data)
-      else if (name === 'progress') onProgress(data)
+  // Subscribe first, then read the job: a change between the two is on the stream, not lost.
+  await api.follow(
+    id,
+    (name, data) => {
+      if (name === 'migration' && data?.id === id) onJob(data)
+      else if (name === 'progress' && data?.id === id) onProgress(data)
       return final !== null
-    })
-  }
-  multi?.stop()
-  if (final.last_error?.fatal) say(`${final.last_error.code}: ${final.last_error.message}`)
+    },
+    {
+      onOpen: async () => {
+        onJob(await api.call('GET', `/migrations/${encodeURIComponent(id)}`))
+        return final !== null
+      },
+    },
+  )
+  stopBar()
+  if (!final) throw new Error(`stopped following migration ${id} before it ended`)
+  if (final.last_error?.fatal && !json) say(`${final.last_error.code}: ${final.last_error.message}`)
   if (json) process.stdout.write(JSON.stringify({ event: 'end', id, state: final.state, last_error: final.last_error }) + '\n')
   else say(`migration ${id} ${final.state}`)
   return exitCodeOf(final.state)

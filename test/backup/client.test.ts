@@ -1,15 +1,11 @@
 /**
- * The backup API client against HostBackupApiTestDouble: a local HTTPS server (self-signed
- * certificate generated here with openssl) implementing the two host endpoints of spec 4. The
- * real host daemon cannot run on this machine, hence the double.
+ * The backup API client against HostBackupApiTestDouble (test/helpers/backup-double.ts): a local
+ * HTTPS server (self-signed certificate generated for the test with openssl) implementing the two
+ * host endpoints of spec 4. The real host daemon cannot run on this machine, hence the double.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { execFileSync } from 'node:child_process'
-import { X509Certificate } from 'node:crypto'
-import { readFileSync } from 'node:fs'
-import { createServer, type Server } from 'node:https'
-import * as path from 'node:path'
 import { BackupClient } from '../../lib/backup/client.ts'
+import { HostBackupApiTestDouble } from '../helpers/backup-double.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 
 const t = tempDir('mig-backup-')
@@ -17,49 +13,16 @@ const JOB = '3f2b1c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d'
 const FAILING_JOB = '3f2b1c4d-5e6f-4a7b-8c9d-000000000bad'
 const SILENT_JOB = '3f2b1c4d-5e6f-4a7b-8c9d-000000000000'
 
-/** HostBackupApiTestDouble: runs register a quiesced restore point after `delayMs`. */
-class HostBackupApiTestDouble {
-  server!: Server
-  port = 0
-  points: Array<{ id: string; run_id: string; job_id: string; created_at: string; quiesced: boolean }> = []
-  runs = 0
-  constructor(private readonly key: Buffer, private readonly cert: Buffer, private readonly delayMs = 150) {}
-  async start(): Promise<void> {
-    this.server = createServer({ key: this.key, cert: this.cert }, (req, res) => {
-      if (req.headers.authorization !== 'Basic ' + Buffer.from('backup:s3cret').toString('base64')) {
-        res.writeHead(401).end('{"error":"unauthorized"}')
-        return
-      }
-      const run = /^\/api\/v1\/backup\/jobs\/([0-9a-f-]{36})\/run$/.exec(req.url ?? '')
-      if (req.method === 'POST' && run) {
-        if (run[1] === FAILING_JOB) return void res.writeHead(500).end('{"error":"storage offline"}')
-        if (run[1] !== JOB && run[1] !== SILENT_JOB) return void res.writeHead(404).end('{}')
-        const runId = `run-${++this.runs}`
-        if (run[1] === JOB) setTimeout(() => this.points.push({ id: `rp-${this.runs}`, run_id: runId, job_id: run[1], created_at: new Date().toISOString(), quiesced: true }), this.delayMs)
-        return void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ run_id: runId }))
-      }
-      if (req.method === 'GET' && req.url === '/api/v1/backup/restore-points') return void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ items: this.points }))
-      res.writeHead(404).end('{}')
-    })
-    await new Promise<void>((r) => this.server.listen(0, '127.0.0.1', r))
-    this.port = (this.server.address() as { port: number }).port
-  }
-  stop(): Promise<void> {
-    return new Promise((r) => this.server.close(() => r()))
-  }
-}
-
 let api: HostBackupApiTestDouble
 let certPem = ''
 let fingerprint = ''
 beforeAll(async () => {
-  const key = path.join(t.dir, 'key.pem')
-  const cert = path.join(t.dir, 'cert.pem')
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1'], { stdio: 'ignore' })
-  certPem = readFileSync(cert, 'utf8')
-  fingerprint = new X509Certificate(certPem).fingerprint256
-  api = new HostBackupApiTestDouble(readFileSync(key), readFileSync(cert))
-  await api.start()
+  api = await HostBackupApiTestDouble.start({ dir: t.dir })
+  api.setJob(JOB, 'ok')
+  api.setJob(FAILING_JOB, 'fail')
+  api.setJob(SILENT_JOB, 'silent')
+  certPem = api.certPem
+  fingerprint = api.fingerprint256
 })
 afterAll(async () => {
   await api.stop()
@@ -67,7 +30,7 @@ afterAll(async () => {
 })
 
 const client = (over: Partial<ConstructorParameters<typeof BackupClient>[0]> = {}) =>
-  new BackupClient({ baseUrl: `https://127.0.0.1:${api.port}`, username: 'backup', password: 's3cret', tls: { ca_pem: certPem }, timeoutMs: 5000, ...over })
+  new BackupClient({ baseUrl: api.url, username: 'backup', password: 's3cret', tls: { ca_pem: certPem }, timeoutMs: 5000, ...over })
 
 describe('backup API client (spec 4, 5.2)', () => {
   test('run a job, wait for its restore point (trusted by CA)', async () => {

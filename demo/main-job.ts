@@ -104,28 +104,35 @@ try {
   const m = manifest.manifest ?? manifest
   console.log(`${m.name}: ${m.disks.length} disk(s), ${bytes(m.disks[0].capacity_bytes)}, ${m.cpu.count} vCPU, ${bytes(m.memory_bytes)} memory, firmware ${m.firmware}, guest ${m.guest_os.family}`)
 
-  say('submit the plan')
+  say('submit the plan, then live progress (SSE /migrations/stream)')
   const plan = { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'demo/demo-vm.ova' }, mode: 'Cold', name: 'demo-vm' }
   console.log(JSON.stringify(plan))
-  const job = await api.call('POST', '/migrations', { plan })
-  console.log(`job ${job.id}: ${job.state}`)
-
-  say('live progress (SSE /migrations/stream)')
+  let job: any = null
   let final: any = null
-  await api.follow(job.id, (event, data) => {
-    if (data.id !== job.id) return
-    if (event === 'progress') {
+  // Subscribed first, submitted once the stream is open: no state change can be missed.
+  await api.follow(
+    null,
+    (event, data) => {
+      if (!job || data.id !== job.id) return
       const p = data.progress
-      console.log(`  ${data.state.padEnd(12)} ${bytes(p.bytes_done).padStart(10)} / ${bytes(p.bytes_total)}  (${bytes(p.bytes_zero)} zero, skipped)  ${bytes(p.rate_bytes_per_s)}/s  eta ${p.eta_s ?? '-'} s`)
-    } else if (event === 'migration') {
-      const p = data.progress
-      console.log(`  state: ${data.state.padEnd(12)} ${bytes(p.bytes_done)} / ${bytes(p.bytes_total)} copied${data.last_error ? `  ${data.last_error.code}: ${data.last_error.message}` : ''}`)
-      if (['completed', 'failed', 'cancelled'].includes(data.status)) {
-        final = data
-        return true
+      if (event === 'progress') {
+        console.log(`  ${data.state.padEnd(12)} ${bytes(p.bytes_done).padStart(10)} / ${bytes(p.bytes_total)}  (${bytes(p.bytes_zero)} zero, skipped)  ${bytes(p.rate_bytes_per_s)}/s  eta ${p.eta_s ?? '-'} s`)
+      } else if (event === 'migration') {
+        console.log(`  state: ${data.state.padEnd(12)} ${bytes(p.bytes_done)} / ${bytes(p.bytes_total)} copied${data.last_error ? `  ${data.last_error.code}: ${data.last_error.message}` : ''}`)
+        if (['completed', 'failed', 'cancelled'].includes(data.status)) {
+          final = data
+          return true
+        }
       }
-    }
-  })
+    },
+    {
+      onOpen: async () => {
+        if (job) return
+        job = await api.call('POST', '/migrations', { plan })
+        console.log(`job ${job.id} submitted`)
+      },
+    },
+  )
   if (final?.state !== 'Completed') throw new Error(`the job ended ${final?.state}`)
 
   say('the domain on this host')

@@ -1,26 +1,23 @@
 /**
  * The adapter registry: the adapter for each live kind of spec 1.1.
  *
- * In this build no control plane is reachable through any kind: every kind's `connect` fails
- * with `E_MIG_SOURCE_UNREACHABLE` ("control plane not responding", spec 7), which is what the
- * HTTP surface reports for `POST /sources/:id/test` and the VM endpoints. The native `vim_api`
- * SOAP adapter and the five validating stubs replace these entries (issue "Live sources").
+ * - `vim_api`: the native vSphere SOAP adapter (lib/adapters/vim/adapter.ts), cold and warm with
+ *   changed block tracking;
+ * - `wmi_api`, `pve_api`, `libvirt_remote`, `xen_api`, `prism_api`: the validating stubs of
+ *   lib/adapters/stubs.ts (endpoint rules and a TCP probe; no control-plane client, no warm).
  */
-import { MigError } from '../errors.ts'
 import type { AdapterKind } from '../kinds.ts'
+import { stubAdapter, type StubKind } from './stubs.ts'
 import type { SourceAdapter } from './types.ts'
+import { createVimAdapter } from './vim/adapter.ts'
 
-function unavailable(kind: AdapterKind): SourceAdapter {
-  return {
-    kind,
-    supportsWarm: () => false,
-    async connect(conn) {
-      throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${kind}: no control-plane client for ${conn.endpoint} in this build`, { details: { kind, endpoint: conn.endpoint } })
-    },
-  }
-}
+let vim: SourceAdapter | null = null
+const stubs = new Map<AdapterKind, SourceAdapter>()
 
-/** The adapter of `kind`. */
+/** The adapter of `kind` (one instance per kind and process). */
 export function adapterFor(kind: AdapterKind): SourceAdapter {
-  return unavailable(kind)
+  if (kind === 'vim_api') return (vim ??= createVimAdapter())
+  let s = stubs.get(kind)
+  if (!s) stubs.set(kind, (s = stubAdapter(kind as StubKind)))
+  return s
 }

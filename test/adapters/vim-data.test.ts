@@ -1,0 +1,167 @@
+/**
+ * The vim_api data plane against the vCenter simulator harness (test/vcsim), called through the
+ * adapter: snapshot reads over the datastore HTTP interface for every VMDK layout qemu-img makes
+ * (monolithicFlat, monolithicSparse, twoGbMaxExtentSparse, twoGbMaxExtentFlat) bit-exact with
+ * zero extents skipped, reads that ignore later writes to the active disk, QueryChangedDiskAreas
+ * paging, invalid and reset changeIds (E_MIG_CBT_RESET), a refused snapshot
+ * (E_MIG_SNAPSHOT_FAILED), cleanup of the migrator's snapshots only, and hostile descriptors.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { open, readFile } from 'node:fs/promises'
+import { writeFileSync } from 'node:fs'
+import * as path from 'node:path'
+import { createVimAdapter, type VimSession } from '../../lib/adapters/vim/adapter.ts'
+import { openVmdk, type RemoteFile } from '../../lib/adapters/vim/datastore.ts'
+import type { VmManifest } from '../../lib/manifest.ts'
+import type { DiskReader } from '../../lib/pipeline/readers/types.ts'
+import { makeRawImage } from '../helpers/inputs.ts'
+import { tempDir, thrown } from '../helpers/tmp.ts'
+import { putVmdk, qemuImg, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+
+const MiB = 1024 * 1024
+const t = tempDir('mig-vim-data-')
+let v: Vcsim
+let s: VimSession
+let vmId = ''
+let manifest: VmManifest
+const raws: string[] = []
+
+async function readAll(r: DiskReader): Promise<{ data: Buffer; zeroBytes: number }> {
+  const data = Buffer.alloc(r.size)
+  let zeroBytes = 0
+  let next = 0
+  for await (const e of r.extents(0)) {
+    expect(e.offset).toBe(next)
+    next = e.offset + e.length
+    if (e.zero) zeroBytes += e.length
+    else for (let o = e.offset; o < next; o += 4 * MiB) (await r.read(o, Math.min(4 * MiB, next - o))).copy(data, o)
+  }
+  expect(next).toBe(r.size)
+  return { data, zeroBytes }
+}
+
+beforeAll(async () => {
+  v = await startVcsim({ cbtPage: MiB })
+  const layouts = ['monolithicFlat', 'monolithicSparse', 'twoGbMaxExtentSparse', 'twoGbMaxExtentFlat']
+  const files: string[] = []
+  for (const [i, sub] of layouts.entries()) {
+    raws.push(makeRawImage(path.join(t.dir, `d${i}.raw`), 6 * MiB, i + 3))
+    const rel = `data01/disk${i}.vmdk`
+    execFileSync('mkdir', ['-p', path.join(v.datastore.dir, 'data01')])
+    await qemuImg('convert', '-f', 'raw', '-O', 'vmdk', '-o', `subformat=${sub}`, raws[i], path.join(v.datastore.dir, rel))
+    files.push(rel)
+  }
+  vmId = await v.createVm({ name: 'data01', guest_id: 'centos7_64Guest', cbt: true, power_on: true, disks: files.map((file) => ({ file, capacity_bytes: 6 * MiB })) })
+  s = (await createVimAdapter({ shutdownTimeoutMs: 2000, pollMs: 100 }).connect({ endpoint: v.url, username: v.username, password: v.password, tls: { ca_pem: v.certPem } })) as VimSession
+  manifest = await s.inspect(vmId)
+}, 120_000)
+
+afterAll(async () => {
+  await s?.close()
+  await v?.stop()
+  t.cleanup()
+})
+
+describe('vim_api data plane', () => {
+  test('every qemu-img VMDK layout reads bit-exact from the snapshot; unallocated sparse grains are zero extents', async () => {
+    const snap = await s.createSnapshot(vmId, 'migrator-data-0')
+    expect(Object.keys(snap.change_ids).sort()).toEqual(manifest.disks.map((d) => d.label).sort())
+    // the guest keeps writing to the active disks: the snapshot must not see it
+    for (const rel of ['data01/disk0-flat.vmdk']) {
+      const fh = await open(path.join(v.datastore.dir, rel), 'r+')
+      await fh.write(Buffer.alloc(MiB, 0xee), 0, MiB, 0)
+      await fh.close()
+    }
+    for (const [i, d] of manifest.disks.entries()) {
+      const r = await s.openDisk(vmId, snap, d)
+      expect(r.size).toBe(6 * MiB)
+      const { data, zeroBytes } = await readAll(r)
+      expect([d.label, data.equals(await readFile(raws[i]))]).toEqual([d.label, true])
+      if (i === 1 || i === 2) expect(zeroBytes).toBeGreaterThan(2 * MiB) // sparse: holes are never fetched
+      await r.close()
+    }
+    await s.removeSnapshot(vmId, snap)
+    expect((await v.vm(vmId)).snapshots).toEqual([])
+  })
+
+  test('QueryChangedDiskAreas is paged until the capacity is covered and reports exactly the written areas', async () => {
+    const disk = manifest.disks[1]
+    const before = await s.createSnapshot(vmId, 'migrator-cbt-1')
+    // the guest writes three areas in different 1 MiB answer windows
+    for (const [off, len] of [[64 * 1024, 4096], [2 * MiB + 128 * 1024, 200 * 1024], [6 * MiB - 64 * 1024, 64 * 1024]]) {
+      execFileSync('qemu-io', ['-f', 'vmdk', '-c', `write -P 0x5a ${off} ${len}`, path.join(v.datastore.dir, 'data01/disk1.vmdk')])
+    }
+    const after = await s.createSnapshot(vmId, 'migrator-cbt-2')
+    const areas = await s.changedAreas(vmId, after, disk, before.change_ids[disk.label])
+    expect(areas).toEqual([
+      { offset: 64 * 1024, length: 64 * 1024 },
+      { offset: 2 * MiB + 128 * 1024, length: 256 * 1024 },
+      { offset: 6 * MiB - 64 * 1024, length: 64 * 1024 },
+    ])
+    expect(await s.changedAreas(vmId, after, manifest.disks[2], before.change_ids[manifest.disks[2].label])).toEqual([])
+    // a changeId the source does not know, and every changeId after a CBT reset: E_MIG_CBT_RESET
+    expect((await thrown(() => s.changedAreas(vmId, after, disk, '52 00 00 00 00 00 00 00-00 00 00/9999'))).code).toBe('E_MIG_CBT_RESET')
+    await v.resetCbt(vmId)
+    expect((await thrown(() => s.changedAreas(vmId, after, disk, before.change_ids[disk.label]))).code).toBe('E_MIG_CBT_RESET')
+    await s.cleanup(vmId)
+  })
+
+  test('cleanup removes the migrator snapshots only; a refused snapshot is E_MIG_SNAPSHOT_FAILED; mark and shutdown', async () => {
+    const other = (await createVimAdapter().connect({ endpoint: v.url, username: v.username, password: v.password, tls: { insecure: true } })) as VimSession
+    await other.createSnapshot(vmId, 'nightly-backup')
+    await other.close()
+    await s.createSnapshot(vmId, 'migrator-job-0')
+    await s.createSnapshot(vmId, 'migrator-job-1')
+    expect((await v.vm(vmId)).snapshots.map((x) => x.name)).toEqual(['nightly-backup', 'migrator-job-0', 'migrator-job-1'])
+    await s.cleanup(vmId)
+    expect((await v.vm(vmId)).snapshots.map((x) => x.name)).toEqual(['nightly-backup'])
+
+    await s.mark(vmId, 'migrating to this host, job 1234')
+    await s.mark(vmId, 'migrating to this host, job 5678')
+    const ann = (await v.vm(vmId)).annotation
+    expect(ann).toContain('job 5678')
+    expect(ann).not.toContain('job 1234') // the mark is replaced, not piled up
+    await s.shutdown(vmId)
+    expect((await v.vm(vmId)).power_state).toBe('poweredOff')
+    await s.shutdown(vmId) // already off: nothing to do
+
+    await v.disableMethod(vmId, 'CreateSnapshot_Task')
+    const e = await thrown(() => s.createSnapshot(vmId, 'migrator-job-2'))
+    expect(e.code).toBe('E_MIG_SNAPSHOT_FAILED')
+  })
+})
+
+describe('VMDK decoding of hostile or unsupported files', () => {
+  async function local(file: string): Promise<RemoteFile> {
+    const buf = await readFile(file)
+    return { name: path.basename(file), size: buf.length, read: async (o, l) => buf.subarray(o, o + l) }
+  }
+  const sibling = (dir: string) => (name: string) => local(path.join(dir, name))
+
+  test('extent names leaving the directory, delta disks, stream-optimized and truncated sparse files are refused', async () => {
+    const d = t.dir
+    const desc = (extent: string, extra = '') => `# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\n${extra}createType="monolithicFlat"\nRW 2048 FLAT "${extent}" 0\n`
+    writeFileSync(path.join(d, 'esc.vmdk'), desc('../../etc/passwd'))
+    expect((await thrown(async () => openVmdk(await local(path.join(d, 'esc.vmdk')), sibling(d), { label: 'x', capacity: MiB }))).code).toBe('E_MIG_DISK_READ_FAILED')
+    writeFileSync(path.join(d, 'delta.vmdk'), desc('delta-flat.vmdk', 'parentFileNameHint="base.vmdk"\n').replace('parentCID=ffffffff', 'parentCID=12345678'))
+    expect((await thrown(async () => openVmdk(await local(path.join(d, 'delta.vmdk')), sibling(d), { label: 'x', capacity: MiB }))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
+    writeFileSync(path.join(d, 'short-flat.vmdk'), Buffer.alloc(1000))
+    writeFileSync(path.join(d, 'short.vmdk'), desc('short-flat.vmdk'))
+    expect((await thrown(async () => openVmdk(await local(path.join(d, 'short.vmdk')), sibling(d), { label: 'x', capacity: MiB }))).code).toBe('E_MIG_DISK_READ_FAILED')
+    await qemuImg('convert', '-f', 'raw', '-O', 'vmdk', '-o', 'subformat=streamOptimized', raws[0], path.join(d, 'so.vmdk'))
+    expect((await thrown(async () => openVmdk(await local(path.join(d, 'so.vmdk')), sibling(d), { label: 'x', capacity: 6 * MiB }))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
+    // a monolithicSparse file cut in the middle of its grains
+    await qemuImg('convert', '-f', 'raw', '-O', 'vmdk', raws[1], path.join(d, 'cut.vmdk'))
+    const whole = await readFile(path.join(d, 'cut.vmdk'))
+    writeFileSync(path.join(d, 'cut.vmdk'), whole.subarray(0, Math.floor(whole.length / 2)))
+    const e = await thrown(async () => {
+      const r = await openVmdk(await local(path.join(d, 'cut.vmdk')), sibling(d), { label: 'x', capacity: 6 * MiB })
+      await readAll(r)
+    })
+    expect(e.code).toBe('E_MIG_DISK_READ_FAILED')
+    // a disk larger than the capacity the VM reports
+    await qemuImg('convert', '-f', 'raw', '-O', 'vmdk', raws[2], path.join(d, 'big.vmdk'))
+    expect((await thrown(async () => openVmdk(await local(path.join(d, 'big.vmdk')), sibling(d), { label: 'x', capacity: MiB }))).code).toBe('E_MIG_DISK_READ_FAILED')
+  })
+})

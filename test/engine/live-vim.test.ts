@@ -1,0 +1,162 @@
+/**
+ * Live vim_api migrations end to end through the HTTP API: the real server (Bun) and its worker
+ * migrate VMs of govmomi's vCenter simulator (test/vcsim harness: snapshots freeze disk copies,
+ * CBT compares real disk contents between changeIds, guest writes are applied with qemu-io to
+ * the active disk between snapshots) into the file sink, then define (and for the cold job start
+ * and boot-check) a libvirt domain under TCG.
+ *
+ * Cold: two disks (a bootable monolithicFlat disk and a monolithicSparse data disk), bit-exact
+ * images, the VM shut down, marked with the job id and this host, no migrator snapshot left.
+ * Warm: guest writes between passes give two delta passes (the first above the converge
+ * threshold), then cutover; bit-exact with the final disks. A VM without CBT: downgraded to cold
+ * with the non-fatal E_MIG_CBT_UNSUPPORTED. A guest that keeps writing: E_MIG_DELTA_TOO_LARGE,
+ * snapshots removed.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { chmodSync, readFileSync, rmSync } from 'node:fs'
+import { hostname } from 'node:os'
+import * as path from 'node:path'
+import { makeBootDisk } from '../helpers/bootdisk.ts'
+import { makeRawImage } from '../helpers/inputs.ts'
+import { call, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { startServer, type RunningServer } from '../helpers/server.ts'
+import { tempDir } from '../helpers/tmp.ts'
+import { putVmdk, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+
+const PREFIX = 'migvim-'
+const MARKER = 'MIGRATOR-VIM-BOOT-5521'
+const MiB = 1024 * 1024
+
+describe('live vim_api migrations through the HTTP API', () => {
+  const t = tempDir('mig-live-vim-')
+  let v: Vcsim
+  let srv: RunningServer
+  let sourceId = ''
+
+  /** Creates a VM with a bootable flat disk (16 MiB) and a sparse data disk (8 MiB). */
+  async function makeVm(name: string, cbt: boolean): Promise<{ id: string; files: string[] }> {
+    const boot = makeBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
+    const data = makeRawImage(path.join(t.dir, `${name}-data.raw`), 8 * MiB, name.length)
+    const files = [await putVmdk(v, name, `${name}`, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
+    const id = await v.createVm({ name, guest_id: 'debian10_64Guest', firmware: 'bios', num_cpu: 1, memory_mb: 128, cbt, power_on: true, disks: [{ file: files[0], capacity_bytes: 16 * MiB }, { file: files[1], capacity_bytes: 8 * MiB }], nics: [{ mac: '00:50:56:01:02:03' }] })
+    return { id, files }
+  }
+
+  /** The raw contents of a datastore VMDK now. */
+  function datastoreRaw(rel: string): Buffer {
+    const out = path.join(t.dir, `cmp-${Math.random().toString(36).slice(2)}.raw`)
+    execFileSync('qemu-img', ['convert', '-f', 'vmdk', '-O', 'raw', path.join(v.datastore.dir, rel), out])
+    const b = readFileSync(out)
+    rmSync(out)
+    return b
+  }
+
+  function expectBitExact(jobId: string, files: string[]): void {
+    for (const f of files) {
+      const label = path.basename(f, '.vmdk')
+      const dest = readFileSync(volumePath(t.dir, jobId, label))
+      expect([label, dest.equals(datastoreRaw(f))]).toEqual([label, true])
+    }
+  }
+
+  const livePlan = (vmId: string, mode: 'Cold' | 'Warm', name: string, start = false) => ({ source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId }, mode, name, start })
+
+  beforeAll(async () => {
+    chmodSync(t.dir, 0o755)
+    v = await startVcsim({ cbtPage: 4 * MiB })
+    await ensureLibvirt()
+    await cleanupDomains(PREFIX)
+    srv = await startServer('bun', t.dir, {
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+      MIGRATOR_BOOT_GRACE_SECONDS: '1',
+      MIGRATOR_BOOT_TIMEOUT_SECONDS: '20',
+      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+      MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB),
+      MIGRATOR_DELTA_MAX_PASSES: '3',
+    })
+    const s = await call(srv.base, 'POST', '/sources', { name: 'vcsim', kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } })
+    expect(s.status).toBe(201)
+    sourceId = s.body.id
+  }, 120_000)
+
+  afterAll(async () => {
+    await srv?.stop()
+    await cleanupDomains(PREFIX)
+    await stopLibvirt()
+    await v?.stop()
+    t.cleanup()
+  })
+
+  test('cold: two disks copied bit-exact from the snapshot, the domain boots, the VM is shut down and marked, no snapshot left', async () => {
+    const vm = await makeVm('migvim-cold', true)
+    const job = await submit(srv.base, livePlan(vm.id, 'Cold', 'migvim-cold', true))
+    const done = await waitJob(srv.base, job.id)
+    expect([done.status, done.state, done.effective_mode, done.last_error]).toEqual(['completed', 'Completed', 'Cold', null])
+    expect(done.domain).toBe('migvim-cold')
+    expect(done.progress.bytes_total).toBe(24 * MiB)
+    expectBitExact(job.id, vm.files)
+    const state = await v.vm(vm.id)
+    expect(state.power_state).toBe('poweredOff')
+    expect(state.annotation).toContain(job.id)
+    expect(state.annotation).toContain(hostname())
+    expect(state.snapshots).toEqual([])
+    expect(state.snapshots_taken).toBe(1)
+    const serial = readFileSync(path.join(t.dir, 'logs', `${job.id}.serial.log`), 'utf8')
+    expect(serial).toContain(MARKER)
+  })
+
+  test('warm: guest writes between snapshots give two delta passes, then cutover; bit-exact with the final disks', async () => {
+    const vm = await makeVm('migvim-warm', true)
+    await v.scheduleWrites(vm.id, [
+      // before delta pass 1: 2.5 MiB changed (above the 1 MiB threshold: not converged)
+      { before_snapshot: 1, file: vm.files[0], offset: 2 * MiB, length: 2 * MiB, pattern: 0x41 },
+      { before_snapshot: 1, file: vm.files[1], offset: 5 * MiB, length: 512 * 1024, pattern: 0x51 },
+      // before delta pass 2: 128 KiB (converged)
+      { before_snapshot: 2, file: vm.files[1], offset: 64 * 1024, length: 128 * 1024, pattern: 0x61 },
+      // while cutting over (the last writes before shutdown): 64 KiB
+      { before_snapshot: 3, file: vm.files[0], offset: 15 * MiB, length: 64 * 1024, pattern: 0x71 },
+    ])
+    const stream = openStream(srv.base)
+    await stream.ready
+    const job = await submit(srv.base, livePlan(vm.id, 'Warm', 'migvim-warm'))
+    const done = await waitJob(srv.base, job.id)
+    stream.close()
+    expect([done.status, done.state, done.effective_mode, done.last_error]).toEqual(['completed', 'Completed', 'Warm', null])
+    const states = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state)
+    expect(states.filter((s, i) => s !== states[i - 1])).toEqual(['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'Starting', 'Completed'])
+    const state = await v.vm(vm.id)
+    // snapshot 0 (full copy), passes 1 and 2, the final delta after shutdown
+    expect(state.snapshots_taken).toBe(4)
+    expect(state.snapshots).toEqual([])
+    expect(state.power_state).toBe('poweredOff')
+    expectBitExact(job.id, vm.files)
+    // the destination has every guest write, including the one before the final snapshot
+    const boot = readFileSync(volumePath(t.dir, job.id, 'migvim-warm'))
+    expect([boot[2 * MiB], boot[15 * MiB]]).toEqual([(0x41 + 1) & 0xff, (0x71 + 3) & 0xff])
+  })
+
+  test('warm plan for a VM without CBT: downgraded to cold with the non-fatal E_MIG_CBT_UNSUPPORTED, still completes bit-exact', async () => {
+    const vm = await makeVm('migvim-nocbt', false)
+    const job = await submit(srv.base, livePlan(vm.id, 'Warm', 'migvim-nocbt'))
+    const done = await waitJob(srv.base, job.id)
+    expect([done.status, done.effective_mode, done.last_error?.code, done.last_error?.fatal]).toEqual(['completed', 'Cold', 'E_MIG_CBT_UNSUPPORTED', false])
+    expectBitExact(job.id, vm.files)
+    const state = await v.vm(vm.id)
+    expect([state.snapshots, state.snapshots_taken, state.power_state]).toEqual([[], 1, 'poweredOff'])
+  })
+
+  test('a guest that keeps writing more than the threshold: E_MIG_DELTA_TOO_LARGE, every snapshot removed', async () => {
+    const vm = await makeVm('migvim-busy', true)
+    await v.scheduleWrites(vm.id, [{ before_snapshot: 1, every: true, file: vm.files[0], offset: 4 * MiB, length: 2 * MiB, pattern: 0x10 }])
+    const job = await submit(srv.base, livePlan(vm.id, 'Warm', 'migvim-busy'))
+    const done = await waitJob(srv.base, job.id)
+    expect([done.status, done.state, done.last_error?.code, done.last_error?.fatal]).toEqual(['failed', 'Failed', 'E_MIG_DELTA_TOO_LARGE', true])
+    const state = await v.vm(vm.id)
+    expect(state.snapshots_taken).toBe(4) // the full copy's and three delta passes
+    expect(state.snapshots).toEqual([])
+    // warm never shut the guest down
+    expect(state.power_state).toBe('poweredOn')
+  })
+})

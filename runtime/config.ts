@@ -49,8 +49,8 @@ export interface Config {
   keepOnCancel: boolean
   /** The destination domain: libvirt domain type (`kvm`, or `qemu` for TCG; default `kvm` when /dev/kvm exists, else `qemu`), default bridge for NICs the plan does not map (null: user-mode network), boot check (s; optional serial regexp that must appear). */
   domain: { type: 'kvm' | 'qemu'; defaultBridge: string | null; bootGraceSeconds: number; bootTimeoutSeconds: number; bootSerialPattern: string | null }
-  /** Windows V2V (spec 1.5): the virtio-win ISO and the `virt-v2v-in-place` binary. */
-  v2v: { virtioWinIso: string; binary: string }
+  /** Windows V2V (spec 1.5): the virtio-win ISO, the `virt-v2v-in-place` binary, and the `virt-v2v` binary of the VMCX passthrough. */
+  v2v: { virtioWinIso: string; binary: string; fullImportBinary: string }
   /** The host backup API for plan `restore_point` (spec 4, 5.2); null when not configured. */
   backup: { baseUrl: string; username: string; password: string; caFile: string | null; fingerprint256: string | null; insecure: boolean; restorePointTimeoutSeconds: number } | null
 }
@@ -146,6 +146,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     v2v: {
       virtioWinIso: env.MIGRATOR_VIRTIO_WIN_ISO || '/usr/share/virtio-win/virtio-win.iso',
       binary: env.MIGRATOR_V2V_BINARY || 'virt-v2v-in-place',
+      fullImportBinary: env.MIGRATOR_V2V_FULL_IMPORT_BINARY || 'virt-v2v',
     },
     backup: env.MIGRATOR_BACKUP_URL
       ? {

@@ -5,7 +5,7 @@
  * snapshot, the libvirt domain start with its boot check, and the host backup API for
  * plan `restore_point`. Used by the job worker (`runtime/worker.ts`).
  */
-import { readFileSync } from 'node:fs'
+import { existsSync, readFileSync } from 'node:fs'
 import { mkdir } from 'node:fs/promises'
 import * as path from 'node:path'
 import { BackupClient } from '../lib/backup/client.ts'
@@ -88,7 +88,21 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     keepOnCancel: config.keepOnCancel,
     delta: config.delta,
     takeRestorePoint,
-    prepare: (job) => prepareSource(job, { store, sealer, paths: { importRoot: paths.importRoot, uploadsDir: paths.uploads }, now }),
+    prepare: (job) =>
+      prepareSource(job, {
+        store,
+        sealer,
+        paths: { importRoot: paths.importRoot, uploadsDir: paths.uploads },
+        now,
+        fullImport: {
+          workDir: path.join(config.dataDir, 'tmp'),
+          binary: config.v2v.fullImportBinary,
+          // Without the ISO virt-v2v still converts Linux guests; Windows ones get no virtio drivers.
+          virtioWinIso: existsSync(config.v2v.virtioWinIso) ? config.v2v.virtioWinIso : undefined,
+          // libguestfs' appliance follows the host: TCG where the domains run under TCG.
+          env: config.domain.type === 'qemu' ? { LIBGUESTFS_BACKEND_SETTINGS: 'force_tcg' } : {},
+        },
+      }),
     copyDisk: (reader, volume, opts) => copyDisk(reader, volume, { ...opts, label: volume.path, flushEveryBytes: config.copy.flushEveryBytes, maxBytesPerSecond: config.copy.maxBytesPerSecond }),
     async v2v(job, manifest, volumes, sig) {
       const preparer = new V2vPreparer({ virtioWinIso: config.v2v.virtioWinIso, binary: config.v2v.binary })

@@ -3,8 +3,8 @@
  *
  *   live warm:   CopyingFull -> DeltaSyncing -> CuttingOver -> [V2vProcessing] -> Starting -> Completed
  *   live cold:   CopyingFull -> [V2vProcessing] -> Starting -> Completed
- *   offline:     CopyingFull (read_disk loop, or run_full_import for passthrough importers)
- *                -> [V2vProcessing] -> Starting -> Completed
+ *   offline:     CopyingFull (read_disk loop) -> [V2vProcessing] -> Starting -> Completed
+ *   passthrough: CopyingFull (run_full_import: virt-v2v copies and converts) -> Starting -> Completed
  *
  * plus `Queued` (initial), `Failed` and `Cancelled`. V2vProcessing runs for Windows guests only.
  * A warm plan is downgraded to cold when the adapter cannot do warm or the VM has no CBT
@@ -171,7 +171,8 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
 
     if (signal.aborted) throw cancelled()
-    if (isWindows(job.plan, manifest) && !reached('V2vProcessing')) {
+    // The passthrough (virt-v2v) converted the guest already; in-place V2V is for copied disks.
+    if (isWindows(job.plan, manifest) && source.strategy !== 'passthrough' && !reached('V2vProcessing')) {
       await setState('V2vProcessing')
       await deps.v2v(job, manifest, volumes, signal)
     }

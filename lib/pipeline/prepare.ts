@@ -17,6 +17,7 @@ import type { LiveSession } from '../adapters/types.ts'
 import { hashRange } from '../formats/tar.ts'
 import type { ManifestDisk } from '../manifest.ts'
 import { openDiskReader } from './readers/open.ts'
+import { runV2vFullImport } from '../v2v/full-import.ts'
 import type { PreparedSource } from './orchestrator.ts'
 
 /** Where offline inputs live. */
@@ -57,6 +58,18 @@ export async function verifyPackedDigest(disk: ManifestDisk): Promise<void> {
   }
 }
 
+/**
+ * Settings of the VMCX passthrough (`virt-v2v`): `workDir` for its run directory (needs about
+ * 1 GiB free; default `<import root>/../tmp`), extra environment (`LIBGUESTFS_BACKEND_SETTINGS=
+ * force_tcg` where KVM is not usable), the virtio-win ISO, the binary.
+ */
+export interface FullImportSettings {
+  workDir?: string
+  env?: Record<string, string>
+  virtioWinIso?: string | null
+  binary?: string
+}
+
 function isLiveSession(s: object): s is LiveSession {
   return typeof (s as LiveSession).createSnapshot === 'function' && typeof (s as LiveSession).openDisk === 'function'
 }
@@ -64,17 +77,34 @@ function isLiveSession(s: object): s is LiveSession {
 /**
  * Prepares the source of `job`. Offline: inspects the input (the manifest is taken afresh, so an
  * input changed since submission is noticed) and opens readers per disk. Passthrough importers
- * (`vmcx_export`) need the virt-v2v full import, which is not in this build:
- * `E_MIG_UNSUPPORTED_FORMAT`. Live: opens a session and inspects the VM.
+ * (`vmcx_export`) get the virt-v2v full import (`lib/v2v/full-import.ts`), which writes straight
+ * into the destination volumes. Live: opens a session and inspects the VM.
  */
-export async function prepareSource(job: Job, deps: { store: Store; sealer: Sealer; paths: SourcePaths; now(): Date }): Promise<PreparedSource> {
+export async function prepareSource(job: Job, deps: { store: Store; sealer: Sealer; paths: SourcePaths; now(): Date; fullImport?: FullImportSettings }): Promise<PreparedSource> {
   const source = job.plan.source
   if ('Offline' in source) {
     const kind = source.Offline as ImporterKind
     const input = await offlineInputPath(job, deps.store, deps.paths, deps.now())
     const { manifest } = await inspectInput(input.path, { importRoot: deps.paths.importRoot, allowUploads: input.upload }, kind)
     if (PASSTHROUGH_IMPORTERS.includes(kind)) {
-      throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${kind}: the virt-v2v passthrough import (run_full_import) is not available in this build`)
+      const fi = deps.fullImport ?? {}
+      return {
+        strategy: 'passthrough',
+        manifest,
+        close: async () => {},
+        runFullImport: async (volumes, onBytes, signal) => {
+          await runV2vFullImport({
+            manifest,
+            signal,
+            onProgress: onBytes,
+            volumes: volumes.map((v, i) => ({ label: manifest.disks[i]!.label, path: v.path })),
+            workDir: join(fi.workDir ?? join(deps.paths.importRoot, '..', 'tmp'), 'vmcx', job.id),
+            env: fi.env,
+            virtioWinIso: fi.virtioWinIso,
+            binary: fi.binary,
+          })
+        },
+      }
     }
     return {
       strategy: 'offline',

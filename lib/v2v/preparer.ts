@@ -18,15 +18,18 @@
  * `^[0-9]+/[0-9]+$` are progress, other stdout lines are status messages, stderr lines are errors.
  * virt-v2v 2.2 (Debian 12) also prints each message on stdout as one JSON object
  * `{"message": ..., "timestamp": ..., "type": "message"|"info"|"warning"|"error"}`: those are parsed,
- * and `error` ones are preferred over stderr for the failure's last lines.
+ * and `error` ones are preferred over stderr for the failure's last lines. The process handling and
+ * output parsing live in `tool.ts` (shared with the VMCX full import, `full-import.ts`).
  */
-import { spawn } from 'node:child_process'
 import { constants } from 'node:fs'
 import { access, mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises'
 import * as path from 'node:path'
 import { XMLBuilder } from 'fast-xml-parser'
 import { MigError } from '../errors.ts'
 import type { VmManifest } from '../manifest.ts'
+import { describeFailure, resolveBinary, runV2vTool, type ToolOutcome, type V2vProgress } from './tool.ts'
+
+export type { V2vProgress } from './tool.ts'
 
 /** Default driver ISO (spec 1.5). */
 export const DEFAULT_VIRTIO_WIN_ISO = '/usr/share/virtio-win/virtio-win.iso'
@@ -48,12 +51,6 @@ export interface V2vSnapshot {
   take(): Promise<void>
   rollback(): Promise<void>
   release(): Promise<void>
-}
-
-/** A progress report: `fraction` in 0..1 from a `N/M` line, or a status `message`. */
-export interface V2vProgress {
-  fraction: number | null
-  message: string | null
 }
 
 /**
@@ -89,10 +86,6 @@ export interface V2vPreparerOptions {
   binary?: string
   env?: Record<string, string>
 }
-
-const MAX_LINE = 2000
-const KEEP_ERRORS = 20
-const KILL_GRACE_MS = 5000
 
 const xmlBuilder = new XMLBuilder({ ignoreAttributes: false, attributeNamePrefix: '@_', textNodeName: '#text', format: true, suppressEmptyNode: true, processEntities: true })
 
@@ -166,22 +159,6 @@ export class V2vPreparer {
     return String(xmlBuilder.build({ domain }))
   }
 
-  /** Absolute path of the binary (PATH lookup in `env.PATH`), or null when missing / not executable. */
-  private async resolveBinary(env: Record<string, string>): Promise<string | null> {
-    const candidates = this.binary.includes('/') ? [this.binary] : (env.PATH ?? '').split(':').filter((d) => d.startsWith('/')).map((d) => path.join(d, this.binary))
-    for (const c of candidates) {
-      try {
-        const st = await stat(c)
-        if (!st.isFile()) continue
-        await access(c, constants.X_OK)
-        return c
-      } catch {
-        /* next */
-      }
-    }
-    return null
-  }
-
   /**
    * Checks the binary, the ISO and the volumes exist (else `E_MIG_V2V_FAILED` naming what is
    * missing, before anything is touched), takes the snapshot (failure: `E_MIG_V2V_FAILED`), runs the
@@ -193,7 +170,7 @@ export class V2vPreparer {
   async run(volumes: V2vVolume[], manifest: VmManifest, opts: V2vRunOptions): Promise<V2vResult> {
     if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'V2V cancelled before it started')
     const probe = this.command(volumes, manifest)
-    const bin = await this.resolveBinary(probe.env)
+    const bin = await resolveBinary(this.binary, probe.env.PATH ?? '')
     if (!bin) v2vFail(`V2V: ${this.binary} not found or not executable (PATH=${probe.env.PATH})`, { missing: this.binary })
     try {
       const st = await stat(this.virtioWinIso)
@@ -220,9 +197,9 @@ export class V2vPreparer {
       } catch (e) {
         v2vFail(`V2V: snapshot of the volumes before conversion failed: ${(e as Error).message}`)
       }
-      let outcome: Awaited<ReturnType<typeof runTool>>
+      let outcome: ToolOutcome
       try {
-        outcome = await runTool(bin, cmd, opts)
+        outcome = await runV2vTool(bin, cmd.argv.slice(1), cmd.env, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 4 * 3600_000, onProgress: opts.onProgress })
       } catch (e) {
         outcome = { kind: 'failed', code: null, signal: null, lastLines: [`spawn failed: ${(e as Error).message}`], messages: [], lastFraction: null, warnings: [] }
       }
@@ -242,7 +219,7 @@ export class V2vPreparer {
       await opts.snapshot.release().catch(() => undefined)
       const rb = rolledBack ? 'volumes rolled back' : `ROLLBACK FAILED: ${rollbackError}`
       if (outcome.kind === 'cancelled') throw new MigError('E_MIG_CANCELLED', `V2V cancelled; ${rb}`, { details: { rolled_back: rolledBack } })
-      const why = outcome.kind === 'timeout' ? 'timed out' : outcome.signal ? `killed by ${outcome.signal}` : `exited with status ${outcome.code}`
+      const why = describeFailure(outcome)
       throw new MigError('E_MIG_V2V_FAILED', `${this.binary} ${why}; ${rb}` + (outcome.lastLines.length ? `:\n${outcome.lastLines.join('\n')}` : ''), {
         details: { exit_code: outcome.code, signal: outcome.signal, last_lines: outcome.lastLines, rolled_back: rolledBack },
       })
@@ -250,130 +227,4 @@ export class V2vPreparer {
       await rm(workDir, { recursive: true, force: true }).catch(() => undefined)
     }
   }
-}
-
-/** Splits a byte stream into lines (`\n` or `\r`), bounding each line to {@link MAX_LINE} characters. */
-function lineSplitter(onLine: (line: string) => void): { push(chunk: Buffer): void; end(): void } {
-  let buf = ''
-  return {
-    push(chunk) {
-      buf += chunk.toString('utf8')
-      const parts = buf.split(/\r\n|\r|\n/)
-      buf = parts.pop() ?? ''
-      if (buf.length > 64 * 1024) buf = buf.slice(-MAX_LINE)
-      for (const p of parts) onLine(p.slice(0, MAX_LINE))
-    },
-    end() {
-      if (buf !== '') onLine(buf.slice(0, MAX_LINE))
-      buf = ''
-    },
-  }
-}
-
-type ToolOutcome =
-  | { kind: 'ok' | 'failed' | 'timeout' | 'cancelled'; code: number | null; signal: string | null; lastLines: string[]; messages: string[]; lastFraction: number | null; warnings: string[] }
-
-/** Spawns the tool in a new process group and waits for it, honouring abort and timeout. */
-function runTool(bin: string, cmd: V2vCommand, opts: V2vRunOptions): Promise<ToolOutcome> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(bin, cmd.argv.slice(1), { env: cmd.env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] })
-    const errors: string[] = []
-    const messages: string[] = []
-    let lastFraction: number | null = null
-    let stopReason: 'timeout' | 'cancelled' | null = null
-    let killTimer: NodeJS.Timeout | null = null
-
-    const clean = (l: string) => l.replace(/\x1b\[[0-9;]*[A-Za-z]/g, '').replace(/[\x00-\x08\x0b-\x1f\x7f]/g, '').trimEnd()
-    const jsonErrors: string[] = []
-    const warnings: string[] = []
-    let lastJsonText: string | null = null
-    const status = (line: string) => {
-      messages.push(line)
-      if (messages.length > 200) messages.shift()
-      opts.onProgress?.({ fraction: null, message: line })
-    }
-    const out = lineSplitter((raw) => {
-      const line = clean(raw)
-      if (line === '') return
-      const m = /^([0-9]+)\/([0-9]+)$/.exec(line)
-      if (m) {
-        const den = Number(m[2])
-        lastFraction = den > 0 ? Math.min(1, Number(m[1]) / den) : null
-        opts.onProgress?.({ fraction: lastFraction, message: null })
-        return
-      }
-      // virt-v2v >= 2.1 prints every message as one JSON object: {"message", "timestamp", "type"}.
-      if (line.startsWith('{')) {
-        let j: unknown
-        try {
-          j = JSON.parse(line)
-        } catch {
-          j = null
-        }
-        if (j && typeof j === 'object' && typeof (j as any).message === 'string') {
-          const text = clean(String((j as any).message).replace(/\s*\n\s*/g, ' ')).slice(0, MAX_LINE)
-          const type = String((j as any).type ?? 'message')
-          lastJsonText = text
-          if (type === 'error') {
-            jsonErrors.push(text)
-            if (jsonErrors.length > KEEP_ERRORS) jsonErrors.shift()
-          } else if (type === 'warning') {
-            warnings.push(text)
-            if (warnings.length > 200) warnings.shift()
-          }
-          status(type === 'message' || type === 'info' ? text : `${type}: ${text}`)
-          return
-        }
-      }
-      // The same message again in human form ("[   1.0] Opening the source") right after its JSON form.
-      const human = /^\[\s*[0-9.]+\] (.*)$/.exec(line)
-      if (human && lastJsonText !== null && human[1] === lastJsonText) return
-      status(line)
-    })
-    const err = lineSplitter((raw) => {
-      const line = clean(raw)
-      if (line === '') return
-      errors.push(line)
-      if (errors.length > KEEP_ERRORS) errors.shift()
-    })
-    child.stdout!.on('data', (c: Buffer) => out.push(c))
-    child.stderr!.on('data', (c: Buffer) => err.push(c))
-
-    const killGroup = (sig: NodeJS.Signals) => {
-      if (child.pid === undefined) return
-      try {
-        process.kill(-child.pid, sig)
-      } catch {
-        /* group gone */
-      }
-    }
-    const stop = (reason: 'timeout' | 'cancelled') => {
-      if (stopReason) return
-      stopReason = reason
-      killGroup('SIGTERM')
-      killTimer = setTimeout(() => killGroup('SIGKILL'), KILL_GRACE_MS)
-    }
-    const onAbort = () => stop('cancelled')
-    opts.signal?.addEventListener('abort', onAbort, { once: true })
-    const timer = setTimeout(() => stop('timeout'), opts.timeoutMs ?? 4 * 3600_000)
-
-    child.on('error', (e) => {
-      clearTimeout(timer)
-      opts.signal?.removeEventListener('abort', onAbort)
-      reject(e)
-    })
-    // The tool may leave helpers (qemu, nbdkit) in its group holding the pipes: once it exits, none survives.
-    child.on('exit', () => killGroup('SIGKILL'))
-    child.on('close', (code, signal) => {
-      clearTimeout(timer)
-      if (killTimer) clearTimeout(killTimer)
-      opts.signal?.removeEventListener('abort', onAbort)
-      out.end()
-      err.end()
-      const stderrLines = errors.filter((l) => !/^If reporting bugs|^\s*\S+ -v -x \[\.\.\.\]$/.test(l))
-      const lastLines = jsonErrors.length ? jsonErrors.slice(-KEEP_ERRORS) : stderrLines.length ? stderrLines.slice(-KEEP_ERRORS) : messages.slice(-KEEP_ERRORS)
-      const kind = stopReason ?? (code === 0 ? 'ok' : 'failed')
-      resolve({ kind, code, signal, lastLines, messages, lastFraction, warnings })
-    })
-  })
 }

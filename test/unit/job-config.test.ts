@@ -20,7 +20,7 @@ describe('job configuration', () => {
     expect(c.domain.bootTimeoutSeconds).toBe(120)
     expect(c.domain.bootSerialPattern).toBeNull()
     expect(c.domain.defaultBridge).toBeNull()
-    expect(c.v2v).toEqual({ virtioWinIso: '/usr/share/virtio-win/virtio-win.iso', binary: 'virt-v2v-in-place' })
+    expect(c.v2v).toEqual({ virtioWinIso: '/usr/share/virtio-win/virtio-win.iso', binary: 'virt-v2v-in-place', fullImportBinary: 'virt-v2v' })
     expect(c.keepOnCancel).toBe(false)
     expect(c.backup).toBeNull()
   })

@@ -90,7 +90,8 @@ export class BackupClient {
     this.auth = 'Basic ' + Buffer.from(`${opts.username}:${opts.password}`).toString('base64')
     this.timeoutMs = opts.timeoutMs ?? 30_000
     const pin = opts.tls?.fingerprint256 ? normalizeFingerprint(opts.tls.fingerprint256) : null
-    const base = buildConnector({ ca: opts.tls?.ca_pem, rejectUnauthorized: pin === null && opts.tls?.insecure !== true, timeout: this.timeoutMs })
+    // A resumed TLS session presents no certificate to check against the pin: no session cache when pinned.
+    const base = buildConnector({ ca: opts.tls?.ca_pem, rejectUnauthorized: pin === null && opts.tls?.insecure !== true, timeout: this.timeoutMs, ...(pin === null ? {} : { maxCachedSessions: 0 }) })
     const connect: buildConnector.connector = (o, cb) =>
       base(o, (err, socket) => {
         if (err || pin === null || o.protocol !== 'https:') return cb(err as Error, socket as never)

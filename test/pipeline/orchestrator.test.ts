@@ -93,7 +93,11 @@ class ScriptedLiveSource implements LiveSession {
       async close() {},
     }
   }
+  /** Calls of changedAreas (0-based, counted over all disks) that answer as if CBT was reset. */
+  resetOn = new Set<number>()
+  private areaCalls = 0
   async changedAreas(_vm: string, snap: SnapshotRef, disk: ManifestDisk, since: string): Promise<Extent[]> {
+    if (this.resetOn.has(this.areaCalls++)) throw new MigError('E_MIG_CBT_RESET', `scripted: changeId ${since} of ${disk.label} was reset`)
     const i = Number(disk.label.slice(4))
     const before = this.snaps.get(since)?.[i]
     if (!before) throw new MigError('E_MIG_CBT_RESET', `scripted: changeId ${since} unknown`)
@@ -202,6 +206,39 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     expect(src.calls.indexOf('shutdown')).toBeGreaterThan(src.calls.indexOf(`snapshot migrator-${id}-1`))
     expect(src.calls).toContain('enableCbt')
     expect(src.calls.at(-2)).toBe('cleanup (1 left)')
+  })
+
+  test('a changeId reset (E_MIG_CBT_RESET) is answered once with a full copy of that disk; the job completes bit-exact', async () => {
+    const src = new ScriptedLiveSource([randomBytes(2 * MiB)], { warm: true, cbt: true })
+    src.afterSnapshot = (k, disks) => {
+      if (k <= 1) randomBytes(BLOCK).copy(disks[0], 3 * BLOCK)
+    }
+    src.resetOn = new Set([0])
+    const reads: number[] = []
+    const { deps, sink, id } = await setup(src, 'Warm', {
+      copyDisk: async (r, v, o) => {
+        const res = await copyDisk(r, v, o)
+        reads.push(res.bytes_read)
+        return res
+      },
+    })
+    const job = await runJob(deps)
+    expect([job.state, job.last_error]).toEqual(['Completed', null])
+    expect(reads[0]).toBe(2 * MiB) // first full copy
+    expect(reads[1]).toBe(2 * MiB) // the reset pass: the whole disk again
+    expect(reads.slice(2).every((n) => n <= BLOCK)).toBe(true)
+    expect(image(sink, id, 'disk0').equals(src.disks[0])).toBe(true)
+  })
+
+  test('a second changeId reset in the same job fails it with E_MIG_CBT_RESET; its snapshots are cleaned up', async () => {
+    const src = new ScriptedLiveSource([randomBytes(MiB)], { warm: true, cbt: true })
+    src.afterSnapshot = (_k, disks) => randomBytes(8 * BLOCK).copy(disks[0], 0)
+    src.resetOn = new Set([0, 1])
+    const { deps } = await setup(src, 'Warm')
+    const job = await runJob(deps)
+    expect([job.state, job.last_error?.code]).toEqual(['Failed', 'E_MIG_CBT_RESET'])
+    // The previous and the new snapshot both still exist when the pass fails: cleanup removes them.
+    expect(src.calls.at(-2)).toBe('cleanup (2 left)')
   })
 
   test('warm without CBT is downgraded to cold: non-fatal E_MIG_CBT_UNSUPPORTED on last_error, Completed', async () => {

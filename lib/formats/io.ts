@@ -37,3 +37,16 @@ export async function readAt(fh: FileHandle, path: string, len: number, pos: num
   }
   return got === len ? buf : buf.subarray(0, got)
 }
+
+/**
+ * Opens `path`, reads up to `len` bytes at byte offset `pos` (short only at the end of the file)
+ * and closes it. Throws `E_MIG_DISK_READ_FAILED` naming the file and offset.
+ */
+export async function readFileRange(path: string, pos: number, len: number): Promise<Buffer> {
+  const fh = await openRead(path)
+  try {
+    return await readAt(fh, path, len, pos)
+  } finally {
+    await fh.close().catch(() => {})
+  }
+}

@@ -5,11 +5,11 @@
  * manifest, verifies the manifest, and maps every disk's File to its member's byte range, so the
  * copy reads the disk in place (DESIGN.md section 5: never extract).
  */
-import { open } from 'node:fs/promises'
 import * as path from 'node:path'
 import * as posix from 'node:path/posix'
 import { createHash } from 'node:crypto'
 import { MigError } from '../errors.ts'
+import { readFileRange } from '../formats/io.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { assertSafeMemberNames, hashRange, listTarMembers, readTarMember, sniffCompression, type TarMember } from '../formats/tar.ts'
 import {
@@ -21,28 +21,6 @@ import type { Importer, InspectContext } from './types.ts'
 
 const HEAD_BYTES = 64 * 1024
 
-async function readRange(file: string, offset: number, length: number): Promise<Buffer> {
-  let fh
-  try {
-    fh = await open(file, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
-  try {
-    const buf = Buffer.alloc(length)
-    let got = 0
-    while (got < length) {
-      const { bytesRead } = await fh.read(buf, got, length - got, offset + got)
-      if (bytesRead === 0) break
-      got += bytesRead
-    }
-    return buf.subarray(0, got)
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: read at offset ${offset} failed: ${(e as Error).message}`, { cause: e })
-  } finally {
-    await fh.close()
-  }
-}
 
 /** Normalized archive path of a member name (`./a//b` -> `a/b`). */
 function memberKey(name: string): string {
@@ -72,7 +50,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   const arcName = path.basename(archive)
   const warnings: string[] = []
 
-  const head = await readRange(archive, 0, 512)
+  const head = await readFileRange(archive, 0, 512)
   const comp = sniffCompression(head)
   if (comp) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${arcName}: ${comp}-compressed archive: decompress it first`)
 
@@ -173,7 +151,7 @@ async function resolveFile(
     })
     if (file.size !== null && total !== file.size) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: chunks of ${file.href} hold ${total} bytes, ovf:size declares ${file.size}`, { details: { member: key } })
     const first = chunks[0]!
-    let headBytes = await readRange(archive, first.offset, Math.min(HEAD_BYTES, first.size))
+    let headBytes = await readFileRange(archive, first.offset, Math.min(HEAD_BYTES, first.size))
     if (file.compression === 'gzip') headBytes = inflateHead(headBytes)
     const source: DiskSource = { path: archive, member: key, length: total, layout: 'ovf_chunks' }
     if (file.compression) source.compression = file.compression
@@ -186,10 +164,10 @@ async function resolveFile(
     throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: truncated member ${m.name}: ovf:size declares ${file.size} bytes, archive holds ${m.size}`, { details: { member: m.name, declared: file.size, held: m.size } })
   }
   if (file.size !== null && m.size > file.size) warnings.push(`${m.name}: member is ${m.size} bytes, ovf:size says ${file.size}`)
-  let headBytes = await readRange(archive, m.offset, Math.min(HEAD_BYTES, m.size))
+  let headBytes = await readFileRange(archive, m.offset, Math.min(HEAD_BYTES, m.size))
   let tail: Buffer | undefined
   if (file.compression === 'gzip') headBytes = inflateHead(headBytes)
-  else if (m.size >= 1024) tail = await readRange(archive, m.offset + m.size - 512, 512)
+  else if (m.size >= 1024) tail = await readFileRange(archive, m.offset + m.size - 512, 512)
   const source: DiskSource = { path: archive, offset: m.offset, length: m.size, member: m.name }
   if (file.compression) source.compression = file.compression
   const disk_format = chooseDiskFormat({ uri: formatUri, head: headBytes, tail, name: m.name, warnings })

@@ -3,11 +3,12 @@
  * `.ovf`, an optional `.mf` manifest and `.cert`, and the files its References name, relative to
  * the descriptor). Every reference is confined to the import root with {@link resolveInRoot}.
  */
-import { open, readdir, stat } from 'node:fs/promises'
+import { readdir, stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { createHash } from 'node:crypto'
 import { statSync } from 'node:fs'
 import { MigError } from '../errors.ts'
+import { readFileRange } from '../formats/io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { hashRange } from '../formats/tar.ts'
@@ -21,28 +22,6 @@ import type { Importer, InspectContext } from './types.ts'
 const HEAD_BYTES = 64 * 1024
 const MAX_DIR_ENTRIES = 10_000
 
-async function readAt(file: string, offset: number, length: number): Promise<Buffer> {
-  let fh
-  try {
-    fh = await open(file, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
-  try {
-    const buf = Buffer.alloc(length)
-    let got = 0
-    while (got < length) {
-      const { bytesRead } = await fh.read(buf, got, length - got, offset + got)
-      if (bytesRead === 0) break
-      got += bytesRead
-    }
-    return buf.subarray(0, got)
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: read at offset ${offset} failed: ${(e as Error).message}`, { cause: e })
-  } finally {
-    await fh.close()
-  }
-}
 
 /** Size of a regular file, or null when it does not exist (other errors: `E_MIG_DISK_READ_FAILED`). */
 function fileSize(abs: string): number | null {
@@ -106,7 +85,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   const size = fileSize(descriptor)
   if (size === null) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: descriptor is not a regular file`)
   if (size > MAX_DESCRIPTOR_BYTES) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: descriptor is ${size} bytes, larger than the ${MAX_DESCRIPTOR_BYTES}-byte limit`)
-  const ovfBytes = await readAt(descriptor, 0, size)
+  const ovfBytes = await readFileRange(descriptor, 0, size)
   const env = parseOvfEnvelope(decodeDescriptor(ovfBytes), label)
 
   const resolve = (ref: string, what: string) => resolveInRoot(ctx.importRoot, checkHref(ref, what), { ...rootOpts, base: folder })
@@ -124,7 +103,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   if (mfSize !== null) {
     const mfLabel = path.basename(mfPath)
     if (mfSize > MAX_MANIFEST_BYTES) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${mfLabel}: manifest larger than ${MAX_MANIFEST_BYTES} bytes`)
-    const entries = parseOvfManifest((await readAt(resolveInRoot(ctx.importRoot, mfPath, rootOpts), 0, mfSize)).toString('utf8'), mfLabel)
+    const entries = parseOvfManifest((await readFileRange(resolveInRoot(ctx.importRoot, mfPath, rootOpts), 0, mfSize)).toString('utf8'), mfLabel)
     const lookup = (name: string): ManifestTarget | null => {
       const abs = resolve(name, mfLabel)
       if (abs === descriptor) return { size: ovfBytes.length, digest: async (alg) => createHash(alg).update(ovfBytes).digest('hex') }
@@ -172,7 +151,7 @@ async function resolveFile(abs: string, label: string, file: OvfFile, formatUri:
       if (expected === null && sz < file.chunkSize) break
     }
     if (file.size !== null && total !== file.size) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunks of ${file.href} hold ${total} bytes, ovf:size declares ${file.size}`)
-    let head = await readAt(first!, 0, HEAD_BYTES)
+    let head = await readFileRange(first!, 0, HEAD_BYTES)
     if (file.compression === 'gzip') head = inflateHead(head)
     const source: DiskSource = { path: abs, member: file.href, length: total, layout: 'ovf_chunks' }
     if (file.compression) source.compression = file.compression
@@ -183,10 +162,10 @@ async function resolveFile(abs: string, label: string, file: OvfFile, formatUri:
   if (sz === null) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: File ${file.href} (ovf:id ${file.id}) is not in the folder`, { details: { file: file.href } })
   if (file.size !== null && sz < file.size) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: truncated file ${file.href}: ovf:size declares ${file.size} bytes, file holds ${sz}`, { details: { file: file.href } })
   if (file.size !== null && sz > file.size) warnings.push(`${file.href}: file is ${sz} bytes, ovf:size says ${file.size}`)
-  let head = await readAt(abs, 0, Math.min(HEAD_BYTES, sz))
+  let head = await readFileRange(abs, 0, Math.min(HEAD_BYTES, sz))
   let tail: Buffer | undefined
   if (file.compression === 'gzip') head = inflateHead(head)
-  else if (sz >= 1024) tail = await readAt(abs, sz - 512, 512)
+  else if (sz >= 1024) tail = await readFileRange(abs, sz - 512, 512)
   const source: DiskSource = { path: abs }
   if (file.compression) source.compression = file.compression
   const disk_format = chooseDiskFormat({ uri: formatUri, head, tail, name: file.href, warnings })

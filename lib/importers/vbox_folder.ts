@@ -6,50 +6,22 @@
  * ({@link vboxToManifest}). Backups VirtualBox leaves beside it (`.vbox-prev`, `.vbox-tmp`) are
  * not settings files.
  */
-import { readdir, readFile, stat } from 'node:fs/promises'
+import { readFile, stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { VmManifest } from '../manifest.ts'
 import { MAX_VBOX_BYTES, parseVbox, vboxToManifest } from '../formats/vbox.ts'
+import { findDescriptor } from './find-descriptor.ts'
 import type { Importer, InspectContext } from './types.ts'
-
-/** Most directory entries scanned for the `.vbox` of a folder. */
-const MAX_DIR_ENTRIES = 10000
 
 /**
  * Finds the `.vbox` of `inputPath`: the file itself, or the single `*.vbox` regular file of the
- * folder. Throws `E_MIG_MALFORMED_ARCHIVE` (no `.vbox`, or several: they are listed),
- * `E_MIG_UNSUPPORTED_FORMAT` (a file not named `.vbox`), `E_MIG_DISK_READ_FAILED`.
+ * folder ({@link findDescriptor}: `E_MIG_MALFORMED_ARCHIVE`, `E_MIG_UNSUPPORTED_FORMAT`,
+ * `E_MIG_DISK_READ_FAILED`).
  */
-export async function findVbox(inputPath: string): Promise<string> {
-  let st
-  try {
-    st = await stat(inputPath)
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${inputPath}: cannot stat: ${(e as Error).message}`)
-  }
-  if (st.isFile()) {
-    if (!/\.vbox$/i.test(inputPath)) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${inputPath}: not a .vbox file`)
-    return inputPath
-  }
-  if (!st.isDirectory()) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${inputPath}: neither a folder nor a .vbox file`)
-  let names: string[]
-  try {
-    names = await readdir(inputPath)
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${inputPath}: cannot list: ${(e as Error).message}`)
-  }
-  if (names.length > MAX_DIR_ENTRIES) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${inputPath}: more than ${MAX_DIR_ENTRIES} entries`)
-  const found: string[] = []
-  for (const n of names.sort()) {
-    if (!/\.vbox$/i.test(n)) continue
-    const s = await stat(path.join(inputPath, n)).catch(() => null)
-    if (s?.isFile()) found.push(n)
-  }
-  if (found.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${inputPath}: the folder holds no .vbox file`)
-  if (found.length > 1) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${inputPath}: the folder holds several .vbox files: ${found.join(', ')}`, { details: { vbox_files: found } })
-  return path.join(inputPath, found[0]!)
+export function findVbox(inputPath: string): Promise<string> {
+  return findDescriptor(inputPath, '.vbox')
 }
 
 /**

@@ -4,7 +4,7 @@
  * {@link parseVmx}; each disk it names is resolved relative to the VMX's folder inside the import
  * root and inspected with {@link inspectVmdk} (descriptors, sparse/flat extents, snapshot chains).
  */
-import { readdir, stat } from 'node:fs/promises'
+import { stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
@@ -12,46 +12,16 @@ import { sanitizeLabel, type VmManifest } from '../manifest.ts'
 import { inspectVmdk, manifestDiskOf } from '../formats/vmdk.ts'
 import { MAX_VMX_BYTES, parseVmx, vmxToManifest } from '../formats/vmx.ts'
 import { readFile } from 'node:fs/promises'
+import { findDescriptor } from './find-descriptor.ts'
 import type { Importer, InspectContext } from './types.ts'
-
-/** Most directory entries scanned for the `.vmx` of a folder. */
-const MAX_DIR_ENTRIES = 10000
 
 /**
  * Finds the `.vmx` of `inputPath`: the file itself, or the single `*.vmx` regular file of the
- * folder. Throws `E_MIG_MALFORMED_ARCHIVE` (no `.vmx`, or several: they are listed),
- * `E_MIG_UNSUPPORTED_FORMAT` (a file not named `.vmx`), `E_MIG_DISK_READ_FAILED`.
+ * folder ({@link findDescriptor}: `E_MIG_MALFORMED_ARCHIVE`, `E_MIG_UNSUPPORTED_FORMAT`,
+ * `E_MIG_DISK_READ_FAILED`).
  */
-export async function findVmx(inputPath: string): Promise<string> {
-  let st
-  try {
-    st = await stat(inputPath)
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${inputPath}: cannot stat: ${(e as Error).message}`)
-  }
-  if (st.isFile()) {
-    if (!/\.vmx$/i.test(inputPath)) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${inputPath}: not a .vmx file`)
-    return inputPath
-  }
-  if (!st.isDirectory()) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${inputPath}: neither a folder nor a .vmx file`)
-  let names: string[]
-  try {
-    names = await readdir(inputPath)
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${inputPath}: cannot list: ${(e as Error).message}`)
-  }
-  if (names.length > MAX_DIR_ENTRIES) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${inputPath}: more than ${MAX_DIR_ENTRIES} entries`)
-  const vmx: string[] = []
-  for (const n of names.sort()) {
-    if (!/\.vmx$/i.test(n)) continue
-    const s = await stat(path.join(inputPath, n)).catch(() => null)
-    if (s?.isFile()) vmx.push(n)
-  }
-  if (vmx.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${inputPath}: the folder holds no .vmx file`)
-  if (vmx.length > 1) {
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${inputPath}: the folder holds several .vmx files: ${vmx.join(', ')}`, { details: { vmx_files: vmx } })
-  }
-  return path.join(inputPath, vmx[0])
+export function findVmx(inputPath: string): Promise<string> {
+  return findDescriptor(inputPath, '.vmx')
 }
 
 /**

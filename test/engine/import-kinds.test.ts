@@ -14,7 +14,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync }
 import * as path from 'node:path'
 import { makeBadBootDisk, makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
-import { allocatedBytes, call, nonZeroBytes, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { allocatedBytes, bootCheckEnv, call, nonZeroBytes, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -57,10 +57,7 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
     srv = await startServer('bun', t.dir, {
-      MIGRATOR_DOMAIN_TYPE: 'qemu',
-      MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: '20',
-      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+      ...bootCheckEnv(MARKER),
     })
   }, 60_000)
 

@@ -19,7 +19,7 @@ import { hostname } from 'node:os'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
-import { call, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { bootCheckEnv, call, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -69,10 +69,7 @@ describe('live vim_api migrations through the HTTP API', () => {
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
     srv = await startServer('bun', t.dir, {
-      MIGRATOR_DOMAIN_TYPE: 'qemu',
-      MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: '20',
-      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+      ...bootCheckEnv(MARKER),
       MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB),
       MIGRATOR_DELTA_MAX_PASSES: '3',
     })

@@ -9,7 +9,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
-import { call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -29,10 +29,7 @@ describe('jobs under the Node server and Node workers', () => {
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
     srv = await startServer('node', t.dir, {
-      MIGRATOR_DOMAIN_TYPE: 'qemu',
-      MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: '20',
-      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+      ...bootCheckEnv(MARKER),
     })
   }, 120_000)
 

@@ -14,7 +14,7 @@ import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, rm
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
-import { offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { bootCheckEnv, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, domainsWithPrefix, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -56,10 +56,7 @@ exit 0
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
     srv = await startServer('bun', t.dir, {
-      MIGRATOR_DOMAIN_TYPE: 'qemu',
-      MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: '20',
-      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+      ...bootCheckEnv(MARKER),
       MIGRATOR_V2V_BINARY: double,
       MIGRATOR_VIRTIO_WIN_ISO: iso,
     })

@@ -16,7 +16,7 @@ import { chmodSync, copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { convert, fileSha256 } from '../helpers/inputs.ts'
-import { offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { bootCheckEnv, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, domainsWithPrefix, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { CORPUS, tempDir } from '../helpers/tmp.ts'
@@ -87,10 +87,7 @@ done
     chmodSync(dir, 0o755)
     return startServer('bun', dir, {
       MIGRATOR_IMPORT_ROOT: importRoot,
-      MIGRATOR_DOMAIN_TYPE: 'qemu',
-      MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: '20',
-      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+      ...bootCheckEnv(MARKER),
       ...env,
     })
   }

@@ -134,3 +134,11 @@ export function workerPid(jobId: string): number | null {
     return null
   }
 }
+
+/**
+ * Server environment for jobs that boot a test disk under TCG: the domain must stay up 1 s and
+ * print `marker` on its serial console within 20 s.
+ */
+export function bootCheckEnv(marker: string): Record<string, string> {
+  return { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_BOOT_GRACE_SECONDS: '1', MIGRATOR_BOOT_TIMEOUT_SECONDS: '20', MIGRATOR_BOOT_SERIAL_PATTERN: marker }
+}

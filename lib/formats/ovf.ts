@@ -17,6 +17,7 @@ import { XMLParser, XMLValidator } from 'fast-xml-parser'
 import { gunzipSync, constants as zconst } from 'node:zlib'
 import * as posix from 'node:path/posix'
 import { MigError } from '../errors.ts'
+import type { ManifestVerification } from './ovf-manifest.ts'
 import { guestFamilyOf, type ControllerBus, type DiskFormat, type DiskSource, type GuestFamily, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 
 /** Largest OVF descriptor accepted, bytes (4 MiB). */
@@ -747,6 +748,36 @@ export interface OvfDiskRef {
   item: OvfItem
   disk: OvfDisk | null
   file: OvfFile
+}
+
+/**
+ * Applies a verified `.mf` (see `verifyOvfManifest`) to the resolved disk files of an OVF
+ * package (OVA or folder alike): a digest deferred from inspect (file over 64 MiB) goes to the
+ * file's `DiskSource.digest`, to be checked when the disk is copied; a chunked file's deferred
+ * chunk digests and a file the manifest does not list get a warning in `warnings`.
+ * `mfName` names the manifest in the warnings. Throws what {@link checkHref} throws.
+ */
+export function attachManifestDigests(
+  refs: readonly OvfDiskRef[],
+  sources: Map<string, ResolvedOvfFile>,
+  listedNames: ReadonlySet<string>,
+  deferred: ManifestVerification['deferred'],
+  mfName: string,
+  label: string,
+  warnings: string[],
+): void {
+  for (const { file } of refs) {
+    const rel = checkHref(file.href, label)
+    const src = sources.get(file.id)!
+    if (file.chunkSize !== null) {
+      const big = [...deferred.keys()].filter((n) => n.startsWith(`${rel}.`))
+      if (big.length) warnings.push(`${file.href}: ${big.length} chunk digest(s) over 64 MiB are not verified at inspect`)
+      continue
+    }
+    const d = deferred.get(rel)
+    if (d) src.source.digest = { algorithm: d.algorithm, hex: d.hex }
+    if (!listedNames.has(rel)) warnings.push(`${file.href}: not listed in the manifest ${mfName}; not verified`)
+  }
 }
 
 function itemApplies(env: OvfEnvelope, it: OvfItem): boolean {

@@ -13,7 +13,7 @@ import { readFileRange } from '../formats/io.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { assertSafeMemberNames, hashRange, listTarMembers, readTarMember, sniffCompression, type TarMember } from '../formats/tar.ts'
 import {
-  MAX_DESCRIPTOR_BYTES, capacityFromHeader, checkHref, chooseDiskFormat, decodeDescriptor, inflateHead, ovfDiskRefs, ovfToManifest,
+  MAX_DESCRIPTOR_BYTES, attachManifestDigests, capacityFromHeader, checkHref, chooseDiskFormat, decodeDescriptor, inflateHead, ovfDiskRefs, ovfToManifest,
   parseOvfEnvelope, pickHardwareSection, type OvfFile, type ResolvedOvfFile,
 } from '../formats/ovf.ts'
 import { MAX_MANIFEST_BYTES, normalizeManifestName, parseOvfManifest, verifyOvfManifest, type ManifestTarget } from '../formats/ovf-manifest.ts'
@@ -98,18 +98,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
     }
     const res = await verifyOvfManifest(entries, lookup, { label: mfLabel, descriptor: posix.basename(descriptorKey) })
     const listed = new Set(entries.map((e) => normalizeManifestName(e.name)))
-    for (const { file } of refs) {
-      const rel = checkHref(file.href, label)
-      const src = sources.get(file.id)!
-      if (file.chunkSize !== null) {
-        const big = [...res.deferred.keys()].filter((n) => n.startsWith(`${rel}.`))
-        if (big.length) warnings.push(`${file.href}: ${big.length} chunk digest(s) over 64 MiB are not verified at inspect`)
-        continue
-      }
-      const d = res.deferred.get(rel)
-      if (d) src.source.digest = { algorithm: d.algorithm, hex: d.hex }
-      if (!listed.has(rel)) warnings.push(`${file.href}: not listed in the manifest ${mf.name}; not verified`)
-    }
+    attachManifestDigests(refs, sources, listed, res.deferred, mf.name, label, warnings)
   } else warnings.push(`${arcName}: no .mf manifest; file digests not verified`)
   if (members.some((m) => m.type === 'file' && /\.cert$/i.test(m.name))) warnings.push(`${arcName}: the .cert signature is not verified`)
 

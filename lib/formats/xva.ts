@@ -21,7 +21,7 @@ import { open } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import { malformed } from './io.ts'
 import type { TarMember } from './tar.ts'
-import { parseXmlDocument, xmlChild, xmlChildren, type XmlNode } from './vbox.ts'
+import { parseXmlDocument, xmlChild, xmlChildren, type XmlNode } from './xml.ts'
 
 /** Size of an XVA data chunk ("block"), bytes (xapi `chunk_size`). */
 export const XVA_BLOCK_SIZE = 1024 * 1024

@@ -12,7 +12,7 @@ import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import { decodeXmlRpcValue, parseOvaXml, verifyXvaBlocks, XVA_BLOCK_SIZE } from '../../lib/formats/xva.ts'
-import { parseXmlDocument } from '../../lib/formats/vbox.ts'
+import { parseXmlDocument } from '../../lib/formats/xml.ts'
 import { importer } from '../../lib/importers/xva_archive.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 

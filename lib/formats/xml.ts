@@ -1,0 +1,140 @@
+/**
+ * A small, hostile-input-safe XML tree, for the settings formats read without namespaces
+ * (VirtualBox `.vbox`, XenServer `ova.xml`): fast-xml-parser after a well-formedness check;
+ * DOCTYPE is refused (so no entity can be declared, let alone expanded), entities other than
+ * XML's five predefined ones and character references are refused, names `__proto__`,
+ * `constructor`, `prototype` are dropped, attributes live in null-prototype maps.
+ */
+import { XMLParser, XMLValidator } from 'fast-xml-parser'
+import { malformed } from './io.ts'
+
+/** Default largest XML text accepted, bytes (4 MiB). */
+export const MAX_XML_BYTES = 4 * 1024 * 1024
+/** Deepest element nesting accepted. */
+export const MAX_XML_DEPTH = 256
+
+
+/**
+ * One XML element: `name` is the local name (namespace prefix dropped), `attrs` a null-prototype
+ * map of local attribute names to decoded values, `children` the child elements in document order,
+ * `text` the decoded character data directly inside the element (concatenated, untrimmed).
+ */
+export interface XmlNode {
+  name: string
+  attrs: Map<string, string>
+  children: XmlNode[]
+  text: string
+}
+
+const UNSAFE_NAMES = new Set(['__proto__', 'constructor', 'prototype'])
+const UNSAFE_MARK = '#unsafe:'
+const PREDEFINED_ENTITIES = new Map([['amp', '&'], ['lt', '<'], ['gt', '>'], ['quot', '"'], ['apos', "'"]])
+
+/** Decodes the five predefined entities and character references; anything else is an error. */
+function decodeXmlText(s: string, label: string): string {
+  if (!s.includes('&')) return s
+  return s.replace(/&([^;&\s]{0,32});?/g, (m, ref: string) => {
+    if (!m.endsWith(';')) throw malformed(label, `bare '&' in XML text`)
+    let cp = NaN
+    if (/^#x[0-9a-fA-F]{1,6}$/.test(ref)) cp = parseInt(ref.slice(2), 16)
+    else if (/^#[0-9]{1,7}$/.test(ref)) cp = parseInt(ref.slice(1), 10)
+    else {
+      const v = PREDEFINED_ENTITIES.get(ref)
+      if (v === undefined) throw malformed(label, `undefined entity &${ref};`)
+      return v
+    }
+    if (!(cp > 0 && cp <= 0x10ffff) || (cp >= 0xd800 && cp <= 0xdfff)) throw malformed(label, `bad character reference &${ref};`)
+    return String.fromCodePoint(cp)
+  })
+}
+
+function localName(q: string): string {
+  const i = q.indexOf(':')
+  return i < 0 ? q : q.slice(i + 1)
+}
+
+function buildXmlTree(nodes: unknown[], label: string, depth: number, budget: { left: number }): XmlNode[] {
+  if (depth > MAX_XML_DEPTH) throw malformed(label, 'XML nested too deeply')
+  const out: XmlNode[] = []
+  for (const node of nodes) {
+    if (!node || typeof node !== 'object') continue
+    const keys = Object.keys(node).filter((k) => k !== ':@' && k !== '#text')
+    if (keys.length !== 1) continue
+    const qname = keys[0]!
+    if (qname.startsWith(UNSAFE_MARK) || qname.startsWith('?') || qname.startsWith('!')) continue
+    const name = localName(qname)
+    if (UNSAFE_NAMES.has(name)) continue
+    if (--budget.left < 0) throw malformed(label, 'too many XML elements')
+    const attrs = new Map<string, string>()
+    const rawAttrs = (node as Record<string, unknown>)[':@']
+    if (rawAttrs && typeof rawAttrs === 'object') {
+      for (const [k, v] of Object.entries(rawAttrs as Record<string, unknown>)) {
+        if (typeof v !== 'string' || k.startsWith(UNSAFE_MARK)) continue
+        const ln = localName(k)
+        if (UNSAFE_NAMES.has(ln) || k === 'xmlns' || k.startsWith('xmlns:')) continue
+        attrs.set(ln, decodeXmlText(v, label))
+      }
+    }
+    const kids = (node as Record<string, unknown>)[qname]
+    let text = ''
+    let children: XmlNode[] = []
+    if (Array.isArray(kids)) {
+      for (const k of kids) {
+        const t = k && typeof k === 'object' ? (k as Record<string, unknown>)['#text'] : undefined
+        if (typeof t === 'string' || typeof t === 'number') text += decodeXmlText(String(t), label)
+      }
+      children = buildXmlTree(kids, label, depth + 1, budget)
+    }
+    out.push({ name, attrs, children, text })
+  }
+  return out
+}
+
+/**
+ * Parses XML text into an {@link XmlNode} tree and returns the root element.
+ *
+ * Refuses (E_MIG_MALFORMED_ARCHIVE, message `<label>: <reason>`): text over `maxBytes` (default
+ * 4 MiB), any `<!DOCTYPE` or `<!ENTITY` (no DTD is ever processed), XML that is not well-formed,
+ * undefined entities, nesting deeper than 256, more than 200 000 elements, zero or several roots.
+ * CDATA sections are kept as text; comments and processing instructions are dropped.
+ */
+export function parseXmlDocument(xml: string, label: string, maxBytes = MAX_XML_BYTES): XmlNode {
+  if (Buffer.byteLength(xml, 'utf8') > maxBytes) throw malformed(label, `XML larger than ${maxBytes} bytes`)
+  if (/<!DOCTYPE/i.test(xml) || /<!ENTITY/i.test(xml)) throw malformed(label, 'DOCTYPE/ENTITY declarations are not allowed')
+  const v = XMLValidator.validate(xml, { allowBooleanAttributes: false })
+  if (v !== true) throw malformed(label, `not well-formed XML: ${v.err.msg} (line ${v.err.line}, column ${v.err.col})`)
+  const rename = (n: string): string => (UNSAFE_NAMES.has(localName(n)) ? UNSAFE_MARK + n : n)
+  const parser = new XMLParser({
+    preserveOrder: true,
+    ignoreAttributes: false,
+    attributeNamePrefix: '',
+    parseTagValue: false,
+    parseAttributeValue: false,
+    processEntities: false,
+    htmlEntities: false,
+    trimValues: false,
+    ignoreDeclaration: true,
+    ignorePiTags: true,
+    commentPropName: false,
+    transformTagName: rename,
+    transformAttributeName: rename,
+  })
+  let raw: unknown
+  try {
+    raw = parser.parse(xml)
+  } catch (e) {
+    throw malformed(label, `not well-formed XML: ${(e as Error).message}`)
+  }
+  const roots = buildXmlTree(Array.isArray(raw) ? raw : [], label, 0, { left: 200_000 })
+  if (roots.length !== 1) throw malformed(label, `expected one root element, found ${roots.length}`)
+  return roots[0]!
+}
+
+/** Child elements of `n` named `name`. */
+export function xmlChildren(n: XmlNode, name: string): XmlNode[] {
+  return n.children.filter((c) => c.name === name)
+}
+/** First child element of `n` named `name`, or null. */
+export function xmlChild(n: XmlNode | null, name: string): XmlNode | null {
+  return n ? (n.children.find((c) => c.name === name) ?? null) : null
+}

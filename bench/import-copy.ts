@@ -14,13 +14,13 @@
  *   env: BENCH_VERBOSE=1 prints every run; BENCH_FLUSH_MIB overrides copyDisk's flush interval.
  */
 import { execFileSync } from 'node:child_process'
-import { readFileSync, rmSync, statSync } from 'node:fs'
+import { readFileSync, rmSync } from 'node:fs'
 import * as path from 'node:path'
 import { tempDir } from '../test/helpers/tmp.ts'
 import { openDiskReader } from '../lib/pipeline/readers/open.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import { FileSink } from '../lib/sink/file.ts'
-import { makeHalfFullQcow2 } from './source.ts'
+import { allocatedBytes, fmt, makeHalfFullQcow2, printComparison, qemuImgReference, sha256File, type CopyFigures } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -33,13 +33,7 @@ function vmHwm(): number {
   return m ? Number(m[1]) * 1024 : NaN
 }
 
-/** sha256 of a file, computed by `sha256sum` so hashing does not inflate this process's RSS. */
-function sha256(file: string): string {
-  return execFileSync('sha256sum', [file], { encoding: 'utf8' }).split(' ')[0]
-}
 
-const allocated = (file: string) => statSync(file).blocks * 512
-const fmt = (n: number) => n.toLocaleString('en-US')
 
 const t = tempDir('mig-bench-')
 try {
@@ -52,14 +46,10 @@ try {
   const ref = path.join(t.dir, 'ref.raw')
   const sink = new FileSink({ dataDir: t.dir })
   const ourPath = sink.volumePath('bench', 'disk0')
-  let refSec = Infinity
-  let ourSec = Infinity
+  let refBest: CopyFigures = { sec: Infinity, sha256: '', allocated: 0 }
+  let ourBest: CopyFigures = { sec: Infinity, sha256: '', allocated: 0 }
   let peak = 0
   let res = { bytes_read: 0, bytes_written: 0, bytes_zero: 0 }
-  let h1 = ''
-  let h2 = ''
-  let refAlloc = 0
-  let ourAlloc = 0
   const settle = async () => {
     rmSync(ref, { force: true })
     await sink.remove('bench')
@@ -68,14 +58,9 @@ try {
   }
   const runRef = async () => {
     await settle()
-    const t0 = performance.now()
-    execFileSync('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', qcow, ref])
-    execFileSync('sync', ['-f', ref])
-    const sec = (performance.now() - t0) / 1000
-    refSec = Math.min(refSec, sec)
-    if (process.env.BENCH_VERBOSE) console.log(`qemu-img: ${sec.toFixed(2)} s`)
-    h1 = sha256(ref)
-    refAlloc = allocated(ref)
+    const r = qemuImgReference(qcow, ref)
+    if (process.env.BENCH_VERBOSE) console.log(`qemu-img: ${r.sec.toFixed(2)} s`)
+    if (r.sec < refBest.sec) refBest = r
   }
   const runOurs = async () => {
     // Migrator data path: qemu-nbd start, copy (fsync included), close.
@@ -89,10 +74,8 @@ try {
     await reader.close()
     const sec = (performance.now() - t0) / 1000
     clearInterval(sampler)
-    ourSec = Math.min(ourSec, sec)
     if (process.env.BENCH_VERBOSE) console.log(`ours: ${sec.toFixed(2)} s`)
-    h2 = sha256(ourPath)
-    ourAlloc = allocated(ourPath)
+    if (sec < ourBest.sec) ourBest = { sec, sha256: sha256File(ourPath), allocated: allocatedBytes(ourPath) }
   }
   await runRef()
   await runOurs()
@@ -100,20 +83,10 @@ try {
   await runRef()
   const hwm = vmHwm()
 
-  const mbs = (s: number) => (size / MiB / s).toFixed(0)
-  console.log(`source: qcow2, ${fmt(size)} bytes virtual, ${fmt(dataBytes)} bytes of data (half the 64 KiB clusters)`)
-  console.log('')
-  console.log(`${''.padEnd(28)}${'qemu-img convert'.padStart(20)}${'openDiskReader+copyDisk'.padStart(26)}`)
-  console.log(`${'seconds'.padEnd(28)}${refSec.toFixed(2).padStart(20)}${ourSec.toFixed(2).padStart(26)}`)
-  console.log(`${'MB/s (virtual size)'.padEnd(28)}${mbs(refSec).padStart(20)}${mbs(ourSec).padStart(26)}`)
-  console.log(`${'destination allocated bytes'.padEnd(28)}${fmt(refAlloc).padStart(20)}${fmt(ourAlloc).padStart(26)}`)
-  console.log(`${'sha256'.padEnd(28)}${h1.slice(0, 16).padStart(20)}${h2.slice(0, 16).padStart(26)}`)
-  console.log('')
-  console.log(`ratio (ours / qemu-img MB/s): ${(refSec / ourSec).toFixed(2)}`)
-  console.log(`peak RSS during the copy: ${(peak / MiB).toFixed(0)} MiB (process.memoryUsage().rss sampled every 20 ms); VmHWM of the whole bench process: ${(hwm / MiB).toFixed(0)} MiB`)
-  console.log(`copy: read ${fmt(res.bytes_read)}, written ${fmt(res.bytes_written)}, zero ${fmt(res.bytes_zero)} bytes; read-ahead ${readAhead}, write depth ${writeDepth}`)
-  console.log(h1 === h2 ? 'destinations are sha256-equal' : 'MISMATCH: destinations differ')
-  if (h1 !== h2) process.exitCode = 1
+  printComparison(size, dataBytes, 'openDiskReader+copyDisk', refBest, ourBest, [
+    `peak RSS during the copy: ${(peak / MiB).toFixed(0)} MiB (process.memoryUsage().rss sampled every 20 ms); VmHWM of the whole bench process: ${(hwm / MiB).toFixed(0)} MiB`,
+    `copy: read ${fmt(res.bytes_read)}, written ${fmt(res.bytes_written)}, zero ${fmt(res.bytes_zero)} bytes; read-ahead ${readAhead}, write depth ${writeDepth}`,
+  ])
 } finally {
   t.cleanup()
 }

@@ -16,21 +16,18 @@
  * Needs root, qemu-utils and libvirt (started here when not running).
  */
 import { execFileSync } from 'node:child_process'
-import { readFileSync, rmSync, statSync } from 'node:fs'
+import { readFileSync, rmSync } from 'node:fs'
 import * as path from 'node:path'
 import { offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../test/helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
 import { startServer } from '../test/helpers/server.ts'
 import { tempDir } from '../test/helpers/tmp.ts'
-import { makeHalfFullQcow2 } from './source.ts'
+import { allocatedBytes, makeHalfFullQcow2, printComparison, qemuImgReference, sha256File, type CopyFigures } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
 const size = Math.round(Number(process.argv[2] ?? 4) * GiB)
 const runtime = process.argv[3] === 'node' ? 'node' : 'bun'
-const fmt = (n: number) => n.toLocaleString('en-US')
-const sha256 = (file: string) => execFileSync('sha256sum', [file], { encoding: 'utf8' }).split(' ')[0]
-const allocated = (file: string) => statSync(file).blocks * 512
 
 
 function vmHwm(pid: number): number {
@@ -52,13 +49,9 @@ try {
   const { dataBytes } = makeHalfFullQcow2(importRoot, size)
   const qcow = path.join(importRoot, 'src.qcow2')
   const ref = path.join(t.dir, 'ref.raw')
-  let refSec = Infinity
-  let ourSec = Infinity
+  let refBest: CopyFigures = { sec: Infinity, sha256: '', allocated: 0 }
+  let ourBest: CopyFigures = { sec: Infinity, sha256: '', allocated: 0 }
   let peakRss = 0
-  let refSha = ''
-  let ourSha = ''
-  let refAlloc = 0
-  let ourAlloc = 0
   let lastJob: string | null = null
   let runNo = 0
 
@@ -70,12 +63,8 @@ try {
   }
   const runRef = async () => {
     await settle()
-    const t0 = performance.now()
-    execFileSync('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', qcow, ref])
-    execFileSync('sync', ['-f', ref])
-    refSec = Math.min(refSec, (performance.now() - t0) / 1000)
-    refSha = sha256(ref)
-    refAlloc = allocated(ref)
+    const r = qemuImgReference(qcow, ref)
+    if (r.sec < refBest.sec) refBest = r
   }
   const runOurs = async () => {
     await settle()
@@ -96,31 +85,18 @@ try {
     const at = (state: string) => stream.events.find((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === state)
     const t0 = Date.parse(at('CopyingFull')!.data.updated_at)
     const t1 = Date.parse(at('Starting')!.data.updated_at)
-    ourSec = Math.min(ourSec, (t1 - t0) / 1000)
     peakRss = Math.max(peakRss, hwm)
+    const sec = (t1 - t0) / 1000
     const img = volumePath(t.dir, job.id, done.progress.disks[0].label)
-    ourSha = sha256(img)
-    ourAlloc = allocated(img)
+    if (sec < ourBest.sec) ourBest = { sec, sha256: sha256File(img), allocated: allocatedBytes(img) }
   }
   await runRef()
   await runOurs()
   await runOurs()
   await runRef()
 
-  const mbs = (s: number) => (size / MiB / s).toFixed(0)
   console.log(`server and worker: ${runtime}`)
-  console.log(`source: qcow2, ${fmt(size)} bytes virtual, ${fmt(dataBytes)} bytes of data (half the 64 KiB clusters)`)
-  console.log('')
-  console.log(`${''.padEnd(30)}${'qemu-img convert'.padStart(20)}${'migrator job'.padStart(20)}`)
-  console.log(`${'seconds'.padEnd(30)}${refSec.toFixed(2).padStart(20)}${ourSec.toFixed(2).padStart(20)}`)
-  console.log(`${'MB/s (virtual size)'.padEnd(30)}${mbs(refSec).padStart(20)}${mbs(ourSec).padStart(20)}`)
-  console.log(`${'destination allocated bytes'.padEnd(30)}${fmt(refAlloc).padStart(20)}${fmt(ourAlloc).padStart(20)}`)
-  console.log(`${'sha256'.padEnd(30)}${refSha.slice(0, 16).padStart(20)}${ourSha.slice(0, 16).padStart(20)}`)
-  console.log('')
-  console.log(`ratio (migrator / qemu-img MB/s): ${(refSec / ourSec).toFixed(2)}`)
-  console.log(`worker peak RSS (VmHWM): ${(peakRss / MiB).toFixed(0)} MiB`)
-  console.log(refSha === ourSha ? 'destinations are sha256-equal' : 'MISMATCH: destinations differ')
-  if (refSha !== ourSha) process.exitCode = 1
+  printComparison(size, dataBytes, 'migrator job', refBest, ourBest, [`worker peak RSS (VmHWM): ${(peakRss / MiB).toFixed(0)} MiB`])
 } finally {
   await srv.stop()
   await cleanupDomains('migbench-')

@@ -22,7 +22,7 @@
  * Needs qemu-utils and GNU tar; writes only to a temporary directory, removed at the end.
  */
 import { execFileSync, spawn } from 'node:child_process'
-import { closeSync, openSync, readFileSync, statSync, writeFileSync, writeSync, ftruncateSync, mkdirSync } from 'node:fs'
+import { closeSync, openSync, readFileSync, statSync, writeSync, ftruncateSync, mkdirSync } from 'node:fs'
 import { createHash, randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { createInterface } from 'node:readline'

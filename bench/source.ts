@@ -4,7 +4,7 @@
  */
 import { execFileSync, spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { closeSync, openSync, writeSync } from 'node:fs'
+import { closeSync, openSync, statSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 
 /** Cluster size of the benchmark qcow2, bytes. */
@@ -30,4 +30,57 @@ export function makeHalfFullQcow2(dir: string, size: number, name = 'src.qcow2')
   execFileSync('rm', ['-f', raw])
   execFileSync('cat', [qcow], { stdio: ['ignore', 'ignore', 'inherit'] })
   return { path: qcow, dataBytes }
+}
+
+/** One side of a copy benchmark: best seconds, sha256 of the destination, its allocated bytes. */
+export interface CopyFigures {
+  sec: number
+  sha256: string
+  allocated: number
+}
+
+/** Thousands separators for byte counts. */
+export const fmt = (n: number): string => n.toLocaleString('en-US')
+
+/** sha256 of a file by `sha256sum`, so hashing does not inflate the benchmark's own RSS. */
+export function sha256File(file: string): string {
+  return execFileSync('sha256sum', [file], { encoding: 'utf8' }).split(' ')[0]!
+}
+
+/** Bytes the file system allocated for `file` (st_blocks x 512). */
+export function allocatedBytes(file: string): number {
+  return statSync(file).blocks * 512
+}
+
+/** The reference: `qemu-img convert -f qcow2 -O raw <qcow> <out>` (sparse) and `sync -f`, timed. */
+export function qemuImgReference(qcow: string, out: string): CopyFigures {
+  const t0 = performance.now()
+  execFileSync('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', qcow, out])
+  execFileSync('sync', ['-f', out])
+  const sec = (performance.now() - t0) / 1000
+  return { sec, sha256: sha256File(out), allocated: allocatedBytes(out) }
+}
+
+/**
+ * Prints the side-by-side table (seconds, MB/s of the virtual `size`, allocated bytes, sha256),
+ * the ratio, the caller's `notes`, and whether the destinations are equal; a mismatch sets a
+ * failing exit code.
+ */
+export function printComparison(size: number, dataBytes: number, oursTitle: string, ref: CopyFigures, ours: CopyFigures, notes: string[]): void {
+  const w = Math.max(20, oursTitle.length + 2)
+  const row = (name: string, a: string, b: string) => console.log(`${name.padEnd(30)}${a.padStart(20)}${b.padStart(w)}`)
+  const mbs = (s: number) => (size / (1024 * 1024) / s).toFixed(0)
+  console.log(`source: qcow2, ${fmt(size)} bytes virtual, ${fmt(dataBytes)} bytes of data (half the 64 KiB clusters)`)
+  console.log('')
+  row('', 'qemu-img convert', oursTitle)
+  row('seconds', ref.sec.toFixed(2), ours.sec.toFixed(2))
+  row('MB/s (virtual size)', mbs(ref.sec), mbs(ours.sec))
+  row('destination allocated bytes', fmt(ref.allocated), fmt(ours.allocated))
+  row('sha256', ref.sha256.slice(0, 16), ours.sha256.slice(0, 16))
+  console.log('')
+  console.log(`ratio (${oursTitle} / qemu-img MB/s): ${(ref.sec / ours.sec).toFixed(2)}`)
+  for (const n of notes) console.log(n)
+  const equal = ref.sha256 === ours.sha256
+  console.log(equal ? 'destinations are sha256-equal' : 'MISMATCH: destinations differ')
+  if (!equal) process.exitCode = 1
 }

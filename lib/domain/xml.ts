@@ -145,13 +145,18 @@ export function defaultNicModel(family: GuestFamily): NicModel {
  * does: `a`..`z`, `aa`..`zz`, ... (`vda`, `vdz`, `vdaa`).
  */
 export function targetDevName(prefix: 'vd' | 'sd' | 'hd', index: number): string {
+  return prefix + driveLetters(index)
+}
+
+/** The letters of disk `index` as libvirt and virt-v2v spell them: 0 -> `a`, 25 -> `z`, 26 -> `aa`, 27 -> `ab`, ... */
+export function driveLetters(index: number): string {
   let n = index
   let s = ''
   do {
     s = String.fromCharCode(97 + (n % 26)) + s
     n = Math.floor(n / 26) - 1
   } while (n >= 0)
-  return prefix + s
+  return s
 }
 
 function fail(msg: string): never {

@@ -45,7 +45,8 @@ import type { ManifestDisk, VmManifest } from '../manifest.ts'
 import { copyDisk } from '../pipeline/copy-disk.ts'
 import { openRawFileReader } from '../pipeline/readers/raw-file.ts'
 import { HandleVolume, runCommand, type Discarder } from '../sink/file.ts'
-import { describeFailure, resolveBinary, runV2vTool, type ToolOutcome } from './tool.ts'
+import { driveLetters } from '../domain/xml.ts'
+import { describeFailure, resolveBinary, runV2vTool, v2vOutputName, type ToolOutcome } from './tool.ts'
 import { DEFAULT_VIRTIO_WIN_ISO } from './preparer.ts'
 
 /** Default tool (spec 1.5: `virt-v2v`). */
@@ -123,19 +124,8 @@ function fail(msg: string, details?: Record<string, unknown>): never {
   throw new MigError('E_MIG_V2V_FAILED', msg, details ? { details } : {})
 }
 
-/** virt-v2v's `drive_name`: 0 -> `a`, 25 -> `z`, 26 -> `aa`, 27 -> `ab`, ... */
-export function v2vDriveName(i: number): string {
-  let s = ''
-  for (let n = i; ; n = Math.floor(n / 26) - 1) {
-    s = String.fromCharCode(97 + (n % 26)) + s
-    if (n < 26) return s
-  }
-}
-
-/** A guest name safe for virt-v2v's `-on` and output file names: `[A-Za-z0-9_.-]`, at most 63, never starting with `.`/`-`. */
-export function v2vOutputName(name: string): string {
-  return name.replace(/[^A-Za-z0-9_.-]+/g, '_').replace(/^[._-]+/, '').slice(0, 63) || 'guest'
-}
+/** virt-v2v's `drive_name`: 0 -> `a`, 25 -> `z`, 26 -> `aa`, 27 -> `ab`, ... (libvirt's spelling too). */
+export const v2vDriveName = driveLetters
 
 const noCtl = (s: string) => s.replace(/[\x00-\x1f\x7f]/g, ' ')
 

@@ -27,7 +27,8 @@ import * as path from 'node:path'
 import { XMLBuilder } from 'fast-xml-parser'
 import { MigError } from '../errors.ts'
 import type { VmManifest } from '../manifest.ts'
-import { describeFailure, resolveBinary, runV2vTool, type ToolOutcome, type V2vProgress } from './tool.ts'
+import { targetDevName } from '../domain/xml.ts'
+import { describeFailure, resolveBinary, runV2vTool, v2vOutputName, type ToolOutcome, type V2vProgress } from './tool.ts'
 
 export type { V2vProgress } from './tool.ts'
 
@@ -134,7 +135,7 @@ export class V2vPreparer {
 
   /** The minimal libvirt XML of virt-v2v(1) for `-i libvirtxml`: name, memory, vCPUs, firmware, raw disks. */
   inputXml(volumes: V2vVolume[], manifest: VmManifest): string {
-    const name = manifest.name.replace(/[^A-Za-z0-9_.-]+/g, '_').replace(/^[._-]+/, '').slice(0, 63) || 'guest'
+    const name = v2vOutputName(manifest.name)
     const os: Record<string, unknown> = { type: { '@_arch': 'x86_64', '#text': 'hvm' } }
     if (manifest.firmware === 'efi') os.loader = { '@_readonly': 'yes', '@_type': 'pflash', '#text': '/usr/share/OVMF/OVMF_CODE_4M.fd' }
     const disks = volumes.map((v, i) => {
@@ -144,7 +145,7 @@ export class V2vPreparer {
         '@_device': 'disk',
         driver: { '@_name': 'qemu', '@_type': 'raw' },
         source: block ? { '@_dev': v.path } : { '@_file': v.path },
-        target: { '@_dev': `sd${String.fromCharCode(97 + (i % 26))}${i >= 26 ? Math.floor(i / 26) : ''}`, '@_bus': 'sata' },
+        target: { '@_dev': targetDevName('sd', i), '@_bus': 'sata' },
       }
     })
     const domain = {

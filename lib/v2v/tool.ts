@@ -229,3 +229,8 @@ export function runV2vTool(bin: string, args: string[], env: Record<string, stri
 export function describeFailure(o: ToolOutcome): string {
   return o.kind === 'timeout' ? 'timed out' : o.signal ? `killed by ${o.signal}` : `exited with status ${o.code}`
 }
+
+/** A guest name safe for virt-v2v's `-on`, output file names and input XML: `[A-Za-z0-9_.-]`, at most 63, never starting with `.`/`_`/`-`; `guest` when nothing is left. */
+export function v2vOutputName(name: string): string {
+  return name.replace(/[^A-Za-z0-9_.-]+/g, '_').replace(/^[._-]+/, '').slice(0, 63) || 'guest'
+}

@@ -191,7 +191,7 @@ export class VimSession implements LiveSession {
     if (!d) throw new MigError('E_MIG_DISK_READ_FAILED', `VM ${vmId}: snapshot ${snapshot.id} has no disk with device key ${key} (${disk.label})`)
     const http = new DatastoreHttp(this.client, await this.dcPath(vmId), this.opts.requestTimeoutMs * 2)
     try {
-      return await openDatastoreVmdk(http, d.fileName, { label: disk.label, capacity: disk.capacity_bytes })
+      return await openDatastoreVmdk(http, d.fileName, { label: disk.label, capacity: disk.capacity_bytes, parents: d.parents })
     } catch (e) {
       if (isMigError(e)) throw e
       throw new MigError('E_MIG_DISK_READ_FAILED', `${disk.label} (${d.fileName}): ${(e as Error).message}`, { cause: e })

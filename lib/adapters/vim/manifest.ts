@@ -29,6 +29,8 @@ export interface VimDisk {
   unitNumber: number | null
   backingType: string
   changeId: string | null
+  /** The backing chain below `fileName` (`backing.parent.fileName`, parent first): a snapshot's delta disks down to the base disk. */
+  parents: string[]
 }
 
 const CONTROLLERS: Record<string, ControllerBus> = {
@@ -67,7 +69,13 @@ export function disksOf(devices: XNode[]): VimDisk[] {
     const fileName = txt(d.backing?.fileName)
     if (key === null || !fileName) continue
     const bytes = int(d.capacityInBytes) ?? (int(d.capacityInKB) ?? 0) * 1024
-    out.push({ key, fileName, capacityBytes: bytes, controllerKey: int(d.controllerKey), unitNumber: int(d.unitNumber), backingType: xsiType(d.backing) ?? 'unknown', changeId: txt(d.backing?.changeId) || null })
+    const parents: string[] = []
+    for (let b = d.backing?.parent; b && parents.length < 64; b = b.parent) {
+      const name = txt(b.fileName)
+      if (!name) break
+      parents.push(name)
+    }
+    out.push({ key, fileName, capacityBytes: bytes, controllerKey: int(d.controllerKey), unitNumber: int(d.unitNumber), backingType: xsiType(d.backing) ?? 'unknown', changeId: txt(d.backing?.changeId) || null, parents })
   }
   return out.sort((a, b) => a.key - b.key)
 }

@@ -8,13 +8,15 @@
  * Cold: two disks (a bootable monolithicFlat disk and a monolithicSparse data disk), bit-exact
  * images, the VM shut down, marked with the job id and this host, no migrator snapshot left.
  * Warm: guest writes between passes give two delta passes (the first above the converge
- * threshold), then cutover; bit-exact with the final disks. A VM without CBT: downgraded to cold
+ * threshold), then cutover; bit-exact with the final disks; once with snapshots as frozen copies,
+ * once as ESXi-style delta chains (each snapshot's disk a delta over the previous one's, read
+ * through the chain vSphere reports in the backing's parent). A VM without CBT: downgraded to cold
  * with the non-fatal E_MIG_CBT_UNSUPPORTED. A guest that keeps writing: E_MIG_DELTA_TOO_LARGE,
  * snapshots removed.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { chmodSync, readFileSync, rmSync } from 'node:fs'
+import { chmodSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { hostname } from 'node:os'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
@@ -36,11 +38,11 @@ describe('live vim_api migrations through the HTTP API', () => {
   let sourceId = ''
 
   /** Creates a VM with a bootable flat disk (16 MiB) and a sparse data disk (8 MiB). */
-  async function makeVm(name: string, cbt: boolean): Promise<{ id: string; files: string[] }> {
+  async function makeVm(name: string, cbt: boolean, deltaSnapshots = false): Promise<{ id: string; files: string[] }> {
     const boot = makeBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
     const data = makeRawImage(path.join(t.dir, `${name}-data.raw`), 8 * MiB, name.length)
     const files = [await putVmdk(v, name, `${name}`, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
-    const id = await v.createVm({ name, guest_id: 'debian10_64Guest', firmware: 'bios', num_cpu: 1, memory_mb: 128, cbt, power_on: true, disks: [{ file: files[0], capacity_bytes: 16 * MiB }, { file: files[1], capacity_bytes: 8 * MiB }], nics: [{ mac: '00:50:56:01:02:03' }] })
+    const id = await v.createVm({ name, guest_id: 'debian10_64Guest', firmware: 'bios', num_cpu: 1, memory_mb: 128, cbt, delta_snapshots: deltaSnapshots, power_on: true, disks: [{ file: files[0], capacity_bytes: 16 * MiB }, { file: files[1], capacity_bytes: 8 * MiB }], nics: [{ mac: '00:50:56:01:02:03' }] })
     return { id, files }
   }
 
@@ -104,35 +106,43 @@ describe('live vim_api migrations through the HTTP API', () => {
     expect(serial).toContain(MARKER)
   })
 
-  test('warm: guest writes between snapshots give two delta passes, then cutover; bit-exact with the final disks', async () => {
-    const vm = await makeVm('migvim-warm', true)
-    await v.scheduleWrites(vm.id, [
-      // before delta pass 1: 2.5 MiB changed (above the 1 MiB threshold: not converged)
-      { before_snapshot: 1, file: vm.files[0], offset: 2 * MiB, length: 2 * MiB, pattern: 0x41 },
-      { before_snapshot: 1, file: vm.files[1], offset: 5 * MiB, length: 512 * 1024, pattern: 0x51 },
-      // before delta pass 2: 128 KiB (converged)
-      { before_snapshot: 2, file: vm.files[1], offset: 64 * 1024, length: 128 * 1024, pattern: 0x61 },
-      // while cutting over (the last writes before shutdown): 64 KiB
-      { before_snapshot: 3, file: vm.files[0], offset: 15 * MiB, length: 64 * 1024, pattern: 0x71 },
-    ])
-    const stream = openStream(srv.base)
-    await stream.ready
-    const job = await submit(srv.base, livePlan(vm.id, 'Warm', 'migvim-warm'))
-    const done = await waitJob(srv.base, job.id)
-    stream.close()
-    expect([done.status, done.state, done.effective_mode, done.last_error]).toEqual(['completed', 'Completed', 'Warm', null])
-    const states = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state)
-    expect(states.filter((s, i) => s !== states[i - 1])).toEqual(['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'Starting', 'Completed'])
-    const state = await v.vm(vm.id)
-    // snapshot 0 (full copy), passes 1 and 2, the final delta after shutdown
-    expect(state.snapshots_taken).toBe(4)
-    expect(state.snapshots).toEqual([])
-    expect(state.power_state).toBe('poweredOff')
-    expectBitExact(job.id, vm.files)
-    // the destination has every guest write, including the one before the final snapshot
-    const boot = readFileSync(volumePath(t.dir, job.id, 'migvim-warm'))
-    expect([boot[2 * MiB], boot[15 * MiB]]).toEqual([(0x41 + 1) & 0xff, (0x71 + 3) & 0xff])
-  })
+  for (const chain of [false, true]) {
+    const name = chain ? 'migvim-warmchain' : 'migvim-warm'
+    const how = chain ? 'snapshots as ESXi delta chains (each a delta over the previous, consolidated on removal)' : 'snapshots as frozen copies'
+    test(`warm, ${how}: guest writes between snapshots give two delta passes, then cutover; bit-exact with the final disks`, async () => {
+      const vm = await makeVm(name, true, chain)
+      await v.scheduleWrites(vm.id, [
+        // before delta pass 1: 2.5 MiB changed (above the 1 MiB threshold: not converged)
+        { before_snapshot: 1, file: vm.files[0], offset: 2 * MiB, length: 2 * MiB, pattern: 0x41 },
+        { before_snapshot: 1, file: vm.files[1], offset: 5 * MiB, length: 512 * 1024, pattern: 0x51 },
+        // before delta pass 2: 128 KiB (converged)
+        { before_snapshot: 2, file: vm.files[1], offset: 64 * 1024, length: 128 * 1024, pattern: 0x61 },
+        // while cutting over (the last writes before shutdown): 64 KiB
+        { before_snapshot: 3, file: vm.files[0], offset: 15 * MiB, length: 64 * 1024, pattern: 0x71 },
+      ])
+      const stream = openStream(srv.base)
+      await stream.ready
+      const job = await submit(srv.base, livePlan(vm.id, 'Warm', name))
+      const done = await waitJob(srv.base, job.id)
+      stream.close()
+      expect([done.status, done.state, done.effective_mode, done.last_error]).toEqual(['completed', 'Completed', 'Warm', null])
+      const states = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state)
+      expect(states.filter((s, i) => s !== states[i - 1])).toEqual(['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'Starting', 'Completed'])
+      const state = await v.vm(vm.id)
+      // snapshot 0 (full copy), passes 1 and 2, the final delta after shutdown
+      expect(state.snapshots_taken).toBe(4)
+      // with chains, snapshots 1-3 of both disks were read through a delta over the previous snapshot's disk
+      expect(state.delta_disks).toBe(chain ? 6 : 0)
+      expect(state.snapshots).toEqual([])
+      expect(state.power_state).toBe('poweredOff')
+      expectBitExact(job.id, vm.files)
+      // the destination has every guest write, including the one before the final snapshot
+      const boot = readFileSync(volumePath(t.dir, job.id, name))
+      expect([boot[2 * MiB], boot[15 * MiB]]).toEqual([(0x41 + 1) & 0xff, (0x71 + 3) & 0xff])
+      // no frozen or delta file is left in the VM's datastore directory
+      expect(readdirSync(path.join(v.datastore.dir, name)).filter((f) => /snapshot/.test(f))).toEqual([])
+    })
+  }
 
   test('warm plan for a VM without CBT: downgraded to cold with the non-fatal E_MIG_CBT_UNSUPPORTED, still completes bit-exact', async () => {
     const vm = await makeVm('migvim-nocbt', false)

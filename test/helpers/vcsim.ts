@@ -56,6 +56,8 @@ export interface HarnessVmSpec {
   cores_per_socket?: number
   memory_mb?: number
   cbt?: boolean
+  /** Snapshots after the first are ESXi-style delta disks over the previous snapshot (see test/vcsim/main.go). */
+  delta_snapshots?: boolean
   power_on?: boolean
   disks: HarnessDisk[]
   nics?: { mac?: string }[]
@@ -72,6 +74,8 @@ export interface HarnessVmState {
   disks: { key: number; file: string }[]
   /** Snapshots taken of the VM since it was created. */
   snapshots_taken: number
+  /** Delta disks the harness made for snapshots of a delta_snapshots VM. */
+  delta_disks: number
 }
 
 /**

@@ -9,6 +9,12 @@
 //     "<disk>-<snapshot>.vmdk" and points the snapshot's configuration at that copy, so a reader
 //     of the snapshot's disks sees the bytes as of the snapshot while the test keeps writing the
 //     VM's active disk file. RemoveSnapshot_Task deletes the copy.
+//   - ESXi-style delta chains, for VMs created with "delta_snapshots": the first snapshot is a
+//     frozen copy as above; each later one is a hosted sparse delta (qemu-img create -b) over
+//     the previous live snapshot's disk holding that snapshot's guest writes, checked equal to
+//     the active disk with qemu-img compare, and its backing names the parent
+//     (VirtualDiskFlatVer2BackingInfo.parent). Removing a snapshot consolidates as ESXi does: a
+//     child delta over its disks is flattened into a standalone file first.
 //   - Changed block tracking. With changeTrackingEnabled, each snapshot gets a new changeId per
 //     disk (reported in the snapshot's disk backing `changeId`) and the harness keeps the disk's
 //     contents at that changeId (a raw image converted with qemu-img). QueryChangedDiskAreas
@@ -18,10 +24,11 @@
 //     Parameters must come in schema order (_this, snapshot, deviceKey, startOffset, changeId).
 //   - A control API under /harness/ (bearer token = the password): POST /harness/vms creates a VM
 //     whose disks are existing files of the datastore; GET /harness/vms/{moref} reports its power
-//     state, annotation, custom values and snapshots; POST /harness/vms/{moref}/reset-cbt forgets
-//     its changeIds (as a CBT reset does); POST /harness/vms/{moref}/disable?method=Name disables a
-//     method on the VM (vSphere's disabledMethod); POST /harness/vms/{moref}/writes schedules
-//     guest writes to the VM's active disks before given snapshots (see guestWrite).
+//     state, annotation, custom values, snapshots and delta disks made;
+//     POST /harness/vms/{moref}/reset-cbt forgets its changeIds (as a CBT reset does);
+//     POST /harness/vms/{moref}/disable?method=Name disables a method on the VM (vSphere's
+//     disabledMethod); POST /harness/vms/{moref}/writes schedules guest writes to the VM's
+//     active disks before given snapshots (see guestWrite).
 //
 // On start it prints one JSON line on stdout: {url, datacenter, datastores: [{name, dir}],
 // cert_pem, thumbprint}.
@@ -75,18 +82,23 @@ const blockSize = 64 * 1024
 
 // cbtState is the harness's changed block tracking: the raw contents of each disk at each changeId.
 type cbtState struct {
-	mu       sync.Mutex
-	stateDir string
-	seq      int
-	raw      map[string]string       // changeId -> raw image path
-	vmIds    map[string][]string     // vm moref -> changeIds
-	frozen   map[string][]string     // snapshot moref -> frozen files (absolute)
-	dsDirs   map[string]string       // datastore name -> local dir
-	taken    map[string]int          // vm moref -> snapshots taken
-	writes   map[string][]guestWrite // vm moref -> scheduled guest writes
+	mu         sync.Mutex
+	stateDir   string
+	seq        int
+	raw        map[string]string                            // changeId -> raw image path
+	vmIds      map[string][]string                          // vm moref -> changeIds
+	frozen     map[string][]string                          // snapshot moref -> frozen files (absolute)
+	dsDirs     map[string]string                            // datastore name -> local dir
+	taken      map[string]int                               // vm moref -> snapshots taken
+	writes     map[string][]guestWrite                      // vm moref -> scheduled guest writes
+	deltaVMs   map[string]bool                              // vm moref -> snapshots are delta chains
+	last       map[string]*simulator.VirtualMachineSnapshot // vm moref -> newest live snapshot
+	parentOf   map[string]*simulator.VirtualMachineSnapshot // snapshot moref -> the snapshot its deltas lie on
+	deltasMade map[string]int                               // vm moref -> delta disks made
 }
 
-var cbt = &cbtState{raw: map[string]string{}, vmIds: map[string][]string{}, frozen: map[string][]string{}, dsDirs: map[string]string{}, taken: map[string]int{}, writes: map[string][]guestWrite{}}
+var cbt = &cbtState{raw: map[string]string{}, vmIds: map[string][]string{}, frozen: map[string][]string{}, dsDirs: map[string]string{}, taken: map[string]int{}, writes: map[string][]guestWrite{},
+	deltaVMs: map[string]bool{}, last: map[string]*simulator.VirtualMachineSnapshot{}, parentOf: map[string]*simulator.VirtualMachineSnapshot{}, deltasMade: map[string]int{}}
 
 // guestWrite stands for the guest writing to its disk while it runs: before the VM's snapshot
 // number Before (0 = the first) is taken -- or before every snapshot from Before on when Every is
@@ -101,7 +113,9 @@ type guestWrite struct {
 	Pattern int    `json:"pattern"`
 }
 
-func applyWrites(vm string, n int) error {
+// applyWrites applies the guest writes due before snapshot n and returns the qemu-io commands
+// it ran, by disk file (relative to the datastore).
+func applyWrites(vm string, n int) (map[string][]string, error) {
 	cbt.mu.Lock()
 	var todo []guestWrite
 	for _, w := range cbt.writes[vm] {
@@ -114,14 +128,16 @@ func applyWrites(vm string, n int) error {
 		dir = d
 	}
 	cbt.mu.Unlock()
+	done := map[string][]string{}
 	for _, w := range todo {
-		pattern := (w.Pattern + n) & 0xff
-		out, err := exec.Command("qemu-io", "-f", "vmdk", "-c", fmt.Sprintf("write -P %d %d %d", pattern, w.Offset, w.Length), filepath.Join(dir, w.File)).CombinedOutput()
+		cmd := fmt.Sprintf("write -P %d %d %d", (w.Pattern+n)&0xff, w.Offset, w.Length)
+		out, err := exec.Command("qemu-io", "-f", "vmdk", "-c", cmd, filepath.Join(dir, w.File)).CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("qemu-io: %v: %s", err, out)
+			return nil, fmt.Errorf("qemu-io: %v: %s", err, out)
 		}
+		done[w.File] = append(done[w.File], cmd)
 	}
-	return nil
+	return done, nil
 }
 
 // snapshotHandler implements simulator.RegisterObject: it sees every object the registry puts
@@ -149,12 +165,123 @@ func (snapshotHandler) RemoveObject(ref types.ManagedObjectReference) {
 		return
 	}
 	cbt.mu.Lock()
+	var children []*simulator.VirtualMachineSnapshot
+	for child, parent := range cbt.parentOf {
+		if parent.Self.Value == ref.Value {
+			children = append(children, cbt.snapshotByRef(child))
+			delete(cbt.parentOf, child)
+		}
+	}
+	for vm, last := range cbt.last {
+		if last.Self.Value == ref.Value {
+			delete(cbt.last, vm)
+		}
+	}
+	cbt.mu.Unlock()
+	for _, c := range children {
+		if c != nil {
+			if err := consolidate(c); err != nil {
+				log.Printf("harness: consolidating snapshot %s: %v", c.Self.Value, err)
+			}
+		}
+	}
+	cbt.mu.Lock()
 	files := cbt.frozen[ref.Value]
 	delete(cbt.frozen, ref.Value)
 	cbt.mu.Unlock()
 	for _, f := range files {
 		_ = os.Remove(f)
 	}
+}
+
+// snapshotByRef finds a live snapshot the harness made delta disks for (cbt.mu held).
+func (c *cbtState) snapshotByRef(ref string) *simulator.VirtualMachineSnapshot {
+	for _, s := range c.last {
+		if s.Self.Value == ref {
+			return s
+		}
+	}
+	s, _ := simulator.Map.Get(types.ManagedObjectReference{Type: "VirtualMachineSnapshot", Value: ref}).(*simulator.VirtualMachineSnapshot)
+	return s
+}
+
+// consolidate turns every delta disk of snap into a standalone file (its parent is going away)
+// and drops the parent from its backing, as ESXi's snapshot consolidation leaves it.
+func consolidate(snap *simulator.VirtualMachineSnapshot) error {
+	for _, d := range snap.Config.Hardware.Device {
+		disk, ok := d.(*types.VirtualDisk)
+		if !ok {
+			continue
+		}
+		b, ok := disk.Backing.(*types.VirtualDiskFlatVer2BackingInfo)
+		if !ok || b.Parent == nil {
+			continue
+		}
+		ds, rel, err := dsPath(b.FileName)
+		if err != nil {
+			return err
+		}
+		file := filepath.Join(cbt.dsDirs[ds], rel)
+		tmpDir := file + ".consolidate"
+		if err := os.MkdirAll(tmpDir, 0o755); err != nil {
+			return err
+		}
+		tmp := filepath.Join(tmpDir, filepath.Base(file))
+		if out, err := exec.Command("qemu-img", "convert", "-f", "vmdk", "-O", "vmdk", file, tmp).CombinedOutput(); err != nil {
+			return fmt.Errorf("qemu-img convert: %v: %s", err, out)
+		}
+		if err := os.Rename(tmp, file); err != nil {
+			return err
+		}
+		_ = os.RemoveAll(tmpDir)
+		b.Parent = nil
+	}
+	return nil
+}
+
+// deltaDisk makes the snapshot disk of `active` as a hosted sparse delta over `parent` (a frozen
+// disk of the previous snapshot, in the same directory) holding the guest writes `cmds`, and
+// checks it reads as the active disk does. Returns its datastore path and the file it created.
+func deltaDisk(active, parent, tag string, cmds []string) (string, []string, error) {
+	ds, rel, err := dsPath(active)
+	if err != nil {
+		return "", nil, err
+	}
+	_, parentRel, err := dsPath(parent)
+	if err != nil {
+		return "", nil, err
+	}
+	dir := cbt.dsDirs[ds]
+	dstRel := fmt.Sprintf("%s-%s.vmdk", strings.TrimSuffix(rel, ".vmdk"), tag)
+	dst := filepath.Join(dir, dstRel)
+	if filepath.Dir(dst) != filepath.Dir(filepath.Join(dir, parentRel)) {
+		return "", nil, fmt.Errorf("delta %s and parent %s lie in different directories", dstRel, parentRel)
+	}
+	create := exec.Command("qemu-img", "create", "-q", "-f", "vmdk", "-b", filepath.Base(parentRel), "-F", "vmdk", filepath.Base(dst))
+	create.Dir = filepath.Dir(dst)
+	if out, err := create.CombinedOutput(); err != nil {
+		return "", nil, fmt.Errorf("qemu-img create: %v: %s", err, out)
+	}
+	for _, cmd := range cmds {
+		if out, err := exec.Command("qemu-io", "-f", "vmdk", "-c", cmd, dst).CombinedOutput(); err != nil {
+			return "", nil, fmt.Errorf("qemu-io: %v: %s", err, out)
+		}
+	}
+	if out, err := exec.Command("qemu-img", "compare", "-f", "vmdk", "-F", "vmdk", filepath.Join(dir, rel), dst).CombinedOutput(); err != nil {
+		return "", nil, fmt.Errorf("delta %s does not read as %s: %v: %s", dstRel, rel, err, out)
+	}
+	return fmt.Sprintf("[%s] %s", ds, dstRel), []string{dst}, nil
+}
+
+// diskBacking is the flat backing of the disk with device key `key` in a snapshot's configuration.
+func diskBacking(snap *simulator.VirtualMachineSnapshot, key int32) *types.VirtualDiskFlatVer2BackingInfo {
+	for _, d := range snap.Config.Hardware.Device {
+		if disk, ok := d.(*types.VirtualDisk); ok && disk.Key == key {
+			b, _ := disk.Backing.(*types.VirtualDiskFlatVer2BackingInfo)
+			return b
+		}
+	}
+	return nil
 }
 
 var extentRe = regexp.MustCompile(`^(RW|RDONLY|NOACCESS)\s+(\d+)\s+(\S+)\s+"([^"]+)"(.*)$`)
@@ -241,8 +368,11 @@ func freezeSnapshot(snap *simulator.VirtualMachineSnapshot) error {
 	cbt.mu.Lock()
 	n := cbt.taken[snap.Vm.Value]
 	cbt.taken[snap.Vm.Value] = n + 1
+	delta := cbt.deltaVMs[snap.Vm.Value]
+	prev := cbt.last[snap.Vm.Value]
 	cbt.mu.Unlock()
-	if err := applyWrites(snap.Vm.Value, n); err != nil {
+	writes, err := applyWrites(snap.Vm.Value, n)
+	if err != nil {
 		return err
 	}
 	tracking := snap.Config.ChangeTrackingEnabled != nil && *snap.Config.ChangeTrackingEnabled
@@ -259,12 +389,28 @@ func freezeSnapshot(snap *simulator.VirtualMachineSnapshot) error {
 			devices = append(devices, d)
 			continue
 		}
-		frozenPath, files, err := freezeDisk(b.FileName, snap.Self.Value)
+		nb := *b
+		var frozenPath string
+		var files []string
+		var pb *types.VirtualDiskFlatVer2BackingInfo
+		if delta && prev != nil {
+			pb = diskBacking(prev, disk.Key)
+		}
+		if pb != nil {
+			_, rel, _ := dsPath(b.FileName)
+			frozenPath, files, err = deltaDisk(b.FileName, pb.FileName, snap.Self.Value, writes[rel])
+			parent := *pb
+			nb.Parent = &parent
+			cbt.mu.Lock()
+			cbt.deltasMade[snap.Vm.Value]++
+			cbt.mu.Unlock()
+		} else {
+			frozenPath, files, err = freezeDisk(b.FileName, snap.Self.Value)
+		}
 		if err != nil {
 			return err
 		}
 		created = append(created, files...)
-		nb := *b
 		nb.FileName = frozenPath
 		nb.ChangeId = ""
 		if tracking {
@@ -291,6 +437,12 @@ func freezeSnapshot(snap *simulator.VirtualMachineSnapshot) error {
 	snap.Config.Hardware.Device = devices
 	cbt.mu.Lock()
 	cbt.frozen[snap.Self.Value] = created
+	if delta {
+		if prev != nil {
+			cbt.parentOf[snap.Self.Value] = prev
+		}
+		cbt.last[snap.Vm.Value] = snap
+	}
 	cbt.mu.Unlock()
 	return nil
 }
@@ -504,6 +656,7 @@ type vmSpec struct {
 	CoresPerSocket int32      `json:"cores_per_socket"`
 	MemoryMB       int64      `json:"memory_mb"`
 	Cbt            bool       `json:"cbt"`
+	DeltaSnapshots bool       `json:"delta_snapshots"`
 	PowerOn        bool       `json:"power_on"`
 	Disks          []diskSpec `json:"disks"`
 	Nics           []nicSpec  `json:"nics"`
@@ -583,6 +736,11 @@ func (h *harness) createVM(ctx context.Context, spec vmSpec) (string, error) {
 	}
 	ref := info.Result.(types.ManagedObjectReference)
 	vm := simulator.Map.Get(ref).(*simulator.VirtualMachine)
+	if spec.DeltaSnapshots {
+		cbt.mu.Lock()
+		cbt.deltaVMs[ref.Value] = true
+		cbt.mu.Unlock()
+	}
 	// Attach the existing disk files directly: the simulator's device configuration insists on
 	// a "-flat.vmdk" beside every disk, which a monolithicSparse disk does not have.
 	var dsRef types.ManagedObjectReference
@@ -706,10 +864,11 @@ func (h *harness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				tracking := vm.Config.ChangeTrackingEnabled != nil && *vm.Config.ChangeTrackingEnabled
 				cbt.mu.Lock()
 				taken := cbt.taken[ref.Value]
+				deltas := cbt.deltasMade[ref.Value]
 				cbt.mu.Unlock()
 				res = map[string]interface{}{
 					"name": vm.Name, "power_state": vm.Runtime.PowerState, "annotation": vm.Config.Annotation,
-					"custom_values": named, "snapshots": snaps, "change_tracking": tracking, "disks": disks, "snapshots_taken": taken,
+					"custom_values": named, "snapshots": snaps, "change_tracking": tracking, "disks": disks, "snapshots_taken": taken, "delta_disks": deltas,
 				}
 			})
 			writeJSON(res)

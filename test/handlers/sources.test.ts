@@ -51,6 +51,22 @@ describe('sources handlers', () => {
     expect((await thrown(() => create.handle(req('POST', '/sources', body), ctx))).code).toBe('E_MIG_CONFLICT')
   })
 
+  test('POST /sources: the endpoint follows the rules of its kind (libvirt URIs with an SSH user, vim_api https /sdk only)', async () => {
+    const ok = await create.handle(req('POST', '/sources', { ...body, name: 'kvm1', kind: 'libvirt_remote', endpoint: 'qemu+ssh://root@kvm1.example.test/system', tls: undefined }), ctx)
+    expect(ok.status).toBe(201)
+    expect((await ok.json()).endpoint).toBe('qemu+ssh://root@kvm1.example.test/system')
+    for (const [kind, endpoint, why] of [
+      ['vim_api', 'http://vc02.example.test/sdk', /https only/],
+      ['vim_api', 'https://vc02.example.test/api', /\/sdk/],
+      ['pve_api', 'qemu+ssh://root@pve1/system', /scheme/],
+      ['libvirt_remote', 'qemu+ssh://root:pw@kvm1/system', /credentials|URL/],
+      ['libvirt_remote', 'qemu+tls://kvm1/other', /path/],
+    ] as const) {
+      const e = await thrown(() => create.handle(req('POST', '/sources', { ...body, name: `bad-${kind}`, kind, endpoint }), ctx))
+      expect([kind, endpoint, e.code, e.details.issues[0].path, why.test(e.message)]).toEqual([kind, endpoint, 'E_MIG_BAD_REQUEST', 'endpoint', true])
+    }
+  })
+
   test('control-plane calls: no adapter answers in this build -> E_MIG_SOURCE_UNREACHABLE', async () => {
     for (const h of [() => probe.handle(req('POST', `/sources/${id}/test`), ctx, { id }), () => vmsList.handle(req('GET', `/sources/${id}/vms`), ctx, { id }), () => vmsGet.handle(req('GET', `/sources/${id}/vms/vm-1`), ctx, { id, vm_id: 'vm-1' })]) {
       const e = await thrown(h)

@@ -43,6 +43,8 @@ export interface Config {
   supervisor: { leaseSeconds: number; heartbeatTimeoutSeconds: number; maxAttempts: number }
   /** Warm delta loop: converged below this many bytes per pass, at most this many passes. */
   delta: { convergeBelowBytes: number; maxPasses: number }
+  /** Live sources: how long a guest shutdown may take before the VM is powered off (s, default 300). */
+  guestShutdownTimeoutSeconds: number
   /** The copy loop: durable checkpoint (fsync + watermark) every `flushEveryBytes` (default 256 MiB); bandwidth cap on source reads in bytes/s (0: none). */
   copy: { flushEveryBytes: number; maxBytesPerSecond: number }
   /** Keep the destination volumes of a cancelled job (default false: remove them). */
@@ -131,6 +133,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       convergeBelowBytes: int(env, 'MIGRATOR_DELTA_CONVERGE_BYTES', 64 * 1024 * 1024, 0),
       maxPasses: int(env, 'MIGRATOR_DELTA_MAX_PASSES', 8, 1),
     },
+    guestShutdownTimeoutSeconds: int(env, 'MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS', 300, 1),
     copy: {
       flushEveryBytes: int(env, 'MIGRATOR_FLUSH_EVERY_BYTES', 256 * 1024 * 1024, 1024 * 1024),
       maxBytesPerSecond: int(env, 'MIGRATOR_COPY_MAX_BYTES_PER_SECOND', 0, 0),

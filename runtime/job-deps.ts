@@ -94,6 +94,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         sealer,
         paths: { importRoot: paths.importRoot, uploadsDir: paths.uploads },
         now,
+        guestShutdownTimeoutSeconds: config.guestShutdownTimeoutSeconds,
         fullImport: {
           workDir: path.join(config.dataDir, 'tmp'),
           binary: config.v2v.fullImportBinary,

@@ -9,13 +9,13 @@ import { adapterFor } from './index.ts'
 import type { AdapterSession } from './types.ts'
 
 /**
- * Connects to source `id`. Throws `E_MIG_NOT_FOUND` (no such source), and whatever the adapter's
+ * Connects to source `id` (`opts` are passed to the adapter's `connect`). Throws `E_MIG_NOT_FOUND` (no such source), and whatever the adapter's
  * `connect` throws (`E_MIG_SOURCE_UNREACHABLE`, `E_MIG_AUTH_FAILED`, `E_MIG_BAD_REQUEST`).
  */
-export async function openSourceSession(sources: SourcesRepo, sealer: Sealer, id: string): Promise<AdapterSession> {
+export async function openSourceSession(sources: SourcesRepo, sealer: Sealer, id: string, opts: { guestShutdownTimeoutMs?: number } = {}): Promise<AdapterSession> {
   const source = await sources.get(id)
   const password = sealer.open(await sources.getSealedSecret(id), id)
-  return adapterFor(source.kind as AdapterKind).connect({ endpoint: source.endpoint, username: source.username, password, tls: source.tls_config })
+  return adapterFor(source.kind as AdapterKind).connect({ endpoint: source.endpoint, username: source.username, password, tls: source.tls_config, ...opts })
 }
 
 /** Runs `fn` on a session of source `id` and always closes the session. */

@@ -15,6 +15,8 @@ export interface SourceConnection {
   username: string
   password: string
   tls: SourceTls
+  /** How long a guest shutdown may take before the VM is powered off, milliseconds (the adapter's default when absent). */
+  guestShutdownTimeoutMs?: number
 }
 
 /** One VM as listed by a source (`GET /sources/:id/vms`). Memory in bytes. */

@@ -80,7 +80,7 @@ function isLiveSession(s: object): s is LiveSession {
  * (`vmcx_export`) get the virt-v2v full import (`lib/v2v/full-import.ts`), which writes straight
  * into the destination volumes. Live: opens a session and inspects the VM.
  */
-export async function prepareSource(job: Job, deps: { store: Store; sealer: Sealer; paths: SourcePaths; now(): Date; fullImport?: FullImportSettings }): Promise<PreparedSource> {
+export async function prepareSource(job: Job, deps: { store: Store; sealer: Sealer; paths: SourcePaths; now(): Date; fullImport?: FullImportSettings; guestShutdownTimeoutSeconds?: number }): Promise<PreparedSource> {
   const source = job.plan.source
   if ('Offline' in source) {
     const kind = source.Offline as ImporterKind
@@ -118,7 +118,7 @@ export async function prepareSource(job: Job, deps: { store: Store; sealer: Seal
   }
   const ref = job.plan.source_ref
   if (ref.kind !== 'live_vm') throw new MigError('E_MIG_INVALID_PLAN', 'a live plan needs a live_vm source_ref')
-  const session = await openSourceSession(deps.store.sources, deps.sealer, ref.source_id)
+  const session = await openSourceSession(deps.store.sources, deps.sealer, ref.source_id, { guestShutdownTimeoutMs: deps.guestShutdownTimeoutSeconds === undefined ? undefined : deps.guestShutdownTimeoutSeconds * 1000 })
   if (!isLiveSession(session)) {
     await session.close()
     throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${source.Live}: this adapter has no data plane`)

@@ -23,6 +23,8 @@ describe('job configuration', () => {
     expect(c.v2v).toEqual({ virtioWinIso: '/usr/share/virtio-win/virtio-win.iso', binary: 'virt-v2v-in-place', fullImportBinary: 'virt-v2v' })
     expect(c.keepOnCancel).toBe(false)
     expect(c.backup).toBeNull()
+    expect(c.guestShutdownTimeoutSeconds).toBe(300)
+    expect(loadConfig({ MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '45' }).guestShutdownTimeoutSeconds).toBe(45)
   })
 
   test('malformed values name the variable', () => {
@@ -30,6 +32,7 @@ describe('job configuration', () => {
     expect(() => loadConfig({ MIGRATOR_BOOT_SERIAL_PATTERN: '([' })).toThrow('MIGRATOR_BOOT_SERIAL_PATTERN')
     expect(() => loadConfig({ MIGRATOR_FLUSH_EVERY_BYTES: '4096' })).toThrow('MIGRATOR_FLUSH_EVERY_BYTES')
     expect(() => loadConfig({ MIGRATOR_MAX_ATTEMPTS: '0' })).toThrow('MIGRATOR_MAX_ATTEMPTS')
+    expect(() => loadConfig({ MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '0' })).toThrow('MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS')
   })
 
   test('the file sink by default; the zvol sink on MIGRATOR_ZFS_POOL, or on the plan destination pool', () => {

@@ -343,7 +343,7 @@ export function createVimAdapter(options: VimAdapterOptions = {}): SourceAdapter
         await client.close()
         throw e
       }
-      return new VimSession(client, opts)
+      return new VimSession(client, conn.guestShutdownTimeoutMs === undefined ? opts : { ...opts, shutdownTimeoutMs: conn.guestShutdownTimeoutMs })
     },
   }
 }

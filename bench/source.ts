@@ -52,10 +52,10 @@ export function allocatedBytes(file: string): number {
   return statSync(file).blocks * 512
 }
 
-/** The reference: `qemu-img convert -f qcow2 -O raw <qcow> <out>` (sparse) and `sync -f`, timed. */
-export function qemuImgReference(qcow: string, out: string): CopyFigures {
+/** The reference: `qemu-img convert -f <format> -O raw <src> <out>` (sparse) and `sync -f`, timed. */
+export function qemuImgReference(src: string, out: string, format = 'qcow2'): CopyFigures {
   const t0 = performance.now()
-  execFileSync('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', qcow, out])
+  execFileSync('qemu-img', ['convert', '-f', format, '-O', 'raw', src, out])
   execFileSync('sync', ['-f', out])
   const sec = (performance.now() - t0) / 1000
   return { sec, sha256: sha256File(out), allocated: allocatedBytes(out) }
@@ -64,13 +64,14 @@ export function qemuImgReference(qcow: string, out: string): CopyFigures {
 /**
  * Prints the side-by-side table (seconds, MB/s of the virtual `size`, allocated bytes, sha256),
  * the ratio, the caller's `notes`, and whether the destinations are equal; a mismatch sets a
- * failing exit code.
+ * failing exit code. `source` describes the source disk (default: the half-full qcow2 of
+ * {@link makeHalfFullQcow2} holding `dataBytes`).
  */
-export function printComparison(size: number, dataBytes: number, oursTitle: string, ref: CopyFigures, ours: CopyFigures, notes: string[]): void {
+export function printComparison(size: number, dataBytes: number, oursTitle: string, ref: CopyFigures, ours: CopyFigures, notes: string[], source = `qcow2, ${fmt(size)} bytes virtual, ${fmt(dataBytes)} bytes of data (half the 64 KiB clusters)`): void {
   const w = Math.max(20, oursTitle.length + 2)
   const row = (name: string, a: string, b: string) => console.log(`${name.padEnd(30)}${a.padStart(20)}${b.padStart(w)}`)
   const mbs = (s: number) => (size / (1024 * 1024) / s).toFixed(0)
-  console.log(`source: qcow2, ${fmt(size)} bytes virtual, ${fmt(dataBytes)} bytes of data (half the 64 KiB clusters)`)
+  console.log(`source: ${source}`)
   console.log('')
   row('', 'qemu-img convert', oursTitle)
   row('seconds', ref.sec.toFixed(2), ours.sec.toFixed(2))

@@ -47,6 +47,8 @@ const SECTOR = 512
 const TABLE_CACHE_BYTES = 16 * 1024 * 1024
 /** Bytes read at once when a grain table is needed (neighbouring tables come along). */
 const TABLE_WINDOW = 256 * 1024
+/** Largest grain directory read: 4 Mi entries (a 64 TB seSparse disk; 2 TB vmfsSparse needs 1 Mi). */
+const MAX_GD_ENTRIES = 4 * 1024 * 1024
 /** Deepest snapshot chain followed (ESXi allows 32 snapshots). */
 const MAX_DEPTH = 64
 
@@ -189,8 +191,8 @@ class SparseExtent {
     }
     // a directory longer than the capacity needs is only read as far as it is used
     g.gdEntries = Math.min(g.gdEntries, Math.ceil(g.capacityBytes / (g.grainBytes * g.gtEntries)))
+    if (g.gdEntries > MAX_GD_ENTRIES) throw fail(`grain directory of ${g.gdEntries} entries is too large`)
     const gdBytes = g.gdEntries * (g.format === 'sesparse' ? 8 : 4)
-    if (gdBytes > 32 * 1024 * 1024) throw fail(`grain directory of ${g.gdEntries} entries is too large`)
     if (g.gdOffset <= 0 || g.gdOffset + gdBytes > file.size) throw fail(`grain directory at byte ${g.gdOffset} lies outside the file`)
     const gd = Buffer.alloc(gdBytes)
     for (let o = 0; o < gdBytes; o += MAX_RANGE) (await file.read(g.gdOffset + o, Math.min(MAX_RANGE, gdBytes - o))).copy(gd, o)
@@ -407,6 +409,43 @@ async function* chainRuns(layer: Layer, from: number, to: number): AsyncIterable
   if (to > Math.max(from, end)) yield { offset: Math.max(from, end), length: to - Math.max(from, end), kind: 'zero' }
 }
 
+/** Bytes of one file wanted at `at` of a read's output. */
+interface Wanted {
+  fileOffset: number
+  length: number
+  at: number
+}
+
+/** Unwanted bytes read rather than starting another request (a delta's grains interleave with its parent's data). */
+const COALESCE_GAP = 256 * 1024
+
+/**
+ * Reads `list` from `file` into `out`, merging pieces less than {@link COALESCE_GAP} apart in the
+ * file into one request of at most {@link MAX_RANGE} bytes: over the datastore interface every
+ * request costs a round trip through vCenter.
+ */
+async function fetchCoalesced(file: RemoteFile, list: Wanted[], out: Buffer): Promise<void> {
+  list.sort((a, b) => a.fileOffset - b.fileOffset)
+  for (let i = 0; i < list.length; ) {
+    const start = list[i].fileOffset
+    let end = start + list[i].length
+    let j = i + 1
+    while (j < list.length && list[j].fileOffset - end <= COALESCE_GAP && Math.max(end, list[j].fileOffset + list[j].length) - start <= MAX_RANGE) {
+      end = Math.max(end, list[j].fileOffset + list[j].length)
+      j++
+    }
+    if (end - start > MAX_RANGE) {
+      // one piece larger than a request (never for reads within the DiskReader's 32 MiB limit)
+      const w = list[i]
+      for (let o = 0; o < w.length; o += MAX_RANGE) (await file.read(w.fileOffset + o, Math.min(MAX_RANGE, w.length - o))).copy(out, w.at + o)
+    } else {
+      const span = await file.read(start, end - start)
+      for (let k = i; k < j; k++) span.copy(out, list[k].at, list[k].fileOffset - start, list[k].fileOffset - start + list[k].length)
+    }
+    i = j
+  }
+}
+
 /**
  * Opens the VMDK `file` (descriptor or monolithicSparse) and its chain of parents as one
  * {@link DiskReader} of the disk's contents as the top layer shows them.
@@ -466,11 +505,17 @@ export async function openVmdkChain(
         throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of ${length} bytes at ${offset} is outside the disk (${size} bytes)`)
       }
       const out = into && into.length >= length ? into.subarray(0, length) : Buffer.allocUnsafe(length)
+      const wanted = new Map<RemoteFile, Wanted[]>()
       for await (const r of chainRuns(top, offset, offset + length)) {
         const at = r.offset - offset
         if (r.kind !== 'data') out.fill(0, at, at + r.length)
-        else for (let o = 0; o < r.length; o += MAX_RANGE) (await r.file.read(r.fileOffset + o, Math.min(MAX_RANGE, r.length - o))).copy(out, at + o)
+        else {
+          const list = wanted.get(r.file) ?? []
+          if (list.length === 0) wanted.set(r.file, list)
+          list.push({ fileOffset: r.fileOffset, length: r.length, at })
+        }
       }
+      for (const [file, list] of wanted) await fetchCoalesced(file, list, out)
       return out
     },
     async close(): Promise<void> {

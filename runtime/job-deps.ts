@@ -95,6 +95,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         paths: { importRoot: paths.importRoot, uploadsDir: paths.uploads },
         now,
         guestShutdownTimeoutSeconds: config.guestShutdownTimeoutSeconds,
+        stagingDir: path.join(config.dataDir, 'tmp'),
         fullImport: {
           workDir: path.join(config.dataDir, 'tmp'),
           binary: config.v2v.fullImportBinary,

@@ -22,8 +22,8 @@ import type { Importer, InspectContext } from './types.ts'
 const HEAD_BYTES = 64 * 1024
 
 
-/** Normalized archive path of a member name (`./a//b` -> `a/b`). */
-function memberKey(name: string): string {
+/** Normalized archive path of a member name (`./a//b` -> `a/b`); a disk source's `member` is one. */
+export function memberKey(name: string): string {
   return normalizeManifestName(name).replace(/\/+$/, '')
 }
 

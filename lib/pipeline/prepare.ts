@@ -3,7 +3,7 @@
  * an offline input is confined to the import root (or is an upload), inspected with the plan's
  * importer kind, and read disk by disk; a live source is a control-plane session.
  */
-import { stat } from 'node:fs/promises'
+import { rm, stat } from 'node:fs/promises'
 import { join } from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
@@ -78,9 +78,11 @@ function isLiveSession(s: object): s is LiveSession {
  * Prepares the source of `job`. Offline: inspects the input (the manifest is taken afresh, so an
  * input changed since submission is noticed) and opens readers per disk. Passthrough importers
  * (`vmcx_export`) get the virt-v2v full import (`lib/v2v/full-import.ts`), which writes straight
- * into the destination volumes. Live: opens a session and inspects the VM.
+ * into the destination volumes; gzip-compressed or chunked OVF files are staged under
+ * `<stagingDir>/staging/<job id>` (default `<import root>/../tmp`). Live: opens a session and
+ * inspects the VM.
  */
-export async function prepareSource(job: Job, deps: { store: Store; sealer: Sealer; paths: SourcePaths; now(): Date; fullImport?: FullImportSettings; guestShutdownTimeoutSeconds?: number }): Promise<PreparedSource> {
+export async function prepareSource(job: Job, deps: { store: Store; sealer: Sealer; paths: SourcePaths; now(): Date; fullImport?: FullImportSettings; guestShutdownTimeoutSeconds?: number; stagingDir?: string }): Promise<PreparedSource> {
   const source = job.plan.source
   if ('Offline' in source) {
     const kind = source.Offline as ImporterKind
@@ -106,12 +108,15 @@ export async function prepareSource(job: Job, deps: { store: Store; sealer: Seal
         },
       }
     }
+    // staged files a crashed attempt of this job left behind
+    const stagingDir = join(deps.stagingDir ?? join(deps.paths.importRoot, '..', 'tmp'), 'staging', job.id)
+    await rm(stagingDir, { recursive: true, force: true })
     return {
       strategy: 'offline',
       manifest,
       openReader: async (disk) => {
         await verifyPackedDigest(disk)
-        return openDiskReader(disk)
+        return openDiskReader(disk, { stagingDir })
       },
       close: async () => {},
     }

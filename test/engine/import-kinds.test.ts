@@ -2,7 +2,8 @@
  * End to end through the HTTP API (issues 4 and 5): an input of each of the eight
  * non-passthrough offline kinds, built with real tools around a bootable disk (a hand-written
  * boot sector that prints a marker on COM1) and, where the format allows, a second data disk, is
- * imported by the real server into the file sink and started on real libvirt + qemu (TCG).
+ * imported by the real server into the file sink and started on real libvirt + qemu (TCG); OVF
+ * packages also with their files gzip-compressed and/or in chunks (staged at copy time).
  * Checks: the job goes Queued -> CopyingFull -> Starting -> Completed (seen on the SSE stream, in
  * order, with progress events), every destination image is bit-exact with `qemu-img convert -O raw`
  * of its source and allocates at most its non-zero data + 5%, the domain runs and its serial log
@@ -10,10 +11,10 @@
  * libvirt refuses to define.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBadBootDisk, makeBootDisk } from '../helpers/bootdisk.ts'
-import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
+import { buildInput, fileSha256, makeRawImage, rawSha256, type OvfPacking } from '../helpers/inputs.ts'
 import { allocatedBytes, bootCheckEnv, call, nonZeroBytes, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
@@ -23,9 +24,13 @@ import { execFileSync } from 'node:child_process'
 const PREFIX = 'mige2e-'
 const MARKER = 'MIGRATOR-E2E-BOOT-7781'
 const MiB = 1024 * 1024
-const KINDS: Array<{ kind: string; disks: 1 | 2; format?: string }> = [
+const KINDS: Array<{ kind: string; disks: 1 | 2; format?: string; packing?: OvfPacking; how?: string }> = [
   { kind: 'ova_archive', disks: 2 },
   { kind: 'ovf_folder', disks: 2 },
+  // OVF files stored gzip-compressed and/or in chunks, staged at copy time
+  { kind: 'ova_archive', disks: 2, packing: { gzip: true }, how: 'gzip-compressed files' },
+  { kind: 'ovf_folder', disks: 2, packing: { chunkSize: MiB }, how: '1 MiB chunks' },
+  { kind: 'ova_archive', disks: 2, packing: { gzip: true, chunkSize: 256 * 1024 }, how: 'gzip-compressed 256 KiB chunks' },
   { kind: 'vmx_folder', disks: 2 },
   { kind: 'vhdx', disks: 1, format: 'vhdx' },
   { kind: 'qcow2', disks: 1, format: 'qcow2' },
@@ -74,13 +79,13 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
     t.cleanup()
   })
 
-  for (const { kind, disks, format } of KINDS) {
-    test(`${kind}: Completed, ${disks} image(s) bit-exact and sparse, domain running with the marker on its serial console`, async () => {
+  for (const [n, { kind, disks, format, packing, how }] of KINDS.entries()) {
+    test(`${kind}${how ? ` (${how})` : ''}: Completed, ${disks} image(s) bit-exact and sparse, domain running with the marker on its serial console`, async () => {
       const raws = disks === 2 ? [boot, data] : [boot]
-      const input = buildInput(kind, importRoot, `in-${kind}`, raws)
+      const input = buildInput(kind, importRoot, `in-${n}-${kind}`, raws, packing)
       const stream = openStream(srv.base)
       await stream.ready
-      const job = await submit(srv.base, offlinePlan(kind, path.relative(importRoot, input.path), { name: `${PREFIX}${kind.replace('_', '-')}` }))
+      const job = await submit(srv.base, offlinePlan(kind, path.relative(importRoot, input.path), { name: `${PREFIX}${n}-${kind.replace('_', '-')}` }))
       expect(job.state).toBe('Queued')
       const done = await waitJob(srv.base, job.id)
       await new Promise((r) => setTimeout(r, 300))
@@ -105,9 +110,11 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
       }
       if (format) expect(rawSha256(input.path, format, t.dir)).toBe(fileSha256(boot))
       expect(done.progress.bytes_done).toBe(done.progress.bytes_total)
+      // nothing staged is left behind
+      expect(existsSync(path.join(t.dir, 'tmp', 'staging', job.id)) && readdirSync(path.join(t.dir, 'tmp', 'staging', job.id)).length > 0).toBe(false)
 
       // The domain runs and printed the marker.
-      const name = `${PREFIX}${kind.replace('_', '-')}`
+      const name = `${PREFIX}${n}-${kind.replace('_', '-')}`
       expect(done.domain).toBe(name)
       expect(domstate(name)).toBe('running')
       expect(readFileSync(path.join(t.dir, 'logs', `${job.id}.serial.log`), 'utf8')).toContain(MARKER)

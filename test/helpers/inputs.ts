@@ -6,7 +6,7 @@
  */
 import { execFileSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
-import { closeSync, copyFileSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync, statSync } from 'node:fs'
+import { closeSync, copyFileSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync, writeSync, statSync } from 'node:fs'
 import * as path from 'node:path'
 
 const MiB = 1024 * 1024
@@ -75,8 +75,8 @@ export interface BuiltInput {
   name: string
 }
 
-function ovfEnvelope(name: string, disks: Array<{ file: string; size: number; capacity: number }>, osType = 'otherLinux64Guest'): string {
-  const files = disks.map((d, i) => `    <File ovf:href="${d.file}" ovf:id="file${i + 1}" ovf:size="${d.size}"/>`).join('\n')
+function ovfEnvelope(name: string, disks: Array<{ file: string; size: number; capacity: number; attrs?: string }>, osType = 'otherLinux64Guest'): string {
+  const files = disks.map((d, i) => `    <File ovf:href="${d.file}" ovf:id="file${i + 1}" ovf:size="${d.size}"${d.attrs ? ` ${d.attrs}` : ''}/>`).join('\n')
   const diskDefs = disks
     .map((d, i) => `    <Disk ovf:capacity="${d.capacity / MiB}" ovf:capacityAllocationUnits="byte * 2^20" ovf:diskId="vmdisk${i + 1}" ovf:fileRef="file${i + 1}" ovf:format="http://www.vmware.com/interfaces/specifications/vmdk.html#streamOptimized"/>`)
     .join('\n')
@@ -158,18 +158,46 @@ ${diskItems}
 `
 }
 
-function ovfFolder(dir: string, name: string, raws: string[]): { ovf: string; files: string[] } {
+/**
+ * How an OVF package stores its disk files (DSP0243 7.1, 5.3): gzip-compressed
+ * (`ovf:compression="gzip"`, as `ovftool --compress` writes them) and/or cut into
+ * `ovf:chunkSize`-byte chunks `<href>.000000000`, `<href>.000000001`, ...
+ */
+export interface OvfPacking {
+  gzip?: boolean
+  chunkSize?: number
+}
+
+function ovfFolder(dir: string, name: string, raws: string[], packing: OvfPacking = {}): { ovf: string; files: string[] } {
   mkdirSync(dir, { recursive: true })
+  const stored: string[] = []
   const disks = raws.map((raw, i) => {
-    const file = `${name}-disk${i + 1}.vmdk`
+    let file = `${name}-disk${i + 1}.vmdk`
     convert(raw, 'vmdk', path.join(dir, file), 'subformat=streamOptimized')
-    return { file, size: statSync(path.join(dir, file)).size, capacity: statSync(raw).size }
+    const attrs: string[] = []
+    if (packing.gzip) {
+      run('gzip', ['-n', file], dir)
+      file += '.gz'
+      attrs.push('ovf:compression="gzip"')
+    }
+    const size = statSync(path.join(dir, file)).size
+    if (packing.chunkSize) {
+      const data = readFileSync(path.join(dir, file))
+      for (let k = 0; k * packing.chunkSize < size; k++) {
+        const chunk = `${file}.${String(k).padStart(9, '0')}`
+        writeFileSync(path.join(dir, chunk), data.subarray(k * packing.chunkSize, (k + 1) * packing.chunkSize))
+        stored.push(chunk)
+      }
+      rmSync(path.join(dir, file))
+      attrs.push(`ovf:chunkSize="${packing.chunkSize}"`)
+    } else stored.push(file)
+    return { file, size, capacity: statSync(raw).size, attrs: attrs.join(' ') }
   })
   const ovf = `${name}.ovf`
   writeFileSync(path.join(dir, ovf), ovfEnvelope(name, disks))
-  const mf = [ovf, ...disks.map((d) => d.file)].map((f) => `SHA1(${f})= ${sha1(path.join(dir, f))}`).join('\n') + '\n'
+  const mf = [ovf, ...stored].map((f) => `SHA1(${f})= ${sha1(path.join(dir, f))}`).join('\n') + '\n'
   writeFileSync(path.join(dir, `${name}.mf`), mf)
-  return { ovf, files: [ovf, `${name}.mf`, ...disks.map((d) => d.file)] }
+  return { ovf, files: [ovf, `${name}.mf`, ...stored] }
 }
 
 function vmxText(name: string, disks: string[]): string {
@@ -244,7 +272,7 @@ function xvaOvaXml(name: string, disks: Array<{ ref: string; size: number }>): s
  * Builds an input of `kind` named `name` under `root` from `raws` (raw images, one per disk;
  * single-disk kinds use the first). Returns where it is and what it holds.
  */
-export function buildInput(kind: string, root: string, name: string, raws: string[]): BuiltInput {
+export function buildInput(kind: string, root: string, name: string, raws: string[], packing: OvfPacking = {}): BuiltInput {
   const disks = raws.map((raw) => ({ raw, capacity: statSync(raw).size }))
   const dir = path.join(root, name)
   switch (kind) {
@@ -258,11 +286,11 @@ export function buildInput(kind: string, root: string, name: string, raws: strin
       mkdirSync(dir, { recursive: true })
       return { kind, name, path: convert(raws[0], 'vmdk', path.join(dir, `${name}.vmdk`)), disks: disks.slice(0, 1) }
     case 'ovf_folder':
-      ovfFolder(dir, name, raws)
+      ovfFolder(dir, name, raws, packing)
       return { kind, name, path: dir, disks }
     case 'ova_archive': {
       const staging = path.join(root, `.${name}-staging`)
-      const { files } = ovfFolder(staging, name, raws)
+      const { files } = ovfFolder(staging, name, raws, packing)
       const ova = path.join(root, `${name}.ova`)
       run('tar', ['--format=ustar', '-cf', ova, '-C', staging, ...files])
       execFileSync('rm', ['-rf', staging])

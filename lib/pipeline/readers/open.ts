@@ -1,20 +1,21 @@
 /**
  * Chooses and opens the disk reader for one manifest disk (DESIGN.md section 5):
- * - `source.compression === 'gzip'` (OVF `ovf:compression="gzip"`): `E_MIG_UNSUPPORTED_FORMAT`
- *   (a gzip stream has no random access; not in this build);
- * - `source.layout === 'ovf_chunks'` (DSP0243 `ovf:chunkSize`): `E_MIG_UNSUPPORTED_FORMAT` (not
- *   in this build);
+ * - `source.compression === 'gzip'` (OVF `ovf:compression="gzip"`) or `source.layout ===
+ *   'ovf_chunks'` (DSP0243 `ovf:chunkSize`): staged as a plain sparse file in `stagingDir`
+ *   ({@link stageOvfFile}, removed when the reader closes), then opened as below;
  * - `source.layout === 'xva_blocks'`: {@link openXvaBlocksReader} over `source.member`;
  * - `disk_format === 'raw'`: {@link openRawFileReader}, at `source.offset`/`source.length` for a
  *   tar member;
  * - `qcow2`, `vmdk`, `vhdx`, `vpc`, `vdi`: {@link openNbdReader} (qemu-nbd), through the raw
  *   driver's offset/size for a tar member, with the manifest's validated `backing_chain`.
  */
+import { rm, rmdir } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
 import type { DiskFormat, ManifestDisk } from '../../manifest.ts'
 import { CHECKABLE_FORMATS, qemuImgCheck } from '../../formats/qemu-info.ts'
 import { readVdiInfo } from '../../formats/vdi.ts'
 import { openNbdReader } from './nbd.ts'
+import { stageOvfFile } from './ovf-staged.ts'
 import { openRawFileReader } from './raw-file.ts'
 import type { DiskReader } from './types.ts'
 import { openXvaBlocksReader } from './xva-blocks.ts'
@@ -25,23 +26,46 @@ export interface OpenDiskReaderOptions {
   signal?: AbortSignal
   /** qemu-nbd binary (default from PATH). */
   qemuNbdPath?: string
+  /** Where gzip-compressed or chunked OVF files are staged; without it they are `E_MIG_UNSUPPORTED_FORMAT`. */
+  stagingDir?: string
 }
+
+/** Room the inflated file of a disk of `capacity` bytes may take beyond it (image metadata). */
+const stagingSlack = (capacity: number) => Math.ceil(capacity / 16) + 64 * 1024 * 1024
 
 /**
  * Opens the reader of `disk`. The reader's `size` is the disk's virtual size as the reader sees
  * it; a reader larger than `capacity_bytes` is refused (the destination volume is sized from it).
- * Throws `E_MIG_UNSUPPORTED_FORMAT` (gzip-compressed or chunked OVF files, unsupported
- * layouts, unsafe image headers), `E_MIG_DISK_READ_FAILED` (unreadable input, qemu-nbd refusal,
+ * Throws `E_MIG_UNSUPPORTED_FORMAT` (gzip-compressed or chunked OVF files without a staging
+ * directory, unsupported layouts, unsafe image headers), the staging errors of
+ * {@link stageOvfFile}, `E_MIG_DISK_READ_FAILED` (unreadable input, qemu-nbd refusal,
  * reader larger than the capacity), `E_MIG_MALFORMED_ARCHIVE` (bad XVA block layout).
  */
 export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOptions = {}): Promise<DiskReader> {
   const src = disk.source
   const label = src.member ? `${disk.label} (${src.member} in ${src.path})` : `${disk.label} (${src.path})`
-  if (src.compression === 'gzip') {
-    throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: gzip-compressed disk files (ovf:compression="gzip") are not supported yet`)
-  }
-  if (src.layout === 'ovf_chunks') {
-    throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: chunked OVF disk files (ovf:chunkSize) are not supported yet`)
+  if (src.compression === 'gzip' || src.layout === 'ovf_chunks') {
+    const what = src.compression === 'gzip' ? 'gzip-compressed disk files (ovf:compression="gzip")' : 'chunked OVF disk files (ovf:chunkSize)'
+    if (!opts.stagingDir) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: ${what} need a staging directory`)
+    if (!(disk.capacity_bytes > 0)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${what} need the disk's capacity (ovf:capacity) to bound their inflated size`)
+    const staged = await stageOvfFile(src, { dir: opts.stagingDir, label, maxBytes: disk.capacity_bytes + stagingSlack(disk.capacity_bytes), signal: opts.signal })
+    let inner: DiskReader
+    try {
+      inner = await openDiskReader({ ...disk, source: { path: staged } }, { ...opts, stagingDir: undefined })
+    } catch (e) {
+      await rm(staged, { force: true })
+      throw e
+    }
+    return {
+      size: inner.size,
+      extents: (from) => inner.extents(from),
+      read: (offset, length, into) => inner.read(offset, length, into),
+      async close() {
+        await inner.close()
+        await rm(staged, { force: true })
+        await rmdir(opts.stagingDir!).catch(() => {}) // when no other disk is staged there
+      },
+    }
   }
   let reader: DiskReader
   if (src.layout === 'xva_blocks') {

@@ -88,8 +88,9 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     keepOnCancel: config.keepOnCancel,
     delta: config.delta,
     takeRestorePoint,
-    prepare: (job) =>
+    prepare: (job, signal) =>
       prepareSource(job, {
+        signal,
         store,
         sealer,
         paths: { importRoot: paths.importRoot, uploadsDir: paths.uploads },

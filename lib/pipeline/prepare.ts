@@ -82,7 +82,7 @@ function isLiveSession(s: object): s is LiveSession {
  * `<stagingDir>/staging/<job id>` (default `<import root>/../tmp`). Live: opens a session and
  * inspects the VM.
  */
-export async function prepareSource(job: Job, deps: { store: Store; sealer: Sealer; paths: SourcePaths; now(): Date; fullImport?: FullImportSettings; guestShutdownTimeoutSeconds?: number; stagingDir?: string }): Promise<PreparedSource> {
+export async function prepareSource(job: Job, deps: { store: Store; sealer: Sealer; paths: SourcePaths; now(): Date; fullImport?: FullImportSettings; guestShutdownTimeoutSeconds?: number; stagingDir?: string; signal?: AbortSignal }): Promise<PreparedSource> {
   const source = job.plan.source
   if ('Offline' in source) {
     const kind = source.Offline as ImporterKind
@@ -116,7 +116,7 @@ export async function prepareSource(job: Job, deps: { store: Store; sealer: Seal
       manifest,
       openReader: async (disk) => {
         await verifyPackedDigest(disk)
-        return openDiskReader(disk, { stagingDir })
+        return openDiskReader(disk, { stagingDir, signal: deps.signal })
       },
       close: async () => {},
     }

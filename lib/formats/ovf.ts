@@ -13,10 +13,11 @@
  * character references are refused, element/attribute names `__proto__`, `constructor`,
  * `prototype` are ignored, and every map is a `Map` or a null-prototype object.
  */
-import { XMLParser, XMLValidator } from 'fast-xml-parser'
 import { gunzipSync, constants as zconst } from 'node:zlib'
 import * as posix from 'node:path/posix'
 import { MigError } from '../errors.ts'
+import { malformed } from './io.ts'
+import { decodeXmlText, parseOrderedXml, UNSAFE_MARK, UNSAFE_NAMES } from './xml.ts'
 import type { ManifestVerification } from './ovf-manifest.ts'
 import { guestFamilyOf, type ControllerBus, type DiskFormat, type DiskSource, type GuestFamily, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 
@@ -149,34 +150,6 @@ export interface OvfEnvelope {
 interface XAttr { ns: string; local: string; value: string }
 interface XEl { ns: string; local: string; attrs: XAttr[]; children: XEl[]; text: string }
 
-const UNSAFE = new Set(['__proto__', 'constructor', 'prototype'])
-const UNSAFE_MARK = '#unsafe:'
-
-function bad(label: string, reason: string): MigError {
-  return new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${reason}`)
-}
-
-const PREDEFINED: Record<string, string> = Object.assign(Object.create(null), { amp: '&', lt: '<', gt: '>', quot: '"', apos: "'" })
-
-/** Decodes XML's predefined entities and character references; any other entity is an error (no DTD). */
-function decodeEntities(s: string, label: string): string {
-  if (!s.includes('&')) return s
-  return s.replace(/&([^;&\s]{0,32});/g, (_m, ref: string) => {
-    if (ref.startsWith('#x') || ref.startsWith('#X')) {
-      const cp = /^[0-9a-fA-F]{1,6}$/.test(ref.slice(2)) ? parseInt(ref.slice(2), 16) : NaN
-      if (!(cp > 0 && cp <= 0x10ffff)) throw bad(label, `bad character reference &${ref};`)
-      return String.fromCodePoint(cp)
-    }
-    if (ref.startsWith('#')) {
-      const cp = /^[0-9]{1,7}$/.test(ref.slice(1)) ? parseInt(ref.slice(1), 10) : NaN
-      if (!(cp > 0 && cp <= 0x10ffff)) throw bad(label, `bad character reference &${ref};`)
-      return String.fromCodePoint(cp)
-    }
-    const v = PREDEFINED[ref]
-    if (v === undefined) throw bad(label, `undefined entity &${ref};`)
-    return v
-  })
-}
 
 function splitQName(q: string): [string | null, string] {
   const i = q.indexOf(':')
@@ -186,7 +159,7 @@ function splitQName(q: string): [string | null, string] {
 /** Builds the namespace-resolved tree from fast-xml-parser's `preserveOrder` output. */
 function buildTree(nodes: unknown[], scope: Map<string, string>, label: string, depth: number): XEl[] {
   const out: XEl[] = []
-  if (depth > 200) throw bad(label, 'XML nested too deeply')
+  if (depth > 200) throw malformed(label, 'XML nested too deeply')
   for (const node of nodes) {
     if (!node || typeof node !== 'object') continue
     const keys = Object.keys(node).filter((k) => k !== ':@' && k !== '#text' && k !== '#cdata')
@@ -200,25 +173,25 @@ function buildTree(nodes: unknown[], scope: Map<string, string>, label: string, 
       if (typeof v !== 'string') continue
       if (k === 'xmlns' || k.startsWith('xmlns:')) {
         if (local === scope) local = new Map(scope)
-        local.set(k === 'xmlns' ? '' : k.slice(6), decodeEntities(v, label))
+        local.set(k === 'xmlns' ? '' : k.slice(6), decodeXmlText(v, label))
       }
     }
     const [prefix, lname] = splitQName(qname)
     const ns = prefix === null ? (local.get('') ?? '') : local.get(prefix)
-    if (ns === undefined) throw bad(label, `undeclared namespace prefix ${JSON.stringify(prefix)} on element ${JSON.stringify(qname)}`)
+    if (ns === undefined) throw malformed(label, `undeclared namespace prefix ${JSON.stringify(prefix)} on element ${JSON.stringify(qname)}`)
     const attrs: XAttr[] = []
     for (const [k, v] of Object.entries(rawAttrs)) {
       if (typeof v !== 'string' || k === 'xmlns' || k.startsWith('xmlns:') || k.startsWith(UNSAFE_MARK)) continue
       const [ap, al] = splitQName(k)
-      if (UNSAFE.has(al)) continue
+      if (UNSAFE_NAMES.has(al)) continue
       let ans = ''
       if (ap === 'xml') ans = NS.xml
       else if (ap !== null) {
         const u = local.get(ap)
-        if (u === undefined) throw bad(label, `undeclared namespace prefix ${JSON.stringify(ap)} on attribute ${JSON.stringify(k)}`)
+        if (u === undefined) throw malformed(label, `undeclared namespace prefix ${JSON.stringify(ap)} on attribute ${JSON.stringify(k)}`)
         ans = u
       }
-      attrs.push({ ns: ans, local: al, value: decodeEntities(v, label) })
+      attrs.push({ ns: ans, local: al, value: decodeXmlText(v, label) })
     }
     const kids = (node as Record<string, unknown>)[qname]
     const children: XEl[] = []
@@ -227,14 +200,14 @@ function buildTree(nodes: unknown[], scope: Map<string, string>, label: string, 
       for (const k of kids) {
         if (k && typeof k === 'object') {
           const t = (k as Record<string, unknown>)['#text']
-          if (typeof t === 'string' || typeof t === 'number') text += decodeEntities(String(t), label)
+          if (typeof t === 'string' || typeof t === 'number') text += decodeXmlText(String(t), label)
           const c = (k as Record<string, unknown>)['#cdata']
           if (Array.isArray(c)) for (const ct of c) if (ct && typeof (ct as Record<string, unknown>)['#text'] === 'string') text += (ct as Record<string, string>)['#text']
         }
       }
       children.push(...buildTree(kids, local, label, depth + 1))
     }
-    if (UNSAFE.has(lname)) continue
+    if (UNSAFE_NAMES.has(lname)) continue
     out.push({ ns, local: lname, attrs, children, text: text.trim() })
   }
   return out
@@ -245,36 +218,10 @@ function buildTree(nodes: unknown[], scope: Map<string, string>, label: string, 
  * declaration), malformed XML, undeclared prefixes, non-predefined entities.
  */
 function parseXml(xml: string, label: string): XEl {
-  if (xml.length > MAX_DESCRIPTOR_BYTES) throw bad(label, `descriptor larger than ${MAX_DESCRIPTOR_BYTES} bytes`)
-  if (/<!DOCTYPE/i.test(xml) || /<!ENTITY/i.test(xml)) throw bad(label, 'DOCTYPE/ENTITY declarations are not allowed in an OVF descriptor')
-  const v = XMLValidator.validate(xml, { allowBooleanAttributes: false })
-  if (v !== true) throw bad(label, `not well-formed XML: ${v.err.msg} (line ${v.err.line}, column ${v.err.col})`)
-  const rename = (n: string) => (UNSAFE.has(n) || UNSAFE.has(splitQName(n)[1]) ? UNSAFE_MARK + n : n)
-  const parser = new XMLParser({
-    preserveOrder: true,
-    ignoreAttributes: false,
-    attributeNamePrefix: '',
-    parseTagValue: false,
-    parseAttributeValue: false,
-    processEntities: false,
-    htmlEntities: false,
-    trimValues: true,
-    ignoreDeclaration: true,
-    ignorePiTags: true,
-    cdataPropName: '#cdata',
-    commentPropName: false,
-    maxNestedTags: 200,
-    transformTagName: rename,
-    transformAttributeName: rename,
-  })
-  let raw: unknown
-  try {
-    raw = parser.parse(xml)
-  } catch (e) {
-    throw bad(label, `not well-formed XML: ${(e as Error).message}`)
-  }
-  const roots = buildTree(Array.isArray(raw) ? raw : [], new Map([['xml', NS.xml]]), label, 0)
-  if (roots.length !== 1) throw bad(label, `expected one root element, found ${roots.length}`)
+  if (xml.length > MAX_DESCRIPTOR_BYTES) throw malformed(label, `descriptor larger than ${MAX_DESCRIPTOR_BYTES} bytes`)
+  const raw = parseOrderedXml(xml, label, { trim: true, cdata: true, maxNestedTags: 200 })
+  const roots = buildTree(raw, new Map([['xml', NS.xml]]), label, 0)
+  if (roots.length !== 1) throw malformed(label, `expected one root element, found ${roots.length}`)
   return roots[0]!
 }
 
@@ -300,7 +247,7 @@ function textOf(el: XEl | null): string | null {
 function parseCount(s: string | null, label: string, what: string): number | null {
   if (s === null) return null
   const t = s.trim()
-  if (!/^[0-9]{1,16}$/.test(t) || Number(t) > Number.MAX_SAFE_INTEGER) throw bad(label, `${what}: not a non-negative integer: ${JSON.stringify(t.slice(0, 40))}`)
+  if (!/^[0-9]{1,16}$/.test(t) || Number(t) > Number.MAX_SAFE_INTEGER) throw malformed(label, `${what}: not a non-negative integer: ${JSON.stringify(t.slice(0, 40))}`)
   return Number(t)
 }
 
@@ -325,20 +272,20 @@ export function allocationUnitsMultiplier(units: string | null | undefined, dflt
   const word = UNIT_WORDS[s]
   if (word !== undefined) return word
   const m = /^bytes?((?:\*[0-9]{1,10}(?:\^[0-9]{1,3})?)+)$/.exec(s)
-  if (!m) throw bad(label, `unknown allocation units ${JSON.stringify(units.slice(0, 40))}`)
+  if (!m) throw malformed(label, `unknown allocation units ${JSON.stringify(units.slice(0, 40))}`)
   let mult = 1
   for (const f of m[1]!.split('*').slice(1)) {
     const [b, e] = f.split('^')
     const v = Number(b) ** (e === undefined ? 1 : Number(e))
     mult *= v
-    if (!Number.isFinite(mult) || mult > 2 ** 60 || mult < 1) throw bad(label, `allocation units ${JSON.stringify(units)} out of range`)
+    if (!Number.isFinite(mult) || mult > 2 ** 60 || mult < 1) throw malformed(label, `allocation units ${JSON.stringify(units)} out of range`)
   }
   return mult
 }
 
 function bytesOf(qty: number, mult: number, label: string, what: string): number {
   const v = qty * mult
-  if (!Number.isSafeInteger(v)) throw bad(label, `${what}: ${qty} x ${mult} bytes is out of range`)
+  if (!Number.isSafeInteger(v)) throw malformed(label, `${what}: ${qty} x ${mult} bytes is out of range`)
   return v
 }
 
@@ -357,7 +304,7 @@ function parseItem(el: XEl, label: string): OvfItem | null {
   const rt = textOf(p('ResourceType'))
   if (rt === null) return null
   const resourceType = Number(rt)
-  if (!/^[0-9]{1,5}$/.test(rt)) throw bad(label, `Item ${textOf(p('InstanceID')) ?? '?'}: bad ResourceType ${JSON.stringify(rt.slice(0, 20))}`)
+  if (!/^[0-9]{1,5}$/.test(rt)) throw malformed(label, `Item ${textOf(p('InstanceID')) ?? '?'}: bad ResourceType ${JSON.stringify(rt.slice(0, 20))}`)
   const cps = kid(el, [NS.vmw], 'CoresPerSocket')
   const conf = attr(el, OVF_NS, 'configuration')
   return {
@@ -386,7 +333,7 @@ function parseHardwareSection(el: XEl, label: string): OvfHardwareSection {
   const config = new Map<string, string>()
   for (const c of el.children) {
     if (OVF_NS.includes(c.ns) && (c.local === 'Item' || c.local === 'StorageItem' || c.local === 'EthernetPortItem')) {
-      if (items.length >= MAX_ITEMS) throw bad(label, `more than ${MAX_ITEMS} hardware items`)
+      if (items.length >= MAX_ITEMS) throw malformed(label, `more than ${MAX_ITEMS} hardware items`)
       const it = parseItem(c, label)
       if (it) items.push(it)
     } else if (c.ns === NS.vmw && (c.local === 'Config' || c.local === 'ExtraConfig')) {
@@ -467,9 +414,9 @@ function collectProperties(el: XEl, props: Map<string, string>, depth: number): 
  */
 export function parseOvfEnvelope(xml: string, label: string): OvfEnvelope {
   const root = parseXml(xml.replace(/^\uFEFF/, ''), label)
-  if (root.local !== 'Envelope') throw bad(label, `root element is ${root.local}, not an OVF Envelope`)
+  if (root.local !== 'Envelope') throw malformed(label, `root element is ${root.local}, not an OVF Envelope`)
   if (root.ns === NS.ovf09) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: OVF 0.9 envelopes are not supported (DSP0243 1.0 or later needed)`)
-  if (!OVF_NS.includes(root.ns)) throw bad(label, `Envelope is in namespace ${JSON.stringify(root.ns)}, not an OVF envelope namespace`)
+  if (!OVF_NS.includes(root.ns)) throw malformed(label, `Envelope is in namespace ${JSON.stringify(root.ns)}, not an OVF envelope namespace`)
   const version: '1' | '2' = root.ns === NS.ovf2 ? '2' : '1'
   const warnings: string[] = []
 
@@ -482,25 +429,25 @@ export function parseOvfEnvelope(xml: string, label: string): OvfEnvelope {
   const refs = kid(root, OVF_NS, 'References')
   if (refs) {
     for (const f of kids(refs, OVF_NS, 'File')) {
-      if (files.length >= MAX_FILES) throw bad(label, `more than ${MAX_FILES} References/File entries`)
+      if (files.length >= MAX_FILES) throw malformed(label, `more than ${MAX_FILES} References/File entries`)
       const id = attr(f, OVF_NS, 'id')
       const href = attr(f, OVF_NS, 'href')
-      if (!id || !href) throw bad(label, 'References/File without ovf:id or ovf:href')
-      if (fileIds.has(id)) throw bad(label, `duplicate File ovf:id ${JSON.stringify(id)}`)
+      if (!id || !href) throw malformed(label, 'References/File without ovf:id or ovf:href')
+      if (fileIds.has(id)) throw malformed(label, `duplicate File ovf:id ${JSON.stringify(id)}`)
       fileIds.add(id)
       const comp = attr(f, OVF_NS, 'compression')
       let compression: 'gzip' | null = null
       if (comp === 'gzip') compression = 'gzip'
       else if (comp !== null && comp !== 'identity' && comp !== '') throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: File ${href}: compression ${JSON.stringify(comp)} is not supported`)
       const chunk = parseCount(attr(f, OVF_NS, 'chunkSize'), label, `File ${href} ovf:chunkSize`)
-      if (chunk === 0) throw bad(label, `File ${href}: ovf:chunkSize is 0`)
+      if (chunk === 0) throw malformed(label, `File ${href}: ovf:chunkSize is 0`)
       files.push({ id, href, size: parseCount(attr(f, OVF_NS, 'size'), label, `File ${href} ovf:size`), compression, chunkSize: chunk })
     }
   }
 
   const vsList: XEl[] = []
   findVirtualSystems(root, vsList, 0)
-  if (vsList.length === 0) throw bad(label, 'no VirtualSystem in the envelope')
+  if (vsList.length === 0) throw malformed(label, 'no VirtualSystem in the envelope')
   if (vsList.length > 1) warnings.push(`${label}: ${vsList.length} virtual systems; importing the first (${attr(vsList[0]!, OVF_NS, 'id') ?? 'unnamed'})`)
   const vs = vsList[0]!
 
@@ -509,17 +456,17 @@ export function parseOvfEnvelope(xml: string, label: string): OvfEnvelope {
   const diskIds = new Set<string>()
   for (const ds of [...kids(root, OVF_NS, 'DiskSection'), ...kids(vs, OVF_NS, 'DiskSection')]) {
     for (const d of kids(ds, OVF_NS, 'Disk')) {
-      if (disks.length >= MAX_FILES) throw bad(label, `more than ${MAX_FILES} disks`)
+      if (disks.length >= MAX_FILES) throw malformed(label, `more than ${MAX_FILES} disks`)
       const diskId = attr(d, OVF_NS, 'diskId')
-      if (!diskId) throw bad(label, 'DiskSection/Disk without ovf:diskId')
-      if (diskIds.has(diskId)) throw bad(label, `duplicate Disk ovf:diskId ${JSON.stringify(diskId)}`)
+      if (!diskId) throw malformed(label, 'DiskSection/Disk without ovf:diskId')
+      if (diskIds.has(diskId)) throw malformed(label, `duplicate Disk ovf:diskId ${JSON.stringify(diskId)}`)
       diskIds.add(diskId)
       let capText = attr(d, OVF_NS, 'capacity')
-      if (capText === null) throw bad(label, `Disk ${diskId}: no ovf:capacity`)
+      if (capText === null) throw malformed(label, `Disk ${diskId}: no ovf:capacity`)
       const pm = /^\$\{([^}]{1,200})\}$/.exec(capText.trim())
       if (pm) {
         const v = props.get(pm[1]!)
-        if (v === undefined) throw bad(label, `Disk ${diskId}: ovf:capacity refers to unknown property ${pm[1]}`)
+        if (v === undefined) throw malformed(label, `Disk ${diskId}: ovf:capacity refers to unknown property ${pm[1]}`)
         capText = v
       }
       const cap = parseCount(capText, label, `Disk ${diskId} ovf:capacity`)!
@@ -535,7 +482,7 @@ export function parseOvfEnvelope(xml: string, label: string): OvfEnvelope {
       })
     }
   }
-  for (const d of disks) if (d.fileRef !== null && !fileIds.has(d.fileRef)) throw bad(label, `Disk ${d.diskId}: ovf:fileRef ${JSON.stringify(d.fileRef)} names no References/File`)
+  for (const d of disks) if (d.fileRef !== null && !fileIds.has(d.fileRef)) throw malformed(label, `Disk ${d.diskId}: ovf:fileRef ${JSON.stringify(d.fileRef)} names no References/File`)
 
   const networks: OvfNetwork[] = []
   for (const ns of kids(root, OVF_NS, 'NetworkSection')) {
@@ -570,7 +517,7 @@ export function parseOvfEnvelope(xml: string, label: string): OvfEnvelope {
   }
 
   const hardwareSections = kids(vs, OVF_NS, 'VirtualHardwareSection').map((h) => parseHardwareSection(h, label))
-  if (hardwareSections.length === 0) throw bad(label, `VirtualSystem ${attr(vs, OVF_NS, 'id') ?? ''}: no VirtualHardwareSection`)
+  if (hardwareSections.length === 0) throw malformed(label, `VirtualSystem ${attr(vs, OVF_NS, 'id') ?? ''}: no VirtualHardwareSection`)
 
   return {
     version,
@@ -815,7 +762,7 @@ export function ovfDiskRefs(env: OvfEnvelope, section: OvfHardwareSection, label
     }
     if (m[1] === 'disk') {
       const disk = diskById.get(m[2]!)
-      if (!disk) throw bad(label, `${name}: HostResource ${hr} names no DiskSection disk`)
+      if (!disk) throw malformed(label, `${name}: HostResource ${hr} names no DiskSection disk`)
       if (disk.fileRef === null) {
         warnings.push(`${name}: disk ${disk.diskId} has no ovf:fileRef (an empty disk to create); not imported`)
         continue
@@ -824,7 +771,7 @@ export function ovfDiskRefs(env: OvfEnvelope, section: OvfHardwareSection, label
       refs.push({ item: it, disk, file: fileById.get(disk.fileRef)! })
     } else {
       const file = fileById.get(m[2]!)
-      if (!file) throw bad(label, `${name}: HostResource ${hr} names no References/File`)
+      if (!file) throw malformed(label, `${name}: HostResource ${hr} names no References/File`)
       refs.push({ item: it, disk: null, file })
     }
   }
@@ -900,7 +847,7 @@ export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmM
   let cores = 1
   if (cpuItem?.virtualQuantity != null) count = parseCount(cpuItem.virtualQuantity, label, 'CPU VirtualQuantity')!
   else warnings.push('no CPU item; assuming 1 vCPU')
-  if (count < 1 || count > 4096) throw bad(label, `CPU VirtualQuantity ${count} out of range`)
+  if (count < 1 || count > 4096) throw malformed(label, `CPU VirtualQuantity ${count} out of range`)
   if (cpuItem?.coresPerSocket != null) {
     if (cpuItem.coresPerSocket >= 1 && count % cpuItem.coresPerSocket === 0) cores = cpuItem.coresPerSocket
     else warnings.push(`vmw:CoresPerSocket ${cpuItem.coresPerSocket} does not divide ${count} vCPUs; using 1`)
@@ -950,7 +897,7 @@ export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmM
   const perCtrl = new Map<string, number>()
   for (const r of refs) {
     const resolved = opts.sources.get(r.file.id)
-    if (!resolved) throw bad(label, `File ${r.file.href} (ovf:id ${r.file.id}) was not resolved`)
+    if (!resolved) throw malformed(label, `File ${r.file.href} (ovf:id ${r.file.id}) was not resolved`)
     const parent = r.item.parent !== null ? byId.get(r.item.parent) : undefined
     let controller: ControllerBus = 'unknown'
     let ctrlIndex = 0
@@ -966,7 +913,7 @@ export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmM
     for (let n = 2; labels.has(lbl); n++) lbl = `${r.item.elementName ?? r.disk?.diskId ?? r.file.href} (${n})`
     labels.add(lbl)
     const capacity = r.disk ? r.disk.capacity : resolved.capacity_bytes
-    if (capacity === undefined) throw bad(label, `${lbl}: capacity unknown`)
+    if (capacity === undefined) throw malformed(label, `${lbl}: capacity unknown`)
     if (r.disk && resolved.capacity_bytes !== undefined && resolved.capacity_bytes !== r.disk.capacity) {
       // The destination volume is sized from the DiskSection: an image larger than that does not fit.
       if (resolved.capacity_bytes > r.disk.capacity) {

@@ -1,9 +1,13 @@
 /**
- * A small, hostile-input-safe XML tree, for the settings formats read without namespaces
- * (VirtualBox `.vbox`, XenServer `ova.xml`): fast-xml-parser after a well-formedness check;
- * DOCTYPE is refused (so no entity can be declared, let alone expanded), entities other than
- * XML's five predefined ones and character references are refused, names `__proto__`,
- * `constructor`, `prototype` are dropped, attributes live in null-prototype maps.
+ * Hostile-input-safe XML reading.
+ * - {@link parseOrderedXml}, the front half every XML reader of the project shares (this file's
+ *   tree and the namespace-resolving OVF reader of `ovf.ts`): DOCTYPE is refused (so no entity
+ *   can be declared, let alone expanded), the text must be well-formed, fast-xml-parser runs with
+ *   entity processing off, and names `__proto__`, `constructor`, `prototype` are marked for the
+ *   tree builders to drop.
+ * - {@link parseXmlDocument}, a small tree for the settings formats read without namespaces
+ *   (VirtualBox `.vbox`, XenServer `ova.xml`): entities other than XML's five predefined ones
+ *   and character references are refused, attributes live in null-prototype maps.
  */
 import { XMLParser, XMLValidator } from 'fast-xml-parser'
 import { malformed } from './io.ts'
@@ -26,12 +30,18 @@ export interface XmlNode {
   text: string
 }
 
-const UNSAFE_NAMES = new Set(['__proto__', 'constructor', 'prototype'])
-const UNSAFE_MARK = '#unsafe:'
+/** Element and attribute names never copied into a tree (prototype pollution). */
+export const UNSAFE_NAMES: ReadonlySet<string> = new Set(['__proto__', 'constructor', 'prototype'])
+/** Prefix {@link parseOrderedXml} puts before an unsafe name; tree builders skip such names. */
+export const UNSAFE_MARK = '#unsafe:'
 const PREDEFINED_ENTITIES = new Map([['amp', '&'], ['lt', '<'], ['gt', '>'], ['quot', '"'], ['apos', "'"]])
 
-/** Decodes the five predefined entities and character references; anything else is an error. */
-function decodeXmlText(s: string, label: string): string {
+/**
+ * Decodes XML's five predefined entities and character references in attribute values and text
+ * (entity processing is off in the parser, and no DTD is ever read); an undefined entity, a bare
+ * `&` or a reference to no character is `E_MIG_MALFORMED_ARCHIVE`.
+ */
+export function decodeXmlText(s: string, label: string): string {
   if (!s.includes('&')) return s
   return s.replace(/&([^;&\s]{0,32});?/g, (m, ref: string) => {
     if (!m.endsWith(';')) throw malformed(label, `bare '&' in XML text`)
@@ -91,6 +101,45 @@ function buildXmlTree(nodes: unknown[], label: string, depth: number, budget: { 
 }
 
 /**
+ * Checks XML text and parses it into fast-xml-parser's ordered form (`preserveOrder`: an array
+ * of `{ <qname>: children, ':@': attributes }` and `{ '#text': … }` nodes; attribute values and
+ * text undecoded, since entity processing is off). Element and attribute names whose local part
+ * is unsafe come back behind {@link UNSAFE_MARK}. `trim`: trim text values; `cdata`: keep CDATA
+ * sections under `#cdata` (else as text); `maxNestedTags`: the parser's own nesting limit.
+ * `E_MIG_MALFORMED_ARCHIVE` (`<label>: <reason>`): a DOCTYPE or ENTITY declaration, XML that is
+ * not well-formed.
+ */
+export function parseOrderedXml(xml: string, label: string, opts: { trim?: boolean; cdata?: boolean; maxNestedTags?: number } = {}): unknown[] {
+  if (/<!DOCTYPE/i.test(xml) || /<!ENTITY/i.test(xml)) throw malformed(label, 'DOCTYPE/ENTITY declarations are not allowed')
+  const v = XMLValidator.validate(xml, { allowBooleanAttributes: false })
+  if (v !== true) throw malformed(label, `not well-formed XML: ${v.err.msg} (line ${v.err.line}, column ${v.err.col})`)
+  const rename = (n: string): string => (UNSAFE_NAMES.has(n) || UNSAFE_NAMES.has(localName(n)) ? UNSAFE_MARK + n : n)
+  const parser = new XMLParser({
+    preserveOrder: true,
+    ignoreAttributes: false,
+    attributeNamePrefix: '',
+    parseTagValue: false,
+    parseAttributeValue: false,
+    processEntities: false,
+    htmlEntities: false,
+    trimValues: opts.trim ?? false,
+    ignoreDeclaration: true,
+    ignorePiTags: true,
+    commentPropName: false,
+    ...(opts.cdata ? { cdataPropName: '#cdata' } : {}),
+    ...(opts.maxNestedTags ? { maxNestedTags: opts.maxNestedTags } : {}),
+    transformTagName: rename,
+    transformAttributeName: rename,
+  })
+  try {
+    const raw: unknown = parser.parse(xml)
+    return Array.isArray(raw) ? raw : []
+  } catch (e) {
+    throw malformed(label, `not well-formed XML: ${(e as Error).message}`)
+  }
+}
+
+/**
  * Parses XML text into an {@link XmlNode} tree and returns the root element.
  *
  * Refuses (E_MIG_MALFORMED_ARCHIVE, message `<label>: <reason>`): text over `maxBytes` (default
@@ -100,32 +149,7 @@ function buildXmlTree(nodes: unknown[], label: string, depth: number, budget: { 
  */
 export function parseXmlDocument(xml: string, label: string, maxBytes = MAX_XML_BYTES): XmlNode {
   if (Buffer.byteLength(xml, 'utf8') > maxBytes) throw malformed(label, `XML larger than ${maxBytes} bytes`)
-  if (/<!DOCTYPE/i.test(xml) || /<!ENTITY/i.test(xml)) throw malformed(label, 'DOCTYPE/ENTITY declarations are not allowed')
-  const v = XMLValidator.validate(xml, { allowBooleanAttributes: false })
-  if (v !== true) throw malformed(label, `not well-formed XML: ${v.err.msg} (line ${v.err.line}, column ${v.err.col})`)
-  const rename = (n: string): string => (UNSAFE_NAMES.has(localName(n)) ? UNSAFE_MARK + n : n)
-  const parser = new XMLParser({
-    preserveOrder: true,
-    ignoreAttributes: false,
-    attributeNamePrefix: '',
-    parseTagValue: false,
-    parseAttributeValue: false,
-    processEntities: false,
-    htmlEntities: false,
-    trimValues: false,
-    ignoreDeclaration: true,
-    ignorePiTags: true,
-    commentPropName: false,
-    transformTagName: rename,
-    transformAttributeName: rename,
-  })
-  let raw: unknown
-  try {
-    raw = parser.parse(xml)
-  } catch (e) {
-    throw malformed(label, `not well-formed XML: ${(e as Error).message}`)
-  }
-  const roots = buildXmlTree(Array.isArray(raw) ? raw : [], label, 0, { left: 200_000 })
+  const roots = buildXmlTree(parseOrderedXml(xml, label), label, 0, { left: 200_000 })
   if (roots.length !== 1) throw malformed(label, `expected one root element, found ${roots.length}`)
   return roots[0]!
 }

@@ -20,7 +20,7 @@ import * as path from 'node:path'
 import { openVmdkChain, type RemoteFile } from '../lib/adapters/vim/vmdk-chain.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import { FileSink } from '../lib/sink/file.ts'
-import { deltaDescriptor, writeCowd, writeSeSparse, type DeltaGrain } from '../test/helpers/esx-delta.ts'
+import { deltaDescriptor, makeFlatBase, writeCowd, writeSeSparse, type DeltaGrain } from '../test/helpers/esx-delta.ts'
 import { allocatedBytes, fmt, printComparison, qemuImgReference, sha256File, type CopyFigures } from './source.ts'
 
 const MiB = 1024 * 1024
@@ -37,9 +37,8 @@ function makeChain(): { top: string; deltaBytes: number } {
   for (let o = 0; o < size; o += 2 * MiB) writeSync(fd, rnd, 0, MiB, o)
   ftruncateSync(fd, size)
   closeSync(fd)
-  execFileSync('qemu-img', ['convert', '-q', '-f', 'raw', '-O', 'vmdk', '-o', 'subformat=monolithicFlat', raw, 'vm.vmdk'], { cwd: dir })
+  const baseCid = makeFlatBase(dir, raw)
   rmSync(raw)
-  const baseCid = /^CID=([0-9a-f]+)/m.exec(execFileSync('head', ['-c', '2048', path.join(dir, 'vm.vmdk')], { encoding: 'latin1' }))![1]!
   const cowd = new Map<number, DeltaGrain>()
   for (let g = 0; g < size / 512; g += 16 * 8) cowd.set(g, randomBytes(512))
   writeCowd(path.join(dir, 'vm-000001-delta.vmdk'), size, 1, cowd)

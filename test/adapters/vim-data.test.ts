@@ -12,7 +12,7 @@ import { open, readFile } from 'node:fs/promises'
 import * as path from 'node:path'
 import { createVimAdapter, type VimSession } from '../../lib/adapters/vim/adapter.ts'
 import type { VmManifest } from '../../lib/manifest.ts'
-import type { DiskReader } from '../../lib/pipeline/readers/types.ts'
+import { readAll } from '../helpers/disk-reader.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 import { putVmdk, qemuImg, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
@@ -24,20 +24,6 @@ let s: VimSession
 let vmId = ''
 let manifest: VmManifest
 const raws: string[] = []
-
-async function readAll(r: DiskReader): Promise<{ data: Buffer; zeroBytes: number }> {
-  const data = Buffer.alloc(r.size)
-  let zeroBytes = 0
-  let next = 0
-  for await (const e of r.extents(0)) {
-    expect(e.offset).toBe(next)
-    next = e.offset + e.length
-    if (e.zero) zeroBytes += e.length
-    else for (let o = e.offset; o < next; o += 4 * MiB) (await r.read(o, Math.min(4 * MiB, next - o))).copy(data, o)
-  }
-  expect(next).toBe(r.size)
-  return { data, zeroBytes }
-}
 
 beforeAll(async () => {
   v = await startVcsim({ cbtPage: MiB })

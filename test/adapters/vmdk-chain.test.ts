@@ -17,7 +17,8 @@ import { resolveParent } from '../../lib/adapters/vim/datastore.ts'
 import { openVmdkChain, type RemoteFile } from '../../lib/adapters/vim/vmdk-chain.ts'
 import { MigError } from '../../lib/errors.ts'
 import type { DiskReader } from '../../lib/pipeline/readers/types.ts'
-import { deltaDescriptor, writeCowd, writeSeSparse, type DeltaGrain } from '../helpers/esx-delta.ts'
+import { readAll } from '../helpers/disk-reader.ts'
+import { deltaDescriptor, makeFlatBase, writeCowd, writeSeSparse, type DeltaGrain } from '../helpers/esx-delta.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 
@@ -50,20 +51,6 @@ function local(dir: string, name: string): RemoteFile {
 function open(dir: string, name: string, capacity = 0): Promise<DiskReader> {
   const sib = async (n: string) => local(dir, n)
   return openVmdkChain(local(dir, name), sib, async (hint) => ({ file: local(dir, hint), openSibling: sib }), { label: 'disk', capacity })
-}
-
-async function readAll(r: DiskReader): Promise<{ data: Buffer; zeroBytes: number }> {
-  const data = Buffer.alloc(r.size)
-  let zeroBytes = 0
-  let next = 0
-  for await (const e of r.extents(0)) {
-    expect(e.offset).toBe(next)
-    next = e.offset + e.length
-    if (e.zero) zeroBytes += e.length
-    else for (let o = e.offset; o < next; o += 3 * MiB) (await r.read(o, Math.min(3 * MiB, next - o))).copy(data, o)
-  }
-  expect(next).toBe(r.size)
-  return { data, zeroBytes }
 }
 
 function qemuRaw(dir: string, name: string): Buffer {
@@ -104,9 +91,7 @@ describe('VMDK snapshot delta chains', () => {
     const d = path.join(t.dir, 'esx')
     execFileSync('mkdir', ['-p', d])
     const size = 40 * MiB
-    makeRawImage(path.join(d, 'src.raw'), size, 7)
-    execFileSync('qemu-img', ['convert', '-q', '-f', 'raw', '-O', 'vmdk', '-o', 'subformat=monolithicFlat', 'src.raw', 'vm.vmdk'], { cwd: d })
-    const baseCid = /^CID=([0-9a-f]+)/m.exec(readFileSync(path.join(d, 'vm.vmdk'), 'latin1'))![1]
+    const baseCid = makeFlatBase(d, makeRawImage(path.join(d, 'src.raw'), size, 7))
     // snapshot 1: a vmfsSparse delta with 512-byte grains across two grain tables (2 MiB each)
     const cowd = new Map<number, DeltaGrain>()
     for (const g of [0, 1, 7, 4095, 4096, 4097, 20000]) cowd.set(g, Buffer.alloc(512, 0x40 + (g % 50)))
@@ -138,7 +123,7 @@ describe('VMDK snapshot delta chains', () => {
     expect((await readAll(r1)).data.equals(mid)).toBe(true)
     const r2 = await open(d, 'vm-000002.vmdk', size)
     requests.clear()
-    const { data } = await readAll(r2)
+    const { data } = await readAll(r2, 3 * MiB)
     expect(data.equals(expected)).toBe(true)
     // the base's bytes between the deltas' grains come in one request per read (14 reads of at
     // most 3 MiB), not one per gap (thousands)
@@ -152,8 +137,7 @@ describe('VMDK snapshot delta chains', () => {
     const d = path.join(t.dir, 'bad')
     execFileSync('mkdir', ['-p', d])
     const size = 4 * MiB
-    makeRawImage(path.join(d, 'src.raw'), size, 3)
-    execFileSync('qemu-img', ['convert', '-q', '-f', 'raw', '-O', 'vmdk', '-o', 'subformat=monolithicFlat', 'src.raw', 'vm.vmdk'], { cwd: d })
+    const baseCid = makeFlatBase(d, makeRawImage(path.join(d, 'src.raw'), size, 3))
     const one = new Map<number, DeltaGrain>([[5, Buffer.alloc(4096, 1)]])
     writeSeSparse(path.join(d, 'ok-sesparse.vmdk'), size, one)
     const desc = (cid: string, parentCid: string, hint: string, extent = 'ok-sesparse.vmdk') => deltaDescriptor({ createType: 'seSparse', extent, capacityBytes: size, cid, parentCid, parentHint: hint })
@@ -175,7 +159,7 @@ describe('VMDK snapshot delta chains', () => {
     expect((await thrown(() => open(d, 'nohint.vmdk'))).code).toBe('E_MIG_DISK_READ_FAILED')
     // a seSparse file whose journal was never replayed
     writeSeSparse(path.join(d, 'dirty-sesparse.vmdk'), size, one, { dirty: true })
-    writeFileSync(path.join(d, 'dirty.vmdk'), desc('00000004', 'ffffffff', 'vm.vmdk', 'dirty-sesparse.vmdk').replace('parentCID=ffffffff', `parentCID=${/^CID=([0-9a-f]+)/m.exec(readFileSync(path.join(d, 'vm.vmdk'), 'latin1'))![1]}`))
+    writeFileSync(path.join(d, 'dirty.vmdk'), desc('00000004', 'ffffffff', 'vm.vmdk', 'dirty-sesparse.vmdk').replace('parentCID=ffffffff', `parentCID=${baseCid}`))
     expect((await thrown(() => open(d, 'dirty.vmdk'))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
     // a grain directory entry that is not an allocated table
     const corrupt = readFileSync(path.join(d, 'ok-sesparse.vmdk'))

@@ -5,7 +5,9 @@
  * qemu's `block/vmdk.c` reader; tests check every file it writes against `qemu-img convert`, an
  * independent reader, before trusting it.
  */
-import { writeFileSync } from 'node:fs'
+import { execFileSync } from 'node:child_process'
+import { readFileSync, writeFileSync } from 'node:fs'
+import * as path from 'node:path'
 
 const SECTOR = 512
 
@@ -88,6 +90,15 @@ export function writeSeSparse(file: string, capacityBytes: number, grains: Map<n
   const body = Buffer.concat([head, vol, gd, gts])
   const pad = Buffer.alloc(grainsAt * SECTOR - body.length)
   writeFileSync(file, Buffer.concat([body, pad, ...data]))
+}
+
+/**
+ * Makes the base disk of a chain in `dir`: `vm.vmdk` + `vm-flat.vmdk` (monolithicFlat, by
+ * qemu-img) holding the raw image `raw`. Returns the base's CID, for its first delta's parentCID.
+ */
+export function makeFlatBase(dir: string, raw: string): string {
+  execFileSync('qemu-img', ['convert', '-q', '-f', 'raw', '-O', 'vmdk', '-o', 'subformat=monolithicFlat', raw, path.join(dir, 'vm.vmdk')])
+  return /^CID=([0-9a-f]+)/m.exec(readFileSync(path.join(dir, 'vm.vmdk'), 'latin1'))![1]!
 }
 
 /** The descriptor of a delta disk: `createType` `vmfsSparse` or `seSparse`, one extent, its parent's CID and name. */

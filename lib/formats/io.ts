@@ -2,12 +2,22 @@
  * Shared low-level helpers of the format readers: positioned reads of headers and descriptors
  * (never whole disks) and the `E_MIG_MALFORMED_ARCHIVE` error every reader raises for bad input.
  */
-import { open, type FileHandle } from 'node:fs/promises'
+import type { Stats } from 'node:fs'
+import { open, stat, type FileHandle } from 'node:fs/promises'
 import { MigError, type ErrorDetails } from '../errors.ts'
 
 /** `MigError('E_MIG_MALFORMED_ARCHIVE', '<file or member>: <reason>')`, with optional details. */
 export function malformed(label: string, reason: string, details?: ErrorDetails): MigError {
   return new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${reason}`, details ? { details } : {})
+}
+
+/** `stat` of `path`. Throws `E_MIG_DISK_READ_FAILED` when it cannot be read. */
+export async function statPath(path: string): Promise<Stats> {
+  try {
+    return await stat(path)
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: cannot stat: ${(e as Error).message}`, { cause: e })
+  }
 }
 
 /** Opens `path` read-only. Throws `E_MIG_DISK_READ_FAILED` when it cannot be opened. */

@@ -17,9 +17,9 @@
  * 4 MiB cap, prototype-safe maps).
  */
 import { createHash } from 'node:crypto'
-import { open } from 'node:fs/promises'
+
 import { MigError } from '../errors.ts'
-import { malformed } from './io.ts'
+import { malformed, openRead } from './io.ts'
 import type { TarMember } from './tar.ts'
 import { parseXmlDocument, xmlChild, xmlChildren, type XmlNode } from './xml.ts'
 
@@ -470,12 +470,7 @@ export async function verifyXvaBlocks(path: string, members: TarMember[], opts: 
   const res: VerifyXvaResult = { dirs, verified: 0, verifiedBytes: 0, deferred: [], unverifiable: [], unchecked: [], warnings: [] }
   const selected = [...dirs.values()].filter((d) => !opts.dirs || opts.dirs.includes(d.dir))
   const all = selected.flatMap((d) => d.blocks).sort((a, b) => a.member.offset - b.member.offset)
-  let fh
-  try {
-    fh = await open(path, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
+  const fh = await openRead(path)
   const buf = Buffer.allocUnsafe(XVA_BLOCK_SIZE)
   const readExact = async (off: number, len: number, name: string): Promise<Buffer> => {
     let got = 0

@@ -6,6 +6,7 @@
 import { readdir, stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
+import { statPath } from '../formats/io.ts'
 
 /** Most directory entries scanned for the descriptor of a folder. */
 const MAX_DIR_ENTRIES = 10000
@@ -18,12 +19,7 @@ const MAX_DIR_ENTRIES = 10000
  */
 export async function findDescriptor(inputPath: string, ext: string): Promise<string> {
   const has = (n: string) => n.toLowerCase().endsWith(ext.toLowerCase())
-  let st
-  try {
-    st = await stat(inputPath)
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${inputPath}: cannot stat: ${(e as Error).message}`)
-  }
+  const st = await statPath(inputPath)
   if (st.isFile()) {
     if (!has(inputPath)) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${inputPath}: not a ${ext} file`)
     return inputPath

@@ -6,7 +6,7 @@
  * Disk Format 5.0" (sparse extent `KDMV`, ESX `COWD`, text descriptor), the VHD specification
  * (footer cookie `conectix`), VirtualBox `VDICore.h`, POSIX ustar, RFC 1952 gzip).
  */
-import { open, opendir, stat } from 'node:fs/promises'
+import { opendir, stat } from 'node:fs/promises'
 import * as nodePath from 'node:path'
 import { MigError, isMigError } from '../errors.ts'
 import type { ImporterKind } from '../kinds.ts'
@@ -14,6 +14,7 @@ import type { DiskFormat } from '../manifest.ts'
 import { qemuImgInfo } from '../formats/qemu-info.ts'
 import { assertSafeMemberNames, listTarMembers, type TarMember } from '../formats/tar.ts'
 import type { InspectContext } from './types.ts'
+import { openRead } from '../formats/io.ts'
 
 /**
  * What the magic bytes (or qemu-img) say a file is:
@@ -61,12 +62,7 @@ const OTHER_MAGIC: Array<[Buffer, string]> = [
 ]
 
 async function readHeadTail(file: string): Promise<{ head: Buffer; tail: Buffer; size: number }> {
-  let fh
-  try {
-    fh = await open(file, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
+  const fh = await openRead(file)
   try {
     const size = (await fh.stat()).size
     const head = Buffer.alloc(Math.min(HEAD_BYTES, size))

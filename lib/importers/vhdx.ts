@@ -11,7 +11,7 @@
  * `vpc` driver reads a differencing VHD as if it had none, so such a manifest carries a warning
  * to merge the chain at the source first.
  */
-import { open, realpath, stat } from 'node:fs/promises'
+import { realpath, stat } from 'node:fs/promises'
 import * as nodePath from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
@@ -21,6 +21,7 @@ import { readVhdxInfo, type VhdxInfo } from '../formats/vhdx.ts'
 import type { VmManifest } from '../manifest.ts'
 import { singleDiskManifest } from './qcow2.ts'
 import type { Importer, InspectContext } from './types.ts'
+import { openRead } from '../formats/io.ts'
 
 /** Deepest differencing chain followed. */
 export const MAX_PARENT_DEPTH = 16
@@ -30,12 +31,7 @@ type Image = { kind: 'vhdx'; info: VhdxInfo } | { kind: 'vhd'; info: VhdInfo }
 /** Reads `file` as VHDX when it starts with `vhdxfile`, else as VHD. */
 async function readImage(file: string): Promise<Image> {
   let magic = ''
-  let fh
-  try {
-    fh = await open(file, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
+  const fh = await openRead(file)
   try {
     const b = Buffer.alloc(8)
     const { bytesRead } = await fh.read(b, 0, 8, 0)

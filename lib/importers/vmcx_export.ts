@@ -13,7 +13,7 @@
  * `volume_path` for VHDX; the VHD parent locators and unicode name), parents being looked up by
  * file name in the same folder.
  */
-import { open, readdir, stat } from 'node:fs/promises'
+import { readdir, stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
@@ -22,6 +22,7 @@ import { MAX_VMCX_BYTES, parseVmcx, vmcxVmInfo, type VmcxDisk } from '../formats
 import { readVhdxInfo } from '../formats/vhdx.ts'
 import { readVhdInfo } from '../formats/vhd.ts'
 import type { Importer, InspectContext } from './types.ts'
+import { openRead, statPath } from '../formats/io.ts'
 
 const MAX_DIR_ENTRIES = 10000
 const MAX_CHAIN = 64
@@ -60,12 +61,7 @@ async function childDir(parent: string, want: string): Promise<string | null> {
  * `E_MIG_UNSUPPORTED_FORMAT` (a file that is not a `.vmcx`), `E_MIG_DISK_READ_FAILED`.
  */
 export async function findVmcx(inputPath: string): Promise<{ vmcx: string; exportDir: string }> {
-  let st
-  try {
-    st = await stat(inputPath)
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${inputPath}: cannot stat: ${(e as Error).message}`)
-  }
+  const st = await statPath(inputPath)
   if (st.isFile()) {
     if (!/\.vmcx$/i.test(inputPath)) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${inputPath}: not a .vmcx file`)
     const dir = path.dirname(inputPath)
@@ -89,12 +85,7 @@ export async function findVmcx(inputPath: string): Promise<{ vmcx: string; expor
 
 /** Reads at most `cap + 1` bytes of `file` (so an oversized file is detected without reading it all). */
 async function readCapped(file: string, cap: number): Promise<Buffer> {
-  let fh
-  try {
-    fh = await open(file, 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`)
-  }
+  const fh = await openRead(file)
   try {
     const buf = Buffer.alloc(cap + 1)
     let got = 0

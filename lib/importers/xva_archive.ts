@@ -8,7 +8,6 @@
  * The block structure of every disk is checked at inspect; SHA-1 checksums of the first 64 MiB of
  * blocks (in archive order) are verified at inspect, the rest while the data is copied.
  */
-import { stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
@@ -16,6 +15,7 @@ import { guestFamilyOf, sanitizeLabel, type ManifestDisk, type ManifestNic, type
 import { assertSafeMemberNames, listTarMembers, readTarMember } from '../formats/tar.ts'
 import { MAX_OVA_XML_BYTES, parseOvaXml, verifyXvaBlocks } from '../formats/xva.ts'
 import type { Importer, InspectContext } from './types.ts'
+import { statPath } from '../formats/io.ts'
 
 /** Block bytes whose SHA-1 is verified at inspect time (64 MiB). */
 export const XVA_INSPECT_VERIFY_BYTES = 64 * 1024 * 1024
@@ -36,9 +36,7 @@ const MAX_MEMBERS = 8_000_000
  */
 async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManifest> {
   const archive = resolveInRoot(ctx.importRoot, inputPath, { allowUploads: ctx.allowUploads })
-  const st = await stat(archive).catch((e: Error) => {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${archive}: cannot stat: ${e.message}`)
-  })
+  const st = await statPath(archive)
   if (!st.isFile()) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${archive}: an XVA is a single tar file (an unpacked XVA folder is not supported)`)
   const members = await listTarMembers(archive, { maxMembers: MAX_MEMBERS })
   assertSafeMemberNames(members, path.basename(archive))

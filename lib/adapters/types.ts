@@ -70,7 +70,8 @@ export interface LiveSession extends AdapterSession {
   openDisk(vmId: string, snapshot: SnapshotRef, disk: ManifestDisk): Promise<DiskReader>
   /**
    * The areas of `disk` changed between `sinceChangeId` and `snapshot` (QueryChangedDiskAreas,
-   * paged until the capacity is covered). `E_MIG_CBT_RESET` when the changeId is no longer valid.
+   * paged until the capacity is covered); `sinceChangeId` `*` asks for every allocated area.
+   * `E_MIG_CBT_RESET` when the changeId is no longer valid.
    */
   changedAreas(vmId: string, snapshot: SnapshotRef, disk: ManifestDisk, sinceChangeId: string): Promise<Extent[]>
   /** Removes one snapshot the migrator took. */

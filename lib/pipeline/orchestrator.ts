@@ -264,7 +264,37 @@ export function restrictTo(inner: DiskReader, areas: Extent[]): DiskReader {
   }
 }
 
-/** Live copy: a full pass from a snapshot, then (warm) delta passes and the cutover. */
+/**
+ * A reader of `inner` whose only data extents are `areas` (the disk's allocated areas, as
+ * `QueryChangedDiskAreas` with changeId `*` reports them); the rest of the disk is zero extents,
+ * never read: a thin disk's unallocated space reads as zeros.
+ */
+export function allocatedOnly(inner: DiskReader, areas: Extent[]): DiskReader {
+  const sorted = [...areas].sort((a, b) => a.offset - b.offset)
+  return {
+    size: inner.size,
+    async *extents(from: number) {
+      let at = from
+      for (const a of sorted) {
+        const start = Math.max(a.offset, at)
+        const end = Math.min(a.offset + a.length, inner.size)
+        if (end <= start) continue
+        if (start > at) yield { offset: at, length: start - at, zero: true }
+        yield { offset: start, length: end - start, zero: false }
+        at = end
+      }
+      if (at < inner.size) yield { offset: at, length: inner.size - at, zero: true }
+    },
+    read: (offset: number, length: number, into?: Buffer) => inner.read(offset, length, into),
+    close: () => inner.close(),
+  }
+}
+
+/**
+ * Live copy: a full pass from a snapshot, then (warm) delta passes and the cutover. With changed
+ * block tracking on, the full pass reads only the allocated areas (changeId `*`); when the source
+ * cannot tell them, the whole disk.
+ */
 async function copyLive(
   deps: OrchestratorDeps,
   source: Extract<PreparedSource, { strategy: 'live' }>,
@@ -287,8 +317,13 @@ async function copyLive(
     if (!warm()) await session.shutdown(vmId)
     else await session.enableCbt(vmId)
     let current = await snap(0)
+    const cbtOn = warm() || manifest.cbt_available
     for (let i = 0; i < manifest.disks.length; i++) {
-      const reader = await session.openDisk(vmId, current, manifest.disks[i])
+      let reader = await session.openDisk(vmId, current, manifest.disks[i])
+      if (cbtOn) {
+        const used = await session.changedAreas(vmId, current, manifest.disks[i], '*').catch(() => null)
+        if (used) reader = allocatedOnly(reader, used)
+      }
       try {
         await copyOne(deps, reader, volumes[i], manifest.disks[i], 0, tracker, emit)
       } finally {

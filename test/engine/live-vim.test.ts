@@ -7,6 +7,8 @@
  *
  * Cold: two disks (a bootable monolithicFlat disk and a monolithicSparse data disk), bit-exact
  * images, the VM shut down, marked with the job id and this host, no migrator snapshot left.
+ * With CBT on, the full pass reads only the allocated areas (QueryChangedDiskAreas with changeId
+ * `*`), counted in bytes the datastore interface served; without CBT, the whole disk.
  * Warm: guest writes between passes give two delta passes (the first above the converge
  * threshold), then cutover; bit-exact with the final disks; once with snapshots as frozen copies,
  * once as ESXi-style delta chains (each snapshot's disk a delta over the previous one's, read
@@ -90,8 +92,12 @@ describe('live vim_api migrations through the HTTP API', () => {
 
   test('cold: two disks copied bit-exact from the snapshot, the domain boots, the VM is shut down and marked, no snapshot left', async () => {
     const vm = await makeVm('migvim-cold', true)
+    const servedBefore = await v.folderBytes()
     const job = await submit(srv.base, livePlan(vm.id, 'Cold', 'migvim-cold', true))
     const done = await waitJob(srv.base, job.id)
+    // CBT is on: only the allocated areas (changeId "*") came over the datastore interface, not
+    // the 16 MiB flat boot disk whole
+    expect(await v.folderBytes() - servedBefore).toBeLessThan(8 * MiB)
     expect([done.status, done.state, done.effective_mode, done.last_error]).toEqual(['completed', 'Completed', 'Cold', null])
     expect(done.domain).toBe('migvim-cold')
     expect(done.progress.bytes_total).toBe(24 * MiB)
@@ -122,9 +128,13 @@ describe('live vim_api migrations through the HTTP API', () => {
       ])
       const stream = openStream(srv.base)
       await stream.ready
+      const servedBefore = await v.folderBytes()
       const job = await submit(srv.base, livePlan(vm.id, 'Warm', name))
       const done = await waitJob(srv.base, job.id)
       stream.close()
+      // the full pass read the allocated areas only, the delta passes the changed ones: far less
+      // than the 24 MiB of the two disks
+      expect(await v.folderBytes() - servedBefore).toBeLessThan(12 * MiB)
       expect([done.status, done.state, done.effective_mode, done.last_error]).toEqual(['completed', 'Completed', 'Warm', null])
       const states = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state)
       expect(states.filter((s, i) => s !== states[i - 1])).toEqual(['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'Starting', 'Completed'])
@@ -146,9 +156,12 @@ describe('live vim_api migrations through the HTTP API', () => {
 
   test('warm plan for a VM without CBT: downgraded to cold with the non-fatal E_MIG_CBT_UNSUPPORTED, still completes bit-exact', async () => {
     const vm = await makeVm('migvim-nocbt', false)
+    const servedBefore = await v.folderBytes()
     const job = await submit(srv.base, livePlan(vm.id, 'Warm', 'migvim-nocbt'))
     const done = await waitJob(srv.base, job.id)
     expect([done.status, done.effective_mode, done.last_error?.code, done.last_error?.fatal]).toEqual(['completed', 'Cold', 'E_MIG_CBT_UNSUPPORTED', false])
+    // without CBT nothing tells the allocated areas: the flat boot disk is read whole
+    expect(await v.folderBytes() - servedBefore).toBeGreaterThanOrEqual(16 * MiB)
     expectBitExact(job.id, vm.files)
     const state = await v.vm(vm.id)
     expect([state.snapshots, state.snapshots_taken, state.power_state]).toEqual([[], 1, 'poweredOff'])

@@ -110,6 +110,8 @@ export interface Vcsim {
   resetCbt(id: string): Promise<void>
   disableMethod(id: string, method: string): Promise<void>
   scheduleWrites(id: string, writes: GuestWrite[]): Promise<void>
+  /** Bytes of datastore files served under /folder since the harness started. */
+  folderBytes(): Promise<number>
   /** SIGTERM (SIGKILL after 5 s), removes the state and datastore directories. */
   stop(): Promise<void>
 }
@@ -171,6 +173,7 @@ export async function startVcsim(opts: { password?: string; username?: string; c
     vm: (id) => control('GET', `vms/${id}`),
     resetCbt: async (id) => void (await control('POST', `vms/${id}/reset-cbt`)),
     scheduleWrites: async (id, writes) => void (await control('POST', `vms/${id}/writes`, writes)),
+    folderBytes: async () => ((await control('GET', 'stats')) as { folder_bytes: number }).folder_bytes,
     disableMethod: async (id, method) => void (await control('POST', `vms/${id}/disable?method=${encodeURIComponent(method)}`)),
     async stop() {
       if (stopped) return

@@ -93,12 +93,22 @@ class ScriptedLiveSource implements LiveSession {
       async close() {},
     }
   }
-  /** Calls of changedAreas (0-based, counted over all disks) that answer as if CBT was reset. */
+  /** Calls of changedAreas since a changeId (0-based, counted over all disks; `*` calls not counted) that answer as if CBT was reset. */
   resetOn = new Set<number>()
   private areaCalls = 0
+  /** Calls with changeId `*` (the allocated areas), by disk label. */
+  allocatedCalls: string[] = []
   async changedAreas(_vm: string, snap: SnapshotRef, disk: ManifestDisk, since: string): Promise<Extent[]> {
-    if (this.resetOn.has(this.areaCalls++)) throw new MigError('E_MIG_CBT_RESET', `scripted: changeId ${since} of ${disk.label} was reset`)
     const i = Number(disk.label.slice(4))
+    if (since === '*') {
+      // allocated = not all zero, in BLOCK units
+      this.allocatedCalls.push(disk.label)
+      const now = this.snaps.get(snap.id)![i]
+      const out: Extent[] = []
+      for (let o = 0; o < now.length; o += BLOCK) if (now.subarray(o, o + BLOCK).some((b) => b !== 0)) out.push({ offset: o, length: Math.min(BLOCK, now.length - o) })
+      return out
+    }
+    if (this.resetOn.has(this.areaCalls++)) throw new MigError('E_MIG_CBT_RESET', `scripted: changeId ${since} of ${disk.label} was reset`)
     const before = this.snaps.get(since)?.[i]
     if (!before) throw new MigError('E_MIG_CBT_RESET', `scripted: changeId ${since} unknown`)
     const now = this.snaps.get(snap.id)![i]
@@ -169,6 +179,31 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     expect(src.calls).toContain('cleanup (1 left)')
     expect((await store.watermarks.list(id)).map((w) => w.watermark_bytes)).toEqual([2 * MiB, MiB])
     await store.close()
+  })
+
+  test('with CBT the full pass reads only the allocated areas (changeId *); without, the whole disk', async () => {
+    const thin = () => {
+      const d = Buffer.alloc(2 * MiB)
+      randomBytes(BLOCK).copy(d, 3 * BLOCK)
+      randomBytes(BLOCK).copy(d, 20 * BLOCK)
+      return d
+    }
+    for (const cbt of [true, false]) {
+      const src = new ScriptedLiveSource([thin()], { warm: true, cbt })
+      const reads: number[] = []
+      const { deps, sink, id, store } = await setup(src, 'Cold', {
+        copyDisk: async (r, v, o) => {
+          const res = await copyDisk(r, v, o)
+          reads.push(res.bytes_read)
+          return res
+        },
+      })
+      const job = await runJob(deps)
+      expect([cbt, job.state, job.progress.bytes_done]).toEqual([cbt, 'Completed', 2 * MiB])
+      expect(image(sink, id, 'disk0').equals(src.disks[0])).toBe(true)
+      expect([cbt, reads, src.allocatedCalls]).toEqual(cbt ? [cbt, [2 * BLOCK], ['disk0']] : [cbt, [2 * MiB], []])
+      await store.close()
+    }
   })
 
   test('warm: the source changes between passes; two delta passes copy only changed blocks, then the cutover; images equal the final disks', async () => {

@@ -28,7 +28,8 @@
 //     POST /harness/vms/{moref}/reset-cbt forgets its changeIds (as a CBT reset does);
 //     POST /harness/vms/{moref}/disable?method=Name disables a method on the VM (vSphere's
 //     disabledMethod); POST /harness/vms/{moref}/writes schedules guest writes to the VM's
-//     active disks before given snapshots (see guestWrite).
+//     active disks before given snapshots (see guestWrite); GET /harness/stats counts the bytes
+//     of datastore files served under /folder (folder_bytes).
 //
 // On start it prints one JSON line on stdout: {url, datacenter, datastores: [{name, dir}],
 // cert_pem, thumbprint}.
@@ -67,6 +68,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -815,6 +817,8 @@ func (h *harness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(v)
 	}
 	switch {
+	case r.Method == http.MethodGet && len(parts) == 1 && parts[0] == "stats":
+		writeJSON(map[string]int64{"folder_bytes": folderBytes.Load()})
 	case r.Method == http.MethodPost && len(parts) == 1 && parts[0] == "vms":
 		var spec vmSpec
 		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&spec); err != nil {
@@ -950,6 +954,24 @@ func sdkMiddleware(next http.Handler, page int64) http.Handler {
 	})
 }
 
+// folderBytes counts the bytes of datastore file bodies served under /folder (GET /harness/stats).
+var folderBytes atomic.Int64
+
+type countingWriter struct{ http.ResponseWriter }
+
+func (c countingWriter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	folderBytes.Add(int64(n))
+	return n, err
+}
+
+// countFolderBytes wraps the simulator's datastore file handler to count what it serves.
+func countFolderBytes(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(countingWriter{w}, r)
+	})
+}
+
 // selfSigned makes the harness's TLS certificate: ECDSA P-256, self-signed (its own CA), for
 // 127.0.0.1 and localhost, valid for a day. (The simulator's built-in test certificate has a
 // 1024-bit RSA key, which OpenSSL's default security level refuses.)
@@ -1009,6 +1031,7 @@ func main() {
 	outer.Handle("/sdk", sdkMiddleware(mux, *page))
 	h := &harness{token: *password}
 	outer.Handle("/harness/", h)
+	outer.Handle("/folder/", countFolderBytes(mux))
 	outer.Handle("/", mux)
 	server.Server.Config.Handler = outer
 

@@ -65,6 +65,15 @@ export const ManifestDisk = z.object({
 })
 export type ManifestDisk = z.infer<typeof ManifestDisk>
 
+/**
+ * Whether the copy loop reads the disk's file exactly as stored: a raw file (or tar member) read
+ * in place, neither gzip-compressed nor chunked. Then the file's `.mf` digest (`source.digest`)
+ * is checked on the bytes the copy reads; otherwise it is checked on the stored file before.
+ */
+export function copyReadsStoredBytes(disk: ManifestDisk): boolean {
+  return disk.disk_format === 'raw' && !disk.source.compression && disk.source.layout !== 'ovf_chunks'
+}
+
 /** One network adapter. `mac` is lower-case `aa:bb:cc:dd:ee:ff`, or null when the source generates it. */
 export const ManifestNic = z.object({
   label: z.string(),

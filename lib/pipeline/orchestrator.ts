@@ -20,7 +20,7 @@
  */
 import { MigError, asMigError } from '../errors.ts'
 import type { Job, JobState, LastError, RestorePointRecord } from '../job.ts'
-import type { ManifestDisk, VmManifest } from '../manifest.ts'
+import { copyReadsStoredBytes, type ManifestDisk, type VmManifest } from '../manifest.ts'
 import type { Plan } from '../plan.ts'
 import type { Extent, LiveSession, SnapshotRef } from '../adapters/types.ts'
 import type { JobsRepo } from '../store/jobs.ts'
@@ -231,7 +231,7 @@ async function copyOne(deps: OrchestratorDeps, reader: DiskReader, volume: SinkV
   await deps.copyDisk(reader, volume, {
     from,
     signal: deps.signal,
-    digest: disk.disk_format === 'raw' ? disk.source.digest : undefined,
+    digest: copyReadsStoredBytes(disk) ? disk.source.digest : undefined,
     onProgress(p) {
       tracker.setDone(disk.label, p.bytes_done)
       tracker.add(disk.label, 0, p.bytes_zero - zeroSeen)

@@ -15,7 +15,7 @@ import type { Store } from '../store/index.ts'
 import { openSourceSession } from '../adapters/session.ts'
 import type { LiveSession } from '../adapters/types.ts'
 import { hashRange } from '../formats/tar.ts'
-import type { ManifestDisk } from '../manifest.ts'
+import { copyReadsStoredBytes, type ManifestDisk } from '../manifest.ts'
 import { openDiskReader } from './readers/open.ts'
 import { runV2vFullImport } from '../v2v/full-import.ts'
 import type { PreparedSource } from './orchestrator.ts'
@@ -39,14 +39,15 @@ export async function offlineInputPath(job: Job, store: Store, paths: SourcePath
 
 /**
  * The manifest (`.mf`) digest of a disk file too large to hash at inspect (`source.digest`), for
- * a disk whose file is not the disk's raw bytes (streamOptimized VMDK, qcow2 ...): the file (or
- * tar member) is hashed before anything is copied. A raw disk's digest is checked by the copy
- * loop on the bytes it reads. Throws `E_MIG_MALFORMED_ARCHIVE` on a mismatch,
+ * a disk whose file is not the disk's raw bytes as the copy reads them (streamOptimized VMDK,
+ * qcow2, gzip-compressed files ...): the file (or tar member) is hashed before anything is
+ * copied. A raw file read in place has its digest checked by the copy loop on the bytes it reads
+ * ({@link copyReadsStoredBytes}). Throws `E_MIG_MALFORMED_ARCHIVE` on a mismatch,
  * `E_MIG_DISK_READ_FAILED` when the file cannot be read.
  */
 export async function verifyPackedDigest(disk: ManifestDisk): Promise<void> {
   const d = disk.source.digest
-  if (!d || disk.disk_format === 'raw') return
+  if (!d || copyReadsStoredBytes(disk)) return
   const { path, offset = 0 } = disk.source
   const length = disk.source.length ?? (await stat(path).catch((e: Error) => {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: ${e.message}`)

@@ -1,7 +1,8 @@
 /**
  * Manifest digests of disk files too large to hash at inspect (`source.digest`): a packed disk
- * (streamOptimized VMDK, qcow2) is hashed before the copy, in place inside its tar member; a raw
- * disk's digest is left to the copy loop (which hashes what it reads).
+ * (streamOptimized VMDK, qcow2, a gzip-compressed file) is hashed before the copy, in place
+ * inside its tar member; a raw disk read in place is left to the copy loop (which hashes what it
+ * reads).
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { createHash, randomBytes } from 'node:crypto'
@@ -45,6 +46,14 @@ describe('verifyPackedDigest', () => {
   test('a raw disk is left to the copy loop; a disk without a deferred digest needs nothing', async () => {
     await verifyPackedDigest(disk('raw', '00'.repeat(32)))
     await verifyPackedDigest({ ...disk('vmdk', sha256), source: { path: archive } })
+  })
+
+  test('a gzip-compressed raw disk is checked on its stored (compressed) bytes here, since the copy reads the inflated ones', async () => {
+    const gz = disk('raw', sha256)
+    gz.source.compression = 'gzip'
+    await verifyPackedDigest(gz)
+    gz.source.digest = { algorithm: 'sha256', hex: '00'.repeat(32) }
+    expect((await verifyPackedDigest(gz).catch((e) => e)).code).toBe('E_MIG_MALFORMED_ARCHIVE')
   })
 
   test('an unreadable file is E_MIG_DISK_READ_FAILED', async () => {

@@ -1,8 +1,9 @@
 /**
  * The same server under Node 20 (compiled with tsc, `npm run start:node`): its supervisor forks
  * workers with Node, and a job runs end to end: an OVA with two disks imported into the file
- * sink, bit-exact, the domain started on libvirt (TCG) with its marker on the serial console,
- * and a cancel mid-copy that removes the destination.
+ * sink, bit-exact, the domain started on libvirt (TCG) with its marker on the serial console; a
+ * warm vim_api migration from the vCenter simulator (SOAP, datastore HTTP and snapshot delta
+ * chains in a Node worker); and a cancel mid-copy that removes the destination.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs'
@@ -13,6 +14,8 @@ import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
+import { putVmdk, startVcsim } from '../helpers/vcsim.ts'
+import { execFileSync } from 'node:child_process'
 
 const PREFIX = 'mignode-'
 const MARKER = 'MIGRATOR-NODE-BOOT-9043'
@@ -63,6 +66,39 @@ describe('jobs under the Node server and Node workers', () => {
     expect(fileSha256(volumePath(t.dir, job.id, done.progress.disks[1].label))).toBe(fileSha256(data))
     expect(readFileSync(path.join(t.dir, 'logs', `${job.id}.serial.log`), 'utf8')).toContain(MARKER)
   }, 120_000)
+
+  test('a warm vim_api migration under Node workers (vCenter simulator, snapshots as delta chains): a delta pass and the cutover, bit-exact', async () => {
+    const v = await startVcsim({ cbtPage: 4 * MiB })
+    try {
+      const raw = makeRawImage(path.join(t.dir, 'live.raw'), 8 * MiB, 11)
+      const file = await putVmdk(v, 'nodevm', 'nodevm', raw, 'flat')
+      const vmId = await v.createVm({ name: 'nodevm', guest_id: 'debian10_64Guest', cbt: true, delta_snapshots: true, power_on: true, disks: [{ file, capacity_bytes: 8 * MiB }] })
+      // before the delta pass (below the default 64 MiB threshold: converged), then before the cutover's final snapshot
+      await v.scheduleWrites(vmId, [
+        { before_snapshot: 1, file, offset: 2 * MiB, length: 2 * MiB, pattern: 0x21 },
+        { before_snapshot: 2, file, offset: 64 * 1024, length: 64 * 1024, pattern: 0x31 },
+      ])
+      const src = await call(srv.base, 'POST', '/sources', { name: 'vcsim-node', kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } })
+      expect(src.status).toBe(201)
+      const job = await submit(srv.base, { source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vmId }, mode: 'Warm', name: `${PREFIX}live`, start: false })
+      let sawNode = false
+      const done = await waitJob(srv.base, job.id, (j) => {
+        const pid = workerPid(job.id)
+        if (pid) sawNode ||= readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('worker.js')
+        return ['completed', 'failed', 'cancelled'].includes(j.status)
+      })
+      expect([done.status, done.effective_mode, done.last_error]).toEqual(['completed', 'Warm', null])
+      expect(sawNode).toBe(true)
+      const state = await v.vm(vmId)
+      // the full copy's snapshot, the delta pass's, the cutover's: the last two read through delta chains
+      expect([state.snapshots_taken, state.delta_disks, state.snapshots]).toEqual([3, 2, []])
+      const now = path.join(t.dir, 'live-now.raw')
+      execFileSync('qemu-img', ['convert', '-f', 'vmdk', '-O', 'raw', path.join(v.datastore.dir, file), now])
+      expect(fileSha256(volumePath(t.dir, job.id, done.progress.disks[0].label))).toBe(fileSha256(now))
+    } finally {
+      await v.stop()
+    }
+  }, 180_000)
 
   test('cancel mid-copy under Node: Cancelled, destination removed, no worker left', async () => {
     const big = makeRawImage(path.join(t.dir, 'big.raw'), 256 * MiB, 9)

@@ -3,14 +3,16 @@
  * lease, respects the concurrency limit, runs each job in a worker child process (Bun when the
  * server runs under Bun, Node under Node), relays the worker's events to the SSE hub, and
  * notices a worker that exits or stops heart-beating. A job whose worker died is retried
- * (bounded), resuming from its durable watermarks; a server restart resumes every job whose
- * lease expired.
+ * (bounded), resuming from its durable watermarks; a live job given up on has the snapshots its
+ * attempts took removed from the source VM; a server restart resumes every job whose lease
+ * expired.
  */
 import { fork, type ChildProcess } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
-import { TERMINAL_STATES } from '../lib/job.ts'
+import { releaseLiveVm } from '../lib/adapters/session.ts'
+import { TERMINAL_STATES, type Job } from '../lib/job.ts'
 import type { Ctx } from './context.ts'
 import type { SupervisorMessage, WorkerMessage } from './ipc.ts'
 
@@ -137,12 +139,28 @@ export class Supervisor {
     }
   }
 
+  /**
+   * A live job given up on: no worker ran its cleanup, so the snapshots its attempts took on the
+   * source VM are removed here (best effort; a failure is logged, the job stays Failed).
+   */
+  private async releaseSource(job: Job): Promise<void> {
+    const ref = job.plan.source_ref
+    if (!('Live' in job.plan.source) || ref.kind !== 'live_vm') return
+    try {
+      await releaseLiveVm(this.ctx.store.sources, this.ctx.sealer, ref.source_id, ref.vm_id)
+      this.ctx.logger.info({ job: job.id, vm: ref.vm_id }, 'removed the snapshots of a job given up')
+    } catch (e) {
+      this.ctx.logger.warn({ job: job.id, vm: ref.vm_id, err: (e as Error).message }, 'could not remove the snapshots of a job given up')
+    }
+  }
+
   private async launch(id: string): Promise<void> {
     const { jobs } = this.ctx.store
     const attempts = await jobs.addAttempt(id)
     if (attempts > this.opts.maxAttempts) {
       const job = await jobs.update(id, { state: 'Failed', finished_at: this.ctx.now().toISOString(), last_error: { code: 'E_MIG_INTERNAL', message: `the job's worker died ${attempts - 1} times; giving up`, fatal: true } }, this.ctx.now().toISOString())
       await this.ctx.hub.publishJob(job)
+      await this.releaseSource(job)
       return
     }
     const child = fork(workerPath(), [id], {

@@ -6,7 +6,7 @@ import type { Sealer } from '../crypto/seal.ts'
 import type { AdapterKind } from '../kinds.ts'
 import type { SourcesRepo } from '../store/sources.ts'
 import { adapterFor } from './index.ts'
-import type { AdapterSession } from './types.ts'
+import { isLiveSession, type AdapterSession } from './types.ts'
 
 /**
  * Connects to source `id` (`opts` are passed to the adapter's `connect`). Throws `E_MIG_NOT_FOUND` (no such source), and whatever the adapter's
@@ -26,4 +26,15 @@ export async function withSourceSession<T>(sources: SourcesRepo, sealer: Sealer,
   } finally {
     await session.close()
   }
+}
+
+/**
+ * Removes every snapshot the migrator made on VM `vmId` of source `sourceId` (the session's
+ * `cleanup`), for a job that ended without its worker doing it (the worker died on the last
+ * attempt). Throws what {@link openSourceSession} throws; `cleanup` itself never does.
+ */
+export async function releaseLiveVm(sources: SourcesRepo, sealer: Sealer, sourceId: string, vmId: string): Promise<void> {
+  await withSourceSession(sources, sealer, sourceId, async (s) => {
+    if (isLiveSession(s)) await s.cleanup(vmId)
+  })
 }

@@ -96,3 +96,8 @@ export interface SourceAdapter {
   supportsWarm(): boolean
   connect(conn: SourceConnection): Promise<AdapterSession>
 }
+
+/** Whether `s` (a connected session) has the data plane of {@link LiveSession}. */
+export function isLiveSession(s: object): s is LiveSession {
+  return typeof (s as LiveSession).createSnapshot === 'function' && typeof (s as LiveSession).openDisk === 'function'
+}

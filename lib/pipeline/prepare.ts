@@ -13,7 +13,7 @@ import { inspectInput } from '../importers/index.ts'
 import type { Sealer } from '../crypto/seal.ts'
 import type { Store } from '../store/index.ts'
 import { openSourceSession } from '../adapters/session.ts'
-import type { LiveSession } from '../adapters/types.ts'
+import { isLiveSession } from '../adapters/types.ts'
 import { hashRange } from '../formats/tar.ts'
 import { copyReadsStoredBytes, type ManifestDisk } from '../manifest.ts'
 import { openDiskReader } from './readers/open.ts'
@@ -69,10 +69,6 @@ export interface FullImportSettings {
   env?: Record<string, string>
   virtioWinIso?: string | null
   binary?: string
-}
-
-function isLiveSession(s: object): s is LiveSession {
-  return typeof (s as LiveSession).createSnapshot === 'function' && typeof (s as LiveSession).openDisk === 'function'
 }
 
 /**

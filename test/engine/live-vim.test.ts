@@ -23,7 +23,7 @@ import { hostname } from 'node:os'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
-import { bootCheckEnv, call, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { bootCheckEnv, call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -179,4 +179,27 @@ describe('live vim_api migrations through the HTTP API', () => {
     // warm never shut the guest down
     expect(state.power_state).toBe('poweredOn')
   })
+
+  test('a worker killed on its last attempt: the job is given up (E_MIG_INTERNAL) and the supervisor removes its snapshot from the VM', async () => {
+    const vm = await makeVm('migvim-crash', true)
+    const s2 = await startServer('bun', path.join(t.dir, 'crash-server'), { MIGRATOR_MAX_ATTEMPTS: '1', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(256 * 1024) })
+    try {
+      const src = await call(s2.base, 'POST', '/sources', { name: 'vcsim', kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } })
+      expect(src.status).toBe(201)
+      const job = await submit(s2.base, { source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vm.id }, mode: 'Cold', name: 'migvim-crash', start: false })
+      await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' && j.progress.bytes_done > 0, 60_000)
+      expect((await v.vm(vm.id)).snapshots.length).toBe(1)
+      process.kill(workerPid(job.id)!, 'SIGKILL')
+      const done = await waitJob(s2.base, job.id)
+      expect([done.status, done.last_error.code, /giving up/.test(done.last_error.message)]).toEqual(['failed', 'E_MIG_INTERNAL', true])
+      let left = (await v.vm(vm.id)).snapshots
+      for (let i = 0; i < 100 && left.length > 0; i++) {
+        await new Promise((r) => setTimeout(r, 100))
+        left = (await v.vm(vm.id)).snapshots
+      }
+      expect(left).toEqual([])
+    } finally {
+      await s2.stop()
+    }
+  }, 120_000)
 })

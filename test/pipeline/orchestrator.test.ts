@@ -134,6 +134,15 @@ class ScriptedLiveSource implements LiveSession {
   }
 }
 
+/** The real copyDisk, recording the bytes each call read into `reads`. */
+function countingCopy(reads: number[]): OrchestratorDeps['copyDisk'] {
+  return async (r, v, o) => {
+    const res = await copyDisk(r, v, o)
+    reads.push(res.bytes_read)
+    return res
+  }
+}
+
 let n = 0
 async function setup(src: ScriptedLiveSource, mode: 'Warm' | 'Cold', extra: Partial<OrchestratorDeps> = {}, plan: Record<string, unknown> = {}) {
   const dir = path.join(t.dir, `run-${++n}`)
@@ -191,13 +200,7 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     for (const cbt of [true, false]) {
       const src = new ScriptedLiveSource([thin()], { warm: true, cbt })
       const reads: number[] = []
-      const { deps, sink, id, store } = await setup(src, 'Cold', {
-        copyDisk: async (r, v, o) => {
-          const res = await copyDisk(r, v, o)
-          reads.push(res.bytes_read)
-          return res
-        },
-      })
+      const { deps, sink, id, store } = await setup(src, 'Cold', { copyDisk: countingCopy(reads) })
       const job = await runJob(deps)
       expect([cbt, job.state, job.progress.bytes_done]).toEqual([cbt, 'Completed', 2 * MiB])
       expect(image(sink, id, 'disk0').equals(src.disks[0])).toBe(true)
@@ -220,13 +223,7 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
       if (k === 1 || k === 2) randomBytes(100).copy(disks[0], 5 * BLOCK + 17)
     }
     const reads: number[] = []
-    const { deps, states, sink, id } = await setup(src, 'Warm', {
-      copyDisk: async (r, v, o) => {
-        const res = await copyDisk(r, v, o)
-        reads.push(res.bytes_read)
-        return res
-      },
-    })
+    const { deps, states, sink, id } = await setup(src, 'Warm', { copyDisk: countingCopy(reads) })
     const job = await runJob(deps)
     expect([job.state, job.last_error]).toEqual(['Completed', null])
     expect(states).toEqual(['CopyingFull', 'DeltaSyncing', 'CuttingOver', 'Starting', 'Completed'])

@@ -3,6 +3,7 @@
  * channel of `child_process.fork` (JSON serialization).
  */
 import type { Job, JobState, Progress } from '../lib/job.ts'
+import type { Config } from './config.ts'
 
 /** Worker -> supervisor. */
 export type WorkerMessage =
@@ -11,5 +12,8 @@ export type WorkerMessage =
   | { type: 'progress'; id: string; state: JobState; progress: Progress }
   | { type: 'done'; job: Job }
 
-/** Supervisor -> worker. */
-export type SupervisorMessage = { type: 'cancel' }
+/**
+ * Supervisor -> worker. `start` is the first message: the server's resolved configuration (the
+ * object `createApp` was given), so a worker never reads the environment itself.
+ */
+export type SupervisorMessage = { type: 'start'; config: Config } | { type: 'cancel' }

@@ -171,6 +171,7 @@ export class Supervisor {
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
       env: { ...process.env, ...BUN_WORKER_ENV, MIGRATOR_WORKER_LEASE_OWNER: this.owner },
     })
+    child.send({ type: 'start', config: this.ctx.config } satisfies SupervisorMessage)
     const entry: Running = { child, lastBeat: Date.now() }
     this.running.set(id, entry)
     this.ctx.logger.info({ job: id, pid: child.pid, attempt: attempts }, 'worker started')

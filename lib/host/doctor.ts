@@ -53,6 +53,10 @@ export interface DoctorSettings {
   zfsBinary?: string
   /** Where network interfaces are listed (default `/sys/class/net`). */
   netDir?: string
+  /** How long `virsh version` may take before libvirt counts as not answering, ms (default 15 000). */
+  libvirtTimeoutMs?: number
+  /** qemu binary of the KVM probe (default `qemu-system-x86_64`; tests pass a test double). */
+  qemuBinary?: string
 }
 
 const GiB = 1024 ** 3
@@ -98,7 +102,8 @@ const gib = (n: number) => `${(n / GiB).toFixed(1)} GiB`
 const octal = (m: number) => `0${(m & 0o777).toString(8)}`
 const lastLine = (s: string) => s.trim().split('\n').filter(Boolean).pop()?.slice(0, 300) ?? ''
 
-function binaryChecks(s: DoctorSettings): Check[] {
+/** `binary:<name>`: each host binary of spec 1.5 (and qemu-nbd) on the search path. */
+export function binaryChecks(s: DoctorSettings): Check[] {
   const zvol = s.sink === 'zvol'
   const list: Array<[string, string, 'fail' | 'warn', string]> = [
     ['zfs', s.zfsBinary ?? 'zfs', zvol ? 'fail' : 'warn', zvol ? 'the zvol sink creates volumes with it' : 'needed only by the zvol sink (MIGRATOR_SINK=zvol)'],
@@ -117,7 +122,8 @@ function binaryChecks(s: DoctorSettings): Check[] {
   })
 }
 
-function isoCheck(s: DoctorSettings): Check {
+/** `virtio-win-iso`: the driver ISO of Windows V2V. */
+export function isoCheck(s: DoctorSettings): Check {
   if (existsSync(s.virtioWinIso)) return { id: 'virtio-win-iso', status: 'ok', found: `${s.virtioWinIso} (${gib(statSync(s.virtioWinIso).size)})`, fix: null }
   return {
     id: 'virtio-win-iso',
@@ -127,7 +133,8 @@ function isoCheck(s: DoctorSettings): Check {
   }
 }
 
-async function zfsPoolCheck(s: DoctorSettings): Promise<Check | null> {
+/** `zfs-pool` (zvol sink only; null otherwise): the pool exists and its available space. */
+export async function zfsPoolCheck(s: DoctorSettings): Promise<Check | null> {
   if (s.sink !== 'zvol') return null
   const r = await run(s.zfsBinary ?? 'zfs', ['list', '-H', '-p', '-o', 'name,avail', s.zfsPool])
   const [name, avail] = r.stdout.trim().split('\t')
@@ -139,8 +146,9 @@ async function zfsPoolCheck(s: DoctorSettings): Promise<Check | null> {
   return { id: 'zfs-pool', status: 'fail', found: `pool ${s.zfsPool} is not usable: ${lastLine(r.stderr) || `zfs exited ${r.code}`}`, fix: `create or import the pool (zpool import ${s.zfsPool}), or set MIGRATOR_ZFS_POOL to an existing pool` }
 }
 
-async function libvirtCheck(s: DoctorSettings): Promise<Check> {
-  const r = await run('virsh', ['-c', s.libvirtUri, 'version'], { timeoutMs: 15_000 })
+/** `libvirt`: `virsh version` answers on the configured URI. */
+export async function libvirtCheck(s: DoctorSettings): Promise<Check> {
+  const r = await run('virsh', ['-c', s.libvirtUri, 'version'], { timeoutMs: s.libvirtTimeoutMs ?? 15_000 })
   if (r.code === 0) {
     const lib = /Using library: libvirt (\S+)/.exec(r.stdout)?.[1]
     const hv = /Running hypervisor: (.+)/.exec(r.stdout)?.[1]
@@ -164,8 +172,9 @@ export async function probeKvm(qemuBinary = 'qemu-system-x86_64'): Promise<{ usa
   return { usable: false, why: `qemu with KVM failed (${typeof r.code === 'number' ? `exit ${r.code}` : r.code}): ${lastLine(r.stderr)}` }
 }
 
-async function domainTypeCheck(s: DoctorSettings): Promise<Check> {
-  const kvm = await probeKvm()
+/** `domain-type`: the KVM probe against `MIGRATOR_DOMAIN_TYPE`. */
+export async function domainTypeCheck(s: DoctorSettings): Promise<Check> {
+  const kvm = await probeKvm(s.qemuBinary)
   if (s.domainType === 'kvm') {
     return kvm.usable
       ? { id: 'domain-type', status: 'ok', found: `KVM usable: ${kvm.why}; domains run with type kvm`, fix: null }
@@ -176,7 +185,8 @@ async function domainTypeCheck(s: DoctorSettings): Promise<Check> {
     : { id: 'domain-type', status: 'ok', found: `TCG only (${kvm.why}); domains run with type qemu`, fix: null }
 }
 
-function accessChecks(s: DoctorSettings, qemu: QemuUser): Check[] {
+/** `qemu-access:volumes|nvram|logs` and `dynamic-ownership` for the qemu user `qemu` (default: read from `s.qemuConf`). */
+export function accessChecks(s: DoctorSettings, qemu: QemuUser = readQemuUser(s.qemuConf)): Check[] {
   const who = `${qemu.user}:${qemu.group}${qemu.source ? ` (${qemu.source})` : ' (defaults; no qemu.conf)'}`
   const out: Check[] = []
   if (qemu.uid === null || qemu.gid === null) {
@@ -211,7 +221,8 @@ function accessChecks(s: DoctorSettings, qemu: QemuUser): Check[] {
   return out
 }
 
-function keyFileCheck(s: DoctorSettings): Check {
+/** `key-file`: 32 bytes, no group/other permission. */
+export function keyFileCheck(s: DoctorSettings): Check {
   const id = 'key-file'
   if (!existsSync(s.keyFile)) return { id, status: 'warn', found: `${s.keyFile} does not exist yet`, fix: 'start the server once: it creates a 32-byte key, mode 0600' }
   const st = statSync(s.keyFile)
@@ -223,7 +234,8 @@ function keyFileCheck(s: DoctorSettings): Check {
   return { id, status: 'fail', found: `${s.keyFile}: ${problems.join(', ')} (the server refuses to start)`, fix: st.size !== 32 ? `restore the original key from a backup (a new key cannot open the sealed source passwords)` : `chmod 0600 ${s.keyFile}` }
 }
 
-function importRootCheck(s: DoctorSettings): Check {
+/** `import-root`: mode 0750, owned by the daemon user (spec 1.5). */
+export function importRootCheck(s: DoctorSettings): Check {
   const id = 'import-root'
   if (!existsSync(s.importRoot)) return { id, status: 'warn', found: `${s.importRoot} does not exist yet`, fix: 'start the server once: it creates it, mode 0750' }
   const st = statSync(s.importRoot)
@@ -246,7 +258,8 @@ export function freeBytes(dir: string): number {
   return Number(st.bavail) * Number(st.bsize)
 }
 
-function freeSpaceCheck(s: DoctorSettings): Check | null {
+/** `free-space` (file sink; null for zvol, see `zfs-pool`): free bytes where the volumes go. */
+export function freeSpaceCheck(s: DoctorSettings): Check | null {
   if (s.sink === 'zvol') return null // zfs-pool reports the pool's space
   const free = freeBytes(s.volumesDir)
   const status = free < FAIL_FREE ? 'fail' : free < WARN_FREE ? 'warn' : 'ok'
@@ -258,7 +271,8 @@ function freeSpaceCheck(s: DoctorSettings): Check | null {
   }
 }
 
-function bridgeCheck(s: DoctorSettings): Check | null {
+/** `default-bridge` (when `MIGRATOR_DEFAULT_BRIDGE` is set): the interface exists. */
+export function bridgeCheck(s: DoctorSettings): Check | null {
   if (!s.defaultBridge) return null
   const ok = existsSync(path.join(s.netDir ?? '/sys/class/net', s.defaultBridge))
   return ok
@@ -266,7 +280,8 @@ function bridgeCheck(s: DoctorSettings): Check | null {
     : { id: 'default-bridge', status: 'fail', found: `MIGRATOR_DEFAULT_BRIDGE=${s.defaultBridge}: no such interface`, fix: `create the bridge (ip link add ${s.defaultBridge} type bridge), or unset MIGRATOR_DEFAULT_BRIDGE for user-mode networking` }
 }
 
-function goShimCheck(s: DoctorSettings): Check {
+/** `go-shim`: spec 1.5's variable, accepted and reported (always ok: there is no shim). */
+export function goShimCheck(s: DoctorSettings): Check {
   const v = s.skipGoShim
   return {
     id: 'go-shim',

@@ -81,7 +81,8 @@ const server = spawn(path.join(REPO, 'node_modules/.bin/bun'), ['runtime/serve-b
     MIGRATOR_LISTEN: listen,
     MIGRATOR_DOMAIN_TYPE: process.env.MIGRATOR_DOMAIN_TYPE || 'qemu',
     MIGRATOR_BOOT_SERIAL_PATTERN: 'MIGRATOR-DEMO',
-    MIGRATOR_LOG_LEVEL: process.env.MIGRATOR_LOG_LEVEL || 'warn',
+    // Errors only: the pre-flight warnings are printed below, readable.
+    MIGRATOR_LOG_LEVEL: process.env.MIGRATOR_LOG_LEVEL || 'error',
   },
   stdio: ['ignore', 'inherit', 'inherit'],
 })

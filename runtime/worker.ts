@@ -1,7 +1,7 @@
 /**
  * A job's worker process (DESIGN.md section 4), forked by the supervisor with the job id as its
- * argument; its first IPC message is the server's resolved configuration (it never reads the
- * environment for settings, so an app created in-process with a config object gets workers on
+ * argument; it says `ready` over IPC and receives the server's resolved configuration (`start`;
+ * it never reads the environment for settings, so an app created in-process with a config object gets workers on
  * the same settings). It runs the orchestrator, writes state, progress and watermarks to SQLite, and
  * reports to the supervisor over IPC. A `cancel` message or the job's cancel flag aborts the job
  * (which ends `Cancelled`); losing the supervisor (IPC disconnect) or SIGTERM ends the process
@@ -29,7 +29,7 @@ function die(): never {
   process.exit(1)
 }
 
-/** Waits for the supervisor's `start` message with the configuration (fails after 30 s without it). */
+/** Tells the supervisor it listens, then waits for its `start` message with the configuration (fails after 30 s without it). */
 function receiveConfig(): Promise<Config> {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('no configuration from the supervisor within 30 s')), 30_000)
@@ -41,6 +41,7 @@ function receiveConfig(): Promise<Config> {
     }
     process.on('message', onMessage)
     process.once('disconnect', die)
+    send({ type: 'ready' })
   })
 }
 

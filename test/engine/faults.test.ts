@@ -122,13 +122,19 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     expect(peak).toBe(2)
   }, 120_000)
 
-  test('a destination too small for the disks (8 MiB ext4 on a loop device) refuses the job before the copy, E_MIG_DISK_WRITE_FAILED', async () => {
-    const d = path.join(t.dir, 'small')
+  /** A data dir `<t.dir>/<name>` whose volumes/ is a fresh ext4 of `size` bytes on a loop device (unmounted by the test). */
+  function dataDirOnExt4(name: string, size: number, mkfsArgs: string[] = []): string {
+    const d = path.join(t.dir, name)
     mkdirSync(path.join(d, 'volumes'), { recursive: true })
-    const fsImage = path.join(t.dir, 'tiny-ext4.img')
-    execFileSync('truncate', ['-s', String(8 * MiB), fsImage])
-    execFileSync('mkfs.ext4', ['-q', fsImage])
+    const fsImage = path.join(t.dir, `${name}-ext4.img`)
+    execFileSync('truncate', ['-s', String(size), fsImage])
+    execFileSync('mkfs.ext4', ['-q', ...mkfsArgs, fsImage])
     execFileSync('mount', ['-o', 'loop', fsImage, path.join(d, 'volumes')])
+    return d
+  }
+
+  test('a destination too small for the disks (8 MiB ext4 on a loop device) refuses the job before the copy, E_MIG_DISK_WRITE_FAILED', async () => {
+    const d = dataDirOnExt4('small', 8 * MiB)
     const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot })
     try {
       const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}small`, start: false }))
@@ -143,13 +149,8 @@ describe('engine faults (real server, worker processes, file sink)', () => {
   }, 120_000)
 
   test('a destination that fills up during the copy (ext4 on a loop device, filled by another writer) fails the job with E_MIG_DISK_WRITE_FAILED naming the volume and offset', async () => {
-    const d = path.join(t.dir, 'full')
-    mkdirSync(path.join(d, 'volumes'), { recursive: true })
-    const fsImage = path.join(t.dir, 'ext4.img')
     // Room for the 320 MiB disk when the job starts (no blocks reserved for root: the worker is root).
-    execFileSync('truncate', ['-s', String(400 * MiB), fsImage])
-    execFileSync('mkfs.ext4', ['-q', '-m', '0', fsImage])
-    execFileSync('mount', ['-o', 'loop', fsImage, path.join(d, 'volumes')])
+    const d = dataDirOnExt4('full', 400 * MiB, ['-m', '0'])
     const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot })
     try {
       const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}full`, start: false }))

@@ -6,6 +6,7 @@
  */
 import { Command } from 'commander'
 import * as backup from './commands/backup.ts'
+import * as doctor from './commands/doctor.ts'
 import * as imp from './commands/import.ts'
 import * as jobs from './commands/jobs.ts'
 import * as plan from './commands/plan.ts'
@@ -16,9 +17,9 @@ import * as watch from './commands/watch.ts'
 
 const program = new Command('migrator')
   .description('VM migrator: bring VMs from other hypervisors onto this KVM host')
-  .option('--url <url>', 'migrator API base URL', process.env.MIGRATOR_URL ?? 'http://127.0.0.1:8080/api/v1/migrator')
+  .option('--url <url>', 'migrator API base URL (http://host:port alone gets /api/v1/migrator)', process.env.MIGRATOR_URL ?? 'http://127.0.0.1:8080/api/v1/migrator')
   .option('--user <user>', 'Basic-auth user', process.env.MIGRATOR_USER)
   .option('--password <password>', 'Basic-auth password', process.env.MIGRATOR_PASSWORD)
   .option('--json', 'machine-readable output', false)
-for (const m of [serve, imp, plan, jobs, watch, sources, uploads, backup]) m.register(program)
+for (const m of [serve, doctor, imp, plan, jobs, watch, sources, uploads, backup]) m.register(program)
 await program.parseAsync(process.argv)

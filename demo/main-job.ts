@@ -3,9 +3,10 @@
  *
  *  1. makes sure `virtlogd` and `libvirtd` run (starts them as daemons when they do not: a fresh
  *     Debian container has no systemd);
- *  2. starts the migrator (Bun, `runtime/serve-bun.ts`) on its defaults: data in `./var`,
- *     `127.0.0.1:8080`;
- *  3. creates a sample OVA in the import root, `var/imports/demo/demo-vm.ova`: an OVF envelope
+ *  2. starts the migrator (Bun, `runtime/serve-bun.ts`) on its defaults: data in
+ *     `/var/lib/migrator` (as root; `MIGRATOR_DATA_DIR` and the other variables apply),
+ *     `127.0.0.1:8080`, and prints the pre-flight checks that are not ok (`GET /doctor`);
+ *  3. creates a sample OVA in the import root, `imports/demo/demo-vm.ova`: an OVF envelope
  *     and a streamOptimized VMDK made with `qemu-img` from a 64 MiB disk whose hand-written boot
  *     sector prints a marker on the serial port;
  *  4. submits the plan over HTTP and prints the live progress from the SSE stream;
@@ -13,22 +14,29 @@
  *
  * The sample guest is a boot sector, so TCG is enough: the domain type is `qemu` unless
  * `MIGRATOR_DOMAIN_TYPE` says otherwise (KVM needs a working /dev/kvm, which nested VMs often
- * lack). The domain is left running; the last lines say how to remove it.
+ * lack). The domain (named `MIGRATOR_DEMO_NAME`, default `demo-vm`) is left running; the last
+ * lines say how to remove it.
  * Run as root: `npm run demo` (which first runs `.ci/install`).
  */
 import { spawn, spawnSync } from 'node:child_process'
 import { existsSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { Api } from '../cli/api.ts'
+import { loadConfig } from '../runtime/config.ts'
 import { bytes } from '../cli/output.ts'
 import { makeBootDisk } from '../test/helpers/bootdisk.ts'
 import { buildInput } from '../test/helpers/inputs.ts'
 
 const REPO = path.resolve(import.meta.dir, '..')
 const MARKER = 'MIGRATOR-DEMO: hello from the migrated guest'
-const dataDir = path.resolve(process.env.MIGRATOR_DATA_DIR || path.join(REPO, 'var'))
-const listen = process.env.MIGRATOR_LISTEN || '127.0.0.1:8080'
-const base = `http://${listen}/api/v1/migrator`
+// The server's own defaults (runtime/config.ts): as root, /var/lib/<appliance>, reachable by qemu
+// wherever the checkout is (a home directory is 0700).
+const config = loadConfig()
+const dataDir = config.dataDir
+const importRoot = config.importRoot
+const listen = `${config.listen.host}:${config.listen.port}`
+const base = `http://${listen}${config.basePath}`
+const vmName = process.env.MIGRATOR_DEMO_NAME || 'demo-vm'
 const virsh = (...args: string[]) => spawnSync('virsh', ['-c', 'qemu:///system', ...args], { encoding: 'utf8' })
 const say = (s: string) => console.log(`\n== ${s}`)
 
@@ -73,7 +81,8 @@ const server = spawn(path.join(REPO, 'node_modules/.bin/bun'), ['runtime/serve-b
     MIGRATOR_LISTEN: listen,
     MIGRATOR_DOMAIN_TYPE: process.env.MIGRATOR_DOMAIN_TYPE || 'qemu',
     MIGRATOR_BOOT_SERIAL_PATTERN: 'MIGRATOR-DEMO',
-    MIGRATOR_LOG_LEVEL: process.env.MIGRATOR_LOG_LEVEL || 'warn',
+    // Errors only: the pre-flight warnings are printed below, readable.
+    MIGRATOR_LOG_LEVEL: process.env.MIGRATOR_LOG_LEVEL || 'error',
   },
   stdio: ['ignore', 'inherit', 'inherit'],
 })
@@ -87,8 +96,12 @@ try {
     await Bun.sleep(200)
   }
 
+  say('pre-flight checks (GET /doctor; all of them: migrator doctor)')
+  const report = await api.call('GET', '/doctor')
+  for (const c of report.checks.filter((x: any) => x.status !== 'ok')) console.log(`  ${c.status.toUpperCase().padEnd(4)} ${c.id}: ${c.found}\n       fix: ${c.fix}`)
+  console.log(`  ${report.checks.length} checks, overall ${report.status}`)
+
   say('sample export: a 64 MiB disk with a boot sector that prints a marker, as an OVA (streamOptimized VMDK)')
-  const importRoot = path.join(dataDir, 'imports')
   const work = path.join(dataDir, 'demo-work')
   mkdirSync(work, { recursive: true })
   const disk = makeBootDisk(path.join(work, 'demo-vm-disk.raw'), MARKER, 64 * 1024 * 1024)
@@ -105,7 +118,7 @@ try {
   console.log(`${m.name}: ${m.disks.length} disk(s), ${bytes(m.disks[0].capacity_bytes)}, ${m.cpu.count} vCPU, ${bytes(m.memory_bytes)} memory, firmware ${m.firmware}, guest ${m.guest_os.family}`)
 
   say('submit the plan, then live progress (SSE /migrations/stream)')
-  const plan = { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'demo/demo-vm.ova' }, mode: 'Cold', name: 'demo-vm' }
+  const plan = { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'demo/demo-vm.ova' }, mode: 'Cold', name: vmName }
   console.log(JSON.stringify(plan))
   let job: any = null
   let final: any = null
@@ -137,7 +150,7 @@ try {
 
   say('the domain on this host')
   console.log(virsh('list', '--all').stdout.trim())
-  const domain = virsh('list', '--name').stdout.split('\n').map((s) => s.trim()).filter((n) => n.startsWith('demo-vm')).pop() ?? 'demo-vm'
+  const domain = virsh('list', '--name').stdout.split('\n').map((s) => s.trim()).filter((n) => n.startsWith(vmName)).pop() ?? vmName
   say(`serial console of ${domain} (${path.join(dataDir, 'logs', `${job.id}.serial.log`)})`)
   console.log(readFileSync(path.join(dataDir, 'logs', `${job.id}.serial.log`), 'utf8').trim())
   console.log(`\nDone. Remove the demo domain with: virsh destroy ${domain} && virsh undefine ${domain}`)

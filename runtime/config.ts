@@ -1,13 +1,23 @@
 /**
- * Configuration from environment variables with the embedded defaults of DESIGN.md section 2.
- * All sizes are bytes, all durations seconds unless the name says otherwise.
+ * Configuration from environment variables with the embedded defaults of DESIGN.md section 2,
+ * parsed with zod. All sizes are bytes, all durations seconds unless the name says otherwise.
+ *
+ * One place per variable: {@link VARIABLES} has one entry per `MIGRATOR_*` variable (its zod
+ * schema, which carries its default, and its docstring); {@link loadConfig} maps the parsed
+ * values onto {@link Config}. To add a variable: add its entry to `VARIABLES`, its field to
+ * `Config`, and the line that sets the field in `loadConfig`.
+ *
+ * The server resolves the configuration once (`loadConfig()` in serve-bun/serve-node, or the
+ * host daemon's own object given to `createApp(config)`); job workers receive that resolved
+ * object from the supervisor over IPC and never read the environment again.
  */
 import { existsSync } from 'node:fs'
 import * as path from 'node:path'
+import { z } from 'zod'
 
-/** The migrator's configuration. */
+/** The migrator's configuration (plain JSON data: it is sent as is to the job workers). */
 export interface Config {
-  /** Data directory holding `imports/`, `keyring/`, `migrator.db/`, `volumes/` (default `./var`). */
+  /** Data directory holding `imports/`, `keyring/`, `migrator.db/`, `volumes/`, `logs/` (see {@link defaultDataDir}). */
   dataDir: string
   /** Listen address (default `127.0.0.1:8080`). */
   listen: { host: string; port: number }
@@ -55,40 +65,139 @@ export interface Config {
   v2v: { virtioWinIso: string; binary: string; fullImportBinary: string }
   /** The host backup API for plan `restore_point` (spec 4, 5.2); null when not configured. */
   backup: { baseUrl: string; username: string; password: string; caFile: string | null; fingerprint256: string | null; insecure: boolean; restorePointTimeoutSeconds: number } | null
+  /** libvirt's QEMU driver configuration, read for the user qemu runs as (default `/etc/libvirt/qemu.conf`). */
+  qemuConf: string
+  /**
+   * `<APPLIANCE>_MIGRATOR_SKIP_GO_SHIM` of spec 1.5: its name for this appliance and its value
+   * (null when unset). Accepted and reported by the pre-flight checks: there is no Go shim.
+   */
+  skipGoShim: { variable: string; value: string | null }
 }
 
 const GiB = 1024 ** 3
+const MiB = 1024 ** 2
 
-function int(env: NodeJS.ProcessEnv, name: string, def: number, min = 0): number {
-  const raw = env[name]
-  if (raw === undefined || raw === '') return def
-  const n = Number(raw)
-  if (!Number.isSafeInteger(n) || n < min) throw new Error(`configuration: ${name}=${JSON.stringify(raw)} is not an integer >= ${min}`)
-  return n
+/** Unset and empty are the same: the default applies. */
+const unsetIfEmpty = (v: unknown) => (v === '' ? undefined : v)
+
+/** A non-negative integer variable with a minimum and a default. */
+function int(def: number, min = 0) {
+  return z.preprocess(
+    unsetIfEmpty,
+    z
+      .string()
+      .regex(/^\d+$/, { error: `is not an integer >= ${min}` })
+      .transform(Number)
+      .pipe(z.number().int().min(min, { error: `is not an integer >= ${min}` }).max(Number.MAX_SAFE_INTEGER, { error: 'is too large' }))
+      .default(def),
+  )
 }
 
-function listen(raw: string): { host: string; port: number } {
-  const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(raw)
-  if (!m) throw new Error(`configuration: MIGRATOR_LISTEN=${JSON.stringify(raw)} is not host:port`)
-  return { host: m[1].replace(/^\[|\]$/g, ''), port: Number(m[2]) }
+/** A string variable with a default. */
+function str(def: string) {
+  return z.preprocess(unsetIfEmpty, z.string().default(def))
 }
 
-function domainType(raw: string | undefined): 'kvm' | 'qemu' {
-  if (raw === 'kvm' || raw === 'qemu') return raw
-  if (raw) throw new Error('configuration: MIGRATOR_DOMAIN_TYPE must be "kvm" or "qemu"')
-  return existsSync('/dev/kvm') ? 'kvm' : 'qemu'
+/** An optional string variable (null when unset). */
+function optional() {
+  return z.preprocess(unsetIfEmpty, z.string().nullable().default(null))
 }
 
-function regexp(env: NodeJS.ProcessEnv, name: string): string | null {
-  const raw = env[name]
-  if (!raw) return null
-  try {
-    new RegExp(raw)
-  } catch (e) {
-    throw new Error(`configuration: ${name} is not a regular expression: ${(e as Error).message}`)
-  }
-  return raw
+/** A `1` flag (anything else, or unset, is false). */
+function flag() {
+  return z.preprocess(unsetIfEmpty, z.string().optional()).transform((v) => v === '1')
 }
+
+/** One variable: its schema (with its default) and what it means. */
+interface Variable {
+  schema: z.ZodType
+  doc: string
+}
+
+/**
+ * Every `MIGRATOR_*` variable: schema (parse + default) and meaning. README's configuration
+ * table lists the same variables.
+ */
+export const VARIABLES = {
+  MIGRATOR_DATA_DIR: { schema: optional(), doc: 'data directory; default /var/lib/<appliance> as root, ./var otherwise (defaultDataDir)' },
+  MIGRATOR_LISTEN: {
+    schema: z.preprocess(
+      unsetIfEmpty,
+      z
+        .string()
+        .default('127.0.0.1:8080')
+        .transform((raw, ctx) => {
+          const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(raw)
+          if (!m || Number(m[2]) > 65535) {
+            ctx.addIssue({ code: 'custom', message: 'is not host:port' })
+            return z.NEVER
+          }
+          return { host: m[1].replace(/^\[|\]$/g, ''), port: Number(m[2]) }
+        }),
+    ),
+    doc: 'listen address host:port; a non-loopback address requires MIGRATOR_BASIC_AUTH',
+  },
+  MIGRATOR_BASE_PATH: { schema: str('/api/v1/migrator').transform((s) => s.replace(/\/+$/, '')), doc: 'mount point of the API' },
+  MIGRATOR_APPLIANCE: {
+    schema: str('migrator').pipe(z.string().regex(/^[a-z0-9][a-z0-9_-]{0,63}$/i, { error: 'must match [a-z0-9][a-z0-9_-]*' })),
+    doc: 'the <appliance> path segment (spec 1.3, 1.5)',
+  },
+  MIGRATOR_IMPORT_ROOT: { schema: optional(), doc: 'the import root (default <data dir>/imports, created mode 0750)' },
+  MIGRATOR_SINK: { schema: z.preprocess(unsetIfEmpty, z.enum(['file', 'zvol'], { error: 'must be "file" or "zvol"' }).default('file')), doc: 'destination sink' },
+  MIGRATOR_ZFS_POOL: { schema: str('tank'), doc: 'pool of the zvol sink' },
+  MIGRATOR_LIBVIRT_URI: { schema: str('qemu:///system'), doc: 'libvirt connection' },
+  MIGRATOR_LIBVIRT_QEMU_CONF: { schema: str('/etc/libvirt/qemu.conf'), doc: "libvirt's QEMU driver configuration (the user and group qemu runs as)" },
+  MIGRATOR_MAX_JOBS: { schema: int(2, 1), doc: 'concurrent jobs' },
+  MIGRATOR_UPLOAD_CAP_BYTES: { schema: int(20 * GiB, 1), doc: 'upload size cap (spec 8)' },
+  MIGRATOR_UPLOAD_TTL_SECONDS: { schema: int(7 * 24 * 3600, 1), doc: 'an upload expires this long after it was received' },
+  MIGRATOR_SWEEP_INTERVAL_SECONDS: { schema: int(60, 1), doc: 'how often expired uploads are removed' },
+  MIGRATOR_SSE_HEARTBEAT_SECONDS: { schema: int(15, 1), doc: 'SSE heartbeat comment interval' },
+  MIGRATOR_EVENT_REPLAY_WINDOW: { schema: int(10000, 10), doc: 'job events kept for Last-Event-ID replay' },
+  MIGRATOR_BASIC_AUTH: {
+    schema: z.preprocess(unsetIfEmpty, z.string().regex(/^[^:]+:.+$/, { error: 'must be user:password' }).nullable().default(null)),
+    doc: 'user:password guard for stand-alone installs',
+  },
+  MIGRATOR_LOG_LEVEL: { schema: str('info'), doc: 'pino level (silent turns logs off)' },
+  MIGRATOR_LEASE_SECONDS: { schema: int(30, 1), doc: 'job lease; a job whose lease expired is resumed by any server' },
+  MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS: { schema: int(20, 1), doc: 'a worker silent this long is killed and its job retried' },
+  MIGRATOR_MAX_ATTEMPTS: { schema: int(3, 1), doc: 'worker runs of one job before it fails' },
+  MIGRATOR_FLUSH_EVERY_BYTES: { schema: int(256 * MiB, MiB), doc: 'durable checkpoint interval of the copy' },
+  MIGRATOR_COPY_MAX_BYTES_PER_SECOND: { schema: int(0, 0), doc: 'bandwidth cap on source reads per disk copy (0: none)' },
+  MIGRATOR_DELTA_CONVERGE_BYTES: { schema: int(64 * MiB, 0), doc: 'a warm delta pass below this converges' },
+  MIGRATOR_DELTA_MAX_PASSES: { schema: int(8, 1), doc: 'delta passes before E_MIG_DELTA_TOO_LARGE' },
+  MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: { schema: int(300, 1), doc: 'live sources: how long the guest may take to shut down' },
+  MIGRATOR_KEEP_ON_CANCEL: { schema: flag(), doc: "1 keeps a cancelled job's volumes" },
+  MIGRATOR_DOMAIN_TYPE: {
+    schema: z.preprocess(unsetIfEmpty, z.enum(['kvm', 'qemu'], { error: 'must be "kvm" or "qemu"' }).optional()),
+    doc: 'libvirt domain type (qemu = TCG); default kvm when /dev/kvm exists, else qemu',
+  },
+  MIGRATOR_DEFAULT_BRIDGE: { schema: optional(), doc: 'bridge for NICs plan.networks does not map (unset: user-mode networking)' },
+  MIGRATOR_BOOT_GRACE_SECONDS: { schema: int(10, 0), doc: 'the domain must still run after this long' },
+  MIGRATOR_BOOT_TIMEOUT_SECONDS: { schema: int(120, 1), doc: 'how long to wait for the serial pattern' },
+  MIGRATOR_BOOT_SERIAL_PATTERN: {
+    schema: optional().superRefine((v, ctx) => {
+      if (v === null) return
+      try {
+        new RegExp(v)
+      } catch (e) {
+        ctx.addIssue({ code: 'custom', message: `is not a regular expression: ${(e as Error).message}` })
+      }
+    }),
+    doc: 'regular expression the serial log must show (unset: running is enough)',
+  },
+  MIGRATOR_VIRTIO_WIN_ISO: { schema: str('/usr/share/virtio-win/virtio-win.iso'), doc: 'driver ISO for Windows V2V' },
+  MIGRATOR_V2V_BINARY: { schema: str('virt-v2v-in-place'), doc: 'the in-place V2V tool' },
+  MIGRATOR_V2V_FULL_IMPORT_BINARY: { schema: str('virt-v2v'), doc: 'the tool of the VMCX passthrough import' },
+  MIGRATOR_BACKUP_URL: { schema: optional(), doc: 'host API {base_url} for plan restore_point' },
+  MIGRATOR_BACKUP_USER: { schema: str(''), doc: 'Basic user of the backup API' },
+  MIGRATOR_BACKUP_PASSWORD: { schema: str(''), doc: 'Basic password of the backup API' },
+  MIGRATOR_BACKUP_CA_FILE: { schema: optional(), doc: 'CA file of the backup API' },
+  MIGRATOR_BACKUP_FINGERPRINT: { schema: optional(), doc: 'pinned SHA-256 certificate fingerprint of the backup API' },
+  MIGRATOR_BACKUP_INSECURE: { schema: flag(), doc: '1 accepts any certificate from the backup API' },
+  MIGRATOR_BACKUP_TIMEOUT_SECONDS: { schema: int(600, 1), doc: "how long to wait for the run's restore point" },
+} satisfies Record<string, Variable>
+
+const EnvSchema = z.object(Object.fromEntries(Object.entries(VARIABLES).map(([k, v]) => [k, v.schema])) as { [K in keyof typeof VARIABLES]: (typeof VARIABLES)[K]['schema'] })
 
 /** True for addresses that only this machine can reach. */
 export function isLoopback(host: string): boolean {
@@ -96,74 +205,85 @@ export function isLoopback(host: string): boolean {
 }
 
 /**
- * Reads the configuration from `env` (default `process.env`). Throws a plain Error with the
- * variable name when a value is malformed, or when a non-loopback listen address has no
- * `MIGRATOR_BASIC_AUTH` guard (a stand-alone install is never open).
+ * The data directory when `MIGRATOR_DATA_DIR` is unset: `/var/lib/<appliance>` (spec 1.5) for
+ * root, the installed appliance; `./var` (resolved against the working directory) for any other
+ * user, a development server.
+ */
+export function defaultDataDir(appliance: string, uid: number | undefined = process.getuid?.()): string {
+  return uid === 0 ? path.join('/var/lib', appliance) : path.resolve('./var')
+}
+
+/** Name of spec 1.5's `<APPLIANCE>_MIGRATOR_SKIP_GO_SHIM` for `appliance` (upper case, `-` as `_`). */
+export function skipGoShimVariable(appliance: string): string {
+  return `${appliance.toUpperCase().replace(/-/g, '_')}_MIGRATOR_SKIP_GO_SHIM`
+}
+
+/**
+ * Reads the configuration from `env` (default `process.env`). Throws a plain Error naming the
+ * variable, its value and the rule when a value is malformed, or when a non-loopback listen
+ * address has no `MIGRATOR_BASIC_AUTH` guard (a stand-alone install is never open).
  */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
-  const dataDir = path.resolve(env.MIGRATOR_DATA_DIR || './var')
-  const appliance = env.MIGRATOR_APPLIANCE || 'migrator'
-  if (!/^[a-z0-9][a-z0-9_-]{0,63}$/i.test(appliance)) throw new Error('configuration: MIGRATOR_APPLIANCE must match [a-z0-9][a-z0-9_-]*')
-  const sink = env.MIGRATOR_SINK || 'file'
-  if (sink !== 'file' && sink !== 'zvol') throw new Error('configuration: MIGRATOR_SINK must be "file" or "zvol"')
-  const basePath = (env.MIGRATOR_BASE_PATH || '/api/v1/migrator').replace(/\/+$/, '')
+  const picked = Object.fromEntries(Object.keys(VARIABLES).map((k) => [k, env[k]]))
+  const parsed = EnvSchema.safeParse(picked)
+  if (!parsed.success) {
+    const lines = parsed.error.issues.map((i) => {
+      const name = String(i.path[0])
+      return `${name}=${JSON.stringify(env[name] ?? '')} ${i.message}`
+    })
+    throw new Error(`configuration: ${lines.join('; ')}`)
+  }
+  const e = parsed.data
+  const dataDir = path.resolve(e.MIGRATOR_DATA_DIR ?? defaultDataDir(e.MIGRATOR_APPLIANCE))
+  const goShim = skipGoShimVariable(e.MIGRATOR_APPLIANCE)
   const cfg: Config = {
     dataDir,
-    listen: listen(env.MIGRATOR_LISTEN || '127.0.0.1:8080'),
-    basePath,
-    appliance,
-    importRoot: path.resolve(env.MIGRATOR_IMPORT_ROOT || path.join(dataDir, 'imports')),
-    sink,
-    zfsPool: env.MIGRATOR_ZFS_POOL || 'tank',
-    libvirtUri: env.MIGRATOR_LIBVIRT_URI || 'qemu:///system',
-    maxJobs: int(env, 'MIGRATOR_MAX_JOBS', 2, 1),
-    uploadCapBytes: int(env, 'MIGRATOR_UPLOAD_CAP_BYTES', 20 * GiB, 1),
-    uploadTtlSeconds: int(env, 'MIGRATOR_UPLOAD_TTL_SECONDS', 7 * 24 * 3600, 1),
-    sweepIntervalSeconds: int(env, 'MIGRATOR_SWEEP_INTERVAL_SECONDS', 60, 1),
-    sseHeartbeatSeconds: int(env, 'MIGRATOR_SSE_HEARTBEAT_SECONDS', 15, 1),
-    eventReplayWindow: int(env, 'MIGRATOR_EVENT_REPLAY_WINDOW', 10000, 10),
-    basicAuth: env.MIGRATOR_BASIC_AUTH || null,
-    logLevel: env.MIGRATOR_LOG_LEVEL || 'info',
+    listen: e.MIGRATOR_LISTEN,
+    basePath: e.MIGRATOR_BASE_PATH,
+    appliance: e.MIGRATOR_APPLIANCE,
+    importRoot: path.resolve(e.MIGRATOR_IMPORT_ROOT ?? path.join(dataDir, 'imports')),
+    sink: e.MIGRATOR_SINK,
+    zfsPool: e.MIGRATOR_ZFS_POOL,
+    libvirtUri: e.MIGRATOR_LIBVIRT_URI,
+    maxJobs: e.MIGRATOR_MAX_JOBS,
+    uploadCapBytes: e.MIGRATOR_UPLOAD_CAP_BYTES,
+    uploadTtlSeconds: e.MIGRATOR_UPLOAD_TTL_SECONDS,
+    sweepIntervalSeconds: e.MIGRATOR_SWEEP_INTERVAL_SECONDS,
+    sseHeartbeatSeconds: e.MIGRATOR_SSE_HEARTBEAT_SECONDS,
+    eventReplayWindow: e.MIGRATOR_EVENT_REPLAY_WINDOW,
+    basicAuth: e.MIGRATOR_BASIC_AUTH,
+    logLevel: e.MIGRATOR_LOG_LEVEL,
     supervisor: {
-      leaseSeconds: int(env, 'MIGRATOR_LEASE_SECONDS', 30, 1),
-      heartbeatTimeoutSeconds: int(env, 'MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS', 20, 1),
-      maxAttempts: int(env, 'MIGRATOR_MAX_ATTEMPTS', 3, 1),
+      leaseSeconds: e.MIGRATOR_LEASE_SECONDS,
+      heartbeatTimeoutSeconds: e.MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS,
+      maxAttempts: e.MIGRATOR_MAX_ATTEMPTS,
     },
-    delta: {
-      convergeBelowBytes: int(env, 'MIGRATOR_DELTA_CONVERGE_BYTES', 64 * 1024 * 1024, 0),
-      maxPasses: int(env, 'MIGRATOR_DELTA_MAX_PASSES', 8, 1),
-    },
-    guestShutdownTimeoutSeconds: int(env, 'MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS', 300, 1),
-    copy: {
-      flushEveryBytes: int(env, 'MIGRATOR_FLUSH_EVERY_BYTES', 256 * 1024 * 1024, 1024 * 1024),
-      maxBytesPerSecond: int(env, 'MIGRATOR_COPY_MAX_BYTES_PER_SECOND', 0, 0),
-    },
-    keepOnCancel: env.MIGRATOR_KEEP_ON_CANCEL === '1',
+    delta: { convergeBelowBytes: e.MIGRATOR_DELTA_CONVERGE_BYTES, maxPasses: e.MIGRATOR_DELTA_MAX_PASSES },
+    guestShutdownTimeoutSeconds: e.MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS,
+    copy: { flushEveryBytes: e.MIGRATOR_FLUSH_EVERY_BYTES, maxBytesPerSecond: e.MIGRATOR_COPY_MAX_BYTES_PER_SECOND },
+    keepOnCancel: e.MIGRATOR_KEEP_ON_CANCEL,
     domain: {
-      type: domainType(env.MIGRATOR_DOMAIN_TYPE),
-      defaultBridge: env.MIGRATOR_DEFAULT_BRIDGE || null,
-      bootGraceSeconds: int(env, 'MIGRATOR_BOOT_GRACE_SECONDS', 10, 0),
-      bootTimeoutSeconds: int(env, 'MIGRATOR_BOOT_TIMEOUT_SECONDS', 120, 1),
-      bootSerialPattern: regexp(env, 'MIGRATOR_BOOT_SERIAL_PATTERN'),
+      type: e.MIGRATOR_DOMAIN_TYPE ?? (existsSync('/dev/kvm') ? 'kvm' : 'qemu'),
+      defaultBridge: e.MIGRATOR_DEFAULT_BRIDGE,
+      bootGraceSeconds: e.MIGRATOR_BOOT_GRACE_SECONDS,
+      bootTimeoutSeconds: e.MIGRATOR_BOOT_TIMEOUT_SECONDS,
+      bootSerialPattern: e.MIGRATOR_BOOT_SERIAL_PATTERN,
     },
-    v2v: {
-      virtioWinIso: env.MIGRATOR_VIRTIO_WIN_ISO || '/usr/share/virtio-win/virtio-win.iso',
-      binary: env.MIGRATOR_V2V_BINARY || 'virt-v2v-in-place',
-      fullImportBinary: env.MIGRATOR_V2V_FULL_IMPORT_BINARY || 'virt-v2v',
-    },
-    backup: env.MIGRATOR_BACKUP_URL
+    v2v: { virtioWinIso: e.MIGRATOR_VIRTIO_WIN_ISO, binary: e.MIGRATOR_V2V_BINARY, fullImportBinary: e.MIGRATOR_V2V_FULL_IMPORT_BINARY },
+    backup: e.MIGRATOR_BACKUP_URL
       ? {
-          baseUrl: env.MIGRATOR_BACKUP_URL,
-          username: env.MIGRATOR_BACKUP_USER || '',
-          password: env.MIGRATOR_BACKUP_PASSWORD || '',
-          caFile: env.MIGRATOR_BACKUP_CA_FILE || null,
-          fingerprint256: env.MIGRATOR_BACKUP_FINGERPRINT || null,
-          insecure: env.MIGRATOR_BACKUP_INSECURE === '1',
-          restorePointTimeoutSeconds: int(env, 'MIGRATOR_BACKUP_TIMEOUT_SECONDS', 600, 1),
+          baseUrl: e.MIGRATOR_BACKUP_URL,
+          username: e.MIGRATOR_BACKUP_USER,
+          password: e.MIGRATOR_BACKUP_PASSWORD,
+          caFile: e.MIGRATOR_BACKUP_CA_FILE,
+          fingerprint256: e.MIGRATOR_BACKUP_FINGERPRINT,
+          insecure: e.MIGRATOR_BACKUP_INSECURE,
+          restorePointTimeoutSeconds: e.MIGRATOR_BACKUP_TIMEOUT_SECONDS,
         }
       : null,
+    qemuConf: e.MIGRATOR_LIBVIRT_QEMU_CONF,
+    skipGoShim: { variable: goShim, value: env[goShim] ?? null },
   }
-  if (cfg.basicAuth !== null && !/^[^:]+:.+$/.test(cfg.basicAuth)) throw new Error('configuration: MIGRATOR_BASIC_AUTH must be user:password')
   if (!isLoopback(cfg.listen.host) && cfg.basicAuth === null) {
     throw new Error(`configuration: listening on ${cfg.listen.host} needs MIGRATOR_BASIC_AUTH (the migrator has no authentication of its own, spec 5)`)
   }
@@ -180,5 +300,6 @@ export function dataPaths(cfg: Config) {
     dbDir: path.join(cfg.dataDir, 'migrator.db'),
     dbFile: path.join(cfg.dataDir, 'migrator.db', 'migrator.sqlite'),
     volumes: path.join(cfg.dataDir, 'volumes'),
+    logs: path.join(cfg.dataDir, 'logs'),
   }
 }

@@ -2,7 +2,7 @@
  * `Ctx`: the dependencies every handler receives (DESIGN.md section 1). Tests build one over a
  * temporary data directory with {@link createContext}.
  */
-import { chmodSync, mkdirSync } from 'node:fs'
+import { chmodSync, mkdirSync, statSync } from 'node:fs'
 import { loadOrCreateKey } from '../lib/crypto/keyring.ts'
 import { Sealer } from '../lib/crypto/seal.ts'
 import { openStore, type Store } from '../lib/store/index.ts'
@@ -32,8 +32,8 @@ export interface Ctx {
 }
 
 /**
- * Prepares the data directory (import root 0750, `.uploads` 0750, keyring 0700, store 0700,
- * volumes), loads or creates the sealing key, opens the store and builds the context.
+ * Prepares the data directory (search bits added for qemu: 0700 becomes 0711; import root 0750,
+ * `.uploads` 0750, keyring 0700, store 0700, volumes 0711), loads or creates the sealing key, opens the store and builds the context.
  * Throws `KeyringError` (bad key file) or `E_MIG_PERSIST_FAILED` (store cannot open).
  */
 export async function createContext(config: Config, opts: { logger?: Logger; now?: () => Date } = {}): Promise<Ctx> {
@@ -41,6 +41,9 @@ export async function createContext(config: Config, opts: { logger?: Logger; now
   // 0711 on the data dir and volumes/: qemu (libvirt's unprivileged user) must traverse to the
   // destination images of the file sink; nobody else may list them.
   mkdirSync(config.dataDir, { recursive: true, mode: 0o711 })
+  // A data dir made elsewhere (`mktemp -d` is 0700) gets the search bits it needs, nothing more.
+  const mode = statSync(config.dataDir).mode & 0o7777
+  if ((mode & 0o011) !== 0o011) chmodSync(config.dataDir, mode | 0o011)
   for (const dir of [paths.importRoot, paths.uploads]) {
     mkdirSync(dir, { recursive: true, mode: 0o750 })
     chmodSync(dir, 0o750)

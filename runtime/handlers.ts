@@ -22,8 +22,9 @@ import * as uploadsDelete from '../handlers/uploads/delete.ts'
 import * as uploadsInspect from '../handlers/uploads/inspect.ts'
 import * as hostFilesBrowse from '../handlers/host-files/browse.ts'
 import * as hostFilesInspect from '../handlers/host-files/inspect.ts'
+import * as doctorGet from '../handlers/doctor/get.ts'
 
-/** Every endpoint of spec section 4. */
+/** Every endpoint of spec section 4, and `GET /doctor` (the pre-flight checks). */
 export const HANDLERS: readonly HandlerModule[] = [
   sourcesList,
   sourcesCreate,
@@ -44,4 +45,5 @@ export const HANDLERS: readonly HandlerModule[] = [
   uploadsInspect,
   hostFilesBrowse,
   hostFilesInspect,
+  doctorGet,
 ] as HandlerModule[]

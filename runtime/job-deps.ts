@@ -17,6 +17,10 @@ import type { RestorePointRecord } from '../lib/job.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import type { OrchestratorDeps } from '../lib/pipeline/orchestrator.ts'
 import { prepareSource } from '../lib/pipeline/prepare.ts'
+import { checkBeforeCopy } from '../lib/host/precopy.ts'
+import { readQemuUser } from '../lib/host/qemu-access.ts'
+import type { VmManifest } from '../lib/manifest.ts'
+import type { Plan } from '../lib/plan.ts'
 import { FileSink } from '../lib/sink/file.ts'
 import type { Sink } from '../lib/sink/types.ts'
 import { ZvolSink } from '../lib/sink/zvol.ts'
@@ -57,13 +61,28 @@ export function backupClientFromConfig(config: Config): BackupClient | null {
 }
 
 /**
+ * The bridges the domain of `manifest` will use: for each NIC, the `plan.networks` bridge its
+ * network maps to, else `defaultBridge` (none: user-mode networking), with where each comes from.
+ */
+export function bridgesInUse(manifest: VmManifest, networks: Plan['networks'], defaultBridge: string | null): Array<{ name: string; from: string }> {
+  const out = new Map<string, string>()
+  for (const nic of manifest.nics) {
+    const i = (networks ?? []).findIndex((m) => m.source === nic.network)
+    if (i >= 0) out.set(networks![i].bridge, `plan.networks[${i}].bridge`)
+    else if (defaultBridge) out.set(defaultBridge, 'MIGRATOR_DEFAULT_BRIDGE')
+  }
+  return [...out].map(([name, from]) => ({ name, from }))
+}
+
+/**
  * Everything of `OrchestratorDeps` but the IPC callbacks (`onJob`, `onProgress`), for job
  * `input.jobId` (read to pick its destination pool). Throws `E_MIG_NOT_FOUND` for an unknown job,
  * `E_MIG_PERSIST_FAILED` when the store fails.
  */
 export async function buildJobDeps(input: JobDepsInput): Promise<Omit<OrchestratorDeps, 'onJob' | 'onProgress'>> {
   const { config, paths, store, sealer, logger, jobId, signal } = input
-  const sink = sinkFromConfig(config, (await store.jobs.get(jobId)).plan.destination?.pool)
+  const pool = (await store.jobs.get(jobId)).plan.destination?.pool
+  const sink = sinkFromConfig(config, pool)
   const virsh = new Virsh({ uri: config.libvirtUri })
   const backup = backupClientFromConfig(config)
   const now = () => new Date()
@@ -88,6 +107,15 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     keepOnCancel: config.keepOnCancel,
     delta: config.delta,
     takeRestorePoint,
+    async preflight(job, manifest) {
+      await checkBeforeCopy({
+        disks: manifest.disks,
+        file: sink instanceof FileSink ? { volumesDir: paths.volumes, jobDir: sink.jobDir(jobId) } : undefined,
+        zvol: sink instanceof ZvolSink ? { pool: pool ?? config.zfsPool, jobDataset: sink.jobDataset(jobId) } : undefined,
+        qemu: readQemuUser(config.qemuConf),
+        bridges: bridgesInUse(manifest, job.plan.networks, config.domain.defaultBridge),
+      })
+    },
     prepare: (job, signal) =>
       prepareSource(job, {
         signal,
@@ -120,7 +148,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     },
     async start(job, manifest, volumes, sig) {
       for (const v of volumes) await v.flush()
-      const logDir = path.join(config.dataDir, 'logs')
+      const logDir = paths.logs
       await mkdir(logDir, { recursive: true, mode: 0o750 })
       const result = await defineAndStart({
         virsh,

@@ -5,6 +5,7 @@
  */
 import { createApp } from './app.ts'
 import { loadConfig } from './config.ts'
+import { logPreflight } from './preflight.ts'
 import { fatalStartup } from './startup.ts'
 
 const config = (() => {
@@ -24,6 +25,9 @@ const server = Bun.serve({
   fetch: (request) => app.fetch(request),
 })
 app.ctx.logger.info({ url: `http://${server.hostname}:${server.port}${config.basePath}`, runtime: `bun ${Bun.version}` }, 'migrator listening')
+
+// The pre-flight checks run once the server answers; failing ones are logged with their fix.
+void logPreflight(config, app.ctx.logger).catch((e) => app.ctx.logger.warn({ err: e }, 'pre-flight checks failed to run'))
 
 let stopping = false
 async function shutdown(signal: string) {

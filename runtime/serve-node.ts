@@ -6,6 +6,7 @@ import { createServer } from 'node:http'
 import { createServerAdapter } from '@whatwg-node/server'
 import { createApp } from './app.ts'
 import { loadConfig } from './config.ts'
+import { logPreflight } from './preflight.ts'
 import { fatalStartup } from './startup.ts'
 
 const config = (() => {
@@ -26,6 +27,9 @@ server.listen(config.listen.port, config.listen.host, () => {
   const port = typeof addr === 'object' && addr ? addr.port : config.listen.port
   app.ctx.logger.info({ url: `http://${config.listen.host}:${port}${config.basePath}`, runtime: `node ${process.version}` }, 'migrator listening')
 })
+
+// The pre-flight checks run once the server answers; failing ones are logged with their fix.
+void logPreflight(config, app.ctx.logger).catch((e) => app.ctx.logger.warn({ err: e }, 'pre-flight checks failed to run'))
 
 let stopping = false
 async function shutdown(signal: string) {

@@ -1,7 +1,7 @@
 /**
  * The supervisor (DESIGN.md section 4): claims queued jobs from the SQLite job table with a
  * lease, respects the concurrency limit, runs each job in a worker child process (Bun when the
- * server runs under Bun, Node under Node), relays the worker's events to the SSE hub, and
+ * server runs under Bun, Node under Node) given the server's resolved configuration over IPC, relays the worker's events to the SSE hub, and
  * notices a worker that exits or stops heart-beating. A job whose worker died is retried
  * (bounded), resuming from its durable watermarks; a live job given up on has the snapshots its
  * attempts took removed from the source VM; a server restart resumes every job whose lease
@@ -186,7 +186,8 @@ export class Supervisor {
   private async onMessage(id: string, entry: Running, m: WorkerMessage): Promise<void> {
     entry.lastBeat = Date.now()
     try {
-      if (m.type === 'heartbeat') await this.ctx.store.jobs.renewLease(id, this.owner, this.opts.leaseSeconds, this.ctx.now())
+      if (m.type === 'ready') entry.child.send({ type: 'start', config: this.ctx.config } satisfies SupervisorMessage)
+      else if (m.type === 'heartbeat') await this.ctx.store.jobs.renewLease(id, this.owner, this.opts.leaseSeconds, this.ctx.now())
       else if (m.type === 'job') await this.ctx.hub.publishJob(m.job)
       else if (m.type === 'progress') await this.ctx.hub.publishProgress({ id: m.id, state: m.state, progress: m.progress }, false)
     } catch (e) {

@@ -1,6 +1,8 @@
 /**
  * A job's worker process (DESIGN.md section 4), forked by the supervisor with the job id as its
- * argument. It runs the orchestrator, writes state, progress and watermarks to SQLite, and
+ * argument; it says `ready` over IPC and receives the server's resolved configuration (`start`;
+ * it never reads the environment for settings, so an app created in-process with a config object gets workers on
+ * the same settings). It runs the orchestrator, writes state, progress and watermarks to SQLite, and
  * reports to the supervisor over IPC. A `cancel` message or the job's cancel flag aborts the job
  * (which ends `Cancelled`); losing the supervisor (IPC disconnect) or SIGTERM ends the process
  * and its children at once, leaving the job to be resumed from its durable watermarks.
@@ -9,7 +11,7 @@ import { loadOrCreateKey } from '../lib/crypto/keyring.ts'
 import { Sealer } from '../lib/crypto/seal.ts'
 import { runJob } from '../lib/pipeline/orchestrator.ts'
 import { openStore } from '../lib/store/index.ts'
-import { dataPaths, loadConfig } from './config.ts'
+import { dataPaths, type Config } from './config.ts'
 import type { SupervisorMessage, WorkerMessage } from './ipc.ts'
 import { buildJobDeps } from './job-deps.ts'
 import { createLogger } from './logger.ts'
@@ -27,8 +29,24 @@ function die(): never {
   process.exit(1)
 }
 
+/** Tells the supervisor it listens, then waits for its `start` message with the configuration (fails after 30 s without it). */
+function receiveConfig(): Promise<Config> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('no configuration from the supervisor within 30 s')), 30_000)
+    const onMessage = (m: SupervisorMessage) => {
+      if (m.type !== 'start') return
+      clearTimeout(timer)
+      process.off('message', onMessage)
+      resolve(m.config)
+    }
+    process.on('message', onMessage)
+    process.once('disconnect', die)
+    send({ type: 'ready' })
+  })
+}
+
 async function main(): Promise<void> {
-  const config = loadConfig()
+  const config = await receiveConfig()
   const logger = createLogger(config.logLevel).child({ job: jobId, worker: process.pid })
   const paths = dataPaths(config)
   const store = await openStore(paths.dbFile)

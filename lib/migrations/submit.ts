@@ -4,6 +4,7 @@
  */
 import { randomUUID } from 'node:crypto'
 import { existsSync } from 'node:fs'
+import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { Job } from '../job.ts'
@@ -35,14 +36,27 @@ export async function checkPlanRefs(plan: Plan, store: Store, importRoot: string
 }
 
 /**
+ * Checks that every bridge of `plan.networks` exists on this host (`<netDir>/<bridge>`, default
+ * `/sys/class/net`): a plan naming a missing bridge is refused at submission,
+ * `E_MIG_INVALID_PLAN` with one issue per bridge (the job checks again before its copy).
+ */
+export function checkPlanBridges(plan: Plan, netDir = '/sys/class/net'): void {
+  const issues = (plan.networks ?? []).flatMap((m, i) =>
+    existsSync(path.join(netDir, m.bridge)) ? [] : [{ path: `plan.networks.${i}.bridge`, message: `no bridge ${m.bridge} on this host: create it (ip link add ${m.bridge} type bridge) or map ${JSON.stringify(m.source)} to an existing bridge` }],
+  )
+  if (issues.length) throw new MigError('E_MIG_INVALID_PLAN', issues.map((x) => `${x.path}: ${x.message}`).join('; '), { details: { issues } })
+}
+
+/**
  * Validates a `POST /migrations` body and persists the job (state `Queued`). Offline jobs run
  * cold whatever `mode` says (`effective_mode: "Cold"`); live jobs start with the plan's mode and
- * may be downgraded later (spec 1.4). Throws `E_MIG_INVALID_PLAN` plus the codes of
- * {@link checkPlanRefs}, and `E_MIG_PERSIST_FAILED`.
+ * may be downgraded later (spec 1.4). Throws `E_MIG_INVALID_PLAN` (also for a missing bridge,
+ * {@link checkPlanBridges}) plus the codes of {@link checkPlanRefs}, and `E_MIG_PERSIST_FAILED`.
  */
 export async function submitPlan(body: unknown, store: Store, importRoot: string, now: Date): Promise<Job> {
   const plan = parseSubmitBody(body)
   await checkPlanRefs(plan, store, importRoot, now)
+  checkPlanBridges(plan)
   const strategy = strategyOf(plan)
   return store.jobs.create({ id: randomUUID(), plan, strategy, effective_mode: strategy === 'live' ? plan.mode : 'Cold', now: now.toISOString() })
 }

@@ -88,6 +88,11 @@ export interface OrchestratorDeps {
    */
   takeRestorePoint?(job: Job, signal: AbortSignal): Promise<RestorePointRecord>
   delta?: Partial<DeltaPolicy>
+  /**
+   * Checks run before any destination volume is created (room for the disks, qemu's access,
+   * bridges: lib/host/precopy.ts); a throw fails the job with its code before anything is written.
+   */
+  preflight?(job: Job, manifest: VmManifest): Promise<void>
   /** Keep destination volumes of a cancelled job (default false: remove them). */
   keepOnCancel?: boolean
 }
@@ -146,6 +151,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     const resumed = new Map((await deps.watermarks.list(jobId)).map((w) => [w.disk_label, w.watermark_bytes]))
     if (source.strategy === 'live') resumed.clear()
     tracker = new ProgressTracker(manifest.disks, resumed, () => deps.now().getTime())
+    await deps.preflight?.(job, manifest)
     volumes = []
     for (const d of manifest.disks) volumes.push(await deps.sink.create(jobId, d.label, d.capacity_bytes))
 

@@ -9,7 +9,7 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { chmodSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, closeSync, writeSync } from 'node:fs'
+import { chmodSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, closeSync, statfsSync, writeSync } from 'node:fs'
 import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
@@ -122,16 +122,48 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     expect(peak).toBe(2)
   }, 120_000)
 
-  test('a full destination file system (8 MiB ext4 on a loop device) fails the job with E_MIG_DISK_WRITE_FAILED naming the volume and offset', async () => {
-    const d = path.join(t.dir, 'full')
+  /** A data dir `<t.dir>/<name>` whose volumes/ is a fresh ext4 of `size` bytes on a loop device (unmounted by the test). */
+  function dataDirOnExt4(name: string, size: number, mkfsArgs: string[] = []): string {
+    const d = path.join(t.dir, name)
     mkdirSync(path.join(d, 'volumes'), { recursive: true })
-    const fsImage = path.join(t.dir, 'tiny-ext4.img')
-    execFileSync('truncate', ['-s', String(8 * MiB), fsImage])
-    execFileSync('mkfs.ext4', ['-q', fsImage])
+    const fsImage = path.join(t.dir, `${name}-ext4.img`)
+    execFileSync('truncate', ['-s', String(size), fsImage])
+    execFileSync('mkfs.ext4', ['-q', ...mkfsArgs, fsImage])
     execFileSync('mount', ['-o', 'loop', fsImage, path.join(d, 'volumes')])
-    const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot, MIGRATOR_COPY_MAX_BYTES_PER_SECOND: '0' })
+    return d
+  }
+
+  test('a destination too small for the disks (8 MiB ext4 on a loop device) refuses the job before the copy, E_MIG_DISK_WRITE_FAILED', async () => {
+    const d = dataDirOnExt4('small', 8 * MiB)
+    const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot })
+    try {
+      const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}small`, start: false }))
+      const done = await waitJob(s2.base, job.id)
+      expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DISK_WRITE_FAILED'])
+      expect(done.last_error.message).toContain(`not enough space for the disks under ${path.join(d, 'volumes')}`)
+      expect(existsSync(path.join(d, 'volumes', 'migrations', job.id))).toBe(false)
+    } finally {
+      await s2.stop()
+      execFileSync('umount', ['-l', path.join(d, 'volumes')])
+    }
+  }, 120_000)
+
+  test('a destination that fills up during the copy (ext4 on a loop device, filled by another writer) fails the job with E_MIG_DISK_WRITE_FAILED naming the volume and offset', async () => {
+    // Room for the 320 MiB disk when the job starts (no blocks reserved for root: the worker is root).
+    const d = dataDirOnExt4('full', 400 * MiB, ['-m', '0'])
+    const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot })
     try {
       const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}full`, start: false }))
+      await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' || j.status !== 'running' && j.status !== 'queued', 60_000)
+      // Another writer takes every free block while the copy runs (SLOW caps it at 48 MiB/s, and
+      // 192 MiB of data are to be written); ext4 keeps what fallocate got when it hits ENOSPC.
+      const volumes = path.join(d, 'volumes')
+      const st = statfsSync(volumes)
+      try {
+        execFileSync('fallocate', ['-l', String(Number(st.bfree) * Number(st.bsize)), path.join(volumes, 'filler')], { stdio: 'ignore' })
+      } catch {}
+      const after = statfsSync(volumes)
+      expect(Number(after.bfree) * Number(after.bsize)).toBeLessThan(8 * MiB)
       const done = await waitJob(s2.base, job.id)
       expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DISK_WRITE_FAILED'])
       expect(done.last_error.message).toMatch(/volumes\/migrations\/[0-9a-f-]{36}\/\S+\.img/)

@@ -7,7 +7,7 @@ import type { AdapterKind } from '../kinds.ts'
 import type { VmManifest } from '../manifest.ts'
 import type { SourceTls } from '../store/sources.ts'
 import type { ManifestDisk } from '../manifest.ts'
-import type { DiskReader } from '../pipeline/readers/types.ts'
+import type { DiskReader } from '../contracts/disk-reader.ts'
 
 /** What an adapter needs to reach a source. `password` is the opened (unsealed) secret. */
 export interface SourceConnection {

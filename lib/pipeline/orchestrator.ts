@@ -26,7 +26,7 @@ import type { Extent, LiveSession, SnapshotRef } from '../adapters/types.ts'
 import type { JobsRepo } from '../store/jobs.ts'
 import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { Sink, SinkVolume } from '../sink/types.ts'
-import type { DiskReader } from './readers/types.ts'
+import type { DiskReader } from '../contracts/disk-reader.ts'
 import { ProgressTracker } from './progress.ts'
 
 /** What the source side provides once the plan is resolved. */

@@ -13,7 +13,7 @@
 import { hostname } from 'node:os'
 import { MigError, isMigError } from '../../errors.ts'
 import type { ManifestDisk, VmManifest } from '../../manifest.ts'
-import type { DiskReader } from '../../pipeline/readers/types.ts'
+import type { DiskReader } from '../../contracts/disk-reader.ts'
 import type { Extent, LiveSession, SnapshotRef, SourceAdapter, SourceConnection, VmSummary } from '../types.ts'
 import { DatastoreHttp, openDatastoreVmdk } from './datastore.ts'
 import { VM_PATHS, devicesOf, diskLabels, disksOf, manifestOf } from './manifest.ts'

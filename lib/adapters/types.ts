@@ -5,7 +5,7 @@
  */
 import type { AdapterKind } from '../kinds.ts'
 import type { VmManifest } from '../manifest.ts'
-import type { SourceTls } from '../store/sources.ts'
+import type { SourceTls } from '../contracts/source-tls.ts'
 import type { ManifestDisk } from '../manifest.ts'
 import type { DiskReader } from '../contracts/disk-reader.ts'
 

@@ -13,7 +13,7 @@ import * as nodePath from 'node:path'
 import { MigError } from '../errors.ts'
 import { malformed, openRead, readAt } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
-import type { InspectContext } from '../importers/types.ts'
+import type { InspectContext } from '../contracts/inspect.ts'
 
 /** The qcow magic, `QFI\xfb`, shared by legacy qcow (v1) and qcow2 (v2, v3). */
 export const QCOW_MAGIC = 0x514649fb

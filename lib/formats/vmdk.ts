@@ -15,7 +15,7 @@ import { MigError } from '../errors.ts'
 import { malformed } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { ControllerBus, ManifestDisk } from '../manifest.ts'
-import type { InspectContext } from '../importers/types.ts'
+import type { InspectContext } from '../contracts/inspect.ts'
 
 /** Bytes per VMDK sector. */
 export const SECTOR = 512

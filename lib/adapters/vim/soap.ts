@@ -26,7 +26,7 @@ import { Agent, buildConnector, request } from 'undici/index.js'
 import type { TLSSocket } from 'node:tls'
 import { XMLParser } from 'fast-xml-parser'
 import { MigError } from '../../errors.ts'
-import type { SourceTls } from '../../store/sources.ts'
+import type { SourceTls } from '../../contracts/source-tls.ts'
 
 /** A managed object reference: `type` (e.g. `VirtualMachine`) and `value` (e.g. `vm-42`). */
 export interface MoRef {

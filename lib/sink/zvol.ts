@@ -18,7 +18,8 @@ import { open, readFile, realpath, stat, type FileHandle } from 'node:fs/promise
 import { basename } from 'node:path'
 import { MigError } from '../errors.ts'
 import { sanitizeLabel } from '../manifest.ts'
-import { checkJobId, HandleVolume, runCommand, type Discarder } from './file.ts'
+import { exec } from '../exec.ts'
+import { checkJobId, HandleVolume, type Discarder } from './volume.ts'
 import type { Sink, SinkVolume, VolumeSnapshot } from './types.ts'
 
 /** Zvol volblocksize, bytes (64 KiB, spec 8). */
@@ -90,7 +91,7 @@ export class ZvolSink implements Sink {
     let fresh = true
     if (await exists(dev)) fresh = false
     else {
-      const r = await runCommand(this.opts.zfsPath ?? 'zfs', ['create', '-p', '-s', '-V', String(volsize), '-o', 'volblocksize=64K', '-o', 'compression=lz4', dataset])
+      const r = await exec(this.opts.zfsPath ?? 'zfs', ['create', '-p', '-s', '-V', String(volsize), '-o', 'volblocksize=64K', '-o', 'compression=lz4', dataset])
       if (r.code !== 0) {
         if (/already exists/i.test(r.stderr)) fresh = false
         else throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs create failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
@@ -114,7 +115,7 @@ export class ZvolSink implements Sink {
     }
     const discard: Discarder = async (offset, length) => {
       if (this.discardBroken) return false
-      const r = await runCommand(this.opts.blkdiscardPath ?? 'blkdiscard', ['--offset', String(offset), '--length', String(length), dev])
+      const r = await exec(this.opts.blkdiscardPath ?? 'blkdiscard', ['--offset', String(offset), '--length', String(length), dev])
       if (r.code !== 0) this.discardBroken = true
       return r.code === 0
     }
@@ -129,7 +130,7 @@ export class ZvolSink implements Sink {
   snapshot(jobId: string): VolumeSnapshot {
     const dataset = this.jobDataset(jobId)
     const zfs = async (args: string[]) => {
-      const r = await runCommand(this.opts.zfsPath ?? 'zfs', args)
+      const r = await exec(this.opts.zfsPath ?? 'zfs', args)
       if (r.code !== 0) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs ${args[0]} failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
       return r.stdout
     }
@@ -146,7 +147,7 @@ export class ZvolSink implements Sink {
   /** `zfs destroy -r <pool>/<appliance>/migrations/<job-id>`; a job with no dataset is fine. `E_MIG_DISK_WRITE_FAILED`. */
   async remove(jobId: string): Promise<void> {
     const dataset = this.jobDataset(jobId)
-    const r = await runCommand(this.opts.zfsPath ?? 'zfs', ['destroy', '-r', dataset])
+    const r = await exec(this.opts.zfsPath ?? 'zfs', ['destroy', '-r', dataset])
     if (r.code !== 0 && !/does not exist/i.test(r.stderr)) {
       throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs destroy failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
     }

@@ -44,7 +44,8 @@ import { MigError } from '../errors.ts'
 import type { ManifestDisk, VmManifest } from '../manifest.ts'
 import { copyDisk } from '../pipeline/copy-disk.ts'
 import { openRawFileReader } from '../pipeline/readers/raw-file.ts'
-import { HandleVolume, runCommand, type Discarder } from '../sink/file.ts'
+import { exec } from '../exec.ts'
+import { HandleVolume, type Discarder } from '../sink/volume.ts'
 import { driveLetters } from '../domain/xml.ts'
 import { describeFailure, resolveBinary, runV2vTool, v2vOutputName, type ToolOutcome } from './tool.ts'
 import { DEFAULT_VIRTIO_WIN_ISO } from './preparer.ts'
@@ -339,7 +340,7 @@ async function copyInto(from: string, v: FullImportVolume, size: number, block: 
     await reader.close()
     throw new MigError('E_MIG_DISK_WRITE_FAILED', `${v.path}: cannot open: ${(e as Error).message}`, { details: { volume: v.path } })
   }
-  const discard: Discarder | undefined = block ? async (offset, length) => (await runCommand('blkdiscard', ['--offset', String(offset), '--length', String(length), v.path])).code === 0 : undefined
+  const discard: Discarder | undefined = block ? async (offset, length) => (await exec('blkdiscard', ['--offset', String(offset), '--length', String(length), v.path])).code === 0 : undefined
   const vol = new HandleVolume(fh, v.path, block ? ((await blockDeviceSize(v.path)) ?? size) : size, block ? 64 * 1024 : 4096, { fresh: !block, discard, discardAlign: 64 * 1024 })
   try {
     await copyDisk(reader, vol, { from: 0, signal, label: v.label, onProgress: () => {}, onWatermark: async () => {} })

@@ -3,7 +3,8 @@
  */
 import { sql, type Kysely, type Selectable } from 'kysely'
 import { MigError } from '../errors.ts'
-import { emptyProgress, statusOf, TERMINAL_STATES, type Job, type JobState, type LastError, type Progress, type RestorePointRecord, type Strategy } from '../job.ts'
+import { emptyProgress, statusOf, TERMINAL_STATES, type Job, type JobState, type LastError, type Progress, type RestorePointRecord } from '../job.ts'
+import type { Strategy } from '../plan.ts'
 import type { Plan } from '../plan.ts'
 import { persist } from './persist.ts'
 import type { Database, JobsTable } from './schema.ts'

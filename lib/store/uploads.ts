@@ -33,10 +33,10 @@ export class UploadsRepo {
     })
   }
 
-  /** Marks an upload complete with its size and digest. */
-  finish(id: string, size: number, sha256: string): Promise<Upload> {
+  /** Marks an upload complete with its size (bytes), digest and client file name (cut to 255 characters). */
+  finish(id: string, size: number, sha256: string, filename: string): Promise<Upload> {
     return persist('complete upload', async () => {
-      await this.db.updateTable('uploads').set({ size_bytes: size, sha256, status: 'ready' }).where('id', '=', id).execute()
+      await this.db.updateTable('uploads').set({ filename: filename.slice(0, 255), size_bytes: size, sha256, status: 'ready' }).where('id', '=', id).execute()
       return toUpload(await this.db.selectFrom('uploads').selectAll().where('id', '=', id).executeTakeFirstOrThrow())
     })
   }

@@ -17,6 +17,7 @@ import { gunzipSync, constants as zconst } from 'node:zlib'
 import * as posix from 'node:path/posix'
 import { MigError } from '../errors.ts'
 import { malformed } from './io.ts'
+import { sniffDiskFormat } from './sniff.ts'
 import { decodeXmlText, parseOrderedXml, UNSAFE_MARK, UNSAFE_NAMES } from './xml.ts'
 import type { ManifestVerification } from './ovf-manifest.ts'
 import { guestFamilyOf, type ControllerBus, type DiskFormat, type DiskSource, type GuestFamily, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
@@ -609,24 +610,6 @@ export function diskFormatFromUri(uri: string | null): DiskFormat | null {
   if (u.includes('vdi')) return 'vdi'
   if (/\bvhd\b|vhd\.|#vhd|virtualhd|bb676673|linkid=137171/.test(u)) return 'vpc'
   if (/\braw\b/.test(u)) return 'raw'
-  return null
-}
-
-/**
- * Disk format from magic bytes at the start of the data (qemu's probes): `KDMV` or
- * `# Disk DescriptorFile` VMDK, `QFI\xfb` qcow2, `vhdxfile` VHDX, `conectix` VHD (dynamic disks
- * carry a footer copy at offset 0; fixed ones only at the end: pass `tail`, the last 512 bytes),
- * VDI signature `0xbeda107f` at 0x40. Returns null when none matches (raw or unknown).
- */
-export function sniffDiskFormat(head: Uint8Array, tail?: Uint8Array): DiskFormat | null {
-  const b = Buffer.from(head.buffer, head.byteOffset, head.byteLength)
-  if (b.length >= 4 && b.toString('latin1', 0, 4) === 'KDMV') return 'vmdk'
-  if (b.length >= 20 && b.toString('latin1', 0, 20) === '# Disk DescriptorFile') return 'vmdk'
-  if (b.length >= 4 && b[0] === 0x51 && b[1] === 0x46 && b[2] === 0x49 && b[3] === 0xfb) return 'qcow2'
-  if (b.length >= 8 && b.toString('latin1', 0, 8) === 'vhdxfile') return 'vhdx'
-  if (b.length >= 8 && b.toString('latin1', 0, 8) === 'conectix') return 'vpc'
-  if (b.length >= 0x44 && b.readUInt32LE(0x40) === 0xbeda107f) return 'vdi'
-  if (tail && tail.length >= 8 && Buffer.from(tail.buffer, tail.byteOffset, 8).toString('latin1') === 'conectix') return 'vpc'
   return null
 }
 

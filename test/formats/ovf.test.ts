@@ -10,9 +10,10 @@ import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import {
   allocationUnitsMultiplier, checkHref, cimOsType, controllerBus, diskFormatFromUri, ovfDiskRefs, ovfToManifest,
-  parseOvfEnvelope, pickHardwareSection, sniffDiskFormat, type OvfEnvelope, type ResolvedOvfFile,
+  parseOvfEnvelope, pickHardwareSection, type OvfEnvelope, type ResolvedOvfFile,
 } from '../../lib/formats/ovf.ts'
 import { parseOvfManifest, verifyOvfManifest } from '../../lib/formats/ovf-manifest.ts'
+import { sniffDiskFormat } from '../../lib/formats/sniff.ts'
 import { CORPUS, thrown } from '../helpers/tmp.ts'
 
 const GiB = 2 ** 30
@@ -294,7 +295,7 @@ describe('envelope details', () => {
     expect(sniffDiskFormat(Buffer.from('KDMV\x01\0\0\0', 'latin1'))).toBe('vmdk')
     expect(sniffDiskFormat(Buffer.from([0x51, 0x46, 0x49, 0xfb, 0, 0, 0, 3]))).toBe('qcow2')
     expect(sniffDiskFormat(Buffer.from('vhdxfile'))).toBe('vhdx')
-    expect(sniffDiskFormat(Buffer.alloc(512), Buffer.from('conectix'))).toBe('vpc')
+    expect(sniffDiskFormat(Buffer.alloc(512), Buffer.concat([Buffer.from('conectix'), Buffer.alloc(504)]))).toBe('vpc')
     expect(sniffDiskFormat(Buffer.alloc(512))).toBeNull()
   })
 

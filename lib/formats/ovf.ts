@@ -16,6 +16,7 @@
 import { gunzipSync, constants as zconst } from 'node:zlib'
 import * as posix from 'node:path/posix'
 import { MigError } from '../errors.ts'
+import { normalizeMac } from '../mac.ts'
 import { malformed } from './io.ts'
 import { sniffDiskFormat } from './sniff.ts'
 import { decodeXmlText, parseOrderedXml, UNSAFE_MARK, UNSAFE_NAMES } from './xml.ts'
@@ -344,13 +345,6 @@ function parseHardwareSection(el: XEl, label: string): OvfHardwareSection {
     }
   }
   return { id: attr(el, OVF_NS, 'id'), systemTypes, items, config }
-}
-
-function normalizeMac(s: string | null | undefined): string | null {
-  if (!s) return null
-  const hex = s.trim().replace(/[:\-.\s]/g, '')
-  if (!/^[0-9a-fA-F]{12}$/.test(hex)) return null
-  return hex.toLowerCase().match(/../g)!.join(':')
 }
 
 function parseVboxMachine(el: XEl): OvfVboxMachine {

@@ -33,6 +33,7 @@
  * that fails its checksum or points outside its table/file is `E_MIG_MALFORMED_ARCHIVE`.
  */
 import { MigError } from '../errors.ts'
+import { normalizeMac } from '../mac.ts'
 import { malformed } from './io.ts'
 
 /** Largest `.vmcx` accepted, bytes (4 MiB; real files are 30-200 KiB). */
@@ -558,14 +559,6 @@ function numberedKeys(node: VmcxNode, prefix: string): Array<[number, VmcxNode]>
     if (m && isVmcxNode(v)) out.push([Number(m[1]), v])
   }
   return out.sort((a, b) => a[0] - b[0])
-}
-
-/** `XX-XX-XX-XX-XX-XX` or 12 hex digits to `xx:xx:...`; null when invalid or all zero. */
-function normalizeMac(s: string | null): string | null {
-  if (!s) return null
-  const h = s.replace(/[-:]/g, '')
-  if (!/^[0-9A-Fa-f]{12}$/.test(h) || /^0{12}$/.test(h)) return null
-  return h.toLowerCase().match(/../g)!.join(':')
 }
 
 /**

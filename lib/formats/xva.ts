@@ -19,6 +19,7 @@
 import { createHash } from 'node:crypto'
 
 import { MigError } from '../errors.ts'
+import { normalizeMac } from '../mac.ts'
 import { malformed, openRead } from './io.ts'
 import type { TarMember } from './tar.ts'
 import { parseXmlDocument, xmlChild, xmlChildren, type XmlNode } from './xml.ts'
@@ -204,11 +205,6 @@ function refField(s: XmlRpcStruct, k: string): string | null {
 function refList(s: XmlRpcStruct, k: string): string[] {
   const v = s.get(k)
   return Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : []
-}
-function normalizeMac(s: string | null): string | null {
-  if (!s) return null
-  const h = s.trim().replace(/[-:]/g, '')
-  return /^[0-9A-Fa-f]{12}$/.test(h) ? h.toLowerCase().match(/../g)!.join(':') : null
 }
 /** Numeric-aware order of `userdevice`/`device` strings. */
 function byPosition(a: string, b: string): number {

@@ -32,6 +32,7 @@
  * Every count, offset, size, the recursion depth and the file size (4 MiB) are bounded; a value
  * that fails its checksum or points outside its table/file is `E_MIG_MALFORMED_ARCHIVE`.
  */
+import { u64le } from '../bytes.ts'
 import { MigError } from '../errors.ts'
 import { normalizeMac } from '../mac.ts'
 import { malformed } from './io.ts'
@@ -116,12 +117,6 @@ function hex(n: number): string {
   return '0x' + n.toString(16)
 }
 
-/** u64 as a number; null beyond 2^53. */
-function u64(buf: Buffer, at: number): number | null {
-  const v = buf.readBigUInt64LE(at)
-  return v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : null
-}
-
 interface StorageHeader {
   at: number
   sequence: number
@@ -142,8 +137,8 @@ function readHeader(buf: Buffer, at: number): { header: StorageHeader | null; si
       sequence: buf.readUInt16LE(at + 8),
       version: buf.readUInt32LE(at + 10),
       alignment: buf.readUInt32LE(at + 22),
-      replayLogOffset: u64(buf, at + 26),
-      replayLogSize: u64(buf, at + 34),
+      replayLogOffset: u64le(buf, at + 26),
+      replayLogSize: u64le(buf, at + 34),
     },
   }
 }
@@ -167,7 +162,7 @@ function readObjectTable(buf: Buffer, at: number, label: string): ObjectEntry[] 
     if (crcWithZeroedField(buf, e, OBJECT_ENTRY_SIZE, 1) !== buf.readUInt32LE(e + 1)) throw malformed(label, `object table entry ${i} at ${hex(e)}: checksum mismatch`)
     if (buf[e + 17] === 0) continue
     const type = buf[e]!
-    const offset = u64(buf, e + 5)
+    const offset = u64le(buf, e + 5)
     const size = buf.readUInt32LE(e + 13)
     if (offset === null || offset + size > buf.length) throw malformed(label, `object table entry ${i} (type ${type}) points at ${offset === null ? 'an offset over 2^53' : hex(offset)}+${hex(size)}, outside the file`)
     if (offset < OBJECT_TABLE_OFFSET && type !== 4) throw malformed(label, `object table entry ${i} (type ${type}) points into the headers (${hex(offset)})`)
@@ -203,7 +198,7 @@ function decodeValue(buf: Buffer, type: number, flags: number, v: number, entryE
     if (type !== VMCX_TYPE.String && type !== VMCX_TYPE.Array) throw malformed(label, `${where}: file object pointer on a value of type ${type}`)
     need(12)
     const size = buf.readUInt32LE(v)
-    const off = u64(buf, v + 4)
+    const off = u64le(buf, v + 4)
     const fo = off === null ? undefined : files.get(off)
     if (!fo) throw malformed(label, `${where}: points at ${off === null ? '?' : hex(off)}, which is not a file object`)
     if (size > fo.size) throw malformed(label, `${where}: value of ${size} bytes is larger than its file object (${fo.size})`)

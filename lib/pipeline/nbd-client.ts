@@ -18,6 +18,7 @@
  * A protocol violation also disconnects hard and fails every request in flight.
  */
 import { connect as netConnect, type Socket } from 'node:net'
+import { u64be } from '../bytes.ts'
 import { MigError } from '../errors.ts'
 
 /** Largest read or block-status span the client sends in one request, bytes (32 MiB). */
@@ -178,9 +179,9 @@ class Receiver {
 }
 
 function u64(b: Buffer, at: number): number {
-  const v = b.readBigUInt64BE(at)
-  if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new RangeError(`64-bit value ${v} is too large`)
-  return Number(v)
+  const v = u64be(b, at)
+  if (v === null) throw new RangeError(`64-bit value ${b.readBigUInt64BE(at)} is too large`)
+  return v
 }
 
 /**

@@ -4,7 +4,8 @@
  * virt-v2v's output volumes), and the job-id check that makes a job id a safe path segment and
  * dataset name.
  */
-import type { FileHandle } from 'node:fs/promises'
+import { readFile, realpath, type FileHandle } from 'node:fs/promises'
+import { basename } from 'node:path'
 import { MigError } from '../errors.ts'
 import { ZERO_BUFFER } from '../pipeline/chunker.ts'
 import type { SinkVolume } from './types.ts'
@@ -130,5 +131,16 @@ export class HandleVolume implements SinkVolume {
     if (this.closed) return
     this.closed = true
     await this.fh.close().catch(() => {})
+  }
+}
+
+/** Size of a block device in bytes, from `/sys/class/block/<dev>/size` (512-byte sectors), or null when unknown. */
+export async function blockDeviceSize(dev: string): Promise<number | null> {
+  try {
+    const real = await realpath(dev)
+    const sectors = Number((await readFile(`/sys/class/block/${basename(real)}/size`, 'utf8')).trim())
+    return Number.isSafeInteger(sectors) ? sectors * 512 : null
+  } catch {
+    return null
   }
 }

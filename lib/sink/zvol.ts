@@ -14,12 +14,11 @@
  * a test double over a loop device.
  */
 import { constants as C } from 'node:fs'
-import { open, readFile, realpath, stat, type FileHandle } from 'node:fs/promises'
-import { basename } from 'node:path'
+import { open, stat, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import { sanitizeLabel } from '../manifest.ts'
 import { exec } from '../exec.ts'
-import { checkJobId, HandleVolume, type Discarder } from './volume.ts'
+import { blockDeviceSize, checkJobId, HandleVolume, type Discarder } from './volume.ts'
 import type { Sink, SinkVolume, VolumeSnapshot } from './types.ts'
 
 /** Zvol volblocksize, bytes (64 KiB, spec 8). */
@@ -163,16 +162,5 @@ async function exists(p: string): Promise<boolean> {
     return true
   } catch {
     return false
-  }
-}
-
-/** Size of a block device from `/sys/class/block/<dev>/size` (512-byte sectors), or null when unknown. */
-async function blockDeviceSize(dev: string): Promise<number | null> {
-  try {
-    const real = await realpath(dev)
-    const sectors = Number((await readFile(`/sys/class/block/${basename(real)}/size`, 'utf8')).trim())
-    return Number.isSafeInteger(sectors) ? sectors * 512 : null
-  } catch {
-    return null
   }
 }

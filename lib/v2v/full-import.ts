@@ -37,7 +37,7 @@
  * virt-v2v package does not depend on it, and without it the copy step fails).
  */
 import { constants as C } from 'node:fs'
-import { chmod, chown, lstat, mkdir, mkdtemp, open, readFile, readlink, realpath, rename, rm, rmdir, stat, symlink, truncate, writeFile } from 'node:fs/promises'
+import { chmod, chown, lstat, mkdir, mkdtemp, open, readlink, rename, rm, rmdir, stat, symlink, truncate, writeFile } from 'node:fs/promises'
 import * as path from 'node:path'
 import { XMLBuilder } from 'fast-xml-parser'
 import { MigError } from '../errors.ts'
@@ -45,7 +45,7 @@ import type { ManifestDisk, VmManifest } from '../manifest.ts'
 import { copyDisk } from '../pipeline/copy-disk.ts'
 import { openRawFileReader } from '../pipeline/readers/raw-file.ts'
 import { exec } from '../exec.ts'
-import { HandleVolume, type Discarder } from '../sink/volume.ts'
+import { blockDeviceSize, HandleVolume, type Discarder } from '../sink/volume.ts'
 import { driveLetters } from '../domain/xml.ts'
 import { describeFailure, resolveBinary, runV2vTool, v2vOutputName, type ToolOutcome } from './tool.ts'
 import { DEFAULT_VIRTIO_WIN_ISO } from './preparer.ts'
@@ -216,17 +216,6 @@ export function fullImportCommand(manifest: VmManifest, runDir: string, opts: { 
     outputName,
     outputs: manifest.disks.map((_, i) => path.join(outputDir, `${outputName}-sd${v2vDriveName(i)}`)),
     outputXmlPath: path.join(outputDir, `${outputName}.xml`),
-  }
-}
-
-/** Size of a block device from sysfs (512-byte sectors), or null when unknown. */
-async function blockDeviceSize(dev: string): Promise<number | null> {
-  try {
-    const real = await realpath(dev)
-    const sectors = Number((await readFile(`/sys/class/block/${path.basename(real)}/size`, 'utf8')).trim())
-    return Number.isSafeInteger(sectors) ? sectors * 512 : null
-  } catch {
-    return null
   }
 }
 

@@ -22,7 +22,8 @@ import { spawn, type ChildProcess } from 'node:child_process'
  * - `env`: the environment (default: the parent's).
  * - `maxStdout`: stdout bytes kept (default 8 MiB); more kills the process and sets `overflow`.
  * - `stderrTail`: bytes of stderr kept, the last ones (default 64 KiB).
- * - `onStdout`/`onStderr`: every chunk as it arrives (output is still collected).
+ * - `onStdout`/`onStderr`: every chunk as it arrives.
+ * - `collect`: false to keep no output at all (a caller that parses the chunks itself; no cap).
  */
 export interface ExecOptions {
   timeoutMs?: number
@@ -34,12 +35,14 @@ export interface ExecOptions {
   stderrTail?: number
   onStdout?: (chunk: Buffer) => void
   onStderr?: (chunk: Buffer) => void
+  collect?: boolean
 }
 
 /**
  * How a run ended. `code`: exit status, null when a signal ended it or it never started.
  * `signal`: the signal that ended it. `stdout` (UTF-8, at most `maxStdout` bytes), `stderr` (its
- * last `stderrTail` bytes). `timedOut`/`aborted`/`overflow`: why it was stopped, if it was.
+ * last `stderrTail` bytes). `timedOut`/`aborted`/`overflow`: why it was stopped, if it was (only
+ * the first reason is set).
  * `spawnError`: set when the process could not be started (ENOENT, EACCES); `stderr` then holds
  * its message.
  */
@@ -61,6 +64,7 @@ const DEFAULT_STDERR_TAIL = 64 * 1024
 export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {}): Promise<ExecResult> {
   const maxStdout = opts.maxStdout ?? DEFAULT_MAX_STDOUT
   const tail = opts.stderrTail ?? DEFAULT_STDERR_TAIL
+  const collect = opts.collect !== false
   return new Promise((resolve) => {
     const out: Buffer[] = []
     let outLen = 0
@@ -98,18 +102,18 @@ export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {
         /* already gone */
       }
     }
-    const stop = () => {
+    const stop = (why: 'timeout' | 'abort' | 'overflow') => {
       if (stopping) return
       stopping = true
+      if (why === 'timeout') timedOut = true
+      else if (why === 'abort') aborted = true
+      else overflow = true
       const grace = opts.killGraceMs ?? 0
       if (grace <= 0) return kill('SIGKILL')
       kill('SIGTERM')
       killTimer = setTimeout(() => kill('SIGKILL'), grace)
     }
-    const onAbort = () => {
-      aborted = true
-      stop()
-    }
+    const onAbort = () => stop('abort')
     const finish = (r: ExecResult) => {
       if (settled) return
       settled = true
@@ -119,26 +123,20 @@ export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {
       resolve(r)
     }
     if (opts.timeoutMs !== undefined) {
-      timer = setTimeout(() => {
-        timedOut = true
-        stop()
-      }, opts.timeoutMs)
+      timer = setTimeout(() => stop('timeout'), opts.timeoutMs)
     }
     if (opts.signal?.aborted) queueMicrotask(onAbort)
     else opts.signal?.addEventListener('abort', onAbort, { once: true })
     child.stdout!.on('data', (b: Buffer) => {
       opts.onStdout?.(b)
-      if (overflow) return
+      if (!collect || overflow) return
       outLen += b.length
-      if (outLen > maxStdout) {
-        overflow = true
-        stop()
-        return
-      }
+      if (outLen > maxStdout) return stop('overflow')
       out.push(b)
     })
     child.stderr!.on('data', (b: Buffer) => {
       opts.onStderr?.(b)
+      if (!collect) return
       err = Buffer.concat([err, b])
       if (err.length > tail) err = err.subarray(err.length - tail)
     })
@@ -146,16 +144,15 @@ export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {
       // Only a process that never started ends here; errors of a running one end in 'close'.
       if (child.pid === undefined) finish(result({ spawnError: e, stderr: e.message }))
     })
-    // The tool may leave helpers in its group holding the pipes: once it exits, none survives.
-    if (opts.processGroup) child.once('exit', () => kill('SIGKILL'))
+    child.once('exit', () => {
+      // The tool may leave helpers in its group holding the pipes: once it exits, none survives.
+      if (opts.processGroup) kill('SIGKILL')
+      // A stopped process is not waited for through a grandchild that still holds its pipes.
+      if (stopping) {
+        child.stdout?.destroy()
+        child.stderr?.destroy()
+      }
+    })
     child.once('close', (code, signal) => finish(result({ code, signal })))
   })
-}
-
-/** `cmd: <first stderr line>` style text of a failed run: the spawn error, else the last non-empty stderr line, else the exit status. */
-export function execFailure(cmd: string, r: ExecResult): string {
-  if (r.spawnError) return `${cmd}: ${r.spawnError.message}`
-  if (r.timedOut) return `${cmd}: timed out`
-  const line = r.stderr.trim().split('\n').filter((l) => l.trim()).pop()
-  return line ? line.trim() : r.signal ? `${cmd}: killed by ${r.signal}` : `${cmd}: exited with status ${r.code}`
 }

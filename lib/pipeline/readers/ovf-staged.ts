@@ -21,7 +21,7 @@ import { pipeline } from 'node:stream/promises'
 import { createGunzip } from 'node:zlib'
 import { MigError, isMigError } from '../../errors.ts'
 import { listTarMembers } from '../../formats/tar.ts'
-import { memberKey } from '../../importers/ova_archive.ts'
+import { memberKey } from '../../importers/ova-archive.ts'
 import type { DiskSource } from '../../manifest.ts'
 import { isAllZero } from '../chunker.ts'
 

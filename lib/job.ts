@@ -25,7 +25,7 @@ export type JobStatus = 'queued' | 'running' | 'completed' | 'failed' | 'cancell
 export const TERMINAL_STATES: readonly JobState[] = ['Completed', 'Failed', 'Cancelled']
 
 /** The status of a state: Queued -> queued, the phases -> running, terminal states by name. */
-export function statusOf(state: JobState): JobStatus {
+export function jobStatusOf(state: JobState): JobStatus {
   switch (state) {
     case 'Queued':
       return 'queued'

@@ -23,6 +23,15 @@ export interface DiskExtent {
 }
 
 /**
+ * A byte range of a disk (bytes) with no claim about its content: a changed or allocated area a
+ * live source reports (CBT `QueryChangedDiskAreas`), which a reader is restricted to.
+ */
+export interface DiskArea {
+  offset: number
+  length: number
+}
+
+/**
  * A readable virtual disk.
  * - `size`: virtual size, bytes.
  * - `extents(from)`: extents from byte `from` to `size`, in increasing offset order and never

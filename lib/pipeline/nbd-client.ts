@@ -76,8 +76,8 @@ const RECV_BUFFER = 1024 * 1024
 
 const ERRNO: Record<number, string> = { 1: 'EPERM', 5: 'EIO', 12: 'ENOMEM', 22: 'EINVAL', 28: 'ENOSPC', 75: 'EOVERFLOW', 95: 'ENOTSUP', 108: 'ESHUTDOWN' }
 
-/** One `base:allocation` extent: byte range and `NBD_STATE_*` flags. */
-export interface NbdExtent {
+/** One block status descriptor of the `base:allocation` context (NBD protocol `NBD_REPLY_TYPE_BLOCK_STATUS`): byte range and `NBD_STATE_*` flags. */
+export interface BlockStatusDescriptor {
   offset: number
   length: number
   flags: number
@@ -103,7 +103,7 @@ interface Pending {
   length: number
   buf?: Buffer
   ranges?: Array<[number, number]>
-  extents?: NbdExtent[]
+  extents?: BlockStatusDescriptor[]
   statusChunks?: number
   error?: string
   resolve(v: unknown): void
@@ -455,7 +455,7 @@ export class NbdClient {
    * request. Without `base:allocation` one data extent covering the span is returned.
    * Throws `E_MIG_DISK_READ_FAILED`.
    */
-  blockStatus(offset: number, length: number): Promise<NbdExtent[]> {
+  blockStatus(offset: number, length: number): Promise<BlockStatusDescriptor[]> {
     const len = Math.min(length, 0x40000000, this.size - offset) // at most 1 GiB per request
     if (this.dead) return Promise.reject(new MigError('E_MIG_DISK_READ_FAILED', `${this.dead.message} (block status at offset ${offset})`))
     if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || len <= 0) {

@@ -386,7 +386,7 @@ export async function vboxToManifest(m: VboxMachine, opts: VboxManifestOptions):
     const loc = /^[A-Za-z]:[\\/]/.test(md.location) ? md.location : md.location.replace(/\\/g, '/')
     const abs = resolveInRoot(opts.importRoot, loc, { base, allowUploads: opts.allowUploads })
     const st = await stat(abs).catch(() => null)
-    if (!st || !st.isFile()) {
+    if (!st?.isFile()) {
       throw malformed(m.label, `image ${JSON.stringify(md.location)} of medium {${md.uuid}} does not exist`, { uuid: md.uuid, file: md.location })
     }
     resolved.set(md.uuid, abs)

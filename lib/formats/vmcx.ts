@@ -617,7 +617,7 @@ export function vmcxVmInfo(cfg: VmcxConfig): VmcxVmInfo {
   const nics: VmcxNic[] = []
   for (const d of devices) {
     const node = vmcxDeviceNode(cfg, d.instance)
-    if (!node || !node.has('MacAddress')) continue
+    if (!node?.has('MacAddress')) continue
     const sw = str(node.get('SwitchName'))
     nics.push({
       name: str(node.get('FriendlyName')),

@@ -303,7 +303,7 @@ export function parseOvaXml(input: string | Uint8Array, label: string): XvaDescr
     vbds.push(vbd)
     if (type !== 'Disk' || vdiRef === null) continue
     const vo = byId.get(vdiRef)
-    if (!vo || vo.cls !== 'VDI') throw malformed(label, `VBD ${ref} (userdevice ${vbd.userdevice}): VDI ${vdiRef} is not in the export`)
+    if (vo?.cls !== 'VDI') throw malformed(label, `VBD ${ref} (userdevice ${vbd.userdevice}): VDI ${vdiRef} is not in the export`)
     const size = intField(vo.fields, 'virtual_size', label, `VDI ${vdiRef}`, MAX_XVA_VDI_SIZE)
     vdis.set(vdiRef, { id: vdiRef, name_label: sget(vo.fields, 'name_label') ?? '', virtual_size: size })
   }
@@ -313,7 +313,7 @@ export function parseOvaXml(input: string | Uint8Array, label: string): XvaDescr
   const vifs: XvaVif[] = []
   for (const ref of refList(f, 'VIFs')) {
     const o = byId.get(ref)
-    if (!o || o.cls !== 'VIF') {
+    if (o?.cls !== 'VIF') {
       warnings.push(`VIF ${ref} is not in the export: skipped`)
       continue
     }

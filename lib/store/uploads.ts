@@ -51,7 +51,7 @@ export class UploadsRepo {
   /** One ready, unexpired upload; `E_MIG_UPLOAD_NOT_FOUND` otherwise. */
   async get(id: string, now: string): Promise<Upload> {
     const row = await persist('load upload', () => this.db.selectFrom('uploads').selectAll().where('id', '=', id).executeTakeFirst())
-    if (!row || row.status !== 'ready' || row.expires_at <= now) throw new MigError('E_MIG_UPLOAD_NOT_FOUND', `upload ${id} not found (expired or removed)`)
+    if (row?.status !== 'ready' || row.expires_at <= now) throw new MigError('E_MIG_UPLOAD_NOT_FOUND', `upload ${id} not found (expired or removed)`)
     return toUpload(row)
   }
 

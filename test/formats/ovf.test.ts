@@ -253,6 +253,7 @@ describe('envelope details', () => {
 
   test('capacity from a ProductSection property; CoresPerSocket', () => {
     const xml = ovf({
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: an OVF property reference, not a JS template
       disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1" ovf:capacity="${disk.size}" ovf:capacityAllocationUnits="byte * 2^30"/>',
       extra: '',
     }).replace('<VirtualHardwareSection>', '<ProductSection><Info>p</Info><Property ovf:key="disk.size" ovf:type="int" ovf:value="12"/></ProductSection><VirtualHardwareSection>')
@@ -332,7 +333,7 @@ describe('hostile descriptors', () => {
     }).replace('<Name>vm one</Name>', '<Name>vm one</Name><prototype x="1"/>')
     const env = parseOvfEnvelope(xml, 'proto.ovf')
     expect(({} as Record<string, unknown>).polluted).toBeUndefined()
-    expect(Object.prototype.hasOwnProperty.call(Object.prototype, 'polluted')).toBe(false)
+    expect(Object.hasOwn(Object.prototype, 'polluted')).toBe(false)
     const m = manifestOf(env)
     expect(m.cpu.count).toBe(4)
     expect(pickHardwareSection(env).config.get('__proto__')).toBe('bad') // a Map key, harmless

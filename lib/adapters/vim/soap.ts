@@ -35,7 +35,7 @@ export interface MoRef {
 }
 
 /** A parsed XML node: a string for text-only elements, else an object of children (`@_attr`, `#text`). */
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
+// biome-ignore lint/suspicious/noExplicitAny: fast-xml-parser output is untyped; the vim code narrows every use with txt/int/bool/arr
 export type XNode = any
 
 /** The `about` block of the service content (vSphere `AboutInfo`). */

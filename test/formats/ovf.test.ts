@@ -8,10 +8,9 @@ import { readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
-import {
-  allocationUnitsMultiplier, checkHref, cimOsType, controllerBus, diskFormatFromUri, ovfDiskRefs, ovfToManifest,
-  parseOvfEnvelope, pickHardwareSection, type OvfEnvelope, type ResolvedOvfFile,
-} from '../../lib/formats/ovf.ts'
+import { allocationUnitsMultiplier, checkHref, diskFormatFromUri, parseOvfEnvelope, pickHardwareSection, type OvfEnvelope } from '../../lib/formats/ovf.ts'
+import { controllerBus, ovfDiskRefs, ovfToManifest, type ResolvedOvfFile } from '../../lib/formats/ovf-to-vm-manifest.ts'
+import { cimOsType } from '../../lib/formats/cim-os.ts'
 import { parseOvfManifest, verifyOvfManifest } from '../../lib/formats/ovf-manifest.ts'
 import { sniffDiskFormat } from '../../lib/formats/sniff.ts'
 import { CORPUS, thrown } from '../helpers/tmp.ts'

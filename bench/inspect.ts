@@ -40,7 +40,7 @@ if (process.argv[2] === '--child') {
   const [archive, importRoot] = [process.argv[3]!, process.argv[4]!]
   const { inspectInput } = await import('../lib/importers/index.ts')
   // The importer and the probe are imported lazily by inspectInput: load them before measuring.
-  await import('../lib/importers/ova_archive.ts')
+  await import('../lib/importers/ova-archive.ts')
   await import('../lib/importers/probe.ts')
   const lines = createInterface({ input: process.stdin })
   const say = (o: unknown) => process.stdout.write(JSON.stringify(o) + '\n')

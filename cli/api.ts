@@ -128,6 +128,7 @@ export class Api {
    * `Last-Event-ID` when the connection drops; an event whose data is not JSON is skipped.
    * Throws {@link ApiError} when the server cannot be reached or answers an error.
    */
+  // biome-ignore lint/suspicious/noConfusingVoidType: a callback may return nothing (go on) or false (stop)
   async follow(jobId: string | null, onEvent: (name: string, data: any) => boolean | void, opts: { signal?: AbortSignal; onOpen?: () => Promise<boolean | void> } = {}): Promise<void> {
     const { signal } = opts
     let lastId: string | null = null

@@ -3,7 +3,7 @@
  *
  * Every failure the service reports carries exactly one of these codes. Code paths throw
  * {@link MigError}; the runtime turns it into the error body
- * `{"error": {"code", "message", "details"?}}` with the status of {@link statusOf}.
+ * `{"error": {"code", "message", "details"?}}` with the status of {@link httpStatusOf}.
  */
 
 /** All 24 error codes of spec section 7, in the spec's order. */
@@ -55,7 +55,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
 }
 
 /** The HTTP status a code answers with when the thrower did not choose one (500 by default). */
-export function statusOf(code: ErrorCode): number {
+export function httpStatusOf(code: ErrorCode): number {
   return STATUS[code] ?? 500
 }
 
@@ -68,7 +68,7 @@ export type ErrorDetails = Record<string, unknown>
  * - `code`: the `E_MIG_*` code.
  * - `message`: human text naming the file, field, disk or offset at fault; never a secret.
  * - `details`: optional JSON-safe data returned to the client.
- * - `status`: HTTP status; defaults to {@link statusOf}(code). `E_MIG_UPLOAD_REJECTED` uses 413
+ * - `status`: HTTP status; defaults to {@link httpStatusOf}(code). `E_MIG_UPLOAD_REJECTED` uses 413
  *   for the size cap and 422 for a sha256 mismatch, so the thrower passes it.
  */
 export class MigError extends Error {
@@ -81,7 +81,7 @@ export class MigError extends Error {
     this.name = 'MigError'
     this.code = code
     this.details = opts.details
-    this.status = opts.status ?? statusOf(code)
+    this.status = opts.status ?? httpStatusOf(code)
   }
 
   /** The error body of DESIGN.md section 3. */

@@ -1,7 +1,7 @@
 /**
  * The migration job resource (spec 2.3, 3; DESIGN.md section 3).
  */
-import type { Plan } from './plan.ts'
+import type { Plan, Strategy } from './plan.ts'
 import type { ErrorCode } from './errors.ts'
 
 /** Job states: spec section 3's phases plus `Queued` (initial), `Failed`, `Cancelled`. */
@@ -25,7 +25,7 @@ export type JobStatus = 'queued' | 'running' | 'completed' | 'failed' | 'cancell
 export const TERMINAL_STATES: readonly JobState[] = ['Completed', 'Failed', 'Cancelled']
 
 /** The status of a state: Queued -> queued, the phases -> running, terminal states by name. */
-export function statusOf(state: JobState): JobStatus {
+export function jobStatusOf(state: JobState): JobStatus {
   switch (state) {
     case 'Queued':
       return 'queued'
@@ -82,9 +82,6 @@ export interface RestorePointRecord {
   quiesced: boolean
   created_at: string | null
 }
-
-/** How the job runs: a live adapter (`live`), a `read_disk` loop (`offline`), or `run_full_import` (`passthrough`). */
-export type Strategy = 'live' | 'offline' | 'passthrough'
 
 /** The job resource as the API returns it. Timestamps are ISO-8601 UTC. */
 export interface Job {

@@ -5,7 +5,6 @@
 import { z } from 'zod'
 import { ADAPTER_KINDS, IMPORTER_KINDS, PASSTHROUGH_IMPORTERS, type ImporterKind } from './kinds.ts'
 import { MigError } from './errors.ts'
-import type { Strategy } from './job.ts'
 
 const uuid = z.string().regex(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i, 'must be a UUID')
 
@@ -76,6 +75,9 @@ export function parseSubmitBody(body: unknown): Plan {
   }
   return r.data.plan
 }
+
+/** How the job runs: a live adapter (`live`), a `read_disk` loop (`offline`), or `run_full_import` (`passthrough`). */
+export type Strategy = 'live' | 'offline' | 'passthrough'
 
 /** The strategy of spec 1.2 for a plan: live adapter, passthrough importer, or `read_disk` loop. */
 export function strategyOf(plan: Plan): Strategy {

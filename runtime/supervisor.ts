@@ -83,7 +83,7 @@ export class Supervisor {
   /** Asks the worker of `jobId`, if it runs here, to cancel. Returns whether one was told. */
   cancel(jobId: string): boolean {
     const r = this.running.get(jobId)
-    if (!r || !r.child.connected) return false
+    if (!r?.child.connected) return false
     r.child.send({ type: 'cancel' } satisfies SupervisorMessage)
     return true
   }

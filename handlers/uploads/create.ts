@@ -30,8 +30,7 @@ export async function handle(request: Request, ctx: Ctx): Promise<Response> {
       capBytes: ctx.config.uploadCapBytes,
       expectedSha256: query(request).get('sha256'),
     })
-    await ctx.store.db.updateTable('uploads').set({ filename: got.filename.slice(0, 255) }).where('id', '=', id).execute()
-    const upload = await ctx.store.uploads.finish(id, got.size_bytes, got.sha256)
+    const upload = await ctx.store.uploads.finish(id, got.size_bytes, got.sha256, got.filename)
     ctx.logger.info({ upload: id, size_bytes: got.size_bytes }, 'upload received')
     return json(upload, 201)
   } catch (e) {

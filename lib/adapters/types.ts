@@ -5,9 +5,9 @@
  */
 import type { AdapterKind } from '../kinds.ts'
 import type { VmManifest } from '../manifest.ts'
-import type { SourceTls } from '../store/sources.ts'
+import type { SourceTls } from '../contracts/source-tls.ts'
 import type { ManifestDisk } from '../manifest.ts'
-import type { DiskReader } from '../pipeline/readers/types.ts'
+import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
 
 /** What an adapter needs to reach a source. `password` is the opened (unsealed) secret. */
 export interface SourceConnection {
@@ -48,12 +48,6 @@ export interface SnapshotRef {
   change_ids: Record<string, string>
 }
 
-/** A byte range of a disk, in bytes. */
-export interface Extent {
-  offset: number
-  length: number
-}
-
 /**
  * The data plane of a live session (spec 1.1: enable CBT, snapshot, shutdown, mark, cleanup;
  * DESIGN.md section 7). Reads come only from snapshots, never from the active disk of a
@@ -73,7 +67,7 @@ export interface LiveSession extends AdapterSession {
    * paged until the capacity is covered); `sinceChangeId` `*` asks for every allocated area.
    * `E_MIG_CBT_RESET` when the changeId is no longer valid.
    */
-  changedAreas(vmId: string, snapshot: SnapshotRef, disk: ManifestDisk, sinceChangeId: string): Promise<Extent[]>
+  changedAreas(vmId: string, snapshot: SnapshotRef, disk: ManifestDisk, sinceChangeId: string): Promise<DiskArea[]>
   /** Removes one snapshot the migrator took. */
   removeSnapshot(vmId: string, snapshot: SnapshotRef): Promise<void>
   /** Shuts the guest down (guest shutdown, then power off after a timeout). */

@@ -12,8 +12,8 @@
  */
 // The package file, not the bare 'undici' specifier: Bun substitutes a built-in shim for that
 // specifier whose connector ignores `ca` and certificate pinning.
-import { Agent, buildConnector, request } from 'undici/index.js'
-import type { TLSSocket } from 'node:tls'
+import { Agent, request } from 'undici/index.js'
+import { tlsConnector } from '../tls.ts'
 import { z } from 'zod'
 import { MigError } from '../errors.ts'
 
@@ -65,11 +65,6 @@ const PointBody = z
   )
 const PointsBody = z.union([z.array(PointBody), z.looseObject({ items: z.array(PointBody) }).transform((b) => b.items), z.looseObject({ data: z.array(PointBody) }).transform((b) => b.data)])
 
-/** Normalizes `AA:bb:..` or `aabb..` to lower-case hex without colons. */
-function normalizeFingerprint(f: string): string {
-  return f.replace(/:/g, '').toLowerCase()
-}
-
 /** The backup API client. Close it when done (it owns a connection pool). */
 export class BackupClient {
   private readonly agent: Agent
@@ -89,20 +84,7 @@ export class BackupClient {
     this.api = `${u.origin}${u.pathname.replace(/\/+$/, '')}/api/v1`
     this.auth = 'Basic ' + Buffer.from(`${opts.username}:${opts.password}`).toString('base64')
     this.timeoutMs = opts.timeoutMs ?? 30_000
-    const pin = opts.tls?.fingerprint256 ? normalizeFingerprint(opts.tls.fingerprint256) : null
-    // A resumed TLS session presents no certificate to check against the pin: no session cache when pinned.
-    const base = buildConnector({ ca: opts.tls?.ca_pem, rejectUnauthorized: pin === null && opts.tls?.insecure !== true, timeout: this.timeoutMs, ...(pin === null ? {} : { maxCachedSessions: 0 }) })
-    const connect: buildConnector.connector = (o, cb) =>
-      base(o, (err, socket) => {
-        if (err || pin === null || o.protocol !== 'https:') return cb(err as Error, socket as never)
-        const cert = (socket as TLSSocket).getPeerCertificate()
-        const got = cert?.fingerprint256 ? normalizeFingerprint(cert.fingerprint256) : ''
-        if (got !== pin) {
-          socket!.destroy()
-          return cb(new Error(`certificate fingerprint ${got || '(none)'} does not match the pinned ${pin}`), null)
-        }
-        cb(null, socket!)
-      })
+    const connect = tlsConnector({ ca_pem: opts.tls?.ca_pem, thumbprint: opts.tls?.fingerprint256, insecure: opts.tls?.insecure }, this.timeoutMs)
     this.agent = new Agent({ connect, headersTimeout: this.timeoutMs, bodyTimeout: this.timeoutMs })
   }
 

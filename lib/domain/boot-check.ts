@@ -92,7 +92,7 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
  * `E_MIG_CANCELLED` when `signal` aborts.
  */
 export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult> {
-  const { virsh, name, serialLogPath, expectSerial } = input
+  const { name, serialLogPath, expectSerial } = input
   if (expectSerial && !serialLogPath) throw new MigError('E_MIG_GUEST_BOOT_FAILED', `boot check of ${name}: expectSerial needs serialLogPath`)
   const pollMs = input.pollMs ?? 250
   const graceMs = Math.max(0, input.graceSeconds) * 1000

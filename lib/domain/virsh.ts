@@ -1,17 +1,17 @@
 /**
  * A thin client over `virsh -c <uri>` (libvirt's CLI, https://libvirt.org/manpages/virsh.html).
- * Every call is an `execFile` (no shell) with a timeout (SIGKILL when it expires); domain names are
+ * Every call goes through `lib/exec.ts` (no shell) with a timeout (SIGKILL when it expires); domain names are
  * always passed as `--domain <name>` so a name can never be read as an option.
  *
  * Error codes: `define`, `undefine`, `exists`, `list` and `uniqueName` throw
  * `E_MIG_DOMAIN_DEFINE_FAILED`; `start`, `state`, `destroy` throw `E_MIG_GUEST_BOOT_FAILED`
  * (the destination did not come up). Messages carry libvirt's own `error: ...` text.
  */
-import { execFile } from 'node:child_process'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 import { MigError, type ErrorCode } from '../errors.ts'
+import { exec } from '../exec.ts'
 import { sanitizeDomainName } from './xml.ts'
 
 /** Result of one virsh invocation. `code` is the exit status (-1 when killed or not started). */
@@ -61,22 +61,10 @@ export class Virsh {
   }
 
   /** Runs `virsh -c <uri> <args...>`; never throws (a spawn failure is code -1 with the reason in stderr). */
-  run(args: string[], timeoutMs = 30_000): Promise<VirshResult> {
-    const timeout = this.timeoutMs ?? timeoutMs
-    return new Promise((resolve) => {
-      execFile(
-        this.binary,
-        ['-c', this.uri, ...args],
-        { timeout, killSignal: 'SIGKILL', maxBuffer: MAX_OUTPUT, env: { ...process.env, LC_ALL: 'C' } },
-        (err, stdout, stderr) => {
-          const e = err as (NodeJS.ErrnoException & { killed?: boolean; code?: number | string }) | null
-          const code = e ? (typeof e.code === 'number' ? e.code : -1) : 0
-          const timedOut = !!e && e.killed === true
-          const errText = e && typeof e.code === 'string' ? `${this.binary}: ${e.message}` : ''
-          resolve({ code, stdout: String(stdout ?? ''), stderr: String(stderr ?? '') || errText, timedOut })
-        },
-      )
-    })
+  async run(args: string[], timeoutMs = 30_000): Promise<VirshResult> {
+    const r = await exec(this.binary, ['-c', this.uri, ...args], { timeoutMs: this.timeoutMs ?? timeoutMs, maxStdout: MAX_OUTPUT, stderrTail: MAX_OUTPUT, env: { ...process.env, LC_ALL: 'C' } })
+    const errText = r.spawnError ? `${this.binary}: ${r.spawnError.message}` : r.overflow ? `${this.binary}: output over ${MAX_OUTPUT} bytes` : ''
+    return { code: r.code ?? -1, stdout: r.stdout, stderr: (r.spawnError ? '' : r.stderr) || errText, timedOut: r.timedOut }
   }
 
   private async must(code: ErrorCode, what: string, args: string[], timeoutMs?: number): Promise<VirshResult> {

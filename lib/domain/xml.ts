@@ -37,6 +37,7 @@
  */
 import { XMLBuilder } from 'fast-xml-parser'
 import { MigError } from '../errors.ts'
+import { normalizeMac } from '../mac.ts'
 import type { GuestFamily, VmManifest } from '../manifest.ts'
 import type { Plan } from '../plan.ts'
 
@@ -168,16 +169,6 @@ function checkPath(what: string, p: string): string {
     fail(`${what}: not a clean absolute path: ${JSON.stringify(String(p).slice(0, 200))}`)
   }
   return p
-}
-
-/** A lower-case unicast MAC `aa:bb:cc:dd:ee:ff`, or null when `mac` is not one. */
-export function normalizeMac(mac: string | null): string | null {
-  if (mac === null) return null
-  const m = mac.trim().toLowerCase().replace(/-/g, ':')
-  if (!/^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/.test(m)) return null
-  if (parseInt(m.slice(0, 2), 16) & 1) return null // multicast / broadcast
-  if (m === '00:00:00:00:00:00') return null
-  return m
 }
 
 const builder = new XMLBuilder({

@@ -1,7 +1,10 @@
 /**
  * OVF envelope reader (DMTF DSP0243 "Open Virtualization Format Specification", 1.x and 2.0
- * envelopes) and the OVF-to-{@link VmManifest} assembly shared by the `ova_archive` and
- * `ovf_folder` importers.
+ * envelopes) for the `ova_archive` and `ovf_folder` importers: the envelope, hardware section
+ * choice, href checks and each disk's qemu format. Beside it: `ovf-to-vm-manifest.ts` (the
+ * VmManifest assembly), `ovf-manifest.ts` (the `.mf` digests), `cim-os.ts` (CIM OS types),
+ * `gzip-head.ts` (head of a compressed disk), `sniff.ts` (magic bytes) and `xml.ts` (the
+ * namespace-aware tree).
  *
  * Elements and attributes are matched by namespace URI, never by prefix (XML Namespaces 1.0):
  * the OVF envelope namespaces (`…/ovf/envelope/1`, `…/ovf/envelope/2`), the CIM RASD / SASD /
@@ -13,13 +16,13 @@
  * character references are refused, element/attribute names `__proto__`, `constructor`,
  * `prototype` are ignored, and every map is a `Map` or a null-prototype object.
  */
-import { gunzipSync, constants as zconst } from 'node:zlib'
 import * as posix from 'node:path/posix'
 import { MigError } from '../errors.ts'
+import { normalizeMac } from '../mac.ts'
 import { malformed } from './io.ts'
-import { decodeXmlText, parseOrderedXml, UNSAFE_MARK, UNSAFE_NAMES } from './xml.ts'
-import type { ManifestVerification } from './ovf-manifest.ts'
-import { guestFamilyOf, type ControllerBus, type DiskFormat, type DiskSource, type GuestFamily, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
+import { sniffDiskFormat } from './sniff.ts'
+import { attr, kid, kids, parseNamespacedXml, textOf, type XEl } from './xml.ts'
+import type { DiskFormat } from '../manifest.ts'
 
 /** Largest OVF descriptor accepted, bytes (4 MiB). */
 export const MAX_DESCRIPTOR_BYTES = 4 * 1024 * 1024
@@ -43,8 +46,16 @@ export const NS = {
   xml: 'http://www.w3.org/XML/1998/namespace',
 } as const
 
-const OVF_NS: readonly string[] = [NS.ovf1, NS.ovf2]
-const CIM_ITEM_NS: readonly string[] = [NS.rasd, NS.sasd, NS.epasd]
+/** The OVF envelope namespaces (1.x and 2.x). */
+export const OVF_NS: readonly string[] = [NS.ovf1, NS.ovf2]
+/** The CIM namespaces of VirtualHardwareSection items (RASD, SASD, EPASD). */
+export const CIM_ITEM_NS: readonly string[] = [NS.rasd, NS.sasd, NS.epasd]
+
+/** Parses a descriptor into the namespace-resolved tree (`xml.ts`), refusing one over {@link MAX_DESCRIPTOR_BYTES}. */
+function parseXml(xml: string, label: string): XEl {
+  if (xml.length > MAX_DESCRIPTOR_BYTES) throw malformed(label, `descriptor larger than ${MAX_DESCRIPTOR_BYTES} bytes`)
+  return parseNamespacedXml(xml, label)
+}
 
 // ---------------------------------------------------------------------------------------------
 // Public types
@@ -145,106 +156,10 @@ export interface OvfEnvelope {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Minimal namespace-aware DOM over fast-xml-parser's ordered output
-
-interface XAttr { ns: string; local: string; value: string }
-interface XEl { ns: string; local: string; attrs: XAttr[]; children: XEl[]; text: string }
-
-
-function splitQName(q: string): [string | null, string] {
-  const i = q.indexOf(':')
-  return i < 0 ? [null, q] : [q.slice(0, i), q.slice(i + 1)]
-}
-
-/** Builds the namespace-resolved tree from fast-xml-parser's `preserveOrder` output. */
-function buildTree(nodes: unknown[], scope: Map<string, string>, label: string, depth: number): XEl[] {
-  const out: XEl[] = []
-  if (depth > 200) throw malformed(label, 'XML nested too deeply')
-  for (const node of nodes) {
-    if (!node || typeof node !== 'object') continue
-    const keys = Object.keys(node).filter((k) => k !== ':@' && k !== '#text' && k !== '#cdata')
-    if (keys.length !== 1) continue
-    const qname = keys[0]!
-    if (qname.startsWith(UNSAFE_MARK) || qname.startsWith('?') || qname.startsWith('!')) continue
-    const rawAttrs = ((node as Record<string, unknown>)[':@'] ?? {}) as Record<string, unknown>
-    // Namespace declarations of this element.
-    let local = scope
-    for (const [k, v] of Object.entries(rawAttrs)) {
-      if (typeof v !== 'string') continue
-      if (k === 'xmlns' || k.startsWith('xmlns:')) {
-        if (local === scope) local = new Map(scope)
-        local.set(k === 'xmlns' ? '' : k.slice(6), decodeXmlText(v, label))
-      }
-    }
-    const [prefix, lname] = splitQName(qname)
-    const ns = prefix === null ? (local.get('') ?? '') : local.get(prefix)
-    if (ns === undefined) throw malformed(label, `undeclared namespace prefix ${JSON.stringify(prefix)} on element ${JSON.stringify(qname)}`)
-    const attrs: XAttr[] = []
-    for (const [k, v] of Object.entries(rawAttrs)) {
-      if (typeof v !== 'string' || k === 'xmlns' || k.startsWith('xmlns:') || k.startsWith(UNSAFE_MARK)) continue
-      const [ap, al] = splitQName(k)
-      if (UNSAFE_NAMES.has(al)) continue
-      let ans = ''
-      if (ap === 'xml') ans = NS.xml
-      else if (ap !== null) {
-        const u = local.get(ap)
-        if (u === undefined) throw malformed(label, `undeclared namespace prefix ${JSON.stringify(ap)} on attribute ${JSON.stringify(k)}`)
-        ans = u
-      }
-      attrs.push({ ns: ans, local: al, value: decodeXmlText(v, label) })
-    }
-    const kids = (node as Record<string, unknown>)[qname]
-    const children: XEl[] = []
-    let text = ''
-    if (Array.isArray(kids)) {
-      for (const k of kids) {
-        if (k && typeof k === 'object') {
-          const t = (k as Record<string, unknown>)['#text']
-          if (typeof t === 'string' || typeof t === 'number') text += decodeXmlText(String(t), label)
-          const c = (k as Record<string, unknown>)['#cdata']
-          if (Array.isArray(c)) for (const ct of c) if (ct && typeof (ct as Record<string, unknown>)['#text'] === 'string') text += (ct as Record<string, string>)['#text']
-        }
-      }
-      children.push(...buildTree(kids, local, label, depth + 1))
-    }
-    if (UNSAFE_NAMES.has(lname)) continue
-    out.push({ ns, local: lname, attrs, children, text: text.trim() })
-  }
-  return out
-}
-
-/**
- * Parses XML text into the namespace-resolved tree. Refuses DOCTYPE (and so any entity
- * declaration), malformed XML, undeclared prefixes, non-predefined entities.
- */
-function parseXml(xml: string, label: string): XEl {
-  if (xml.length > MAX_DESCRIPTOR_BYTES) throw malformed(label, `descriptor larger than ${MAX_DESCRIPTOR_BYTES} bytes`)
-  const raw = parseOrderedXml(xml, label, { trim: true, cdata: true, maxNestedTags: 200 })
-  const roots = buildTree(raw, new Map([['xml', NS.xml]]), label, 0)
-  if (roots.length !== 1) throw malformed(label, `expected one root element, found ${roots.length}`)
-  return roots[0]!
-}
-
-function attr(el: XEl, nss: readonly string[], local: string, unqualifiedFallback = true): string | null {
-  for (const a of el.attrs) if (a.local === local && nss.includes(a.ns)) return a.value
-  if (unqualifiedFallback) for (const a of el.attrs) if (a.local === local && a.ns === '') return a.value
-  return null
-}
-function kids(el: XEl, nss: readonly string[] | null, local: string): XEl[] {
-  return el.children.filter((c) => c.local === local && (nss === null || nss.includes(c.ns)))
-}
-function kid(el: XEl, nss: readonly string[] | null, local: string): XEl | null {
-  return el.children.find((c) => c.local === local && (nss === null || nss.includes(c.ns))) ?? null
-}
-function textOf(el: XEl | null): string | null {
-  if (!el) return null
-  return el.text === '' ? null : el.text
-}
-
-// ---------------------------------------------------------------------------------------------
 // Numbers and units
 
-function parseCount(s: string | null, label: string, what: string): number | null {
+/** A non-negative integer count from descriptor text, null when absent. `E_MIG_MALFORMED_ARCHIVE` naming `what`. */
+export function parseCount(s: string | null, label: string, what: string): number | null {
   if (s === null) return null
   const t = s.trim()
   if (!/^[0-9]{1,16}$/.test(t) || Number(t) > Number.MAX_SAFE_INTEGER) throw malformed(label, `${what}: not a non-negative integer: ${JSON.stringify(t.slice(0, 40))}`)
@@ -283,7 +198,8 @@ export function allocationUnitsMultiplier(units: string | null | undefined, dflt
   return mult
 }
 
-function bytesOf(qty: number, mult: number, label: string, what: string): number {
+/** `qty * mult` bytes, checked to stay a safe integer. `E_MIG_MALFORMED_ARCHIVE` naming `what`. */
+export function bytesOf(qty: number, mult: number, label: string, what: string): number {
   const v = qty * mult
   if (!Number.isSafeInteger(v)) throw malformed(label, `${what}: ${qty} x ${mult} bytes is out of range`)
   return v
@@ -343,13 +259,6 @@ function parseHardwareSection(el: XEl, label: string): OvfHardwareSection {
     }
   }
   return { id: attr(el, OVF_NS, 'id'), systemTypes, items, config }
-}
-
-function normalizeMac(s: string | null | undefined): string | null {
-  if (!s) return null
-  const hex = s.trim().replace(/[:\-.\s]/g, '')
-  if (!/^[0-9a-fA-F]{12}$/.test(hex)) return null
-  return hex.toLowerCase().match(/../g)!.join(':')
 }
 
 function parseVboxMachine(el: XEl): OvfVboxMachine {
@@ -562,39 +471,6 @@ export function pickHardwareSection(env: OvfEnvelope): OvfHardwareSection {
   return pick
 }
 
-/** CIM_OperatingSystem.OSType ValueMap (CIM schema 2.52, values 0-120): description and family. */
-const CIM_OS: readonly string[] = [
-  'Unknown', 'Other', 'MACOS', 'ATTUNIX', 'DGUX', 'DECNT', 'Tru64 UNIX', 'OpenVMS', 'HPUX', 'AIX',
-  'MVS', 'OS400', 'OS/2', 'JavaVM', 'MSDOS', 'WIN3x', 'WIN95', 'WIN98', 'WINNT', 'WINCE',
-  'NCR3000', 'NetWare', 'OSF', 'DC/OS', 'Reliant UNIX', 'SCO UnixWare', 'SCO OpenServer', 'Sequent', 'IRIX', 'Solaris',
-  'SunOS', 'U6000', 'ASERIES', 'HP NonStop OS', 'HP NonStop OSS', 'BS2000', 'LINUX', 'Lynx', 'XENIX', 'VM',
-  'Interactive UNIX', 'BSDUNIX', 'FreeBSD', 'NetBSD', 'GNU Hurd', 'OS9', 'MACH Kernel', 'Inferno', 'QNX', 'EPOC',
-  'IxWorks', 'VxWorks', 'MiNT', 'BeOS', 'HP MPE', 'NextStep', 'PalmPilot', 'Rhapsody', 'Windows 2000', 'Dedicated',
-  'OS/390', 'VSE', 'TPF', 'Windows (R) Me', 'Caldera Open UNIX', 'OpenBSD', 'Not Applicable', 'Windows XP', 'z/OS', 'Microsoft Windows Server 2003',
-  'Microsoft Windows Server 2003 64-Bit', 'Windows XP 64-Bit', 'Windows XP Embedded', 'Windows Vista', 'Windows Vista 64-Bit', 'Windows Embedded for Point of Service', 'Microsoft Windows Server 2008', 'Microsoft Windows Server 2008 64-Bit', 'FreeBSD 64-Bit', 'RedHat Enterprise Linux',
-  'RedHat Enterprise Linux 64-Bit', 'Solaris 64-Bit', 'SUSE', 'SUSE 64-Bit', 'SLES', 'SLES 64-Bit', 'Novell OES', 'Novell Linux Desktop', 'Sun Java Desktop System', 'Mandriva',
-  'Mandriva 64-Bit', 'TurboLinux', 'TurboLinux 64-Bit', 'Ubuntu', 'Ubuntu 64-Bit', 'Debian', 'Debian 64-Bit', 'Linux 2.4.x', 'Linux 2.4.x 64-Bit', 'Linux 2.6.x',
-  'Linux 2.6.x 64-Bit', 'Linux 64-Bit', 'Other 64-Bit', 'Microsoft Windows Server 2008 R2', 'VMware ESXi', 'Microsoft Windows 7', 'CentOS 32-bit', 'CentOS 64-bit', 'Oracle Linux 32-bit', 'Oracle Linux 64-bit',
-  'eComStation 32-bitx', 'Microsoft Windows Server 2011', 'Microsoft Windows Server 2012', 'Microsoft Windows 8', 'Microsoft Windows 8 64-bit', 'Microsoft Windows Server 2012 R2', 'Microsoft Windows 8.1', 'Microsoft Windows 8.1 64-bit', 'Microsoft Windows Server 2016', 'Microsoft Windows 10',
-  'Microsoft Windows 10 64-bit',
-]
-const CIM_WINDOWS = new Set([5, 15, 16, 17, 18, 19, 58, 63, 67, 69, 70, 71, 72, 73, 74, 75, 76, 77, 103, 105, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120])
-const CIM_LINUX = new Set([36, 79, 80, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 106, 107, 108, 109])
-
-/**
- * Description and guest family of a CIM_OperatingSystem OSType value (the OVF
- * OperatingSystemSection `ovf:id`): Windows ids (WIN3x..Windows 10 64-bit), Linux ids (LINUX,
- * RHEL, SUSE, Ubuntu, Debian, Linux 2.x, CentOS, Oracle Linux, ...), other known ids `other`,
- * 0 / 66 / unknown numbers `unknown`.
- */
-export function cimOsType(id: number): { name: string | null; family: GuestFamily } {
-  const name = CIM_OS[id] ?? null
-  if (CIM_WINDOWS.has(id)) return { name, family: 'windows' }
-  if (CIM_LINUX.has(id)) return { name, family: 'linux' }
-  if (name === null || id === 0 || id === 66) return { name, family: 'unknown' }
-  return { name, family: 'other' }
-}
-
 /**
  * qemu format of a DiskSection `ovf:format` URI: VMware's `…/vmdk.html#streamOptimized` (and
  * `#sparse`, `#monolithicSparse`, `#compressed`) is `vmdk`; qcow URIs `qcow2`; VHDX `vhdx`; VHD
@@ -610,44 +486,6 @@ export function diskFormatFromUri(uri: string | null): DiskFormat | null {
   if (/\bvhd\b|vhd\.|#vhd|virtualhd|bb676673|linkid=137171/.test(u)) return 'vpc'
   if (/\braw\b/.test(u)) return 'raw'
   return null
-}
-
-/**
- * Disk format from magic bytes at the start of the data (qemu's probes): `KDMV` or
- * `# Disk DescriptorFile` VMDK, `QFI\xfb` qcow2, `vhdxfile` VHDX, `conectix` VHD (dynamic disks
- * carry a footer copy at offset 0; fixed ones only at the end: pass `tail`, the last 512 bytes),
- * VDI signature `0xbeda107f` at 0x40. Returns null when none matches (raw or unknown).
- */
-export function sniffDiskFormat(head: Uint8Array, tail?: Uint8Array): DiskFormat | null {
-  const b = Buffer.from(head.buffer, head.byteOffset, head.byteLength)
-  if (b.length >= 4 && b.toString('latin1', 0, 4) === 'KDMV') return 'vmdk'
-  if (b.length >= 20 && b.toString('latin1', 0, 20) === '# Disk DescriptorFile') return 'vmdk'
-  if (b.length >= 4 && b[0] === 0x51 && b[1] === 0x46 && b[2] === 0x49 && b[3] === 0xfb) return 'qcow2'
-  if (b.length >= 8 && b.toString('latin1', 0, 8) === 'vhdxfile') return 'vhdx'
-  if (b.length >= 8 && b.toString('latin1', 0, 8) === 'conectix') return 'vpc'
-  if (b.length >= 0x44 && b.readUInt32LE(0x40) === 0xbeda107f) return 'vdi'
-  if (tail && tail.length >= 8 && Buffer.from(tail.buffer, tail.byteOffset, 8).toString('latin1') === 'conectix') return 'vpc'
-  return null
-}
-
-/**
- * First bytes (at most 64 KiB) of a gzip member (`ovf:compression="gzip"`): inflates growing
- * prefixes of the compressed data (512 B .. 64 KiB) until at least 512 bytes come out, each
- * attempt capped at 16 MiB of output (deflate expands at most ~1032:1). Empty when it cannot
- * be inflated.
- */
-export function inflateHead(gz: Uint8Array): Buffer {
-  let best = Buffer.alloc(0)
-  for (const n of [512, 2048, 8192, 32768, 65536]) {
-    try {
-      const out = gunzipSync(gz.subarray(0, n), { finishFlush: zconst.Z_SYNC_FLUSH, maxOutputLength: 16 * 1024 * 1024 })
-      if (out.length > best.length) best = out.subarray(0, 64 * 1024)
-      if (out.length >= 512 || n >= gz.length) break
-    } catch {
-      break
-    }
-  }
-  return best
 }
 
 /**
@@ -678,293 +516,6 @@ export function checkHref(href: string, label: string): string {
   const norm = posix.normalize(href)
   if (norm === '.' || norm.startsWith('../') || norm === '..') throw reject('does not name a file')
   return norm
-}
-
-// ---------------------------------------------------------------------------------------------
-// Manifest assembly
-
-/** How an importer located one References/File: the manifest DiskSource, qemu format, and (for `ovf:/file/` disks without a DiskSection entry) a capacity. */
-export interface ResolvedOvfFile {
-  source: DiskSource
-  disk_format: DiskFormat
-  capacity_bytes?: number
-}
-
-/** One disk of the chosen hardware section with its DiskSection entry and File. */
-export interface OvfDiskRef {
-  item: OvfItem
-  disk: OvfDisk | null
-  file: OvfFile
-}
-
-/**
- * Applies a verified `.mf` (see `verifyOvfManifest`) to the resolved disk files of an OVF
- * package (OVA or folder alike): a digest deferred from inspect (file over 64 MiB) goes to the
- * file's `DiskSource.digest`, to be checked when the disk is copied; a chunked file's deferred
- * chunk digests and a file the manifest does not list get a warning in `warnings`.
- * `mfName` names the manifest in the warnings. Throws what {@link checkHref} throws.
- */
-export function attachManifestDigests(
-  refs: readonly OvfDiskRef[],
-  sources: Map<string, ResolvedOvfFile>,
-  listedNames: ReadonlySet<string>,
-  deferred: ManifestVerification['deferred'],
-  mfName: string,
-  label: string,
-  warnings: string[],
-): void {
-  for (const { file } of refs) {
-    const rel = checkHref(file.href, label)
-    const src = sources.get(file.id)!
-    if (file.chunkSize !== null) {
-      const big = [...deferred.keys()].filter((n) => n.startsWith(`${rel}.`))
-      if (big.length) warnings.push(`${file.href}: ${big.length} chunk digest(s) over 64 MiB are not verified at inspect`)
-      continue
-    }
-    const d = deferred.get(rel)
-    if (d) src.source.digest = { algorithm: d.algorithm, hex: d.hex }
-    if (!listedNames.has(rel)) warnings.push(`${file.href}: not listed in the manifest ${mfName}; not verified`)
-  }
-}
-
-function itemApplies(env: OvfEnvelope, it: OvfItem): boolean {
-  if (it.bound !== null && it.bound !== 'normal') return false
-  if (it.configuration === null) return true
-  return env.defaultConfiguration !== null && it.configuration.includes(env.defaultConfiguration)
-}
-
-const DISK_TYPES = new Set([17, 19, 31])
-
-/**
- * Disks of `section` that have data (HostResource `ovf:/disk/<id>` with a fileRef, or
- * `ovf:/file/<id>`; VirtualBox's `/disk/<id>` spelling too), in section order, plus warnings for
- * disks without data (new empty disks) that are left out.
- *
- * @throws E_MIG_MALFORMED_ARCHIVE a HostResource naming no Disk or File.
- */
-export function ovfDiskRefs(env: OvfEnvelope, section: OvfHardwareSection, label = 'OVF'): { refs: OvfDiskRef[]; warnings: string[] } {
-  const refs: OvfDiskRef[] = []
-  const warnings: string[] = []
-  const diskById = new Map(env.disks.map((d) => [d.diskId, d]))
-  const fileById = new Map(env.files.map((f) => [f.id, f]))
-  for (const it of section.items) {
-    if (!DISK_TYPES.has(it.resourceType) || !itemApplies(env, it)) continue
-    const name = it.elementName ?? `item ${it.instanceId}`
-    const hr = it.hostResource[0]
-    if (hr === undefined) {
-      if (it.resourceType === 17) warnings.push(`${name}: no HostResource (an empty disk to create); not imported`)
-      continue
-    }
-    const m = /^(?:ovf:)?\/?(disk|file)\/(.+)$/.exec(hr.trim())
-    if (!m) {
-      warnings.push(`${name}: HostResource ${JSON.stringify(hr.slice(0, 80))} is not ovf:/disk/ or ovf:/file/; not imported`)
-      continue
-    }
-    if (m[1] === 'disk') {
-      const disk = diskById.get(m[2]!)
-      if (!disk) throw malformed(label, `${name}: HostResource ${hr} names no DiskSection disk`)
-      if (disk.fileRef === null) {
-        warnings.push(`${name}: disk ${disk.diskId} has no ovf:fileRef (an empty disk to create); not imported`)
-        continue
-      }
-      if (disk.parentRef !== null) warnings.push(`${name}: disk ${disk.diskId} is a delta of ${disk.parentRef}; only its own file is imported`)
-      refs.push({ item: it, disk, file: fileById.get(disk.fileRef)! })
-    } else {
-      const file = fileById.get(m[2]!)
-      if (!file) throw malformed(label, `${name}: HostResource ${hr} names no References/File`)
-      refs.push({ item: it, disk: null, file })
-    }
-  }
-  return { refs, warnings }
-}
-
-/**
- * Bus of a controller item: ResourceType 5 IDE, 6 SCSI (lsilogic, lsilogicsas, VirtualSCSI,
- * buslogic), 20 "other storage" by ResourceSubType (AHCI = sata, `vmware.nvme.controller` = nvme).
- */
-export function controllerBus(c: OvfItem): ControllerBus {
-  const sub = (c.resourceSubType ?? '').toLowerCase()
-  if (c.resourceType === 5) return 'ide'
-  if (c.resourceType === 6) return 'scsi'
-  if (c.resourceType === 20) {
-    if (sub.includes('nvme')) return 'nvme'
-    if (sub.includes('ahci') || sub.includes('sata')) return 'sata'
-    if (sub.includes('virtio')) return 'virtio'
-    if (sub.includes('ide') || sub.includes('piix')) return 'ide'
-    if (sub.includes('scsi') || sub.includes('lsi') || sub.includes('buslogic')) return 'scsi'
-  }
-  return 'unknown'
-}
-
-/** Options of {@link ovfToManifest}. */
-export interface OvfToManifestOptions {
-  sourceFormat: 'ova_archive' | 'ovf_folder'
-  /** Section to use (default {@link pickHardwareSection}). */
-  section?: OvfHardwareSection
-  /** Every File id used by {@link ovfDiskRefs} resolved by the importer. */
-  sources: Map<string, ResolvedOvfFile>
-  /** Importer warnings to carry (first). */
-  warnings?: string[]
-  /** Name when the descriptor gives none (e.g. the descriptor's base name). */
-  fallbackName?: string
-  label?: string
-}
-
-/**
- * Builds the {@link VmManifest} of an OVF package (shared by the OVA and OVF-folder importers).
- *
- * - disks: data-bearing disks of the hardware section in its order; bus from the parent
- *   controller item (5 IDE, 6 SCSI, 20 AHCI = sata / `vmware.nvme.controller` = nvme);
- *   `address` is `"<controller index>:<AddressOnParent>"`, the controller index being its
- *   `rasd:Address` (else its rank among controllers of the same bus); capacity in bytes from the
- *   DiskSection (`ovf:/file/` disks use the importer's `capacity_bytes`); allocated bytes from
- *   `ovf:populatedSize`.
- * - cpu: ResourceType 3 VirtualQuantity and `vmw:CoresPerSocket`; memory: ResourceType 4
- *   VirtualQuantity x AllocationUnits (default MiB).
- * - guest: `vmw:osType`, else VirtualBox OSType, else the CIM OsType table ({@link cimOsType}).
- * - NICs: ResourceType 10 items (items of non-default deployment options and `ovf:bound`
- *   min/max items skipped); MAC from `rasd:Address` lower-cased, else from the enabled adapters
- *   of an embedded `vbox:Machine`, else null.
- * - firmware: `vmw:Config firmware=efi`, else `vbox:Machine` Firmware, else BIOS; secure boot
- *   from `uefi.secureBoot.enabled` / `bootOptions.efiSecureBootEnabled`.
- *
- * @throws E_MIG_MALFORMED_ARCHIVE a disk file not resolved, bad quantities, an image whose header
- *   virtual size (VMDK sparse/qcow2 header, or a raw file's size) exceeds its DiskSection capacity
- *   (a smaller image is grown to the capacity, with a warning).
- */
-export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmManifest {
-  const label = opts.label ?? 'OVF'
-  const section = opts.section ?? pickHardwareSection(env)
-  const warnings = [...(opts.warnings ?? []), ...env.warnings]
-  if (env.virtualSystem.hardwareSections.length > 1) warnings.push(`${env.virtualSystem.hardwareSections.length} VirtualHardwareSections; using the one of type ${section.systemTypes.join(' ') || '(none)'}`)
-  const items = section.items.filter((it) => itemApplies(env, it))
-  const byId = new Map<string, OvfItem>()
-  for (const it of items) if (it.instanceId !== '' && !byId.has(it.instanceId)) byId.set(it.instanceId, it)
-
-  // CPU
-  const cpuItem = items.find((i) => i.resourceType === 3)
-  let count = 1
-  let cores = 1
-  if (cpuItem?.virtualQuantity != null) count = parseCount(cpuItem.virtualQuantity, label, 'CPU VirtualQuantity')!
-  else warnings.push('no CPU item; assuming 1 vCPU')
-  if (count < 1 || count > 4096) throw malformed(label, `CPU VirtualQuantity ${count} out of range`)
-  if (cpuItem?.coresPerSocket != null) {
-    if (cpuItem.coresPerSocket >= 1 && count % cpuItem.coresPerSocket === 0) cores = cpuItem.coresPerSocket
-    else warnings.push(`vmw:CoresPerSocket ${cpuItem.coresPerSocket} does not divide ${count} vCPUs; using 1`)
-  }
-
-  // Memory
-  const memItem = items.find((i) => i.resourceType === 4)
-  let memory = 0
-  if (memItem?.virtualQuantity != null) {
-    const q = parseCount(memItem.virtualQuantity, label, 'memory VirtualQuantity')!
-    memory = bytesOf(q, allocationUnitsMultiplier(memItem.allocationUnits, 2 ** 20, `${label}: memory`), label, 'memory')
-  } else warnings.push('no memory item; memory size unknown')
-
-  // Guest OS
-  const os = env.virtualSystem.os
-  const cim = os.cimId !== null ? cimOsType(os.cimId) : null
-  const vendorId = os.vmwOsType ?? os.vboxOsType
-  let family: GuestFamily = guestFamilyOf(vendorId)
-  if (family === 'unknown' && cim) family = cim.family
-  if (family === 'unknown') family = guestFamilyOf(os.description)
-  const guestId = vendorId ?? cim?.name ?? os.description ?? null
-
-  // Firmware
-  const cfg = section.config
-  let firmware: 'bios' | 'efi' = 'bios'
-  const fw = cfg.get('firmware')?.toLowerCase()
-  if (fw === 'efi') firmware = 'efi'
-  else if (fw === undefined && env.virtualSystem.vbox?.firmware === 'efi') firmware = 'efi'
-  const sbText = (cfg.get('uefi.secureBoot.enabled') ?? cfg.get('bootOptions.efiSecureBootEnabled') ?? '').toLowerCase()
-  const secure_boot = firmware === 'efi' && (sbText === 'true' || sbText === '1')
-
-  // Disks
-  const { refs, warnings: dw } = ovfDiskRefs(env, section, label)
-  warnings.push(...dw)
-  const ctrlRank = new Map<string, number>()
-  const busCount = new Map<ControllerBus, number>()
-  for (const it of items) {
-    if (![5, 6, 20].includes(it.resourceType)) continue
-    const bus = controllerBus(it)
-    const n = busCount.get(bus) ?? 0
-    busCount.set(bus, n + 1)
-    const a = it.address !== null && /^[0-9]{1,4}$/.test(it.address) ? Number(it.address) : n
-    ctrlRank.set(it.instanceId, a)
-  }
-  const labels = new Set<string>()
-  const disks: ManifestDisk[] = []
-  const perCtrl = new Map<string, number>()
-  for (const r of refs) {
-    const resolved = opts.sources.get(r.file.id)
-    if (!resolved) throw malformed(label, `File ${r.file.href} (ovf:id ${r.file.id}) was not resolved`)
-    const parent = r.item.parent !== null ? byId.get(r.item.parent) : undefined
-    let controller: ControllerBus = 'unknown'
-    let ctrlIndex = 0
-    if (parent && [5, 6, 20].includes(parent.resourceType)) {
-      controller = controllerBus(parent)
-      ctrlIndex = ctrlRank.get(parent.instanceId) ?? 0
-    } else if (r.item.parent !== null) warnings.push(`${r.item.elementName ?? r.file.href}: Parent ${r.item.parent} is not a disk controller`)
-    const key = parent?.instanceId ?? ''
-    const seq = perCtrl.get(key) ?? 0
-    perCtrl.set(key, seq + 1)
-    const unit = r.item.addressOnParent !== null && /^[0-9]{1,4}$/.test(r.item.addressOnParent) ? Number(r.item.addressOnParent) : seq
-    let lbl = r.item.elementName ?? r.disk?.diskId ?? r.file.href
-    for (let n = 2; labels.has(lbl); n++) lbl = `${r.item.elementName ?? r.disk?.diskId ?? r.file.href} (${n})`
-    labels.add(lbl)
-    const capacity = r.disk ? r.disk.capacity : resolved.capacity_bytes
-    if (capacity === undefined) throw malformed(label, `${lbl}: capacity unknown`)
-    if (r.disk && resolved.capacity_bytes !== undefined && resolved.capacity_bytes !== r.disk.capacity) {
-      // The destination volume is sized from the DiskSection: an image larger than that does not fit.
-      if (resolved.capacity_bytes > r.disk.capacity) {
-        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${lbl}: DiskSection ovf:capacity is ${r.disk.capacity} bytes but ${r.file.href} holds a ${resolved.capacity_bytes}-byte image: the data does not fit the declared capacity`, { details: { file: r.file.href, declared: r.disk.capacity, image: resolved.capacity_bytes } })
-      }
-      warnings.push(`${lbl}: ${r.file.href} is a ${resolved.capacity_bytes}-byte image; the disk is grown to the declared ovf:capacity of ${r.disk.capacity} bytes`)
-    }
-    const d: ManifestDisk = {
-      label: lbl,
-      capacity_bytes: capacity,
-      disk_format: resolved.disk_format,
-      source: resolved.source,
-      controller,
-      address: `${ctrlIndex}:${unit}`,
-    }
-    if (r.disk?.populatedSize != null) d.allocated_bytes = r.disk.populatedSize
-    disks.push(d)
-  }
-
-  // NICs
-  const nics: ManifestNic[] = []
-  const vboxMacs = [...(env.virtualSystem.vbox?.macs ?? [])]
-  let nicN = 0
-  for (const it of items) {
-    if (it.resourceType !== 10) continue
-    nicN++
-    let mac = normalizeMac(it.address)
-    if (it.address && !mac) warnings.push(`${it.elementName ?? `NIC ${nicN}`}: Address ${JSON.stringify(it.address.slice(0, 40))} is not a MAC address`)
-    const vboxMac = vboxMacs.shift()
-    if (!mac && vboxMac) mac = vboxMac
-    nics.push({
-      label: it.elementName ?? `Ethernet ${nicN}`,
-      mac,
-      model: (it.resourceSubType ?? 'e1000').toLowerCase(),
-      network: it.connection[0] ?? null,
-    })
-  }
-
-  return {
-    name: env.virtualSystem.name ?? env.virtualSystem.id ?? opts.fallbackName ?? 'vm',
-    source_format: opts.sourceFormat,
-    guest_os: { family, id: guestId },
-    firmware,
-    secure_boot,
-    cpu: { count, cores_per_socket: cores },
-    memory_bytes: memory,
-    disks,
-    nics,
-    cbt_available: false,
-    warnings,
-  }
 }
 
 /**

@@ -10,10 +10,11 @@
  */
 import { realpath, stat } from 'node:fs/promises'
 import * as nodePath from 'node:path'
+import { u64be } from '../bytes.ts'
 import { MigError } from '../errors.ts'
 import { malformed, openRead, readAt } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
-import type { InspectContext } from '../importers/types.ts'
+import type { InspectContext } from '../contracts/inspect.ts'
 
 /** The qcow magic, `QFI\xfb`, shared by legacy qcow (v1) and qcow2 (v2, v3). */
 export const QCOW_MAGIC = 0x514649fb
@@ -74,12 +75,6 @@ export interface Qcow2Header {
   extended_l2: boolean
   compression_type: 'zlib' | 'zstd'
   file_size: number
-}
-
-/** Big-endian u64 as a number; null when it exceeds 2^53 - 1. */
-function u64(buf: Buffer, at: number): number | null {
-  const v = buf.readBigUInt64BE(at)
-  return v > BigInt(Number.MAX_SAFE_INTEGER) ? null : Number(v)
 }
 
 const hex = (v: bigint): string => `0x${v.toString(16)}`
@@ -145,7 +140,7 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
 
   // L1 table: enough entries to map the virtual size, inside the file, cluster aligned.
   const l1_size = buf.readUInt32BE(36)
-  const l1Off = u64(buf, 40)
+  const l1Off = u64be(buf, 40)
   if (l1Off === null) throw malformed(file, 'L1 table offset beyond 2^53')
   const l2Entries = cluster_size / (extended_l2 ? 16 : 8)
   const bytesPerL1 = cluster_size * l2Entries
@@ -158,7 +153,7 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
   }
 
   // Refcount table: aligned, bounded (qemu: 8 MiB), inside the file.
-  const rtOff = u64(buf, 48)
+  const rtOff = u64be(buf, 48)
   const refcount_table_clusters = buf.readUInt32BE(56)
   if (rtOff === null || rtOff % cluster_size !== 0 || rtOff === 0) throw malformed(file, `bad refcount table offset ${rtOff ?? 'over 2^53'}`)
   if (refcount_table_clusters === 0 || refcount_table_clusters * cluster_size > 8 * 1024 * 1024) throw malformed(file, `bad refcount table size ${refcount_table_clusters} clusters`)
@@ -166,13 +161,13 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
 
   // Snapshot table: bounded count (qemu QCOW_MAX_SNAPSHOTS), aligned, inside the file.
   const nb_snapshots = buf.readUInt32BE(60)
-  const snOff = u64(buf, 64)
+  const snOff = u64be(buf, 64)
   if (nb_snapshots > 65536) throw malformed(file, `${nb_snapshots} snapshots exceeds 65536`)
   if (snOff === null) throw malformed(file, 'snapshot table offset beyond 2^53')
   if (nb_snapshots > 0 && (snOff % cluster_size !== 0 || snOff === 0 || snOff >= fileSize)) throw malformed(file, `snapshot table offset ${snOff} invalid`)
 
   // Backing file name: inside the header cluster, at most 1023 bytes.
-  const bfOff = u64(buf, 8)
+  const bfOff = u64be(buf, 8)
   const bfSize = buf.readUInt32BE(16)
   let backing_file: string | null = null
   if (bfOff === null) throw malformed(file, 'backing file offset beyond 2^53')

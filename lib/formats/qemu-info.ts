@@ -12,7 +12,7 @@
  * Security note: with `backingChain: true` qemu opens every backing file it names, wherever it
  * is; confine the chain first (e.g. `resolveQcow2BackingChain`) before asking for it.
  */
-import { spawn } from 'node:child_process'
+import { exec, type ExecResult } from '../exec.ts'
 import { MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
 
@@ -115,52 +115,19 @@ function toInfo(o: unknown): QemuImgInfo | null {
   }
 }
 
-interface RunResult {
-  code: number | null
-  stdout: string
-  stderr: string
-}
-
-/** Runs `bin args` with a time limit and output caps; rejects with E_MIG_* codes. */
-function runBounded(bin: string, args: string[], label: string, timeoutMs: number, what = 'qemu-img info'): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    let settled = false
-    const out: Buffer[] = []
-    const err: Buffer[] = []
-    let outLen = 0
-    let errLen = 0
-    const child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] })
-    const finish = (fn: () => void): void => {
-      if (settled) return
-      settled = true
-      clearTimeout(timer)
-      fn()
-    }
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL')
-      finish(() => reject(new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${what} did not finish within ${timeoutMs} ms`)))
-    }, timeoutMs)
-    child.stdout!.on('data', (b: Buffer) => {
-      outLen += b.length
-      if (outLen > QEMU_INFO_STDOUT_CAP) {
-        child.kill('SIGKILL')
-        finish(() => reject(new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${what} printed more than ${QEMU_INFO_STDOUT_CAP} bytes`)))
-        return
-      }
-      out.push(b)
-    })
-    child.stderr!.on('data', (b: Buffer) => {
-      if (errLen < 64 * 1024) err.push(b)
-      errLen += b.length
-    })
-    child.on('error', (e: NodeJS.ErrnoException) => {
-      if (e.code === 'ENOENT') finish(() => reject(new MigError('E_MIG_INTERNAL', `qemu-img is not installed (${bin} not found)`, { cause: e })))
-      else finish(() => reject(new MigError('E_MIG_INTERNAL', `cannot run ${bin}: ${e.message}`, { cause: e })))
-    })
-    child.on('close', (code) => {
-      finish(() => resolve({ code, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') }))
-    })
-  })
+/**
+ * Runs `bin args` (lib/exec.ts) with a time limit (SIGKILL) and a stdout cap; resolves with the
+ * exit status and output. Rejects with `E_MIG_MALFORMED_ARCHIVE` (time limit, oversized output)
+ * or `E_MIG_INTERNAL` (qemu-img missing or not startable).
+ */
+async function runBounded(bin: string, args: string[], label: string, timeoutMs: number, what = 'qemu-img info'): Promise<ExecResult> {
+  const r = await exec(bin, args, { timeoutMs, maxStdout: QEMU_INFO_STDOUT_CAP })
+  const e = r.spawnError
+  if (e?.code === 'ENOENT') throw new MigError('E_MIG_INTERNAL', `qemu-img is not installed (${bin} not found)`, { cause: e })
+  if (e) throw new MigError('E_MIG_INTERNAL', `cannot run ${bin}: ${e.message}`, { cause: e })
+  if (r.timedOut) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${what} did not finish within ${timeoutMs} ms`)
+  if (r.overflow) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${what} printed more than ${QEMU_INFO_STDOUT_CAP} bytes`)
+  return r
 }
 
 /** First meaningful line of qemu-img's stderr, without the `qemu-img: ` prefix. */

@@ -7,10 +7,10 @@
  * GNU extensions found in practice: old GNU magic (`"ustar  \0"`), long names `L` / long link
  * names `K`, and base-256 (binary) numeric fields for sizes of 8 GiB and more.
  *
- * The header codec is our own rather than tar-stream's `headers.js`: tar-stream 3's package
- * `exports` map only exposes its root module, so `tar-stream/headers.js` is not importable under
- * Node, and its decoder does not bound PAX records. Every numeric field is checked, every
- * declared size is checked against the file, nothing is allocated from a declared size without a
+ * The header codec is our own rather than a library's: tar-stream (a streaming extractor) cannot
+ * list members by positioned reads, its `headers.js` codec is not importable under Node (its
+ * `exports` map only exposes the root module), and its decoder does not bound PAX records.
+ * Every numeric field is checked, every declared size is checked against the file, nothing is allocated from a declared size without a
  * cap.
  */
 import { createHash } from 'node:crypto'

@@ -17,6 +17,7 @@
 import { stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
+import { normalizeMac } from '../mac.ts'
 import { malformed } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import { guestFamilyOf, sanitizeLabel, type ControllerBus, type DiskFormat, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
@@ -230,8 +231,8 @@ function readAdapters(network: XmlNode | null, label: string, warnings: string[]
     const rawMac = a.attrs.get('MACAddress')
     let mac: string | null = null
     if (rawMac !== undefined) {
-      if (/^[0-9A-Fa-f]{12}$/.test(rawMac)) mac = rawMac.toLowerCase().match(/../g)!.join(':')
-      else warnings.push(`Adapter slot ${slot}: MACAddress ${JSON.stringify(rawMac.slice(0, 40))} is not 12 hex digits: a new MAC is generated`)
+      mac = normalizeMac(rawMac)
+      if (mac === null) warnings.push(`Adapter slot ${slot}: MACAddress ${JSON.stringify(rawMac.slice(0, 40))} is not a unicast MAC address: a new MAC is generated`)
     }
     const type = a.attrs.get('type') ?? 'Am79C973'
     let model = NIC_MODEL[type]
@@ -385,7 +386,7 @@ export async function vboxToManifest(m: VboxMachine, opts: VboxManifestOptions):
     const loc = /^[A-Za-z]:[\\/]/.test(md.location) ? md.location : md.location.replace(/\\/g, '/')
     const abs = resolveInRoot(opts.importRoot, loc, { base, allowUploads: opts.allowUploads })
     const st = await stat(abs).catch(() => null)
-    if (!st || !st.isFile()) {
+    if (!st?.isFile()) {
       throw malformed(m.label, `image ${JSON.stringify(md.location)} of medium {${md.uuid}} does not exist`, { uuid: md.uuid, file: md.location })
     }
     resolved.set(md.uuid, abs)

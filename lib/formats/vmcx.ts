@@ -32,7 +32,9 @@
  * Every count, offset, size, the recursion depth and the file size (4 MiB) are bounded; a value
  * that fails its checksum or points outside its table/file is `E_MIG_MALFORMED_ARCHIVE`.
  */
+import { u64le } from '../bytes.ts'
 import { MigError } from '../errors.ts'
+import { normalizeMac } from '../mac.ts'
 import { malformed } from './io.ts'
 
 /** Largest `.vmcx` accepted, bytes (4 MiB; real files are 30-200 KiB). */
@@ -115,12 +117,6 @@ function hex(n: number): string {
   return '0x' + n.toString(16)
 }
 
-/** u64 as a number; null beyond 2^53. */
-function u64(buf: Buffer, at: number): number | null {
-  const v = buf.readBigUInt64LE(at)
-  return v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : null
-}
-
 interface StorageHeader {
   at: number
   sequence: number
@@ -141,8 +137,8 @@ function readHeader(buf: Buffer, at: number): { header: StorageHeader | null; si
       sequence: buf.readUInt16LE(at + 8),
       version: buf.readUInt32LE(at + 10),
       alignment: buf.readUInt32LE(at + 22),
-      replayLogOffset: u64(buf, at + 26),
-      replayLogSize: u64(buf, at + 34),
+      replayLogOffset: u64le(buf, at + 26),
+      replayLogSize: u64le(buf, at + 34),
     },
   }
 }
@@ -166,7 +162,7 @@ function readObjectTable(buf: Buffer, at: number, label: string): ObjectEntry[] 
     if (crcWithZeroedField(buf, e, OBJECT_ENTRY_SIZE, 1) !== buf.readUInt32LE(e + 1)) throw malformed(label, `object table entry ${i} at ${hex(e)}: checksum mismatch`)
     if (buf[e + 17] === 0) continue
     const type = buf[e]!
-    const offset = u64(buf, e + 5)
+    const offset = u64le(buf, e + 5)
     const size = buf.readUInt32LE(e + 13)
     if (offset === null || offset + size > buf.length) throw malformed(label, `object table entry ${i} (type ${type}) points at ${offset === null ? 'an offset over 2^53' : hex(offset)}+${hex(size)}, outside the file`)
     if (offset < OBJECT_TABLE_OFFSET && type !== 4) throw malformed(label, `object table entry ${i} (type ${type}) points into the headers (${hex(offset)})`)
@@ -202,7 +198,7 @@ function decodeValue(buf: Buffer, type: number, flags: number, v: number, entryE
     if (type !== VMCX_TYPE.String && type !== VMCX_TYPE.Array) throw malformed(label, `${where}: file object pointer on a value of type ${type}`)
     need(12)
     const size = buf.readUInt32LE(v)
-    const off = u64(buf, v + 4)
+    const off = u64le(buf, v + 4)
     const fo = off === null ? undefined : files.get(off)
     if (!fo) throw malformed(label, `${where}: points at ${off === null ? '?' : hex(off)}, which is not a file object`)
     if (size > fo.size) throw malformed(label, `${where}: value of ${size} bytes is larger than its file object (${fo.size})`)
@@ -560,14 +556,6 @@ function numberedKeys(node: VmcxNode, prefix: string): Array<[number, VmcxNode]>
   return out.sort((a, b) => a[0] - b[0])
 }
 
-/** `XX-XX-XX-XX-XX-XX` or 12 hex digits to `xx:xx:...`; null when invalid or all zero. */
-function normalizeMac(s: string | null): string | null {
-  if (!s) return null
-  const h = s.replace(/[-:]/g, '')
-  if (!/^[0-9A-Fa-f]{12}$/.test(h) || /^0{12}$/.test(h)) return null
-  return h.toLowerCase().match(/../g)!.join(':')
-}
-
 /**
  * Extracts the VM facts of {@link VmcxVmInfo} from a parsed configuration. Never throws: what is
  * absent is null (with a warning) so the importer can decide.
@@ -629,7 +617,7 @@ export function vmcxVmInfo(cfg: VmcxConfig): VmcxVmInfo {
   const nics: VmcxNic[] = []
   for (const d of devices) {
     const node = vmcxDeviceNode(cfg, d.instance)
-    if (!node || !node.has('MacAddress')) continue
+    if (!node?.has('MacAddress')) continue
     const sw = str(node.get('SwitchName'))
     nics.push({
       name: str(node.get('FriendlyName')),

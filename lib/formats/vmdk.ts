@@ -8,14 +8,15 @@
  * header bounds). All offsets and sizes named `*Sectors`/`sectors` are 512-byte sectors;
  * every `*_bytes`/`*Bytes` is bytes.
  */
-import { open, stat } from 'node:fs/promises'
+import { stat } from 'node:fs/promises'
 import type { Stats } from 'node:fs'
 import * as path from 'node:path'
+import { u64le } from '../bytes.ts'
 import { MigError } from '../errors.ts'
-import { malformed } from './io.ts'
+import { malformed, readFileRange } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { ControllerBus, ManifestDisk } from '../manifest.ts'
-import type { InspectContext } from '../importers/types.ts'
+import type { InspectContext } from '../contracts/inspect.ts'
 
 /** Bytes per VMDK sector. */
 export const SECTOR = 512
@@ -217,30 +218,6 @@ function readFailed(label: string, e: unknown): MigError {
   return new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot read: ${reason}`, { cause: e })
 }
 
-/** Positioned read of up to `length` bytes at `position`; returns the bytes actually read. */
-async function preadFile(file: string, position: number, length: number): Promise<Buffer> {
-  let fh
-  try {
-    fh = await open(file, 'r')
-  } catch (e) {
-    throw readFailed(file, e)
-  }
-  try {
-    const buf = Buffer.alloc(length)
-    let got = 0
-    while (got < length) {
-      const { bytesRead } = await fh.read(buf, got, length - got, position + got)
-      if (bytesRead === 0) break
-      got += bytesRead
-    }
-    return buf.subarray(0, got)
-  } catch (e) {
-    throw readFailed(file, e)
-  } finally {
-    await fh.close().catch(() => {})
-  }
-}
-
 async function statOrNull(p: string): Promise<Stats | null> {
   try {
     return await stat(p)
@@ -249,12 +226,6 @@ async function statOrNull(p: string): Promise<Stats | null> {
     if (code === 'ENOENT' || code === 'ENOTDIR') return null
     throw readFailed(p, e)
   }
-}
-
-/** uint64 LE as a Number, or null when it exceeds 2^53. */
-function u64(buf: Buffer, at: number): number | null {
-  const v = buf.readBigUInt64LE(at)
-  return v > BigInt(Number.MAX_SAFE_INTEGER) ? null : Number(v)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -283,7 +254,7 @@ export async function readVmdkSparseHeader(file: string, offset = 0, length?: nu
     if (!st) throw readFailed(file, new Error('no such file'))
     extentBytes = Math.max(0, st.size - offset)
   }
-  const head = await preadFile(file, offset, Math.min(2048, extentBytes))
+  const head = await readFileRange(file, offset, Math.min(2048, extentBytes))
   if (head.length < 4) throw unsupported(label, 'too short to be a VMDK sparse extent')
   const magic = head.toString('latin1', 0, 4)
   if (magic === 'COWD') return parseCowd(head, label, extentBytes)
@@ -296,7 +267,7 @@ export async function readVmdkSparseHeader(file: string, offset = 0, length?: nu
   if (first.gdAtEnd) {
     // Footer marker, footer header, end-of-stream marker: the last 3 sectors of the extent.
     if (extentBytes >= 4 * SECTOR) {
-      const tail = await preadFile(file, offset + extentBytes - 3 * SECTOR, 3 * SECTOR)
+      const tail = await readFileRange(file, offset + extentBytes - 3 * SECTOR, 3 * SECTOR)
       const ok =
         tail.length === 3 * SECTOR &&
         tail.readUInt32LE(8) === 0 &&
@@ -329,14 +300,14 @@ function parseKdmv(b: Buffer, label: string): VmdkSparseHeader {
   if (version === 0) throw malformed(label, 'sparse header version 0')
   if (version > 3) throw unsupported(label, `sparse header version ${version} (1..3 supported)`)
   const flags = b.readUInt32LE(8)
-  const capacity = u64(b, 12)
-  const grainSize = u64(b, 20)
-  const descriptorOffset = u64(b, 28)
-  const descriptorSize = u64(b, 36)
+  const capacity = u64le(b, 12)
+  const grainSize = u64le(b, 20)
+  const descriptorOffset = u64le(b, 28)
+  const descriptorSize = u64le(b, 36)
   const numGTEsPerGT = b.readUInt32LE(44)
-  const rgdOffset = u64(b, 48)
+  const rgdOffset = u64le(b, 48)
   const gdRaw = b.readBigUInt64LE(56)
-  const overHead = u64(b, 64)
+  const overHead = u64le(b, 64)
   const uncleanShutdown = b[72] !== 0
   const compressAlgorithm = b.readUInt16LE(77)
   if (capacity === null || capacity > MAX_CAPACITY_SECTORS) throw malformed(label, 'capacity larger than 64 TiB')
@@ -637,7 +608,7 @@ async function inspectLayer(file: string, ctx: InspectContext, chain: ChainState
   const st = await statOrNull(abs)
   if (!st) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${abs}: disk file does not exist`, { details: { file: abs } })
   if (!st.isFile()) throw unsupported(abs, 'not a regular file')
-  const head = await preadFile(abs, 0, Math.min(st.size, 4096))
+  const head = await readFileRange(abs, 0, Math.min(st.size, 4096))
   const magic = head.toString('latin1', 0, 4)
   const warnings: string[] = []
   let info: VmdkInfo
@@ -665,7 +636,7 @@ async function inspectLayer(file: string, ctx: InspectContext, chain: ChainState
   } else {
     if (!looksLikeDescriptor(head)) throw unsupported(abs, 'not a VMDK (no KDMV/COWD magic and not a text descriptor)')
     if (st.size > MAX_DESCRIPTOR_BYTES) throw malformed(abs, `descriptor larger than 4 MiB (${st.size} bytes)`)
-    const bytes = await preadFile(abs, 0, st.size)
+    const bytes = await readFileRange(abs, 0, st.size)
     const descriptor = parseVmdkDescriptor(bytes, abs)
     info = await inspectDescriptor(abs, descriptor, ctx, warnings, st.size)
   }
@@ -677,7 +648,7 @@ async function inspectSparseFile(abs: string, st: Stats, ctx: InspectContext, wa
   const header = await readVmdkSparseHeader(abs)
   let descriptor: VmdkDescriptor | null = null
   if (header.descriptorOffset > 0 && header.descriptorSize > 0) {
-    const raw = await preadFile(abs, header.descriptorOffset * SECTOR, header.descriptorSize * SECTOR)
+    const raw = await readFileRange(abs, header.descriptorOffset * SECTOR, header.descriptorSize * SECTOR)
     const nul = raw.indexOf(0)
     descriptor = parseVmdkDescriptor(nul >= 0 ? raw.subarray(0, nul) : raw, `${abs} (embedded descriptor)`)
   }
@@ -746,9 +717,9 @@ async function inspectDescriptor(abs: string, d: VmdkDescriptor, ctx: InspectCon
         throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${abs}: flat extent ${JSON.stringify(e.file)} holds ${st.size} bytes, the descriptor needs ${need}`, { details: { descriptor: abs, extent: e.file } })
       }
     } else if (e.type === 'SESPARSE') {
-      const h = await preadFile(extPath, 0, 24)
+      const h = await readFileRange(extPath, 0, 24)
       if (h.length < 24 || h.readBigUInt64LE(0) !== SESPARSE_MAGIC) throw malformed(abs, `extent ${JSON.stringify(e.file)} is not a seSparse extent`)
-      const cap = u64(h, 16)
+      const cap = u64le(h, 16)
       if (cap !== e.sectors) throw malformed(abs, `seSparse extent ${JSON.stringify(e.file)} capacity ${cap} sectors, extent line says ${e.sectors}`)
     } else {
       header = await readVmdkSparseHeader(extPath)

@@ -9,6 +9,7 @@
  * `uefi.secureBoot.enabled`, `guestOS`, `<bus>N[:M].*`, `ethernetN.*`, `encryption.*`).
  */
 import { MigError } from '../errors.ts'
+import { normalizeMac } from '../mac.ts'
 import { malformed } from './io.ts'
 import { guestFamilyOf, type ControllerBus, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 import { decodeText } from './vmdk.ts'
@@ -218,9 +219,8 @@ export function vmxHardware(vmx: VmxFile): { controllers: VmxController[]; disks
     const rawMac = addressType === 'static' ? get('address') : get('generatedAddress')
     let mac: string | null = null
     if (rawMac !== undefined && rawMac !== '') {
-      const norm = rawMac.trim().toLowerCase().replace(/-/g, ':')
-      if (/^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/.test(norm)) mac = norm
-      else warnings.push(`ethernet${n}: MAC address ${JSON.stringify(rawMac)} is not valid; a new one will be generated`)
+      mac = normalizeMac(rawMac)
+      if (mac === null) warnings.push(`ethernet${n}: MAC address ${JSON.stringify(rawMac)} is not valid; a new one will be generated`)
     }
     const network = get('networkName')
     nics.push({ label: `ethernet${n}`, mac, model, network: network && network !== '' ? network : null })

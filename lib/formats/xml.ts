@@ -162,3 +162,110 @@ export function xmlChildren(n: XmlNode, name: string): XmlNode[] {
 export function xmlChild(n: XmlNode | null, name: string): XmlNode | null {
   return n ? (n.children.find((c) => c.name === name) ?? null) : null
 }
+
+// ---------------------------------------------------------------------------------------------
+// Namespace-aware tree (OVF envelopes: DSP0243 qualifies elements and attributes by namespace URI)
+
+/** The namespace URI the `xml:` prefix is bound to (Namespaces in XML 1.0, section 3). */
+export const XML_NAMESPACE = 'http://www.w3.org/XML/1998/namespace'
+
+/** An attribute of a {@link XEl}: namespace URI (`''` when unqualified), local name, decoded value. */
+export interface XAttr { ns: string; local: string; value: string }
+/** An element with its namespace URI resolved: local name, attributes, child elements, trimmed text (text and CDATA). */
+export interface XEl { ns: string; local: string; attrs: XAttr[]; children: XEl[]; text: string }
+
+
+function splitQName(q: string): [string | null, string] {
+  const i = q.indexOf(':')
+  return i < 0 ? [null, q] : [q.slice(0, i), q.slice(i + 1)]
+}
+
+/** Builds the namespace-resolved tree from fast-xml-parser's `preserveOrder` output. */
+function buildTree(nodes: unknown[], scope: Map<string, string>, label: string, depth: number): XEl[] {
+  const out: XEl[] = []
+  if (depth > 200) throw malformed(label, 'XML nested too deeply')
+  for (const node of nodes) {
+    if (!node || typeof node !== 'object') continue
+    const keys = Object.keys(node).filter((k) => k !== ':@' && k !== '#text' && k !== '#cdata')
+    if (keys.length !== 1) continue
+    const qname = keys[0]!
+    if (qname.startsWith(UNSAFE_MARK) || qname.startsWith('?') || qname.startsWith('!')) continue
+    const rawAttrs = ((node as Record<string, unknown>)[':@'] ?? {}) as Record<string, unknown>
+    // Namespace declarations of this element.
+    let local = scope
+    for (const [k, v] of Object.entries(rawAttrs)) {
+      if (typeof v !== 'string') continue
+      if (k === 'xmlns' || k.startsWith('xmlns:')) {
+        if (local === scope) local = new Map(scope)
+        local.set(k === 'xmlns' ? '' : k.slice(6), decodeXmlText(v, label))
+      }
+    }
+    const [prefix, lname] = splitQName(qname)
+    const ns = prefix === null ? (local.get('') ?? '') : local.get(prefix)
+    if (ns === undefined) throw malformed(label, `undeclared namespace prefix ${JSON.stringify(prefix)} on element ${JSON.stringify(qname)}`)
+    const attrs: XAttr[] = []
+    for (const [k, v] of Object.entries(rawAttrs)) {
+      if (typeof v !== 'string' || k === 'xmlns' || k.startsWith('xmlns:') || k.startsWith(UNSAFE_MARK)) continue
+      const [ap, al] = splitQName(k)
+      if (UNSAFE_NAMES.has(al)) continue
+      let ans = ''
+      if (ap === 'xml') ans = XML_NAMESPACE
+      else if (ap !== null) {
+        const u = local.get(ap)
+        if (u === undefined) throw malformed(label, `undeclared namespace prefix ${JSON.stringify(ap)} on attribute ${JSON.stringify(k)}`)
+        ans = u
+      }
+      attrs.push({ ns: ans, local: al, value: decodeXmlText(v, label) })
+    }
+    const kids = (node as Record<string, unknown>)[qname]
+    const children: XEl[] = []
+    let text = ''
+    if (Array.isArray(kids)) {
+      for (const k of kids) {
+        if (k && typeof k === 'object') {
+          const t = (k as Record<string, unknown>)['#text']
+          if (typeof t === 'string' || typeof t === 'number') text += decodeXmlText(String(t), label)
+          const c = (k as Record<string, unknown>)['#cdata']
+          if (Array.isArray(c)) for (const ct of c) if (ct && typeof (ct as Record<string, unknown>)['#text'] === 'string') text += (ct as Record<string, string>)['#text']
+        }
+      }
+      children.push(...buildTree(kids, local, label, depth + 1))
+    }
+    if (UNSAFE_NAMES.has(lname)) continue
+    out.push({ ns, local: lname, attrs, children, text: text.trim() })
+  }
+  return out
+}
+
+/**
+ * Parses XML text into the namespace-resolved tree and returns the root element. Elements and
+ * attributes with unsafe local names are dropped. `E_MIG_MALFORMED_ARCHIVE` (`<label>: <reason>`):
+ * DOCTYPE or ENTITY declarations, XML that is not well-formed, undeclared prefixes,
+ * non-predefined entities, nesting deeper than 200, zero or several roots.
+ */
+export function parseNamespacedXml(xml: string, label: string): XEl {
+  const raw = parseOrderedXml(xml, label, { trim: true, cdata: true, maxNestedTags: 200 })
+  const roots = buildTree(raw, new Map([['xml', XML_NAMESPACE]]), label, 0)
+  if (roots.length !== 1) throw malformed(label, `expected one root element, found ${roots.length}`)
+  return roots[0]!
+}
+
+/** The value of attribute `local` in one of the namespaces `nss` (or, with `unqualifiedFallback`, unqualified), or null. */
+export function attr(el: XEl, nss: readonly string[], local: string, unqualifiedFallback = true): string | null {
+  for (const a of el.attrs) if (a.local === local && nss.includes(a.ns)) return a.value
+  if (unqualifiedFallback) for (const a of el.attrs) if (a.local === local && a.ns === '') return a.value
+  return null
+}
+/** Child elements named `local` in one of the namespaces `nss` (any namespace when null). */
+export function kids(el: XEl, nss: readonly string[] | null, local: string): XEl[] {
+  return el.children.filter((c) => c.local === local && (nss === null || nss.includes(c.ns)))
+}
+/** The first child element named `local` in one of the namespaces `nss` (any when null), or null. */
+export function kid(el: XEl, nss: readonly string[] | null, local: string): XEl | null {
+  return el.children.find((c) => c.local === local && (nss === null || nss.includes(c.ns))) ?? null
+}
+/** The text of an element, null when absent or empty. */
+export function textOf(el: XEl | null): string | null {
+  if (!el) return null
+  return el.text === '' ? null : el.text
+}

@@ -19,6 +19,7 @@
 import { createHash } from 'node:crypto'
 
 import { MigError } from '../errors.ts'
+import { normalizeMac } from '../mac.ts'
 import { malformed, openRead } from './io.ts'
 import type { TarMember } from './tar.ts'
 import { parseXmlDocument, xmlChild, xmlChildren, type XmlNode } from './xml.ts'
@@ -205,11 +206,6 @@ function refList(s: XmlRpcStruct, k: string): string[] {
   const v = s.get(k)
   return Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : []
 }
-function normalizeMac(s: string | null): string | null {
-  if (!s) return null
-  const h = s.trim().replace(/[-:]/g, '')
-  return /^[0-9A-Fa-f]{12}$/.test(h) ? h.toLowerCase().match(/../g)!.join(':') : null
-}
 /** Numeric-aware order of `userdevice`/`device` strings. */
 function byPosition(a: string, b: string): number {
   const na = /^[0-9]+$/.test(a) ? Number(a) : Infinity
@@ -307,7 +303,7 @@ export function parseOvaXml(input: string | Uint8Array, label: string): XvaDescr
     vbds.push(vbd)
     if (type !== 'Disk' || vdiRef === null) continue
     const vo = byId.get(vdiRef)
-    if (!vo || vo.cls !== 'VDI') throw malformed(label, `VBD ${ref} (userdevice ${vbd.userdevice}): VDI ${vdiRef} is not in the export`)
+    if (vo?.cls !== 'VDI') throw malformed(label, `VBD ${ref} (userdevice ${vbd.userdevice}): VDI ${vdiRef} is not in the export`)
     const size = intField(vo.fields, 'virtual_size', label, `VDI ${vdiRef}`, MAX_XVA_VDI_SIZE)
     vdis.set(vdiRef, { id: vdiRef, name_label: sget(vo.fields, 'name_label') ?? '', virtual_size: size })
   }
@@ -317,7 +313,7 @@ export function parseOvaXml(input: string | Uint8Array, label: string): XvaDescr
   const vifs: XvaVif[] = []
   for (const ref of refList(f, 'VIFs')) {
     const o = byId.get(ref)
-    if (!o || o.cls !== 'VIF') {
+    if (o?.cls !== 'VIF') {
       warnings.push(`VIF ${ref} is not in the export: skipped`)
       continue
     }

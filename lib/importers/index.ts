@@ -10,15 +10,15 @@ import type { Importer, InspectContext } from './types.ts'
 
 /** Importer modules by kind, loaded on first use so start-up does not pay for all nine parsers. */
 const LOADERS: Record<ImporterKind, () => Promise<{ importer: Importer }>> = {
-  ova_archive: () => import('./ova_archive.ts'),
-  ovf_folder: () => import('./ovf_folder.ts'),
-  vmx_folder: () => import('./vmx_folder.ts'),
+  ova_archive: () => import('./ova-archive.ts'),
+  ovf_folder: () => import('./ovf-folder.ts'),
+  vmx_folder: () => import('./vmx-folder.ts'),
   vhdx: () => import('./vhdx.ts'),
   qcow2: () => import('./qcow2.ts'),
   vmdk: () => import('./vmdk.ts'),
-  vmcx_export: () => import('./vmcx_export.ts'),
-  vbox_folder: () => import('./vbox_folder.ts'),
-  xva_archive: () => import('./xva_archive.ts'),
+  vmcx_export: () => import('./vmcx-export.ts'),
+  vbox_folder: () => import('./vbox-folder.ts'),
+  xva_archive: () => import('./xva-archive.ts'),
 }
 
 /** The importer of `kind`. */

@@ -3,16 +3,10 @@
  */
 import type { ImporterKind } from '../kinds.ts'
 import type { VmManifest } from '../manifest.ts'
+import type { InspectContext } from '../contracts/inspect.ts'
 
-/** What an importer's inspect needs to know about the host. */
-export interface InspectContext {
-  /** Absolute import root; every file a descriptor references must resolve inside it. */
-  importRoot: string
-  /** True when the input lives under `.uploads` (an uploaded archive). */
-  allowUploads?: boolean
-  /** Path of the `qemu-img` binary (default `qemu-img`). */
-  qemuImg?: string
-}
+/** Re-exported for the importers; defined in `lib/contracts/inspect.ts` so formats can use it too. */
+export type { InspectContext }
 
 /**
  * An offline importer: turns an input path (a file or a folder, already confined to the import

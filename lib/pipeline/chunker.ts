@@ -11,7 +11,7 @@
  *   the zeros inside a partly used 4 MiB chunk are discarded rather than written.
  */
 import { MigError } from '../errors.ts'
-import type { DiskExtent } from './readers/types.ts'
+import type { DiskExtent } from '../contracts/disk-reader.ts'
 
 /** Chunk size of the data path, bytes (4 MiB, spec 8). */
 export const CHUNK_BYTES = 4 * 1024 * 1024

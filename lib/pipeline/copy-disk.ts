@@ -23,7 +23,7 @@ import { createHash, type Hash } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError } from '../errors.ts'
 import { CHUNK_BYTES, ZERO_BUFFER, chunkExtents, splitZeroRuns, type Chunk } from './chunker.ts'
-import type { DiskReader } from './readers/types.ts'
+import type { DiskReader } from '../contracts/disk-reader.ts'
 import type { SinkVolume } from '../sink/types.ts'
 
 /** Progress of a copy. Bytes. `bytes_done`: `from` plus bytes handled (written or discarded) in this run; `bytes_zero`: bytes discarded as zeros in this run; `watermark`: last durable position. */

@@ -18,6 +18,7 @@
  * A protocol violation also disconnects hard and fails every request in flight.
  */
 import { connect as netConnect, type Socket } from 'node:net'
+import { u64be } from '../bytes.ts'
 import { MigError } from '../errors.ts'
 
 /** Largest read or block-status span the client sends in one request, bytes (32 MiB). */
@@ -34,7 +35,6 @@ const STRUCTURED_REPLY_MAGIC = 0x668e33ef
 const FLAG_FIXED_NEWSTYLE = 1
 const FLAG_NO_ZEROES = 2
 
-const OPT_ABORT = 2
 const OPT_GO = 7
 const OPT_STRUCTURED_REPLY = 8
 const OPT_SET_META_CONTEXT = 10
@@ -75,8 +75,8 @@ const RECV_BUFFER = 1024 * 1024
 
 const ERRNO: Record<number, string> = { 1: 'EPERM', 5: 'EIO', 12: 'ENOMEM', 22: 'EINVAL', 28: 'ENOSPC', 75: 'EOVERFLOW', 95: 'ENOTSUP', 108: 'ESHUTDOWN' }
 
-/** One `base:allocation` extent: byte range and `NBD_STATE_*` flags. */
-export interface NbdExtent {
+/** One block status descriptor of the `base:allocation` context (NBD protocol `NBD_REPLY_TYPE_BLOCK_STATUS`): byte range and `NBD_STATE_*` flags. */
+export interface BlockStatusDescriptor {
   offset: number
   length: number
   flags: number
@@ -102,7 +102,7 @@ interface Pending {
   length: number
   buf?: Buffer
   ranges?: Array<[number, number]>
-  extents?: NbdExtent[]
+  extents?: BlockStatusDescriptor[]
   statusChunks?: number
   error?: string
   resolve(v: unknown): void
@@ -178,9 +178,9 @@ class Receiver {
 }
 
 function u64(b: Buffer, at: number): number {
-  const v = b.readBigUInt64BE(at)
-  if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new RangeError(`64-bit value ${v} is too large`)
-  return Number(v)
+  const v = u64be(b, at)
+  if (v === null) throw new RangeError(`64-bit value ${b.readBigUInt64BE(at)} is too large`)
+  return v
 }
 
 /**
@@ -454,7 +454,7 @@ export class NbdClient {
    * request. Without `base:allocation` one data extent covering the span is returned.
    * Throws `E_MIG_DISK_READ_FAILED`.
    */
-  blockStatus(offset: number, length: number): Promise<NbdExtent[]> {
+  blockStatus(offset: number, length: number): Promise<BlockStatusDescriptor[]> {
     const len = Math.min(length, 0x40000000, this.size - offset) // at most 1 GiB per request
     if (this.dead) return Promise.reject(new MigError('E_MIG_DISK_READ_FAILED', `${this.dead.message} (block status at offset ${offset})`))
     if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || len <= 0) {

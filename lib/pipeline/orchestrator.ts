@@ -22,11 +22,11 @@ import { MigError, asMigError } from '../errors.ts'
 import type { Job, JobState, LastError, RestorePointRecord } from '../job.ts'
 import { copyReadsStoredBytes, type ManifestDisk, type VmManifest } from '../manifest.ts'
 import type { Plan } from '../plan.ts'
-import type { Extent, LiveSession, SnapshotRef } from '../adapters/types.ts'
+import type { LiveSession, SnapshotRef } from '../adapters/types.ts'
 import type { JobsRepo } from '../store/jobs.ts'
 import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { Sink, SinkVolume } from '../sink/types.ts'
-import type { DiskReader } from './readers/types.ts'
+import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
 import { ProgressTracker } from './progress.ts'
 
 /** What the source side provides once the plan is resolved. */
@@ -254,7 +254,7 @@ async function copyOne(deps: OrchestratorDeps, reader: DiskReader, volume: SinkV
 }
 
 /** A reader that yields only `areas` (changed extents) of `inner`, in order. */
-export function restrictTo(inner: DiskReader, areas: Extent[]): DiskReader {
+export function restrictTo(inner: DiskReader, areas: DiskArea[]): DiskReader {
   const sorted = [...areas].sort((a, b) => a.offset - b.offset)
   return {
     size: inner.size,
@@ -275,7 +275,7 @@ export function restrictTo(inner: DiskReader, areas: Extent[]): DiskReader {
  * `QueryChangedDiskAreas` with changeId `*` reports them); the rest of the disk is zero extents,
  * never read: a thin disk's unallocated space reads as zeros.
  */
-export function allocatedOnly(inner: DiskReader, areas: Extent[]): DiskReader {
+export function allocatedOnly(inner: DiskReader, areas: DiskArea[]): DiskReader {
   const sorted = [...areas].sort((a, b) => a.offset - b.offset)
   return {
     size: inner.size,
@@ -341,7 +341,7 @@ async function copyLive(
     // An invalidated changeId (E_MIG_CBT_RESET) is answered once with a full copy of that disk
     // from the new snapshot; a second reset in the same job fails it.
     let resets = 0
-    const areasOf = async (next: SnapshotRef, disk: ManifestDisk): Promise<Extent[] | null> => {
+    const areasOf = async (next: SnapshotRef, disk: ManifestDisk): Promise<DiskArea[] | null> => {
       try {
         const since = current.change_ids[disk.label]
         if (!since) throw new MigError('E_MIG_CBT_RESET', `disk ${disk.label}: no changeId recorded at the previous snapshot`)

@@ -17,11 +17,12 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { mkdtempSync, rmSync } from 'node:fs'
-import { open, stat } from 'node:fs/promises'
+import { stat } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
+import { probeMagic, readHeadTail } from '../formats/sniff.ts'
 
 /** Options of {@link startQemuNbd}. Offsets and lengths in bytes. */
 export interface QemuNbdOptions {
@@ -64,34 +65,16 @@ const MAX_STDERR = 64 * 1024
 type Node = Record<string, unknown>
 
 /**
- * Probes the qemu driver of a parent image from its magic bytes: `QFI\xfb` qcow2, `KDMV` or
- * `# Disk DescriptorFile` vmdk, `vhdxfile` vhdx, `conectix` (head or footer) vpc, VDI signature
- * `0xbeda107f` at byte 64 vdi, anything else raw. Throws `E_MIG_DISK_READ_FAILED` when unreadable.
+ * The qemu driver of a parent image from its magic bytes (`formats/sniff.ts`); anything without a
+ * disk signature is `raw`. Throws `E_MIG_DISK_READ_FAILED` when unreadable, and
+ * `E_MIG_UNSUPPORTED_FORMAT` for a legacy qcow v1 image (qemu's `qcow` driver, which no importer
+ * reads; before, it was passed to qemu as qcow2).
  */
 export async function probeImageFormat(path: string): Promise<DiskFormat> {
-  let fh
-  try {
-    fh = await open(path, 'r')
-    const head = Buffer.alloc(512)
-    const { bytesRead } = await fh.read(head, 0, 512, 0)
-    const h = head.subarray(0, bytesRead)
-    if (h.subarray(0, 4).equals(Buffer.from([0x51, 0x46, 0x49, 0xfb]))) return 'qcow2'
-    if (h.subarray(0, 4).toString('latin1') === 'KDMV' || h.subarray(0, 21).toString('latin1') === '# Disk DescriptorFile') return 'vmdk'
-    if (h.subarray(0, 8).toString('latin1') === 'vhdxfile') return 'vhdx'
-    if (h.subarray(0, 8).toString('latin1') === 'conectix') return 'vpc'
-    if (h.length >= 68 && h.readUInt32LE(64) === 0xbeda107f) return 'vdi'
-    const size = (await fh.stat()).size
-    if (size >= 512) {
-      const tail = Buffer.alloc(512)
-      await fh.read(tail, 0, 512, size - 512)
-      if (tail.subarray(0, 8).toString('latin1') === 'conectix') return 'vpc'
-    }
-    return 'raw'
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: cannot probe image: ${(e as Error).message}`, { cause: e })
-  } finally {
-    await fh?.close().catch(() => {})
-  }
+  const { head, tail, size } = await readHeadTail(path)
+  const hit = probeMagic(head, tail, size)
+  if (hit?.format === 'qcow') throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${path}: legacy qcow v1 image; convert it with qemu-img convert -O qcow2`)
+  return hit?.disk_format ?? 'raw'
 }
 
 /**

@@ -14,11 +14,11 @@
  * a test double over a loop device.
  */
 import { constants as C } from 'node:fs'
-import { open, readFile, realpath, stat, type FileHandle } from 'node:fs/promises'
-import { basename } from 'node:path'
+import { open, stat, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import { sanitizeLabel } from '../manifest.ts'
-import { checkJobId, HandleVolume, runCommand, type Discarder } from './file.ts'
+import { exec } from '../exec.ts'
+import { blockDeviceSize, checkJobId, HandleVolume, type Discarder } from './volume.ts'
 import type { Sink, SinkVolume, VolumeSnapshot } from './types.ts'
 
 /** Zvol volblocksize, bytes (64 KiB, spec 8). */
@@ -90,7 +90,7 @@ export class ZvolSink implements Sink {
     let fresh = true
     if (await exists(dev)) fresh = false
     else {
-      const r = await runCommand(this.opts.zfsPath ?? 'zfs', ['create', '-p', '-s', '-V', String(volsize), '-o', 'volblocksize=64K', '-o', 'compression=lz4', dataset])
+      const r = await exec(this.opts.zfsPath ?? 'zfs', ['create', '-p', '-s', '-V', String(volsize), '-o', 'volblocksize=64K', '-o', 'compression=lz4', dataset])
       if (r.code !== 0) {
         if (/already exists/i.test(r.stderr)) fresh = false
         else throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs create failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
@@ -114,7 +114,7 @@ export class ZvolSink implements Sink {
     }
     const discard: Discarder = async (offset, length) => {
       if (this.discardBroken) return false
-      const r = await runCommand(this.opts.blkdiscardPath ?? 'blkdiscard', ['--offset', String(offset), '--length', String(length), dev])
+      const r = await exec(this.opts.blkdiscardPath ?? 'blkdiscard', ['--offset', String(offset), '--length', String(length), dev])
       if (r.code !== 0) this.discardBroken = true
       return r.code === 0
     }
@@ -129,7 +129,7 @@ export class ZvolSink implements Sink {
   snapshot(jobId: string): VolumeSnapshot {
     const dataset = this.jobDataset(jobId)
     const zfs = async (args: string[]) => {
-      const r = await runCommand(this.opts.zfsPath ?? 'zfs', args)
+      const r = await exec(this.opts.zfsPath ?? 'zfs', args)
       if (r.code !== 0) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs ${args[0]} failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
       return r.stdout
     }
@@ -146,7 +146,7 @@ export class ZvolSink implements Sink {
   /** `zfs destroy -r <pool>/<appliance>/migrations/<job-id>`; a job with no dataset is fine. `E_MIG_DISK_WRITE_FAILED`. */
   async remove(jobId: string): Promise<void> {
     const dataset = this.jobDataset(jobId)
-    const r = await runCommand(this.opts.zfsPath ?? 'zfs', ['destroy', '-r', dataset])
+    const r = await exec(this.opts.zfsPath ?? 'zfs', ['destroy', '-r', dataset])
     if (r.code !== 0 && !/does not exist/i.test(r.stderr)) {
       throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs destroy failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
     }
@@ -162,16 +162,5 @@ async function exists(p: string): Promise<boolean> {
     return true
   } catch {
     return false
-  }
-}
-
-/** Size of a block device from `/sys/class/block/<dev>/size` (512-byte sectors), or null when unknown. */
-async function blockDeviceSize(dev: string): Promise<number | null> {
-  try {
-    const real = await realpath(dev)
-    const sectors = Number((await readFile(`/sys/class/block/${basename(real)}/size`, 'utf8')).trim())
-    return Number.isSafeInteger(sectors) ? sectors * 512 : null
-  } catch {
-    return null
   }
 }

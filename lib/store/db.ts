@@ -7,7 +7,7 @@ import { mkdirSync } from 'node:fs'
 import * as path from 'node:path'
 import { Kysely, Migrator, SqliteDialect, type Dialect } from 'kysely'
 import { MigError } from '../errors.ts'
-import { migrationProvider } from './migrations.ts'
+import { migrationProvider } from './schema-migrations.ts'
 import type { Database } from './schema.ts'
 
 const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== 'undefined'

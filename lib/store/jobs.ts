@@ -3,7 +3,8 @@
  */
 import { sql, type Kysely, type Selectable } from 'kysely'
 import { MigError } from '../errors.ts'
-import { emptyProgress, statusOf, TERMINAL_STATES, type Job, type JobState, type LastError, type Progress, type RestorePointRecord, type Strategy } from '../job.ts'
+import { emptyProgress, jobStatusOf, TERMINAL_STATES, type Job, type JobState, type LastError, type Progress, type RestorePointRecord } from '../job.ts'
+import type { Strategy } from '../plan.ts'
 import type { Plan } from '../plan.ts'
 import { persist } from './persist.ts'
 import type { Database, JobsTable } from './schema.ts'
@@ -13,7 +14,7 @@ function toJob(r: Selectable<JobsTable>): Job {
     id: r.id,
     plan: JSON.parse(r.plan) as Plan,
     state: r.state as JobState,
-    status: statusOf(r.state as JobState),
+    status: jobStatusOf(r.state as JobState),
     strategy: r.strategy as Strategy,
     effective_mode: r.effective_mode as Job['effective_mode'],
     progress: JSON.parse(r.progress) as Progress,
@@ -89,7 +90,7 @@ export class JobsRepo {
   async update(id: string, patch: JobPatch, now: string): Promise<Job> {
     return persist('update job', async () => {
       const set: Partial<Selectable<JobsTable>> = { updated_at: now }
-      if (patch.state !== undefined) Object.assign(set, { state: patch.state, status: statusOf(patch.state) })
+      if (patch.state !== undefined) Object.assign(set, { state: patch.state, status: jobStatusOf(patch.state) })
       if (patch.progress !== undefined) set.progress = JSON.stringify(patch.progress)
       if (patch.last_error !== undefined) set.last_error = patch.last_error === null ? null : JSON.stringify(patch.last_error)
       if (patch.effective_mode !== undefined) set.effective_mode = patch.effective_mode

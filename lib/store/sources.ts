@@ -6,13 +6,8 @@ import type { Kysely, Selectable } from 'kysely'
 import { MigError } from '../errors.ts'
 import { persist } from './persist.ts'
 import type { Database, SourcesTable } from './schema.ts'
+import type { SourceTls } from '../contracts/source-tls.ts'
 
-/** TLS settings of a source: trust by CA (PEM), by pinned SHA-256 thumbprint, or explicitly insecure. */
-export interface SourceTls {
-  insecure?: boolean
-  ca_pem?: string
-  thumbprint?: string
-}
 
 /** A source as the API returns it: never the password or its ciphertext. */
 export interface Source {

@@ -33,10 +33,10 @@ export class UploadsRepo {
     })
   }
 
-  /** Marks an upload complete with its size and digest. */
-  finish(id: string, size: number, sha256: string): Promise<Upload> {
+  /** Marks an upload complete with its size (bytes), digest and client file name (cut to 255 characters). */
+  finish(id: string, size: number, sha256: string, filename: string): Promise<Upload> {
     return persist('complete upload', async () => {
-      await this.db.updateTable('uploads').set({ size_bytes: size, sha256, status: 'ready' }).where('id', '=', id).execute()
+      await this.db.updateTable('uploads').set({ filename: filename.slice(0, 255), size_bytes: size, sha256, status: 'ready' }).where('id', '=', id).execute()
       return toUpload(await this.db.selectFrom('uploads').selectAll().where('id', '=', id).executeTakeFirstOrThrow())
     })
   }
@@ -51,7 +51,7 @@ export class UploadsRepo {
   /** One ready, unexpired upload; `E_MIG_UPLOAD_NOT_FOUND` otherwise. */
   async get(id: string, now: string): Promise<Upload> {
     const row = await persist('load upload', () => this.db.selectFrom('uploads').selectAll().where('id', '=', id).executeTakeFirst())
-    if (!row || row.status !== 'ready' || row.expires_at <= now) throw new MigError('E_MIG_UPLOAD_NOT_FOUND', `upload ${id} not found (expired or removed)`)
+    if (row?.status !== 'ready' || row.expires_at <= now) throw new MigError('E_MIG_UPLOAD_NOT_FOUND', `upload ${id} not found (expired or removed)`)
     return toUpload(row)
   }
 

@@ -37,14 +37,15 @@
  * virt-v2v package does not depend on it, and without it the copy step fails).
  */
 import { constants as C } from 'node:fs'
-import { chmod, chown, lstat, mkdir, mkdtemp, open, readFile, readlink, realpath, rename, rm, rmdir, stat, symlink, truncate, writeFile } from 'node:fs/promises'
+import { chmod, chown, lstat, mkdir, mkdtemp, open, readlink, rename, rm, rmdir, stat, symlink, truncate, writeFile } from 'node:fs/promises'
 import * as path from 'node:path'
 import { XMLBuilder } from 'fast-xml-parser'
 import { MigError } from '../errors.ts'
 import type { ManifestDisk, VmManifest } from '../manifest.ts'
 import { copyDisk } from '../pipeline/copy-disk.ts'
 import { openRawFileReader } from '../pipeline/readers/raw-file.ts'
-import { HandleVolume, runCommand, type Discarder } from '../sink/file.ts'
+import { exec } from '../exec.ts'
+import { blockDeviceSize, HandleVolume, type Discarder } from '../sink/volume.ts'
 import { driveLetters } from '../domain/xml.ts'
 import { describeFailure, resolveBinary, runV2vTool, v2vOutputName, type ToolOutcome } from './tool.ts'
 import { DEFAULT_VIRTIO_WIN_ISO } from './preparer.ts'
@@ -218,17 +219,6 @@ export function fullImportCommand(manifest: VmManifest, runDir: string, opts: { 
   }
 }
 
-/** Size of a block device from sysfs (512-byte sectors), or null when unknown. */
-async function blockDeviceSize(dev: string): Promise<number | null> {
-  try {
-    const real = await realpath(dev)
-    const sectors = Number((await readFile(`/sys/class/block/${path.basename(real)}/size`, 'utf8')).trim())
-    return Number.isSafeInteger(sectors) ? sectors * 512 : null
-  } catch {
-    return null
-  }
-}
-
 /** Kind and size (bytes) of a destination volume; `E_MIG_V2V_FAILED` when it is missing or neither a file nor a block device. */
 async function volumeInfo(v: FullImportVolume): Promise<{ block: boolean; size: number; dev: number; mode: number; uid: number; gid: number }> {
   let st
@@ -339,7 +329,7 @@ async function copyInto(from: string, v: FullImportVolume, size: number, block: 
     await reader.close()
     throw new MigError('E_MIG_DISK_WRITE_FAILED', `${v.path}: cannot open: ${(e as Error).message}`, { details: { volume: v.path } })
   }
-  const discard: Discarder | undefined = block ? async (offset, length) => (await runCommand('blkdiscard', ['--offset', String(offset), '--length', String(length), v.path])).code === 0 : undefined
+  const discard: Discarder | undefined = block ? async (offset, length) => (await exec('blkdiscard', ['--offset', String(offset), '--length', String(length), v.path])).code === 0 : undefined
   const vol = new HandleVolume(fh, v.path, block ? ((await blockDeviceSize(v.path)) ?? size) : size, block ? 64 * 1024 : 4096, { fresh: !block, discard, discardAlign: 64 * 1024 })
   try {
     await copyDisk(reader, vol, { from: 0, signal, label: v.label, onProgress: () => {}, onWatermark: async () => {} })

@@ -18,10 +18,10 @@
  *   as progress and kept out of the error lines.
  * Every line is bounded to 2000 characters, escape sequences and control characters removed.
  */
-import { spawn } from 'node:child_process'
 import { constants } from 'node:fs'
 import { access, stat } from 'node:fs/promises'
 import * as path from 'node:path'
+import { exec } from '../exec.ts'
 
 /** A progress report: `fraction` in 0..1 from a progress line, or a status `message`. */
 export interface V2vProgress {
@@ -122,107 +122,80 @@ export function progressFraction(line: string): number | null {
  * it has exited and its pipes are closed (see the module comment). Never rejects for the tool's
  * own failure (the outcome says it); rejects only when the process cannot be spawned.
  */
-export function runV2vTool(bin: string, args: string[], env: Record<string, string>, opts: ToolRunOptions): Promise<ToolOutcome> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(bin, args, { env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] })
-    const errors: string[] = []
-    const messages: string[] = []
-    const jsonErrors: string[] = []
-    const warnings: string[] = []
-    let lastFraction: number | null = null
-    let lastJsonText: string | null = null
-    let stopReason: 'timeout' | 'cancelled' | null = null
-    let killTimer: NodeJS.Timeout | null = null
+export async function runV2vTool(bin: string, args: string[], env: Record<string, string>, opts: ToolRunOptions): Promise<ToolOutcome> {
+  const errors: string[] = []
+  const messages: string[] = []
+  const jsonErrors: string[] = []
+  const warnings: string[] = []
+  let lastFraction: number | null = null
+  let lastJsonText: string | null = null
 
-    const push = (list: string[], line: string, keep: number) => {
-      list.push(line)
-      if (list.length > keep) list.shift()
-    }
-    const progress = (f: number) => {
-      lastFraction = f
-      opts.onProgress?.({ fraction: f, message: null })
-    }
-    const status = (line: string) => {
-      push(messages, line, KEEP_MESSAGES)
-      opts.onProgress?.({ fraction: null, message: line })
-    }
-    const out = lineSplitter((raw) => {
-      const line = cleanLine(raw)
-      if (line === '') return
-      const f = progressFraction(line.trim())
-      if (f !== null) return progress(f)
-      if (line.startsWith('{')) {
-        let j: unknown
-        try {
-          j = JSON.parse(line)
-        } catch {
-          j = null
-        }
-        if (j && typeof j === 'object' && typeof (j as { message?: unknown }).message === 'string') {
-          const o = j as { message: string; type?: unknown }
-          const text = cleanLine(o.message.replace(/\s*\n\s*/g, ' ')).slice(0, MAX_LINE)
-          const type = String(o.type ?? 'message')
-          lastJsonText = text
-          if (type === 'error') push(jsonErrors, text, KEEP_ERRORS)
-          else if (type === 'warning') push(warnings, text, KEEP_MESSAGES)
-          status(type === 'message' || type === 'info' ? text : `${type}: ${text}`)
-          return
-        }
-      }
-      // The same message again in human form ("[   1.0] Opening the source") right after its JSON form.
-      const human = /^\[\s*[0-9.]+\] (.*)$/.exec(line)
-      if (human && lastJsonText !== null && human[1] === lastJsonText) return
-      status(line)
-    })
-    const err = lineSplitter((raw) => {
-      const line = cleanLine(raw)
-      if (line === '') return
-      const f = progressFraction(line.trim())
-      if (f !== null) return progress(f)
-      push(errors, line, KEEP_ERRORS)
-    })
-    child.stdout!.on('data', (c: Buffer) => out.push(c))
-    child.stderr!.on('data', (c: Buffer) => err.push(c))
-
-    const killGroup = (sig: NodeJS.Signals) => {
-      if (child.pid === undefined) return
+  const push = (list: string[], line: string, keep: number) => {
+    list.push(line)
+    if (list.length > keep) list.shift()
+  }
+  const progress = (f: number) => {
+    lastFraction = f
+    opts.onProgress?.({ fraction: f, message: null })
+  }
+  const status = (line: string) => {
+    push(messages, line, KEEP_MESSAGES)
+    opts.onProgress?.({ fraction: null, message: line })
+  }
+  const out = lineSplitter((raw) => {
+    const line = cleanLine(raw)
+    if (line === '') return
+    const f = progressFraction(line.trim())
+    if (f !== null) return progress(f)
+    if (line.startsWith('{')) {
+      let j: unknown
       try {
-        process.kill(-child.pid, sig)
+        j = JSON.parse(line)
       } catch {
-        /* group gone */
+        j = null
+      }
+      if (j && typeof j === 'object' && typeof (j as { message?: unknown }).message === 'string') {
+        const o = j as { message: string; type?: unknown }
+        const text = cleanLine(o.message.replace(/\s*\n\s*/g, ' ')).slice(0, MAX_LINE)
+        const type = String(o.type ?? 'message')
+        lastJsonText = text
+        if (type === 'error') push(jsonErrors, text, KEEP_ERRORS)
+        else if (type === 'warning') push(warnings, text, KEEP_MESSAGES)
+        status(type === 'message' || type === 'info' ? text : `${type}: ${text}`)
+        return
       }
     }
-    const stop = (reason: 'timeout' | 'cancelled') => {
-      if (stopReason) return
-      stopReason = reason
-      killGroup('SIGTERM')
-      killTimer = setTimeout(() => killGroup('SIGKILL'), opts.killGraceMs ?? 5000)
-    }
-    const onAbort = () => stop('cancelled')
-    if (opts.signal?.aborted) queueMicrotask(onAbort)
-    else opts.signal?.addEventListener('abort', onAbort, { once: true })
-    const timer = setTimeout(() => stop('timeout'), opts.timeoutMs)
-
-    child.on('error', (e) => {
-      clearTimeout(timer)
-      if (killTimer) clearTimeout(killTimer)
-      opts.signal?.removeEventListener('abort', onAbort)
-      reject(e)
-    })
-    // The tool may leave helpers (qemu, nbdkit) in its group holding the pipes: once it exits, none survives.
-    child.on('exit', () => killGroup('SIGKILL'))
-    child.on('close', (code, signal) => {
-      clearTimeout(timer)
-      if (killTimer) clearTimeout(killTimer)
-      opts.signal?.removeEventListener('abort', onAbort)
-      out.end()
-      err.end()
-      const stderrLines = errors.filter((l) => !/^If reporting bugs|^\s*\S+ -v -x \[\.\.\.\]$/.test(l))
-      const lastLines = jsonErrors.length ? jsonErrors.slice(-KEEP_ERRORS) : stderrLines.length ? stderrLines.slice(-KEEP_ERRORS) : messages.slice(-KEEP_ERRORS)
-      const kind = stopReason ?? (code === 0 ? 'ok' : 'failed')
-      resolve({ kind, code, signal, lastLines, stderrLines, messages, lastFraction, warnings })
-    })
+    // The same message again in human form ("[   1.0] Opening the source") right after its JSON form.
+    const human = /^\[\s*[0-9.]+\] (.*)$/.exec(line)
+    if (human && lastJsonText !== null && human[1] === lastJsonText) return
+    status(line)
   })
+  const err = lineSplitter((raw) => {
+    const line = cleanLine(raw)
+    if (line === '') return
+    const f = progressFraction(line.trim())
+    if (f !== null) return progress(f)
+    push(errors, line, KEEP_ERRORS)
+  })
+  // Own process group: the time limit and cancel stop the whole group (SIGTERM, SIGKILL after
+  // the grace), and once the tool exits, helpers it left in the group (qemu, nbdkit) are killed.
+  const r = await exec(bin, args, {
+    env,
+    processGroup: true,
+    timeoutMs: opts.timeoutMs,
+    signal: opts.signal,
+    killGraceMs: opts.killGraceMs ?? 5000,
+    collect: false,
+    onStdout: (c) => out.push(c),
+    onStderr: (c) => err.push(c),
+  })
+  if (r.spawnError) throw r.spawnError
+  out.end()
+  err.end()
+  const stderrLines = errors.filter((l) => !/^If reporting bugs|^\s*\S+ -v -x \[\.\.\.\]$/.test(l))
+  const lastLines = jsonErrors.length ? jsonErrors.slice(-KEEP_ERRORS) : stderrLines.length ? stderrLines.slice(-KEEP_ERRORS) : messages.slice(-KEEP_ERRORS)
+  const kind = r.timedOut ? 'timeout' : r.aborted ? 'cancelled' : r.code === 0 ? 'ok' : 'failed'
+  return { kind, code: r.code, signal: r.signal, lastLines, stderrLines, messages, lastFraction, warnings }
 }
 
 /** Words for a failed outcome: `timed out`, `killed by SIGSEGV`, `exited with status 1`. */

@@ -15,7 +15,7 @@ import type { VmManifest } from '../../lib/manifest.ts'
 import { readAll } from '../helpers/disk-reader.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
-import { putVmdk, qemuImg, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { qemuImg, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
 
 const MiB = 1024 * 1024
 const t = tempDir('mig-vim-data-')

@@ -184,9 +184,9 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
     expect(missing.code).toBe(1)
     expect(missing.stderr).toStartWith('E_MIG_NOT_FOUND: ')
 
-    const escape = await cli(['host-files', 'ls', '../..'])
-    expect(escape.code).toBe(1)
-    expect(escape.stderr).toStartWith('E_MIG_HOST_PATH_REJECTED: ')
+    const escaped = await cli(['host-files', 'ls', '../..'])
+    expect(escaped.code).toBe(1)
+    expect(escaped.stderr).toStartWith('E_MIG_HOST_PATH_REJECTED: ')
   }, 30_000)
 
   test('plan submit of an invalid plan: E_MIG_INVALID_PLAN with the failing fields; watch of an unknown job: E_MIG_NOT_FOUND', async () => {

@@ -115,7 +115,7 @@ describe('migrator CLI: import, watch, cancel against a real server and libvirt'
     expect(text).toContain('uploaded cli-local.ova as ')
     // The migration bar ends full, labelled with the final state; the state lines are printed too.
     expect(text).toMatch(/Completed \|█+\| 100% 40\.0 MiB\/40\.0 MiB/)
-    expect(text).toMatch(/state: Starting\r?\n[^]*state: Completed\r?\n/)
+    expect(text).toMatch(/state: Starting\r?\n[\s\S]*state: Completed\r?\n/)
     const id = /migration ([0-9a-f-]{36}) submitted/.exec(text)![1]!
     ids.push(id)
     expect(text).toContain(`migration ${id} Completed`)

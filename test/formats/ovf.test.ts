@@ -8,11 +8,11 @@ import { readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
-import {
-  allocationUnitsMultiplier, checkHref, cimOsType, controllerBus, diskFormatFromUri, ovfDiskRefs, ovfToManifest,
-  parseOvfEnvelope, pickHardwareSection, sniffDiskFormat, type OvfEnvelope, type ResolvedOvfFile,
-} from '../../lib/formats/ovf.ts'
+import { allocationUnitsMultiplier, checkHref, diskFormatFromUri, parseOvfEnvelope, pickHardwareSection, type OvfEnvelope } from '../../lib/formats/ovf.ts'
+import { controllerBus, ovfDiskRefs, ovfToManifest, type ResolvedOvfFile } from '../../lib/formats/ovf-to-vm-manifest.ts'
+import { cimOsType } from '../../lib/formats/cim-os.ts'
 import { parseOvfManifest, verifyOvfManifest } from '../../lib/formats/ovf-manifest.ts'
+import { sniffDiskFormat } from '../../lib/formats/sniff.ts'
 import { CORPUS, thrown } from '../helpers/tmp.ts'
 
 const GiB = 2 ** 30
@@ -252,6 +252,7 @@ describe('envelope details', () => {
 
   test('capacity from a ProductSection property; CoresPerSocket', () => {
     const xml = ovf({
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: an OVF property reference, not a JS template
       disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1" ovf:capacity="${disk.size}" ovf:capacityAllocationUnits="byte * 2^30"/>',
       extra: '',
     }).replace('<VirtualHardwareSection>', '<ProductSection><Info>p</Info><Property ovf:key="disk.size" ovf:type="int" ovf:value="12"/></ProductSection><VirtualHardwareSection>')
@@ -294,7 +295,7 @@ describe('envelope details', () => {
     expect(sniffDiskFormat(Buffer.from('KDMV\x01\0\0\0', 'latin1'))).toBe('vmdk')
     expect(sniffDiskFormat(Buffer.from([0x51, 0x46, 0x49, 0xfb, 0, 0, 0, 3]))).toBe('qcow2')
     expect(sniffDiskFormat(Buffer.from('vhdxfile'))).toBe('vhdx')
-    expect(sniffDiskFormat(Buffer.alloc(512), Buffer.from('conectix'))).toBe('vpc')
+    expect(sniffDiskFormat(Buffer.alloc(512), Buffer.concat([Buffer.from('conectix'), Buffer.alloc(504)]))).toBe('vpc')
     expect(sniffDiskFormat(Buffer.alloc(512))).toBeNull()
   })
 
@@ -331,7 +332,7 @@ describe('hostile descriptors', () => {
     }).replace('<Name>vm one</Name>', '<Name>vm one</Name><prototype x="1"/>')
     const env = parseOvfEnvelope(xml, 'proto.ovf')
     expect(({} as Record<string, unknown>).polluted).toBeUndefined()
-    expect(Object.prototype.hasOwnProperty.call(Object.prototype, 'polluted')).toBe(false)
+    expect(Object.hasOwn(Object.prototype, 'polluted')).toBe(false)
     const m = manifestOf(env)
     expect(m.cpu.count).toBe(4)
     expect(pickHardwareSection(env).config.get('__proto__')).toBe('bad') // a Map key, harmless

@@ -11,7 +11,7 @@ import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { parseVbox, vboxMediumChain, vboxToManifest } from '../../lib/formats/vbox.ts'
 import { parseXmlDocument } from '../../lib/formats/xml.ts'
-import { importer } from '../../lib/importers/vbox_folder.ts'
+import { importer } from '../../lib/importers/vbox-folder.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024

@@ -11,7 +11,7 @@ import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { crc32, isVmcxNode, parseVmcx, vmcxDevices, vmcxGet, vmcxVmInfo, type VmcxNode } from '../../lib/formats/vmcx.ts'
-import { importer } from '../../lib/importers/vmcx_export.ts'
+import { importer } from '../../lib/importers/vmcx-export.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024

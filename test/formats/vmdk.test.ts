@@ -197,6 +197,7 @@ describe('parseVmdkDescriptor', () => {
     expect(d.geometry).toEqual({ cylinders: 261, heads: 255, sectors: 63 })
     expect(d.uuid).toBe('60 00 C2 9a 7b 10 6b 7f-3c 6a 4e 2d 1b 0c 4a 91')
     expect(d.virtualHWVersion).toBe('21')
+    // biome-ignore lint/suspicious/noProto: checks that a DDB key named __proto__ is kept as data
     expect(d.ddb['__proto__']).toBe('x')
     expect(Object.getPrototypeOf(d.ddb)).toBeNull()
     expect(({} as Record<string, unknown>).x).toBeUndefined()

@@ -13,7 +13,7 @@ import { VmManifest } from '../../lib/manifest.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import { decodeXmlRpcValue, parseOvaXml, verifyXvaBlocks, XVA_BLOCK_SIZE } from '../../lib/formats/xva.ts'
 import { parseXmlDocument } from '../../lib/formats/xml.ts'
-import { importer } from '../../lib/importers/xva_archive.ts'
+import { importer } from '../../lib/importers/xva-archive.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024

@@ -10,10 +10,9 @@ import { req, testCtx, thrown } from '../helpers/env.ts'
 import type { Ctx } from '../../runtime/context.ts'
 
 let ctx: Ctx
-let dir: string
 let cleanup: () => Promise<void>
 beforeAll(async () => {
-  ;({ ctx, dir, cleanup } = await testCtx())
+  ;({ ctx, cleanup } = await testCtx())
   mkdirSync(path.join(ctx.config.importRoot, 'exports'), { recursive: true })
   writeFileSync(path.join(ctx.config.importRoot, 'exports', 'web01.ova'), 'not really an ova')
   symlinkSync('/etc', path.join(ctx.config.importRoot, 'etc-link'))

@@ -3,7 +3,7 @@
  * extents read in pieces), checking that the extents cover the disk without gaps or overlaps.
  */
 import { expect } from 'bun:test'
-import type { DiskReader } from '../../lib/pipeline/readers/types.ts'
+import type { DiskReader } from '../../lib/contracts/disk-reader.ts'
 
 /** The disk's bytes and how many of them its extents call zero. `piece`: bytes per read (default 4 MiB). */
 export async function readAll(r: DiskReader, piece = 4 * 1024 * 1024): Promise<{ data: Buffer; zeroBytes: number }> {

@@ -38,7 +38,7 @@ export function writeCowd(file: string, capacityBytes: number, grainSectors: num
   header.writeUInt32LE(grainsAt + grains.size * grainSectors, 28)
   const gd = Buffer.alloc(gdSectors * SECTOR)
   const gts = Buffer.alloc(tables.length * 32 * SECTOR)
-  tables.forEach((t, i) => gd.writeUInt32LE(tablesAt + i * 32, t * 4))
+  for (const [i, t] of tables.entries()) gd.writeUInt32LE(tablesAt + i * 32, t * 4)
   const data: Buffer[] = []
   for (const [g, bytes] of [...grains].sort((a, b) => a[0] - b[0])) {
     if (bytes === 'zero' || bytes.length !== grainBytes) throw new Error('vmfsSparse grains are whole grains of data')
@@ -73,7 +73,7 @@ export function writeSeSparse(file: string, capacityBytes: number, grains: Map<n
   vol.writeBigUInt64LE(0xcafecafen, 0)
   vol.writeBigUInt64LE(opts.dirty ? 1n : 0n, 24)
   const gd = Buffer.alloc(gdSectors * SECTOR)
-  tables.forEach((t, i) => gd.writeBigUInt64LE(0x1000000000000000n | BigInt(i), t * 8))
+  for (const [i, t] of tables.entries()) gd.writeBigUInt64LE(0x1000000000000000n | BigInt(i), t * 8)
   const gts = Buffer.alloc(Math.max(1, tables.length) * 64 * SECTOR)
   const data: Buffer[] = []
   for (const [g, bytes] of [...grains].sort((a, b) => a[0] - b[0])) {

@@ -1,5 +1,5 @@
 /**
- * The `ova_archive` and `ovf_folder` importers (lib/importers/ova_archive.ts, ovf_folder.ts):
+ * The `ova_archive` and `ovf_folder` importers (lib/importers/ova-archive.ts, ovf-folder.ts):
  * corpus OVAs, and OVF packages built here with qemu-img (streamOptimized VMDK), GNU tar and a
  * hand-written DSP0243 1.0 descriptor and SHA256 `.mf`.
  */
@@ -10,8 +10,8 @@ import { mkdirSync, readFileSync, writeFileSync, symlinkSync, openSync, readSync
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
-import { importer as ova } from '../../lib/importers/ova_archive.ts'
-import { importer as ovfFolder } from '../../lib/importers/ovf_folder.ts'
+import { importer as ova } from '../../lib/importers/ova-archive.ts'
+import { importer as ovfFolder } from '../../lib/importers/ovf-folder.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
 
 const MiB = 2 ** 20

@@ -8,7 +8,8 @@ import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { gunzipSync } from 'node:zlib'
 import { MigError } from '../../lib/errors.ts'
-import { detectKind, probeFile, probeMagic } from '../../lib/importers/probe.ts'
+import { detectKind, probeFile } from '../../lib/importers/probe.ts'
+import { probeMagic } from '../../lib/formats/sniff.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024

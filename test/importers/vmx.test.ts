@@ -8,7 +8,7 @@ import { copyFileSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } fro
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
-import { importer as vmxImporter } from '../../lib/importers/vmx_folder.ts'
+import { importer as vmxImporter } from '../../lib/importers/vmx-folder.ts'
 import { importer as vmdkImporter } from '../../lib/importers/vmdk.ts'
 import { inspectInput } from '../../lib/importers/index.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'

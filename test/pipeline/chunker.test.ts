@@ -1,7 +1,7 @@
 import { describe, expect, test } from 'bun:test'
 import { MigError } from '../../lib/errors.ts'
 import { CHUNK_BYTES, chunkExtents, isAllZero, splitZeroRuns, type Chunk } from '../../lib/pipeline/chunker.ts'
-import type { DiskExtent } from '../../lib/pipeline/readers/types.ts'
+import type { DiskExtent } from '../../lib/contracts/disk-reader.ts'
 
 const MiB = 1024 * 1024
 const KiB = 1024

@@ -12,13 +12,14 @@ import { afterAll, describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { existsSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import type { Extent, LiveSession, SnapshotRef } from '../../lib/adapters/types.ts'
+import type { LiveSession, SnapshotRef } from '../../lib/adapters/types.ts'
+import type { DiskArea } from '../../lib/contracts/disk-reader.ts'
 import { MigError } from '../../lib/errors.ts'
 import type { Job, JobState } from '../../lib/job.ts'
 import type { ManifestDisk, VmManifest } from '../../lib/manifest.ts'
 import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
 import { runJob, type OrchestratorDeps } from '../../lib/pipeline/orchestrator.ts'
-import type { DiskReader } from '../../lib/pipeline/readers/types.ts'
+import type { DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { openStore, type Store } from '../../lib/store/index.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -98,13 +99,13 @@ class ScriptedLiveSource implements LiveSession {
   private areaCalls = 0
   /** Calls with changeId `*` (the allocated areas), by disk label. */
   allocatedCalls: string[] = []
-  async changedAreas(_vm: string, snap: SnapshotRef, disk: ManifestDisk, since: string): Promise<Extent[]> {
+  async changedAreas(_vm: string, snap: SnapshotRef, disk: ManifestDisk, since: string): Promise<DiskArea[]> {
     const i = Number(disk.label.slice(4))
     if (since === '*') {
       // allocated = not all zero, in BLOCK units
       this.allocatedCalls.push(disk.label)
       const now = this.snaps.get(snap.id)![i]
-      const out: Extent[] = []
+      const out: DiskArea[] = []
       for (let o = 0; o < now.length; o += BLOCK) if (now.subarray(o, o + BLOCK).some((b) => b !== 0)) out.push({ offset: o, length: Math.min(BLOCK, now.length - o) })
       return out
     }
@@ -112,7 +113,7 @@ class ScriptedLiveSource implements LiveSession {
     const before = this.snaps.get(since)?.[i]
     if (!before) throw new MigError('E_MIG_CBT_RESET', `scripted: changeId ${since} unknown`)
     const now = this.snaps.get(snap.id)![i]
-    const out: Extent[] = []
+    const out: DiskArea[] = []
     for (let o = 0; o < now.length; o += BLOCK) {
       if (!now.subarray(o, o + BLOCK).equals(before.subarray(o, o + BLOCK))) out.push({ offset: o, length: Math.min(BLOCK, now.length - o) })
     }

@@ -11,7 +11,7 @@ import { closeSync, existsSync, lstatSync, openSync, readFileSync, readSync, wri
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
-import type { DiskReader } from '../../lib/pipeline/readers/types.ts'
+import type { DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { ZvolSink } from '../../lib/sink/zvol.ts'
 import { tempDir } from '../helpers/tmp.ts'
 

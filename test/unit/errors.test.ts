@@ -1,5 +1,5 @@
 import { describe, expect, test } from 'bun:test'
-import { ERROR_CODES, MigError, statusOf, asMigError } from '../../lib/errors.ts'
+import { ERROR_CODES, MigError, httpStatusOf, asMigError } from '../../lib/errors.ts'
 
 describe('error codes (spec 7)', () => {
   test('all 24 codes, exact spellings', () => {
@@ -17,7 +17,7 @@ describe('error codes (spec 7)', () => {
       E_MIG_MALFORMED_ARCHIVE: 422, E_MIG_UPLOAD_REJECTED: 413, E_MIG_SOURCE_UNREACHABLE: 502, E_MIG_AUTH_FAILED: 502,
       E_MIG_PERSIST_FAILED: 503, E_MIG_INTERNAL: 500, E_MIG_DISK_READ_FAILED: 500, E_MIG_CANCELLED: 500,
     }
-    for (const [code, status] of Object.entries(expected)) expect(statusOf(code as any)).toBe(status)
+    for (const [code, status] of Object.entries(expected)) expect(httpStatusOf(code as any)).toBe(status)
   })
 
   test('body shape and explicit status', () => {

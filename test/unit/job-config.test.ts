@@ -4,7 +4,7 @@
  */
 import { describe, expect, test } from 'bun:test'
 import { FileSink } from '../../lib/sink/file.ts'
-import { ZvolSink } from '../../lib/sink/zvol.ts'
+import type { ZvolSink } from '../../lib/sink/zvol.ts'
 import { loadConfig } from '../../runtime/config.ts'
 import { sinkFromConfig } from '../../runtime/job-deps.ts'
 

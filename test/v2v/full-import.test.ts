@@ -24,7 +24,7 @@ import { closeSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, 
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import type { ManifestDisk, VmManifest } from '../../lib/manifest.ts'
-import { importer as vmcxImporter } from '../../lib/importers/vmcx_export.ts'
+import { importer as vmcxImporter } from '../../lib/importers/vmcx-export.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { fullImportCommand, runV2vFullImport, v2vDriveName, type FullImportVolume } from '../../lib/v2v/full-import.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'

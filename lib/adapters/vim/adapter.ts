@@ -13,8 +13,8 @@
 import { hostname } from 'node:os'
 import { MigError, isMigError } from '../../errors.ts'
 import type { ManifestDisk, VmManifest } from '../../manifest.ts'
-import type { DiskReader } from '../../pipeline/readers/types.ts'
-import type { Extent, LiveSession, SnapshotRef, SourceAdapter, SourceConnection, VmSummary } from '../types.ts'
+import type { DiskArea, DiskReader } from '../../contracts/disk-reader.ts'
+import type { LiveSession, SnapshotRef, SourceAdapter, SourceConnection, VmSummary } from '../types.ts'
 import { DatastoreHttp, openDatastoreVmdk } from './datastore.ts'
 import { VM_PATHS, devicesOf, diskLabels, disksOf, manifestOf } from './manifest.ts'
 import { TaskFailed, retrieveAll, retrieveOne, waitTask } from './props.ts'
@@ -198,11 +198,11 @@ export class VimSession implements LiveSession {
     }
   }
 
-  async changedAreas(vmId: string, snapshot: SnapshotRef, disk: ManifestDisk, sinceChangeId: string): Promise<Extent[]> {
+  async changedAreas(vmId: string, snapshot: SnapshotRef, disk: ManifestDisk, sinceChangeId: string): Promise<DiskArea[]> {
     const key = disk.source.device_key
     if (key === undefined) throw new MigError('E_MIG_CBT_RESET', `${disk.label}: no device key to query changed areas of`)
     const capacity = (await this.snapshotDisks(vmId, snapshot)).find((v) => v.key === key)?.capacityBytes ?? disk.capacity_bytes
-    const areas: Extent[] = []
+    const areas: DiskArea[] = []
     let start = 0
     for (let calls = 0; start < capacity; calls++) {
       if (calls > 1_000_000) throw new MigError('E_MIG_CBT_RESET', `${disk.label}: QueryChangedDiskAreas did not cover the disk`)
@@ -228,7 +228,7 @@ export class VimSession implements LiveSession {
       start = s + len
     }
     areas.sort((a, b) => a.offset - b.offset)
-    const merged: Extent[] = []
+    const merged: DiskArea[] = []
     for (const a of areas) {
       const last = merged[merged.length - 1]
       if (last && a.offset <= last.offset + last.length) last.length = Math.max(last.length, a.offset + a.length - last.offset)

@@ -12,7 +12,7 @@
  */
 import { request } from 'undici/index.js'
 import { MigError } from '../../errors.ts'
-import type { DiskReader } from '../../pipeline/readers/types.ts'
+import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { x, type VimClient } from './soap.ts'
 import { MAX_RANGE, openVmdkChain, type RemoteFile } from './vmdk-chain.ts'
 

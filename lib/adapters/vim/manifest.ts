@@ -4,6 +4,7 @@
  * `VirtualController`).
  */
 import { guestFamilyOf, sanitizeLabel, type ControllerBus, type ManifestDisk, type ManifestNic, type VmManifest } from '../../manifest.ts'
+import { normalizeMac } from '../../mac.ts'
 import { arr, bool, int, txt, xsiType, type XNode } from './soap.ts'
 
 /** The VM properties {@link manifestOf} reads, in one `RetrievePropertiesEx`. */
@@ -127,9 +128,8 @@ export function manifestOf(props: Record<string, XNode>): VmManifest {
   for (const d of devices) {
     const t = xsiType(d)
     if (!t || !NIC_MODELS[t]) continue
-    const mac = txt(d.macAddress)?.toLowerCase() ?? null
     const network = txt(d.backing?.deviceName) ?? txt(d.backing?.port?.portgroupKey) ?? null
-    nics.push({ label: txt(d.deviceInfo?.label) ?? `nic${nics.length}`, mac: mac && /^([0-9a-f]{2}:){5}[0-9a-f]{2}$/.test(mac) ? mac : null, model: NIC_MODELS[t], network })
+    nics.push({ label: txt(d.deviceInfo?.label) ?? `nic${nics.length}`, mac: normalizeMac(txt(d.macAddress)), model: NIC_MODELS[t], network })
   }
   const guestId = txt(props['config.guestId']) || null
   const cpus = Math.max(1, int(props['config.hardware.numCPU']) ?? 1)

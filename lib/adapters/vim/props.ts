@@ -4,7 +4,7 @@
  * `ContinueRetrievePropertiesEx` paging, container views, and waiting for a task's `info.state`.
  */
 import { MigError } from '../../errors.ts'
-import { VimClient, VimFault, arr, moref, txt, x, xsiType, type MoRef, type XNode } from './soap.ts'
+import { type VimClient, VimFault, arr, moref, txt, x, xsiType, type MoRef, type XNode } from './soap.ts'
 
 /** One object of a property retrieval: its reference and `path -> value node`. */
 export interface ObjectProps {

@@ -22,11 +22,11 @@
  */
 // The package file, not the bare 'undici' specifier: Bun substitutes a built-in shim for that
 // specifier whose connector ignores `ca` and certificate pinning.
-import { Agent, buildConnector, request } from 'undici/index.js'
-import type { TLSSocket } from 'node:tls'
+import { Agent, request } from 'undici/index.js'
 import { XMLParser } from 'fast-xml-parser'
 import { MigError } from '../../errors.ts'
-import type { SourceTls } from '../../store/sources.ts'
+import type { SourceTls } from '../../contracts/source-tls.ts'
+import { tlsConnector } from '../../tls.ts'
 
 /** A managed object reference: `type` (e.g. `VirtualMachine`) and `value` (e.g. `vm-42`). */
 export interface MoRef {
@@ -35,7 +35,7 @@ export interface MoRef {
 }
 
 /** A parsed XML node: a string for text-only elements, else an object of children (`@_attr`, `#text`). */
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
+// biome-ignore lint/suspicious/noExplicitAny: fast-xml-parser output is untyped; the vim code narrows every use with txt/int/bool/arr
 export type XNode = any
 
 /** The `about` block of the service content (vSphere `AboutInfo`). */
@@ -158,10 +158,6 @@ export function bool(v: XNode): boolean | null {
 
 const READ_ONLY = new Set(['RetrieveServiceContent', 'RetrievePropertiesEx', 'ContinueRetrievePropertiesEx', 'CancelRetrievePropertiesEx', 'QueryChangedDiskAreas', 'CurrentTime', 'Login', 'Logout', 'CreateContainerView', 'DestroyView'])
 
-function normalizeThumbprint(s: string): string {
-  return s.replace(/:/g, '').toLowerCase()
-}
-
 /** Error codes of Node/undici that mean the request never reached the server. */
 const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT'])
 
@@ -242,24 +238,7 @@ export class VimClient {
     this.retries = opts.retries ?? 3
     this.retryBaseMs = opts.retryBaseMs ?? 250
     this.maxResponseBytes = opts.maxResponseBytes ?? 64 * 1024 * 1024
-    const pin = opts.tls.thumbprint ? normalizeThumbprint(opts.tls.thumbprint) : null
-    // No TLS session resumption: a resumed session shows no peer certificate, so the pin could not
-    // be checked on the pool's later connections (and a session cached from a connection whose
-    // pin failed must never be reused).
-    const base = buildConnector({ ca: opts.tls.ca_pem, rejectUnauthorized: pin === null && opts.tls.insecure !== true, timeout: opts.connectTimeoutMs ?? 10_000, maxCachedSessions: 0 })
-    const connect: buildConnector.connector = (o, cb) =>
-      base(o, (err, socket) => {
-        if (err || pin === null || o.protocol !== 'https:') return cb(err as Error, socket as never)
-        const cert = (socket as TLSSocket).getPeerCertificate()
-        const got = cert?.fingerprint256 ? normalizeThumbprint(cert.fingerprint256) : ''
-        if (got !== pin) {
-          socket!.destroy()
-          const e = new Error(`certificate thumbprint ${got || '(none)'} does not match the pinned ${pin}`) as Error & { code: string }
-          e.code = 'ERR_TLS_THUMBPRINT_MISMATCH'
-          return cb(e, null)
-        }
-        cb(null, socket!)
-      })
+    const connect = tlsConnector(opts.tls, opts.connectTimeoutMs ?? 10_000)
     this.agent = new Agent({ connect, keepAliveTimeout: 30_000, headersTimeout: this.timeoutMs, bodyTimeout: this.timeoutMs, connections: 8 })
   }
 

@@ -28,7 +28,7 @@
  * (`E_MIG_DISK_READ_FAILED`).
  */
 import { MigError } from '../../errors.ts'
-import type { DiskExtent, DiskReader } from '../../pipeline/readers/types.ts'
+import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
 /** Random access to the bytes of one file. Offsets and lengths in bytes. */
 export interface RemoteFile {

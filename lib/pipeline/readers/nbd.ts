@@ -9,7 +9,7 @@ import { MigError } from '../../errors.ts'
 import type { DiskFormat } from '../../manifest.ts'
 import { NbdClient, NBD_STATE_ZERO } from '../nbd-client.ts'
 import { startQemuNbd, type QemuNbdServer } from '../qemu-nbd.ts'
-import type { DiskExtent, DiskReader } from './types.ts'
+import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
 /** Options of {@link openNbdReader}. Bytes. */
 export interface NbdReaderOptions {

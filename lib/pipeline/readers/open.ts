@@ -17,7 +17,7 @@ import { readVdiInfo } from '../../formats/vdi.ts'
 import { openNbdReader } from './nbd.ts'
 import { stageOvfFile } from './ovf-staged.ts'
 import { openRawFileReader } from './raw-file.ts'
-import type { DiskReader } from './types.ts'
+import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { openXvaBlocksReader } from './xva-blocks.ts'
 
 /** Options of {@link openDiskReader}. */

@@ -21,7 +21,7 @@ import { pipeline } from 'node:stream/promises'
 import { createGunzip } from 'node:zlib'
 import { MigError, isMigError } from '../../errors.ts'
 import { listTarMembers } from '../../formats/tar.ts'
-import { memberKey } from '../../importers/ova_archive.ts'
+import { memberKey } from '../../importers/ova-archive.ts'
 import type { DiskSource } from '../../manifest.ts'
 import { isAllZero } from '../chunker.ts'
 
@@ -54,7 +54,7 @@ async function storedRanges(src: DiskSource, label: string): Promise<StoredRange
     for (let i = 0; sum < total; i++) {
       const p = `${src.path}.${name(i)}`
       const st = await stat(p).catch(() => null)
-      if (!st || !st.isFile() || st.size === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(p)} is missing or empty (the package changed since inspection)`)
+      if (!st?.isFile() || st.size === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(p)} is missing or empty (the package changed since inspection)`)
       ranges.push({ path: p, offset: 0, length: st.size })
       sum += st.size
     }

@@ -8,7 +8,7 @@
  */
 import { open, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
-import type { DiskExtent, DiskReader } from './types.ts'
+import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
 /** Options of {@link openRawFileReader}. Bytes. */
 export interface RawFileReaderOptions {

@@ -8,7 +8,7 @@
 import { open, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
 import { listTarMembers } from '../../formats/tar.ts'
-import type { DiskExtent, DiskReader } from './types.ts'
+import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
 /** Size of an XVA block, bytes (1 MiB). */
 export const XVA_BLOCK = 1024 * 1024

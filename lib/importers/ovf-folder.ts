@@ -12,10 +12,9 @@ import { readFileRange } from '../formats/io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { hashRange } from '../formats/tar.ts'
-import {
-  MAX_DESCRIPTOR_BYTES, attachManifestDigests, capacityFromHeader, checkHref, chooseDiskFormat, decodeDescriptor, inflateHead, ovfDiskRefs,
-  ovfToManifest, parseOvfEnvelope, pickHardwareSection, type OvfFile, type ResolvedOvfFile,
-} from '../formats/ovf.ts'
+import { MAX_DESCRIPTOR_BYTES, capacityFromHeader, checkHref, chooseDiskFormat, decodeDescriptor, parseOvfEnvelope, pickHardwareSection, type OvfFile } from '../formats/ovf.ts'
+import { attachManifestDigests, ovfDiskRefs, ovfToManifest, type ResolvedOvfFile } from '../formats/ovf-to-vm-manifest.ts'
+import { inflateHead } from '../formats/gzip-head.ts'
 import { MAX_MANIFEST_BYTES, normalizeManifestName, parseOvfManifest, verifyOvfManifest, type ManifestTarget } from '../formats/ovf-manifest.ts'
 import type { Importer, InspectContext } from './types.ts'
 

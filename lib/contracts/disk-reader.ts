@@ -3,7 +3,10 @@
  * a virtual disk seen as raw bytes, with the extents that hold data and those known to read as
  * zeros, so the copy loop never reads unallocated or zero areas it can skip.
  *
- * Implementations: `raw-file.ts` (a raw/flat file or a tar member's byte range), `nbd.ts`
+ * Lives in `lib/contracts/` because every layer depends on it: pipeline readers implement it, live
+ * adapters return it, the copy loop consumes it.
+ *
+ * Implementations (`lib/pipeline/readers/`): `raw-file.ts` (a raw/flat file or a tar member's byte range), `nbd.ts`
  * (qemu-nbd + the NBD client, for qcow2/vmdk/vhdx/vpc/vdi), `xva-blocks.ts` (XVA 1 MiB blocks),
  * and live adapters' snapshot readers.
  */
@@ -17,6 +20,15 @@ export interface DiskExtent {
   offset: number
   length: number
   zero: boolean
+}
+
+/**
+ * A byte range of a disk (bytes) with no claim about its content: a changed or allocated area a
+ * live source reports (CBT `QueryChangedDiskAreas`), which a reader is restricted to.
+ */
+export interface DiskArea {
+  offset: number
+  length: number
 }
 
 /**

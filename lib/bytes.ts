@@ -1,0 +1,18 @@
+/**
+ * Fixed-width integers read from binary headers (VMDK, qcow2, VHDX, VMCX, the NBD protocol), as
+ * JavaScript numbers: offsets and sizes in bytes or sectors that must stay exact.
+ */
+
+const MAX = BigInt(Number.MAX_SAFE_INTEGER)
+
+/** The little-endian uint64 at byte `at` of `buf` as a number, or null when it exceeds 2^53 - 1. */
+export function u64le(buf: Buffer, at: number): number | null {
+  const v = buf.readBigUInt64LE(at)
+  return v > MAX ? null : Number(v)
+}
+
+/** The big-endian uint64 at byte `at` of `buf` as a number, or null when it exceeds 2^53 - 1. */
+export function u64be(buf: Buffer, at: number): number | null {
+  const v = buf.readBigUInt64BE(at)
+  return v > MAX ? null : Number(v)
+}

@@ -1,0 +1,146 @@
+/**
+ * What the sinks share (DESIGN.md section 6): {@link HandleVolume}, the positioned-write volume
+ * over an open regular file or block device (the file sink's images, the zvol sink's devices,
+ * virt-v2v's output volumes), and the job-id check that makes a job id a safe path segment and
+ * dataset name.
+ */
+import { readFile, realpath, type FileHandle } from 'node:fs/promises'
+import { basename } from 'node:path'
+import { MigError } from '../errors.ts'
+import { ZERO_BUFFER } from '../pipeline/chunker.ts'
+import type { SinkVolume } from './types.ts'
+
+/** Zero runs shorter than this are written as zeros instead of discarded (a discard spawns a process), bytes. */
+export const DISCARD_MIN_BYTES = 1024 * 1024
+
+/** A job id usable as a path segment and dataset name: `[A-Za-z0-9][A-Za-z0-9._-]{0,127}`. */
+export function checkJobId(jobId: string): string {
+  if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/.test(jobId)) throw new MigError('E_MIG_INTERNAL', `sink: invalid job id ${JSON.stringify(jobId)}`)
+  return jobId
+}
+
+/** `E_MIG_DISK_WRITE_FAILED` for a failed volume operation, naming the volume, the offset and the errno. */
+export function writeFailed(path: string, what: string, offset: number, e: unknown): MigError {
+  const code = (e as NodeJS.ErrnoException)?.code
+  return new MigError('E_MIG_DISK_WRITE_FAILED', `${path}: ${what} at offset ${offset} failed: ${(e as Error)?.message ?? String(e)}`, {
+    cause: e,
+    details: { volume: path, offset, ...(code ? { errno: code } : {}) },
+  })
+}
+
+/** How a {@link HandleVolume} discards a range: resolves true when done, false to fall back to zero-fill. */
+export type Discarder = (offset: number, length: number) => Promise<boolean>
+
+/**
+ * A {@link SinkVolume} over an open handle (regular file or block device). Bytes.
+ * `fresh`: the volume was just created and reads as zeros everywhere, so zero runs beyond
+ * everything written through this object need no I/O. `discard`: punches/discards a range
+ * (runs of at least {@link DISCARD_MIN_BYTES}, aligned to `discardAlign`); when it answers
+ * false or is absent, the range is overwritten with zeros.
+ */
+export class HandleVolume implements SinkVolume {
+  private writtenEnd = 0
+  private closed = false
+
+  constructor(
+    private readonly fh: FileHandle,
+    readonly path: string,
+    readonly capacity: number,
+    readonly blockSize: number,
+    private readonly opts: { fresh: boolean; discard?: Discarder; discardAlign?: number },
+  ) {}
+
+  private check(what: string, offset: number, length: number): void {
+    if (this.closed) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${this.path}: ${what} at offset ${offset} after close`)
+    if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length < 0 || offset + length > this.capacity) {
+      throw new MigError('E_MIG_DISK_WRITE_FAILED', `${this.path}: ${what} of ${length} bytes at offset ${offset} is outside the volume (${this.capacity} bytes)`, {
+        details: { volume: this.path, offset },
+      })
+    }
+  }
+
+  /** Writes all of `buf` at `offset`. `E_MIG_DISK_WRITE_FAILED` (ENOSPC, EIO, out of range). */
+  async write(offset: number, buf: Buffer): Promise<void> {
+    this.check('write', offset, buf.length)
+    let done = 0
+    try {
+      while (done < buf.length) {
+        const { bytesWritten } = await this.fh.write(buf, done, buf.length - done, offset + done)
+        if (bytesWritten === 0) throw Object.assign(new Error('no progress (ENOSPC?)'), { code: 'ENOSPC' })
+        done += bytesWritten
+      }
+    } catch (e) {
+      throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + done, e)
+    }
+    if (offset + buf.length > this.writtenEnd) this.writtenEnd = offset + buf.length
+  }
+
+  private async fill(offset: number, length: number): Promise<void> {
+    for (let o = offset; o < offset + length; ) {
+      const n = Math.min(ZERO_BUFFER.length, offset + length - o)
+      let done = 0
+      try {
+        while (done < n) {
+          const { bytesWritten } = await this.fh.write(ZERO_BUFFER, done, n - done, o + done)
+          if (bytesWritten === 0) throw Object.assign(new Error('no progress (ENOSPC?)'), { code: 'ENOSPC' })
+          done += bytesWritten
+        }
+      } catch (e) {
+        throw writeFailed(this.path, `zero-fill of ${length} bytes`, o + done, e)
+      }
+      o += n
+    }
+  }
+
+  /**
+   * Makes `[offset, offset+length)` read as zeros: nothing on a fresh volume past what was
+   * written; otherwise a discard of the aligned middle of runs of at least 1 MiB and zero-fill
+   * of the rest. `E_MIG_DISK_WRITE_FAILED`.
+   */
+  async zero(offset: number, length: number): Promise<void> {
+    this.check('zero', offset, length)
+    let end = offset + length
+    if (this.opts.fresh) end = Math.min(end, this.writtenEnd)
+    if (end <= offset) return
+    const len = end - offset
+    const align = this.opts.discardAlign ?? 1
+    if (this.opts.discard && len >= DISCARD_MIN_BYTES) {
+      const a = Math.ceil(offset / align) * align
+      const b = Math.floor(end / align) * align
+      if (b > a && (await this.opts.discard(a, b - a))) {
+        await this.fill(offset, a - offset)
+        await this.fill(b, end - b)
+        return
+      }
+    }
+    await this.fill(offset, len)
+  }
+
+  /** fsync: everything written or zeroed before is durable afterwards. `E_MIG_DISK_WRITE_FAILED`. */
+  async flush(): Promise<void> {
+    if (this.closed) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${this.path}: flush after close`)
+    try {
+      await this.fh.sync()
+    } catch (e) {
+      throw writeFailed(this.path, 'flush (fsync)', this.writtenEnd, e)
+    }
+  }
+
+  /** Closes the handle; never throws. */
+  async close(): Promise<void> {
+    if (this.closed) return
+    this.closed = true
+    await this.fh.close().catch(() => {})
+  }
+}
+
+/** Size of a block device in bytes, from `/sys/class/block/<dev>/size` (512-byte sectors), or null when unknown. */
+export async function blockDeviceSize(dev: string): Promise<number | null> {
+  try {
+    const real = await realpath(dev)
+    const sectors = Number((await readFile(`/sys/class/block/${basename(real)}/size`, 'utf8')).trim())
+    return Number.isSafeInteger(sectors) ? sectors * 512 : null
+  } catch {
+    return null
+  }
+}

@@ -15,6 +15,7 @@ import * as migrationsCreate from '../handlers/migrations/create.ts'
 import * as migrationsStream from '../handlers/migrations/stream.ts'
 import * as migrationsGet from '../handlers/migrations/get.ts'
 import * as migrationsCancel from '../handlers/migrations/cancel.ts'
+import * as migrationsSerialLog from '../handlers/migrations/serial-log.ts'
 import * as uploadsList from '../handlers/uploads/list.ts'
 import * as uploadsCreate from '../handlers/uploads/create.ts'
 import * as uploadsGet from '../handlers/uploads/get.ts'
@@ -22,8 +23,9 @@ import * as uploadsDelete from '../handlers/uploads/delete.ts'
 import * as uploadsInspect from '../handlers/uploads/inspect.ts'
 import * as hostFilesBrowse from '../handlers/host-files/browse.ts'
 import * as hostFilesInspect from '../handlers/host-files/inspect.ts'
+import * as uiStatic from '../handlers/ui/static.ts'
 
-/** Every endpoint of spec section 4. */
+/** Every endpoint of spec section 4, the serial-log tail and the web console. */
 export const HANDLERS: readonly HandlerModule[] = [
   sourcesList,
   sourcesCreate,
@@ -37,6 +39,7 @@ export const HANDLERS: readonly HandlerModule[] = [
   migrationsStream,
   migrationsGet,
   migrationsCancel,
+  migrationsSerialLog,
   uploadsList,
   uploadsCreate,
   uploadsGet,
@@ -44,4 +47,6 @@ export const HANDLERS: readonly HandlerModule[] = [
   uploadsInspect,
   hostFilesBrowse,
   hostFilesInspect,
+  // the web console (not in spec 4): GET /ui/* serves ui/dist
+  uiStatic,
 ] as HandlerModule[]

@@ -1,0 +1,59 @@
+/**
+ * The web console tests' browser: Debian's Chromium (`/usr/bin/chromium`, installed by
+ * `.ci/install`) driven by playwright-core, headless, without sandbox, GPU, QUIC or background
+ * networking, in a fresh profile directory removed on close. Screenshots go to
+ * `test/ui/screenshots/` (gitignored).
+ */
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import * as path from 'node:path'
+import { chromium, type BrowserContext, type Page } from 'playwright-core'
+
+/** Where the tests' screenshots are written. */
+export const SCREENSHOTS = path.join(import.meta.dir, 'screenshots')
+
+/** An open browser with one page; `close()` ends Chromium and removes its profile. */
+export interface Browser {
+  context: BrowserContext
+  page: Page
+  /** Console errors and uncaught page errors seen so far (a test can assert there were none). */
+  errors: string[]
+  screenshot(name: string): Promise<string>
+  close(): Promise<void>
+}
+
+/** Launches Chromium; `httpCredentials` answers the migrator's Basic guard. */
+export async function openBrowser(opts: { httpCredentials?: { username: string; password: string } } = {}): Promise<Browser> {
+  const profile = mkdtempSync(path.join(tmpdir(), 'i17-chromium-'))
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.MIGRATOR_CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1280, height: 900 },
+    httpCredentials: opts.httpCredentials,
+  })
+  const page = context.pages()[0] ?? (await context.newPage())
+  const errors: string[] = []
+  page.on('pageerror', (e) => errors.push(`pageerror: ${e.message}`))
+  page.on('console', (m) => m.type() === 'error' && errors.push(`console: ${m.text()}`))
+  return {
+    context,
+    page,
+    errors,
+    async screenshot(name) {
+      mkdirSync(SCREENSHOTS, { recursive: true })
+      const file = path.join(SCREENSHOTS, `${name}.png`)
+      await page.screenshot({ path: file, fullPage: true })
+      return file
+    },
+    async close() {
+      await context.close().catch(() => {})
+      rmSync(profile, { recursive: true, force: true })
+    },
+  }
+}
+
+/** The console's URL for a server whose API base is `base`. */
+export function consoleUrl(base: string, hash = '#/'): string {
+  return `${base}/ui/${hash}`
+}

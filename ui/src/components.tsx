@@ -75,7 +75,7 @@ export function ThroughputChart({ samples }: { samples: Sample[] }) {
   const H = 180
   const L = 56
   const B = 24
-  if (samples.length < 2) return <p class="muted" data-testid="chart-empty">No throughput samples yet.</p>
+  if (samples.length < 2) return <p class="muted" data-testid="chart-empty">Not enough progress samples to chart yet.</p>
   const t0 = samples[0]!.t
   const span = Math.max(1, samples[samples.length - 1]!.t - t0)
   const peak = Math.max(1, ...samples.map((s) => s.rate))

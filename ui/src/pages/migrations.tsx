@@ -166,7 +166,7 @@ export function JobPage({ id }: { id: string }) {
         {job.plan.name ?? job.domain ?? job.id} <StateBadge state={job.state} />
         {conn === 'lost' && <span class="muted small"> (updates paused)</span>}
       </h2>
-      <p class="muted mono small">
+      <p class="muted mono small" data-testid="job-meta">
         {job.id} · {sourceOf(job)} · {job.strategy}, {job.effective_mode.toLowerCase()}
         {job.plan.mode !== job.effective_mode ? ` (asked ${job.plan.mode.toLowerCase()})` : ''}
       </p>

@@ -4,10 +4,15 @@
  * networking, in a fresh profile directory removed on close. Screenshots go to
  * `test/ui/screenshots/` (gitignored).
  */
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs'
+import { chmodSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 import { chromium, type BrowserContext, type Page } from 'playwright-core'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import type { RunningServer } from '../helpers/server.ts'
+
+/** Name prefix of every domain the console tests define. */
+export const PREFIX = 'i17-'
 
 /** Where the tests' screenshots are written. */
 export const SCREENSHOTS = path.join(import.meta.dir, 'screenshots')
@@ -56,4 +61,22 @@ export async function openBrowser(opts: { httpCredentials?: { username: string; 
 /** The console's URL for a server whose API base is `base`. */
 export function consoleUrl(base: string, hash = '#/'): string {
   return `${base}/ui/${hash}`
+}
+
+/**
+ * Before a console suite: the test's temporary dir made traversable (qemu reaches the file-sink
+ * volumes under it), libvirt up, no domain left from an earlier run.
+ */
+export async function prepareHost(dir: string): Promise<void> {
+  chmodSync(dir, 0o755)
+  await ensureLibvirt()
+  await cleanupDomains(PREFIX)
+}
+
+/** After a console suite: closes the browser, stops the server, removes the suite's domains and temporary dir. */
+export async function teardown(b: Browser | undefined, srv: RunningServer | undefined, t: { cleanup(): void }): Promise<void> {
+  await b?.close()
+  await srv?.stop()
+  await cleanupDomains(PREFIX)
+  t.cleanup()
 }

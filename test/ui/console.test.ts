@@ -8,16 +8,14 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
-import { chmodSync, existsSync, mkdirSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { consoleUrl, openBrowser, type Browser } from './browser.ts'
+import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
 
-const PREFIX = 'i17-'
 const MiB = 1024 * 1024
 /** Source read cap of the server: 2 MiB/s. */
 const CAP = 2 * MiB
@@ -36,22 +34,18 @@ describe('web console (Bun server, Chromium)', () => {
   const data = path.join(t.dir, 'data')
   let srv: RunningServer
   let b: Browser
+  /** Every URL the page requested: the console works offline, so all are the migrator's. */
+  const requested: string[] = []
 
   beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
+    await prepareHost(t.dir)
     mkdirSync(inputs)
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
     srv = await startServer('bun', data, { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(CAP), MIGRATOR_DOMAIN_TYPE: 'qemu' })
     b = await openBrowser()
-  }, 60_000)
+    b.page.on('request', (r) => requested.push(r.url()))
+  }, 120_000)
 
-  afterAll(async () => {
-    await b?.close()
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => teardown(b, srv, t))
 
   test('upload an OVA from the page: the browser hashes and uploads it, the manifest shows, the progress bar moves and reaches Completed', async () => {
     // 8 MiB of data then 8 MiB of zeros: 4 s at the cap, the zeros skipped
@@ -104,6 +98,11 @@ describe('web console (Bun server, Chromium)', () => {
     await page.goto(consoleUrl(srv.base, '#/'))
     await page.locator(`[data-job="${id}"][data-state=Completed]`).waitFor()
     await b.screenshot('migrations-list')
+    // no CDN, no external font: everything came from the migrator (or is inline)
+    const origin = new URL(srv.base).origin
+    expect(requested.length).toBeGreaterThan(3)
+    expect(requested.filter((u) => !u.startsWith(`${origin}/`) && !u.startsWith('data:'))).toEqual([])
+    expect(b.errors).toEqual([])
   }, 120_000)
 
   async function inspectHostFile(rel: string, dir: string): Promise<void> {

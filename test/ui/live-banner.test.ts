@@ -6,17 +6,14 @@
  * (spec 1.4, 6) while the job runs on to Completed.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { call } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
-import { consoleUrl, openBrowser, type Browser } from './browser.ts'
+import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
 
-const PREFIX = 'i17-'
 const MiB = 1024 * 1024
 
 describe('web console: vSphere source, warm plan without CBT (vCenter simulator)', () => {
@@ -26,20 +23,15 @@ describe('web console: vSphere source, warm plan without CBT (vCenter simulator)
   let b: Browser
 
   beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
     v = await startVcsim()
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
+    await prepareHost(t.dir)
     srv = await startServer('bun', path.join(t.dir, 'data'), { MIGRATOR_DOMAIN_TYPE: 'qemu' })
     b = await openBrowser()
   }, 180_000)
 
   afterAll(async () => {
-    await b?.close()
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
+    await teardown(b, srv, t)
     await v?.stop()
-    t.cleanup()
   })
 
   test('register, test, list, inspect, start Warm: the downgrade banner shows and the job completes cold', async () => {

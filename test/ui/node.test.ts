@@ -4,15 +4,13 @@
  * live, it lists a host file and follows a job submitted from the page to Completed.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, mkdirSync } from 'node:fs'
+import { mkdirSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, makeRawImage } from '../helpers/inputs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { consoleUrl, openBrowser, type Browser } from './browser.ts'
+import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
 
-const PREFIX = 'i17-'
 const MiB = 1024 * 1024
 const USER = 'operator'
 const PASSWORD = 'i17-pw!'
@@ -24,18 +22,11 @@ describe('web console on the Node server (Basic guard on)', () => {
   let b: Browser
 
   beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
+    await prepareHost(t.dir)
     srv = await startServer('node', data, { MIGRATOR_BASIC_AUTH: `${USER}:${PASSWORD}`, MIGRATOR_DOMAIN_TYPE: 'qemu' })
   }, 180_000)
 
-  afterAll(async () => {
-    await b?.close()
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => teardown(b, srv, t))
 
   test('401 without credentials; with them the console lists, inspects, submits and follows a job', async () => {
     expect((await fetch(consoleUrl(srv.base))).status).toBe(401)

@@ -7,16 +7,14 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
-import { chmodSync, mkdirSync, writeFileSync } from 'node:fs'
+import { mkdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput } from '../helpers/inputs.ts'
 import { call, submit, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { freePort, startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { consoleUrl, openBrowser, type Browser } from './browser.ts'
+import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
 
-const PREFIX = 'i17-'
 const MiB = 1024 * 1024
 
 describe('web console across a server restart', () => {
@@ -27,21 +25,14 @@ describe('web console across a server restart', () => {
   let b: Browser
 
   beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
+    await prepareHost(t.dir)
     // a short lease: the restarted server resumes the job 2 s after the first one stopped
     env = { MIGRATOR_LISTEN: `127.0.0.1:${await freePort()}`, MIGRATOR_LEASE_SECONDS: '2', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(2 * MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(4 * MiB), MIGRATOR_DOMAIN_TYPE: 'qemu' }
     srv = await startServer('bun', data, env)
     b = await openBrowser()
   }, 120_000)
 
-  afterAll(async () => {
-    await b?.close()
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => teardown(b, srv, t))
 
   test('connection loss is shown, the page reconnects with Last-Event-ID and follows the resumed job to Completed', async () => {
     const root = path.join(data, 'imports')

@@ -4,12 +4,15 @@
  * watch the job's progress bar move to Completed; browse the import root, inspect an OVA, see its
  * manifest and submit a plan; a plan with bad fields shows each error next to its field; cancel a
  * running job from the page. Copies are throttled (MIGRATOR_COPY_MAX_BYTES_PER_SECOND) so the
- * page can be seen while they run. Domains are defined with `start: false` (prefix `i17-`).
+ * page can be seen while they run; a guest whose boot check fails shows E_MIG_GUEST_BOOT_FAILED and
+ * the tail of its serial log. Domains are defined with `start: false` where a boot is not the
+ * point (prefix `i17-`).
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
+import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, waitJob } from '../helpers/jobs.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
@@ -40,7 +43,8 @@ describe('web console (Bun server, Chromium)', () => {
   beforeAll(async () => {
     await prepareHost(t.dir)
     mkdirSync(inputs)
-    srv = await startServer('bun', data, { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(CAP), MIGRATOR_DOMAIN_TYPE: 'qemu' })
+    // a guest that boots must print a pattern its disk never prints: the boot test fails with a serial log
+    srv = await startServer('bun', data, { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(CAP), MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_BOOT_GRACE_SECONDS: '1', MIGRATOR_BOOT_TIMEOUT_SECONDS: '4', MIGRATOR_BOOT_SERIAL_PATTERN: 'I17-NEVER-PRINTED' })
     b = await openBrowser()
     b.page.on('request', (r) => requested.push(r.url()))
   }, 120_000)
@@ -181,4 +185,22 @@ describe('web console (Bun server, Chromium)', () => {
     expect([job.state, job.last_error.code, job.progress.bytes_done < 32 * MiB]).toEqual(['Cancelled', 'E_MIG_CANCELLED', true])
     expect(existsSync(path.join(data, 'volumes', 'migrations', id))).toBe(false)
   }, 90_000)
+
+  test('a failed boot: the job page shows E_MIG_GUEST_BOOT_FAILED, the defined domain and the tail of its serial log', async () => {
+    const root = path.join(data, 'imports', 'i17-boot')
+    mkdirSync(root, { recursive: true })
+    const disk = makeBootDisk(path.join(inputs, 'boot.raw'), 'I17-SERIAL-TAIL-4242', 2 * MiB)
+    const input = buildInput('qcow2', root, 'i17-boot', [disk.path])
+    const created = await call(srv.base, 'POST', '/migrations', { plan: { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: path.relative(path.join(data, 'imports'), input.path) }, mode: 'Cold', name: 'i17-boot' } })
+    expect(created.status).toBe(201)
+    const { page } = b
+    await page.goto(consoleUrl(srv.base, `#/migrations/${created.body.id}`))
+    await page.locator('[data-testid=job][data-state=Failed]').waitFor({ timeout: 90_000 })
+    expect(await page.getByTestId('error').textContent()).toContain('E_MIG_GUEST_BOOT_FAILED')
+    expect(await page.getByTestId('domain').textContent()).toBe('i17-boot')
+    const serial = page.getByTestId('serial-log')
+    await serial.waitFor()
+    expect(await serial.textContent()).toContain('I17-SERIAL-TAIL-4242')
+    await b.screenshot('failed-boot-serial')
+  }, 120_000)
 })

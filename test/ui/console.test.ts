@@ -169,8 +169,10 @@ describe('web console (Bun server, Chromium)', () => {
     expect(created.status).toBe(201)
     const id = created.body.id
     const { page } = b
+    // from the previous test's job page: a hash navigation, the page must not show that job
     await page.goto(consoleUrl(srv.base, `#/migrations/${id}`))
-    await page.waitForFunction(() => Number(document.querySelector('[data-testid=job-bar]')?.getAttribute('aria-valuenow')) > 0, undefined, { timeout: 30_000 })
+    await page.waitForFunction(() => document.querySelector('[data-testid=job]')?.getAttribute('data-state') === 'CopyingFull' && Number(document.querySelector('[data-testid=job-bar]')?.getAttribute('aria-valuenow')) > 0, undefined, { timeout: 30_000 })
+    expect(await page.getByTestId('job-meta').textContent()).toContain(id)
     // the first click only asks
     await page.getByTestId('cancel').click()
     const dialog = page.getByTestId('cancel-dialog')

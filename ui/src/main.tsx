@@ -34,7 +34,8 @@ function ConnectionState() {
 function App() {
   const hash = useHash()
   const job = /^#\/migrations\/([^/]+)$/.exec(hash)
-  const page = job ? <JobPage id={decodeURIComponent(job[1]!)} /> : hash === '#/new' ? <NewMigrationPage /> : hash === '#/sources' ? <SourcesPage /> : <MigrationsPage />
+  // keyed by id: another job's page starts from a clean state, never shows the previous job
+  const page = job ? <JobPage key={job[1]} id={decodeURIComponent(job[1]!)} /> : hash === '#/new' ? <NewMigrationPage /> : hash === '#/sources' ? <SourcesPage /> : <MigrationsPage />
   const tab = (href: string, label: string, active: boolean) => (
     <a href={href} class={active ? 'active' : ''}>
       {label}

@@ -7,7 +7,7 @@
 import { chmodSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
-import { chromium, type BrowserContext, type Page } from 'playwright-core'
+import { chromium, type BrowserContext, type Locator, type Page } from 'playwright-core'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import type { RunningServer } from '../helpers/server.ts'
 
@@ -79,4 +79,16 @@ export async function teardown(b: Browser | undefined, srv: RunningServer | unde
   await srv?.stop()
   await cleanupDomains(PREFIX)
   t.cleanup()
+}
+
+/**
+ * In the plan form inside `scope` (the page, or the card holding the form): names the domain,
+ * turns the start off (a boot is not the point), submits, waits for the job page. Returns the job id.
+ */
+export async function submitPlan(page: Page, scope: Page | Locator, name: string): Promise<string> {
+  await scope.locator('input[name=name]').fill(name)
+  await scope.locator('input[name=start]').uncheck()
+  await scope.getByTestId('submit-plan').click()
+  await page.waitForURL(/#\/migrations\/[0-9a-f-]{36}$/)
+  return page.url().split('/').pop()!
 }

@@ -17,7 +17,7 @@ import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, waitJob } from '../helpers/jobs.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
+import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browser } from './browser.ts'
 
 const MiB = 1024 * 1024
 /** Source read cap of the server: 2 MiB/s. */
@@ -68,11 +68,7 @@ describe('web console (Bun server, Chromium)', () => {
     await manifest.waitFor()
     expect(await page.getByTestId('disks').textContent()).toContain('16.0 MiB')
     expect(await page.getByTestId('nics').textContent()).toContain('00:50:56:01:02:03')
-    await page.locator('input[name=name]').fill('i17-upload')
-    await page.locator('input[name=start]').uncheck()
-    await page.getByTestId('submit-plan').click()
-    await page.waitForURL(/#\/migrations\/[0-9a-f-]{36}$/)
-    const id = page.url().split('/').pop()!
+    const id = await submitPlan(page, page, 'i17-upload')
     // watch the bar: some value strictly between 0 and 100 while copying, 100 at the end
     const seen = new Set<number>()
     const deadline = Date.now() + 60_000
@@ -150,11 +146,7 @@ describe('web console (Bun server, Chromium)', () => {
     expect(await page.getByTestId('firmware').textContent()).toBe('bios')
     expect(await page.getByTestId('disks').textContent()).toContain('8.0 MiB')
     expect(await page.getByTestId('nics').textContent()).toContain('00:50:56:01:02:03')
-    await page.locator('input[name=name]').fill('i17-host')
-    await page.locator('input[name=start]').uncheck()
-    await page.getByTestId('submit-plan').click()
-    await page.waitForURL(/#\/migrations\/[0-9a-f-]{36}$/)
-    const id = page.url().split('/').pop()!
+    const id = await submitPlan(page, page, 'i17-host')
     await page.locator('[data-testid=job][data-state=Completed]').waitFor({ timeout: 60_000 })
     const job = (await call(srv.base, 'GET', `/migrations/${id}`)).body
     expect([job.state, job.plan.source, job.plan.source_ref, job.plan.name, job.plan.start]).toEqual(['Completed', { Offline: 'ova_archive' }, { kind: 'offline_host_path', path: 'i17-host/i17-host.ova' }, 'i17-host', false])

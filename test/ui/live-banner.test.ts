@@ -12,7 +12,7 @@ import { call } from '../helpers/jobs.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
-import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
+import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browser } from './browser.ts'
 
 const MiB = 1024 * 1024
 
@@ -62,11 +62,7 @@ describe('web console: vSphere source, warm plan without CBT (vCenter simulator)
     expect(await card.getByTestId('manifest').textContent()).toContain('CBTnot available')
     expect(await card.getByTestId('nics').textContent()).toContain('00:50:56:0a:0b:0c')
     await card.locator('input[name=mode][value=Warm]').check()
-    await card.locator('input[name=name]').fill('i17-nocbt')
-    await card.locator('input[name=start]').uncheck()
-    await card.getByTestId('submit-plan').click()
-    await page.waitForURL(/#\/migrations\/[0-9a-f-]{36}$/)
-    const id = page.url().split('/').pop()!
+    const id = await submitPlan(page, card, 'i17-nocbt')
     const banner = page.getByTestId('notice-banner')
     await banner.waitFor({ timeout: 60_000 })
     expect(await banner.textContent()).toContain('E_MIG_CBT_UNSUPPORTED')

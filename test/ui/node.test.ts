@@ -9,7 +9,7 @@ import * as path from 'node:path'
 import { buildInput, makeRawImage } from '../helpers/inputs.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
+import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browser } from './browser.ts'
 
 const MiB = 1024 * 1024
 const USER = 'operator'
@@ -40,10 +40,7 @@ describe('web console on the Node server (Basic guard on)', () => {
     await page.locator('[data-file="i17-node"] a').click()
     await page.locator('[data-file="i17-node/i17-node.ova"] button').click()
     await page.getByTestId('manifest').waitFor()
-    await page.locator('input[name=name]').fill('i17-node')
-    await page.locator('input[name=start]').uncheck()
-    await page.getByTestId('submit-plan').click()
-    await page.waitForURL(/#\/migrations\/[0-9a-f-]{36}$/)
+    await submitPlan(page, page, 'i17-node')
     await page.locator('[data-testid=job][data-state=Completed]').waitFor({ timeout: 60_000 })
     expect(await page.getByTestId('domain').textContent()).toBe('i17-node')
     expect(b.errors).toEqual([])

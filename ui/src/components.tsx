@@ -4,6 +4,19 @@ import type { Job, JobState } from '../../lib/job.ts'
 import type { VmManifest } from '../../lib/manifest.ts'
 import { bytes, duration, percent, rate, time } from './format.ts'
 
+/** A table head with the column titles `cols`. */
+export function Head({ cols }: { cols: string[] }) {
+  return (
+    <thead>
+      <tr>
+        {cols.map((c, i) => (
+          <th key={i}>{c}</th>
+        ))}
+      </tr>
+    </thead>
+  )
+}
+
 /** A labelled bar: `done` of `total` bytes, with an optional zero-skipped share. */
 export function Bar(props: { done: number; total: number; zero?: number; state?: JobState; testid?: string }) {
   const p = percent(props.done, props.total)
@@ -162,14 +175,7 @@ export function ManifestView({ kind, manifest }: { kind: string; manifest: VmMan
       </dl>
       <h4>Disks</h4>
       <table class="grid-table" data-testid="disks">
-        <thead>
-          <tr>
-            <th>Label</th>
-            <th>Capacity</th>
-            <th>Format</th>
-            <th>Controller</th>
-          </tr>
-        </thead>
+        <Head cols={['Label', 'Capacity', 'Format', 'Controller']} />
         <tbody>
           {manifest.disks.map((d) => (
             <tr key={d.label}>
@@ -186,14 +192,7 @@ export function ManifestView({ kind, manifest }: { kind: string; manifest: VmMan
         <p class="muted">None.</p>
       ) : (
         <table class="grid-table" data-testid="nics">
-          <thead>
-            <tr>
-              <th>Label</th>
-              <th>MAC</th>
-              <th>Model</th>
-              <th>Network</th>
-            </tr>
-          </thead>
+          <Head cols={['Label', 'MAC', 'Model', 'Network']} />
           <tbody>
             {manifest.nics.map((n) => (
               <tr key={n.label}>

@@ -2,7 +2,7 @@
 import { useEffect, useRef, useState } from 'preact/hooks'
 import type { Job, JobState } from '../../../lib/job.ts'
 import { api, ApiError } from '../api.ts'
-import { Bar, ErrorBox, NoticeBanner, ProgressFigures, StateBadge, ThroughputChart, Timeline, type Sample } from '../components.tsx'
+import { Bar, ErrorBox, Head, NoticeBanner, ProgressFigures, StateBadge, ThroughputChart, Timeline, type Sample } from '../components.tsx'
 import { bytes, duration, rate, time } from '../format.ts'
 import { applyProgress, openStream, TERMINAL, type Connection } from '../live.ts'
 import { putJob, useStore } from '../store.ts'
@@ -30,17 +30,7 @@ export function MigrationsPage() {
         </p>
       ) : (
         <table class="grid-table jobs" data-testid="jobs">
-          <thead>
-            <tr>
-              <th>Name</th>
-              <th>Source</th>
-              <th>State</th>
-              <th class="wide">Progress</th>
-              <th>Rate</th>
-              <th>ETA</th>
-              <th>Created</th>
-            </tr>
-          </thead>
+          <Head cols={['Name', 'Source', 'State', 'Progress', 'Rate', 'ETA', 'Created']} />
           <tbody>
             {list.map((j) => (
               <tr key={j.id} data-job={j.id} data-state={j.state}>

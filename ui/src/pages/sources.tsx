@@ -7,7 +7,7 @@ import type { VmSummary } from '../../../lib/adapters/types.ts'
 import type { VmManifest } from '../../../lib/manifest.ts'
 import type { Source } from '../../../lib/store/sources.ts'
 import { api, ApiError } from '../api.ts'
-import { ErrorBox, ManifestView } from '../components.tsx'
+import { ErrorBox, Head, ManifestView } from '../components.tsx'
 import { bytes } from '../format.ts'
 import { PlanForm } from '../plan-form.tsx'
 
@@ -108,16 +108,7 @@ function SourceCard({ source, onRemoved }: { source: SourceView; onRemoved(): vo
       {err && <ErrorBox code={err.code} message={err.message} />}
       {vms && (
         <table class="grid-table" data-testid="vms">
-          <thead>
-            <tr>
-              <th>VM</th>
-              <th>Power</th>
-              <th>Guest</th>
-              <th>CPU</th>
-              <th>Memory</th>
-              <th />
-            </tr>
-          </thead>
+          <Head cols={['VM', 'Power', 'Guest', 'CPU', 'Memory', '']} />
           <tbody>
             {vms.map((vm) => (
               <tr key={vm.vm_id} data-vm={vm.name}>

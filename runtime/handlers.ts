@@ -15,6 +15,7 @@ import * as migrationsCreate from '../handlers/migrations/create.ts'
 import * as migrationsStream from '../handlers/migrations/stream.ts'
 import * as migrationsGet from '../handlers/migrations/get.ts'
 import * as migrationsCancel from '../handlers/migrations/cancel.ts'
+import * as migrationsSerialLog from '../handlers/migrations/serial-log.ts'
 import * as uploadsList from '../handlers/uploads/list.ts'
 import * as uploadsCreate from '../handlers/uploads/create.ts'
 import * as uploadsGet from '../handlers/uploads/get.ts'
@@ -23,8 +24,9 @@ import * as uploadsInspect from '../handlers/uploads/inspect.ts'
 import * as hostFilesBrowse from '../handlers/host-files/browse.ts'
 import * as hostFilesInspect from '../handlers/host-files/inspect.ts'
 import * as doctorGet from '../handlers/doctor/get.ts'
+import * as uiStatic from '../handlers/ui/static.ts'
 
-/** Every endpoint of spec section 4, and `GET /doctor` (the pre-flight checks). */
+/** Every endpoint of spec section 4, `GET /doctor` (the pre-flight checks), the serial-log tail and the web console. */
 export const HANDLERS: readonly HandlerModule[] = [
   sourcesList,
   sourcesCreate,
@@ -38,6 +40,7 @@ export const HANDLERS: readonly HandlerModule[] = [
   migrationsStream,
   migrationsGet,
   migrationsCancel,
+  migrationsSerialLog,
   uploadsList,
   uploadsCreate,
   uploadsGet,
@@ -46,4 +49,6 @@ export const HANDLERS: readonly HandlerModule[] = [
   hostFilesBrowse,
   hostFilesInspect,
   doctorGet,
+  // the web console (not in spec 4): GET /ui/* serves ui/dist
+  uiStatic,
 ] as HandlerModule[]

@@ -35,15 +35,16 @@ export class SseHub {
   }
 
   /**
-   * Stores and broadcasts a `progress` event `{id, state, progress}` unless one for the same job
-   * went out less than 500 ms ago (`force` bypasses the throttle). Returns whether it was sent.
+   * Stores and broadcasts a `progress` event `{id, state, progress, at}` (`at`: ISO-8601 time of
+   * the sample, so a replayed history can be charted over time) unless one for the same job went
+   * out less than 500 ms ago (`force` bypasses the throttle). Returns whether it was sent.
    */
   async publishProgress(data: { id: string; state: string; progress: unknown }, force = false): Promise<boolean> {
     const t = this.now().getTime()
     const last = this.lastProgress.get(data.id)
     if (!force && last !== undefined && t - last < PROGRESS_INTERVAL_MS) return false
     this.lastProgress.set(data.id, t)
-    await this.publish(data.id, 'progress', data)
+    await this.publish(data.id, 'progress', { ...data, at: new Date(t).toISOString() })
     return true
   }
 

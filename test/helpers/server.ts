@@ -56,14 +56,18 @@ export function serverCommand(runtime: 'bun' | 'node'): [string, string[]] {
     : [process.env.MIGRATOR_NODE ?? 'node', ['--enable-source-maps', 'dist/runtime/serve-node.js']]
 }
 
-/** Spawns the server with `env` (merged over the test process's), waits until it is ready. */
+/**
+ * Spawns the server with `env` (merged over the test process's), waits until it is ready. A
+ * `MIGRATOR_LISTEN` in `env` keeps its port (a restarted server on the same address); with
+ * `MIGRATOR_BASIC_AUTH` the readiness probe sends those credentials.
+ */
 export async function startServer(runtime: 'bun' | 'node', dataDir: string, env: Record<string, string> = {}): Promise<RunningServer> {
   if (runtime === 'node') await ensureNodeBuild()
-  const port = await freePort()
+  const port = env.MIGRATOR_LISTEN ? Number(env.MIGRATOR_LISTEN.split(':').pop()) : await freePort()
   const [cmd, args] = serverCommand(runtime)
   const child = spawn(cmd, args, {
     cwd: REPO,
-    env: { ...process.env, MIGRATOR_DATA_DIR: dataDir, MIGRATOR_LISTEN: `127.0.0.1:${port}`, MIGRATOR_LOG_LEVEL: 'warn', ...env },
+    env: { ...process.env, MIGRATOR_DATA_DIR: dataDir, MIGRATOR_LOG_LEVEL: 'warn', ...env, MIGRATOR_LISTEN: `127.0.0.1:${port}` },
     stdio: ['ignore', 'pipe', 'pipe'],
   })
   let out = ''
@@ -72,11 +76,13 @@ export async function startServer(runtime: 'bun' | 'node', dataDir: string, env:
   child.stderr!.on('data', (d) => (err += d))
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
   const base = `http://127.0.0.1:${port}/api/v1/migrator`
+  // with the Basic guard on, the readiness probe authenticates like any client
+  const auth: Record<string, string> = env.MIGRATOR_BASIC_AUTH ? { authorization: `Basic ${Buffer.from(env.MIGRATOR_BASIC_AUTH).toString('base64')}` } : {}
   const deadline = Date.now() + 30_000
   for (;;) {
     if (child.exitCode !== null) throw new Error(`${runtime} server exited with ${child.exitCode}: ${err}`)
     try {
-      if ((await fetch(`${base}/migrations`)).status === 200) break
+      if ((await fetch(`${base}/migrations`, { headers: auth })).status === 200) break
     } catch {}
     if (Date.now() > deadline) {
       child.kill('SIGKILL')

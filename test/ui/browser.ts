@@ -1,0 +1,94 @@
+/**
+ * The web console tests' browser: Debian's Chromium (`/usr/bin/chromium`, installed by
+ * `.ci/install`) driven by playwright-core, headless, without sandbox, GPU, QUIC or background
+ * networking, in a fresh profile directory removed on close. Screenshots go to
+ * `test/ui/screenshots/` (gitignored).
+ */
+import { chmodSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import * as path from 'node:path'
+import { chromium, type BrowserContext, type Locator, type Page } from 'playwright-core'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import type { RunningServer } from '../helpers/server.ts'
+
+/** Name prefix of every domain the console tests define. */
+export const PREFIX = 'i17-'
+
+/** Where the tests' screenshots are written. */
+export const SCREENSHOTS = path.join(import.meta.dir, 'screenshots')
+
+/** An open browser with one page; `close()` ends Chromium and removes its profile. */
+export interface Browser {
+  context: BrowserContext
+  page: Page
+  /** Console errors and uncaught page errors seen so far (a test can assert there were none). */
+  errors: string[]
+  screenshot(name: string): Promise<string>
+  close(): Promise<void>
+}
+
+/** Launches Chromium; `httpCredentials` answers the migrator's Basic guard. */
+export async function openBrowser(opts: { httpCredentials?: { username: string; password: string } } = {}): Promise<Browser> {
+  const profile = mkdtempSync(path.join(tmpdir(), 'i17-chromium-'))
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.MIGRATOR_CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1280, height: 900 },
+    httpCredentials: opts.httpCredentials,
+  })
+  const page = context.pages()[0] ?? (await context.newPage())
+  const errors: string[] = []
+  page.on('pageerror', (e) => errors.push(`pageerror: ${e.message}`))
+  page.on('console', (m) => m.type() === 'error' && errors.push(`console: ${m.text()}`))
+  return {
+    context,
+    page,
+    errors,
+    async screenshot(name) {
+      mkdirSync(SCREENSHOTS, { recursive: true })
+      const file = path.join(SCREENSHOTS, `${name}.png`)
+      await page.screenshot({ path: file, fullPage: true })
+      return file
+    },
+    async close() {
+      await context.close().catch(() => {})
+      rmSync(profile, { recursive: true, force: true })
+    },
+  }
+}
+
+/** The console's URL for a server whose API base is `base`. */
+export function consoleUrl(base: string, hash = '#/'): string {
+  return `${base}/ui/${hash}`
+}
+
+/**
+ * Before a console suite: the test's temporary dir made traversable (qemu reaches the file-sink
+ * volumes under it), libvirt up, no domain left from an earlier run.
+ */
+export async function prepareHost(dir: string): Promise<void> {
+  chmodSync(dir, 0o755)
+  await ensureLibvirt()
+  await cleanupDomains(PREFIX)
+}
+
+/** After a console suite: closes the browser, stops the server, removes the suite's domains and temporary dir. */
+export async function teardown(b: Browser | undefined, srv: RunningServer | undefined, t: { cleanup(): void }): Promise<void> {
+  await b?.close()
+  await srv?.stop()
+  await cleanupDomains(PREFIX)
+  t.cleanup()
+}
+
+/**
+ * In the plan form inside `scope` (the page, or the card holding the form): names the domain,
+ * turns the start off (a boot is not the point), submits, waits for the job page. Returns the job id.
+ */
+export async function submitPlan(page: Page, scope: Page | Locator, name: string): Promise<string> {
+  await scope.locator('input[name=name]').fill(name)
+  await scope.locator('input[name=start]').uncheck()
+  await scope.getByTestId('submit-plan').click()
+  await page.waitForURL(/#\/migrations\/[0-9a-f-]{36}$/)
+  return page.url().split('/').pop()!
+}

@@ -61,7 +61,7 @@ export function uploadFile<T>(file: File, sha256: string, onProgress: (sent: num
     xhr.upload.onprogress = (e) => onProgress(e.loaded, e.lengthComputable ? e.total : file.size)
     xhr.onerror = () => reject(new ApiError('E_CONSOLE_OFFLINE', 'the upload connection failed', 0))
     xhr.onload = () => {
-      let body: any = null
+      let body: { error?: { code: string; message: string; details?: ApiError['details'] } } | null = null
       try {
         body = JSON.parse(xhr.responseText)
       } catch {}

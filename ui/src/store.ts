@@ -16,7 +16,9 @@ interface State {
 
 const state: State = { jobs: new Map(), connection: 'connecting', loadError: null }
 const listeners = new Set<() => void>()
-const emit = () => listeners.forEach((l) => l())
+const emit = () => {
+  for (const l of listeners) l()
+}
 
 /** Puts a job (from an answer of the API or an event) into the store. */
 export function putJob(job: Job): void {

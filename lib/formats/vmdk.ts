@@ -12,8 +12,8 @@ import { open, stat } from 'node:fs/promises'
 import type { Stats } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
+import { currentInputScope, pinnedPath, resolveInRoot } from '../hostpath.ts'
 import { malformed } from './io.ts'
-import { resolveInRoot } from '../hostpath.ts'
 import type { ControllerBus, ManifestDisk } from '../manifest.ts'
 import type { InspectContext } from '../importers/types.ts'
 
@@ -221,7 +221,7 @@ function readFailed(label: string, e: unknown): MigError {
 async function preadFile(file: string, position: number, length: number): Promise<Buffer> {
   let fh
   try {
-    fh = await open(file, 'r')
+    fh = await open(pinnedPath(file), 'r')
   } catch (e) {
     throw readFailed(file, e)
   }
@@ -243,8 +243,10 @@ async function preadFile(file: string, position: number, length: number): Promis
 
 async function statOrNull(p: string): Promise<Stats | null> {
   try {
-    return await stat(p)
+    return currentInputScope()?.pin(p)?.stats ?? (await stat(p))
   } catch (e) {
+    if (e instanceof MigError && e.code === 'E_MIG_NOT_FOUND') return null
+    if (e instanceof MigError) throw e
     const code = (e as NodeJS.ErrnoException).code
     if (code === 'ENOENT' || code === 'ENOTDIR') return null
     throw readFailed(p, e)

@@ -4,6 +4,7 @@
  */
 import { stat } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
+import { withInputScope } from '../hostpath.ts'
 import type { ImporterKind } from '../kinds.ts'
 import { VmManifest } from '../manifest.ts'
 import type { Importer, InspectContext } from './types.ts'
@@ -44,6 +45,10 @@ export async function inspectInput(absPath: string, ctx: InspectContext, kind?: 
   } catch {
     throw new MigError('E_MIG_NOT_FOUND', `${absPath} does not exist`)
   }
+  return withInputScope(ctx.importRoot, () => inspectPinned(absPath, ctx, kind))
+}
+
+async function inspectPinned(absPath: string, ctx: InspectContext, kind?: ImporterKind): Promise<InspectResult> {
   const detected = kind ?? (await (await import('./probe.ts')).detectKind(absPath, ctx))
   const manifest = await (await importerFor(detected)).inspect(absPath, ctx)
   const checked = VmManifest.safeParse(manifest)

@@ -9,7 +9,7 @@ import { createHash } from 'node:crypto'
 import { statSync } from 'node:fs'
 import { MigError } from '../errors.ts'
 import { readFileRange } from '../formats/io.ts'
-import { resolveInRoot } from '../hostpath.ts'
+import { currentInputScope, resolveInRoot } from '../hostpath.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { hashRange } from '../formats/tar.ts'
 import {
@@ -26,11 +26,15 @@ const MAX_DIR_ENTRIES = 10_000
 /** Size of a regular file, or null when it does not exist (other errors: `E_MIG_DISK_READ_FAILED`). */
 function fileSize(abs: string): number | null {
   try {
-    const st = statSync(abs)
+    const st = currentInputScope()?.pin(abs)?.stats ?? statSync(abs)
     if (!st.isFile()) return null
     return st.size
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT' || (e as NodeJS.ErrnoException).code === 'ENOTDIR') return null
+    if (e instanceof MigError) {
+      if (e.code === 'E_MIG_NOT_FOUND') return null
+      throw e
+    }
     throw new MigError('E_MIG_DISK_READ_FAILED', `${abs}: ${(e as Error).message}`, { cause: e })
   }
 }

@@ -22,6 +22,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
+import { childFile, pinnedPath } from '../hostpath.ts'
 
 /** Options of {@link startQemuNbd}. Offsets and lengths in bytes. */
 export interface QemuNbdOptions {
@@ -71,7 +72,7 @@ type Node = Record<string, unknown>
 export async function probeImageFormat(path: string): Promise<DiskFormat> {
   let fh
   try {
-    fh = await open(path, 'r')
+    fh = await open(pinnedPath(path), 'r')
     const head = Buffer.alloc(512)
     const { bytesRead } = await fh.read(head, 0, 512, 0)
     const h = head.subarray(0, bytesRead)
@@ -98,8 +99,8 @@ export async function probeImageFormat(path: string): Promise<DiskFormat> {
  * The qemu block-node specification of {@link QemuNbdOptions} (the object after `json:`).
  * Throws `E_MIG_DISK_READ_FAILED` for an inconsistent offset/length or an unreadable parent.
  */
-export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format' | 'offset' | 'length' | 'backingChain'>): Promise<Node> {
-  let file: Node = { driver: 'file', filename: opts.path }
+export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format' | 'offset' | 'length' | 'backingChain'>, childFds?: number[]): Promise<Node> {
+  let file: Node = { driver: 'file', filename: childFile(opts.path, childFds) }
   if (opts.offset !== undefined || opts.length !== undefined) {
     if (!Number.isSafeInteger(opts.offset) || !Number.isSafeInteger(opts.length) || opts.offset! < 0 || opts.length! <= 0) {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${opts.path}: a member range needs a non-negative offset and a positive length`)
@@ -110,7 +111,7 @@ export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format'
   let node = top
   for (const parent of opts.backingChain ?? []) {
     const fmt = await probeImageFormat(parent)
-    const p: Node = { driver: fmt, 'read-only': true, file: { driver: 'file', filename: parent } }
+    const p: Node = { driver: fmt, 'read-only': true, file: { driver: 'file', filename: childFile(parent, childFds) } }
     node.backing = p
     node = p
   }
@@ -126,7 +127,8 @@ export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format'
 export async function startQemuNbd(opts: QemuNbdOptions): Promise<QemuNbdServer> {
   const label = opts.label ?? opts.path
   if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', `${label}: cancelled before qemu-nbd started`)
-  const spec = await qemuBlockSpec(opts)
+  const fds: number[] = []
+  const spec = await qemuBlockSpec(opts, fds)
   const dir = mkdtempSync(join(tmpdir(), 'mig-nbd-'))
   const socketPath = join(dir, 'nbd.sock')
   const args = ['--read-only', '--persistent', '--shared=4', `--socket=${socketPath}`, `json:${JSON.stringify(spec)}`]
@@ -134,7 +136,7 @@ export async function startQemuNbd(opts: QemuNbdOptions): Promise<QemuNbdServer>
   let exitInfo: string | null = null
   let child: ChildProcess
   try {
-    child = spawn(opts.qemuNbdPath ?? 'qemu-nbd', args, { stdio: ['ignore', 'ignore', 'pipe'] })
+    child = spawn(opts.qemuNbdPath ?? 'qemu-nbd', args, { stdio: ['ignore', 'ignore', 'pipe', ...fds] })
   } catch (e) {
     rmSync(dir, { recursive: true, force: true })
     throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot start qemu-nbd: ${(e as Error).message}`, { cause: e })

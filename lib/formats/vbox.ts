@@ -17,6 +17,7 @@
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import { malformed, statPath } from './io.ts'
+import { checkDestinationLimits } from '../limits.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import { guestFamilyOf, sanitizeLabel, type ControllerBus, type DiskFormat, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 import { qemuImgInfo } from './qemu-info.ts'
@@ -393,6 +394,7 @@ export async function vboxToManifest(m: VboxMachine, opts: VboxManifestOptions):
   m.controllers.forEach((c) => {
     if (c.bus === 'unknown' && c.attachments.length > 0) warnings.push(`StorageController ${JSON.stringify(c.name)} (${c.type}): its disks are attached to a default bus on the destination`)
   })
+  checkDestinationLimits(m.label, { disks: m.controllers.reduce((n, c) => n + c.attachments.length, 0) })
   for (let ci = 0; ci < m.controllers.length; ci++) {
     const c = m.controllers[ci]!
     for (const a of c.attachments) {

@@ -5,6 +5,7 @@
 import { stat } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import { withInputScope } from '../hostpath.ts'
+import { checkDestinationLimits } from '../limits.ts'
 import type { ImporterKind } from '../kinds.ts'
 import { VmManifest } from '../manifest.ts'
 import type { Importer, InspectContext } from './types.ts'
@@ -53,5 +54,6 @@ async function inspectPinned(absPath: string, ctx: InspectContext, kind?: Import
   const manifest = await (await importerFor(detected)).inspect(absPath, ctx)
   const checked = VmManifest.safeParse(manifest)
   if (!checked.success) throw new MigError('E_MIG_INTERNAL', `${detected} importer produced an invalid manifest: ${checked.error.message}`)
+  checkDestinationLimits(checked.data.name, { disks: checked.data.disks.length, nics: checked.data.nics.length })
   return { detected_kind: detected, manifest: checked.data }
 }

@@ -9,6 +9,7 @@ import { createHash } from 'node:crypto'
 import { statSync } from 'node:fs'
 import { MigError } from '../errors.ts'
 import { readFileRange } from '../formats/io.ts'
+import { checkMemberHeader } from '../formats/member-header.ts'
 import { currentInputScope, resolveInRoot } from '../hostpath.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { hashRange } from '../formats/tar.ts'
@@ -162,6 +163,7 @@ async function resolveFile(abs: string, label: string, file: OvfFile, formatUri:
   const source: DiskSource = { path: abs }
   if (file.compression) source.compression = file.compression
   const disk_format = chooseDiskFormat({ uri: formatUri, head, tail, name: file.href, warnings })
+  if (!file.compression) await checkMemberHeader(disk_format, abs, 0, sz, head, file.href)
   return { source, disk_format, capacity_bytes: capacityFromHeader(disk_format, head) ?? (disk_format === 'raw' && !file.compression ? sz : undefined) }
 }
 

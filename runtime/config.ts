@@ -3,6 +3,7 @@
  * All sizes are bytes, all durations seconds unless the name says otherwise.
  */
 import { existsSync } from 'node:fs'
+import { cpus } from 'node:os'
 import * as path from 'node:path'
 
 /** The migrator's configuration. */
@@ -25,7 +26,7 @@ export interface Config {
   libvirtUri: string
   /** Concurrent jobs (default 2). */
   maxJobs: number
-  /** Inspects: running at once in worker threads (default 2), waiting (default 8; more answer 503 with `Retry-After`). */
+  /** Inspects: running at once in worker threads (default: CPUs - 1, 1 to 4, so one core stays with the API), waiting (default 8; more answer 503 with `Retry-After`). */
   inspect: { concurrency: number; queue: number }
   /** Upload size cap in bytes (spec 8: 20 GiB). */
   uploadCapBytes: number
@@ -119,7 +120,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     zfsPool: env.MIGRATOR_ZFS_POOL || 'tank',
     libvirtUri: env.MIGRATOR_LIBVIRT_URI || 'qemu:///system',
     maxJobs: int(env, 'MIGRATOR_MAX_JOBS', 2, 1),
-    inspect: { concurrency: int(env, 'MIGRATOR_INSPECT_CONCURRENCY', 2, 1), queue: int(env, 'MIGRATOR_INSPECT_QUEUE', 8, 0) },
+    inspect: { concurrency: int(env, 'MIGRATOR_INSPECT_CONCURRENCY', Math.max(1, Math.min(4, cpus().length - 1)), 1), queue: int(env, 'MIGRATOR_INSPECT_QUEUE', 8, 0) },
     uploadCapBytes: int(env, 'MIGRATOR_UPLOAD_CAP_BYTES', 20 * GiB, 1),
     uploadTtlSeconds: int(env, 'MIGRATOR_UPLOAD_TTL_SECONDS', 7 * 24 * 3600, 1),
     sweepIntervalSeconds: int(env, 'MIGRATOR_SWEEP_INTERVAL_SECONDS', 60, 1),

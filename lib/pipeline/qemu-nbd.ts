@@ -16,7 +16,7 @@
  * Command: `qemu-nbd --read-only --persistent --shared=4 --socket=<tmp>/nbd.sock 'json:{...}'`.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs'
 import { open, stat } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -61,6 +61,20 @@ export interface QemuNbdServer {
 }
 
 const MAX_STDERR = 64 * 1024
+/** Socket directories are `<tmp>/mig-nbd-<pid of the process that started qemu-nbd>-XXXXXX`. */
+const SOCKET_DIR_PREFIX = 'mig-nbd-'
+
+/**
+ * Removes the socket directories a process `pid` (a job worker that was killed, so its `close()`
+ * never ran) left in the temp directory. Never throws.
+ */
+export function removeSocketDirsOf(pid: number): void {
+  try {
+    for (const n of readdirSync(tmpdir())) if (n.startsWith(`${SOCKET_DIR_PREFIX}${pid}-`)) rmSync(join(tmpdir(), n), { recursive: true, force: true })
+  } catch {
+    /* temp dir unreadable: nothing to do */
+  }
+}
 
 type Node = Record<string, unknown>
 
@@ -129,7 +143,7 @@ export async function startQemuNbd(opts: QemuNbdOptions): Promise<QemuNbdServer>
   if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', `${label}: cancelled before qemu-nbd started`)
   const fds: number[] = []
   const spec = await qemuBlockSpec(opts, fds)
-  const dir = mkdtempSync(join(tmpdir(), 'mig-nbd-'))
+  const dir = mkdtempSync(join(tmpdir(), `${SOCKET_DIR_PREFIX}${process.pid}-`))
   const socketPath = join(dir, 'nbd.sock')
   const args = ['--read-only', '--persistent', '--shared=4', `--socket=${socketPath}`, `json:${JSON.stringify(spec)}`]
   let err = ''

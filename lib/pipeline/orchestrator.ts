@@ -146,8 +146,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     if (manifest.disks.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${manifest.name}: the source has no disks to migrate`)
     if (deps.reserveDomainName && !job.domain) {
       await deps.reserveDomainName(job, manifest)
-      job = await jobs.get(jobId)
-      deps.onJob(job)
+      job = await jobs.get(jobId) // published with the next state change
     }
     if (job.plan.restore_point && job.restore_point === null) {
       if (!deps.takeRestorePoint) throw new MigError('E_MIG_SNAPSHOT_FAILED', 'the plan asks for a restore point but no backup API is configured (MIGRATOR_BACKUP_URL)')

@@ -75,3 +75,30 @@ test('an offline plan submitted in Warm mode runs cold', async () => {
     await cleanup()
   }
 })
+
+test('lease exclusivity: a second server never claims a job whose lease is live', async () => {
+  const t = tempDir()
+  dirs.push(t)
+  const { openStore } = await import('../../lib/store/index.ts')
+  const { parseSubmitBody } = await import('../../lib/plan.ts')
+  const file = path.join(t.dir, 'migrator.sqlite')
+  const a = await openStore(file)
+  const b = await openStore(file)
+  try {
+    const now = new Date('2026-11-24T00:00:00Z')
+    const plan = parseSubmitBody({ plan: { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: 'x.qcow2' }, mode: 'Cold' } })
+    const job = await a.jobs.create({ id: '5f0c3a1e-0b1d-4c2e-9f3a-7b6c5d4e3f21', plan, strategy: 'offline', effective_mode: 'Cold', now: now.toISOString() })
+    expect(await a.jobs.claimNext('server-a', 30, now)).toBe(job.id)
+    // Server b, one second and 29 seconds later: the lease is live.
+    expect(await b.jobs.claimNext('server-b', 30, new Date(now.getTime() + 1000))).toBeNull()
+    expect(await b.jobs.claimNext('server-b', 30, new Date(now.getTime() + 29_000))).toBeNull()
+    // a renews; b still cannot take it; once a's lease expired, b does, and a's renewal fails.
+    expect(await a.jobs.renewLease(job.id, 'server-a', 30, new Date(now.getTime() + 20_000))).toBe(true)
+    expect(await b.jobs.claimNext('server-b', 30, new Date(now.getTime() + 49_000))).toBeNull()
+    expect(await b.jobs.claimNext('server-b', 30, new Date(now.getTime() + 51_000))).toBe(job.id)
+    expect(await a.jobs.renewLease(job.id, 'server-a', 30, new Date(now.getTime() + 52_000))).toBe(false)
+  } finally {
+    await a.close()
+    await b.close()
+  }
+})

@@ -205,7 +205,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     } else {
       // A domain left defined by a failed start (or boot check) is named on the job for the operator.
       // A name only reserved (nothing defined) is released.
-      const domain = typeof err.details?.domain === 'string' ? err.details.domain : job.state === 'Starting' ? undefined : null
+      const domain = typeof err.details?.domain === 'string' ? err.details.domain : null
       await setState('Failed', { domain, finished_at: iso(), last_error: { code: err.code, message: deps.redact ? deps.redact(err.message) : err.message, fatal: true } })
     }
     return job

@@ -36,6 +36,8 @@ export interface ExecOptions {
   onStdout?: (chunk: Buffer) => void
   onStderr?: (chunk: Buffer) => void
   collect?: boolean
+  /** Open file descriptors handed to the child as its fds 3, 4, ... (read as `/dev/fd/N`). */
+  fds?: readonly number[]
 }
 
 /**
@@ -89,7 +91,7 @@ export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {
     })
     let child: ChildProcess
     try {
-      child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: opts.processGroup === true, ...(opts.env ? { env: opts.env } : {}) })
+      child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe', ...(opts.fds ?? [])], detached: opts.processGroup === true, ...(opts.env ? { env: opts.env } : {}) })
     } catch (e) {
       const se = e as NodeJS.ErrnoException
       return resolve(result({ spawnError: se, stderr: se.message }))

@@ -4,7 +4,8 @@
  * Every path that comes from a request or from inside an archive/descriptor goes through
  * {@link resolveInRoot} before it is opened. Rejections are `E_MIG_HOST_PATH_REJECTED`.
  */
-import { realpathSync, lstatSync } from 'node:fs'
+import { AsyncLocalStorage } from 'node:async_hooks'
+import { closeSync, constants as FS, fstatSync, lstatSync, openSync, readlinkSync, realpathSync, type Stats } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from './errors.ts'
 
@@ -35,7 +36,7 @@ function realpathOfExisting(p: string): string {
   for (;;) {
     try {
       lstatSync(head)
-      return path.join(realpathSync(head), ...tail.reverse())
+      return path.join(realpathSync(head).replace(/ \(deleted\)$/, ''), ...tail.reverse())
     } catch {
       const parent = path.dirname(head)
       if (parent === head) return p
@@ -80,4 +81,150 @@ export function resolveInRoot(root: string, candidate: string, opts: ResolveOpti
 export function relativeToRoot(root: string, abs: string): string {
   const rel = path.relative(realpathOfExisting(path.resolve(root)), abs)
   return rel.split(path.sep).join('/')
+}
+
+/**
+ * Open-once access to input files (issue 12 item 1: a name checked, then opened again, can be
+ * swapped in between by a `rename` to a symlink leading outside the import root).
+ *
+ * An {@link InputScope} opens each input file once (`O_RDONLY|O_NONBLOCK|O_NOCTTY`), then checks
+ * the open file itself: its real path read from `/proc/self/fd/<fd>` must lie inside the import
+ * root and `fstat` must say regular file. Every later access within the scope goes to that
+ * descriptor: {@link pinnedPath} gives `/proc/self/fd/<fd>` (a reopen of the same inode, never a
+ * new name lookup) and {@link pinnedFd} the descriptor itself for a child process (qemu-nbd,
+ * qemu-img receive it in their stdio and read `/dev/fd/<n>`). The active scope is carried by an
+ * `AsyncLocalStorage`, so format readers need no extra argument; outside any scope these helpers
+ * return the path unchanged (unit tests of single formats).
+ */
+
+const scopeStorage = new AsyncLocalStorage<InputScope>()
+
+/** The input files one inspect or one job reads, each opened once (see the section comment above). */
+export class InputScope {
+  private readonly realRoot: string
+  private readonly pins = new Map<string, { fd: number; stats: Stats; real: string }>()
+  private closed = false
+
+  /** `root`: the import root (absolute). */
+  constructor(root: string) {
+    this.realRoot = realpathOfExisting(path.resolve(root))
+  }
+
+  /** Runs `fn` with this scope active for every {@link pinnedPath}/{@link pinnedFd} it reaches. */
+  run<T>(fn: () => T): T {
+    return scopeStorage.run(this, fn)
+  }
+
+  /**
+   * The pinned descriptor of `file`, opening and checking it on first use.
+   * Throws `E_MIG_NOT_FOUND` (cannot be opened), `E_MIG_HOST_PATH_REJECTED` (the open file lies
+   * outside the import root, or is not a regular file or directory). Directories are checked but
+   * not kept open (returns null for them).
+   */
+  pin(file: string): { fd: number; stats: Stats; real: string } | null {
+    if (this.closed) throw new MigError('E_MIG_INTERNAL', 'input scope used after close')
+    const hit = this.pins.get(file)
+    if (hit) return hit
+    let fd: number
+    try {
+      fd = openSync(file, FS.O_RDONLY | FS.O_NONBLOCK | FS.O_NOCTTY)
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code
+      throw new MigError(code === 'ENOENT' ? 'E_MIG_NOT_FOUND' : 'E_MIG_DISK_READ_FAILED', `${relativeToRoot(this.realRoot, file)}: cannot open (${code ?? 'error'})`)
+    }
+    let keep = false
+    try {
+      const stats = fstatSync(fd)
+      const real = readlinkSync(`/proc/self/fd/${fd}`).replace(/ \(deleted\)$/, '')
+      if (!isInside(this.realRoot, real)) reject(relativeToRoot(this.realRoot, file), 'the opened file lies outside the import root (symlink)')
+      if (stats.isDirectory()) return null
+      if (!stats.isFile()) reject(relativeToRoot(this.realRoot, file), 'not a regular file')
+      const pin = { fd, stats, real }
+      this.pins.set(file, pin)
+      keep = true
+      return pin
+    } finally {
+      if (!keep) closeSync(fd)
+    }
+  }
+
+  /** Closes every pinned descriptor. Never throws. */
+  close(): void {
+    this.closed = true
+    for (const p of this.pins.values()) {
+      try {
+        closeSync(p.fd)
+      } catch {
+        /* already closed */
+      }
+    }
+    this.pins.clear()
+  }
+}
+
+/** The active {@link InputScope}, if any. */
+export function currentInputScope(): InputScope | undefined {
+  return scopeStorage.getStore()
+}
+
+/**
+ * The path to open for reading the input file `file`: inside a scope `/proc/self/fd/<fd>` of its
+ * pinned descriptor (directories: `file` itself); outside any scope `file`. Throws what
+ * {@link InputScope.pin} throws.
+ */
+export function pinnedPath(file: string): string {
+  const pin = scopeStorage.getStore()?.pin(file)
+  return pin ? `/proc/self/fd/${pin.fd}` : file
+}
+
+/** The pinned descriptor of `file` in the active scope (undefined outside a scope or for a directory). */
+export function pinnedFd(file: string): number | undefined {
+  return scopeStorage.getStore()?.pin(file)?.fd
+}
+
+/**
+ * Runs `fn` inside the active scope, or inside a fresh scope over `root` that is closed when
+ * `fn` settles.
+ */
+export async function withInputScope<T>(root: string, fn: () => Promise<T>): Promise<T> {
+  if (scopeStorage.getStore()) return fn()
+  const scope = new InputScope(root)
+  try {
+    return await scope.run(fn)
+  } finally {
+    scope.close()
+  }
+}
+
+/** Runs `fn` with no input scope active: for files the job made itself (staged OVF disks), not inputs. */
+export function outsideInputScope<T>(fn: () => T): T {
+  return scopeStorage.exit(fn)
+}
+
+/**
+ * The name a child process opens for the input file `path`: inside an input scope
+ * (`lib/hostpath.ts`) with `childFds` given, the file's pinned descriptor is appended to
+ * `childFds` (the caller passes them as the child's fds 3, 4, ...) and the name is `/dev/fd/<n>`,
+ * so qemu opens the very file that was checked, never the name again; otherwise `path`.
+ */
+export function childFile(path: string, childFds?: number[]): string {
+  const fd = childFds ? pinnedFd(path) : undefined
+  if (fd === undefined) return path
+  childFds!.push(fd)
+  return `/dev/fd/${2 + childFds!.length}`
+}
+
+/**
+ * `text` with the host's absolute directories taken out, for messages that reach API clients
+ * (issue 12: messages name paths relative to the import root, never absolute server paths):
+ * `<import root>/x` becomes `x`, the import root itself `.`, `<data dir>/x` becomes `<data dir>/x`
+ * literally. Both the given and the symlink-free spelling of each directory are replaced.
+ */
+export function redactHostPaths(text: string, importRoot: string, dataDir?: string): string {
+  const pairs: Array<[string, string]> = []
+  for (const r of new Set([path.resolve(importRoot), realpathOfExisting(path.resolve(importRoot))])) pairs.push([`${r}/`, ''], [r, '.'])
+  if (dataDir) for (const d of new Set([path.resolve(dataDir), realpathOfExisting(path.resolve(dataDir))])) pairs.push([`${d}/`, '<data dir>/'], [d, '<data dir>'])
+  let out = text
+  for (const [from, to] of pairs) if (from.length > 1) out = out.split(from).join(to)
+  return out
 }

@@ -24,6 +24,29 @@ export const SourceRef = z.discriminatedUnion('kind', [
 const name = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, 'must be 1-63 characters of [A-Za-z0-9._-], starting with a letter or digit')
 const bridge = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,14}$/, 'must be a Linux interface name')
 
+/** ZFS pool names that `zpool create` refuses (zpool(8)): vdev type words. */
+const ZFS_RESERVED_POOLS = new Set(['mirror', 'raidz', 'raidz1', 'raidz2', 'raidz3', 'draid', 'spare', 'log', 'cache', 'special', 'dedup'])
+
+/**
+ * A ZFS dataset name (zfs(8) "ZFS File System Hierarchy", zpool(8) naming; issue 12 item 6):
+ * components separated by `/`, none empty, `.` or `..`; each of `[A-Za-z0-9_.:-]`; the pool
+ * (first component) starts with a letter, is not a vdev word (`mirror`, `raidz`, `spare`, `log`
+ * ...) and not `c<digit>...`; at most 255 bytes; no `@` or `#` (snapshots, bookmarks).
+ */
+export const zfsDatasetName = z.string().max(255).superRefine((s, c) => {
+  const parts = s.split('/')
+  const why = parts.some((p) => p === '' || p === '.' || p === '..')
+    ? 'empty, "." or ".." component'
+    : parts.some((p) => !/^[A-Za-z0-9_.:-]+$/.test(p))
+      ? 'components may hold only letters, digits and _ . : -'
+      : !/^[A-Za-z]/.test(parts[0]!)
+        ? 'the pool name must start with a letter'
+        : ZFS_RESERVED_POOLS.has(parts[0]!) || /^c[0-9]/.test(parts[0]!)
+          ? `"${parts[0]}" is a reserved pool name`
+          : null
+  if (why) c.addIssue({ code: 'custom', message: `must be a ZFS dataset name: ${why}` })
+})
+
 /** The whole plan. */
 export const Plan = z
   .strictObject({
@@ -31,7 +54,7 @@ export const Plan = z
     source_ref: SourceRef,
     mode: z.enum(['Warm', 'Cold']),
     name: name.optional(),
-    destination: z.strictObject({ pool: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,200}$/, 'must be a ZFS dataset name') }).optional(),
+    destination: z.strictObject({ pool: zfsDatasetName }).optional(),
     guest_os: z.enum(['windows', 'linux', 'other']).optional(),
     networks: z.array(z.strictObject({ source: z.string().min(1).max(256), bridge })).max(64).optional(),
     firmware: z.enum(['bios', 'efi']).optional(),

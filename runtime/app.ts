@@ -5,6 +5,8 @@
  */
 import { timingSafeEqual } from 'node:crypto'
 import { MigError } from '../lib/errors.ts'
+import { redactHostPaths } from '../lib/hostpath.ts'
+import { InspectPool } from './inspect-pool.ts'
 import { sweepUploads } from '../lib/uploads/sweep.ts'
 import type { Config } from './config.ts'
 import { createContext, type Ctx } from './context.ts'
@@ -21,8 +23,8 @@ export interface App {
   close(): Promise<void>
 }
 
-function errorResponse(e: MigError, extraHeaders: Record<string, string> = {}): Response {
-  return new Response(JSON.stringify(e.toBody()), { status: e.status, headers: { 'content-type': 'application/json; charset=utf-8', ...extraHeaders } })
+function errorResponse(e: MigError, extraHeaders: Record<string, string> = {}, redact: (s: string) => string = (s) => s): Response {
+  return new Response(redact(JSON.stringify(e.toBody())), { status: e.status, headers: { 'content-type': 'application/json; charset=utf-8', ...extraHeaders } })
 }
 
 /**
@@ -30,10 +32,11 @@ function errorResponse(e: MigError, extraHeaders: Record<string, string> = {}): 
  * its code and status; anything else is logged with its stack and answered as `E_MIG_INTERNAL`
  * without details (no stack or secret reaches the client).
  */
-export function toErrorResponse(e: unknown, logger: Logger, req: { method: string; path: string }): Response {
+export function toErrorResponse(e: unknown, logger: Logger, req: { method: string; path: string }, redact?: (s: string) => string): Response {
   if (e instanceof MigError) {
     if (e.status >= 500) logger.error({ ...req, code: e.code, err: e }, e.message)
-    return errorResponse(e)
+    const retry = e.details?.retry_after_seconds
+    return errorResponse(e, typeof retry === 'number' ? { 'retry-after': String(retry) } : {}, redact)
   }
   logger.error({ ...req, err: e }, 'unexpected error')
   return errorResponse(new MigError('E_MIG_INTERNAL', 'internal error; see the server log'))
@@ -59,6 +62,8 @@ export async function createApp(config: Config, opts: { logger?: Logger; now?: (
     ctx.runner = supervisor
     supervisor.start()
   }
+  const inspectPool = new InspectPool({ ...config.inspect, retryAfterSeconds: 2 })
+  ctx.inspect = (absPath, ictx, kind) => inspectPool.run(absPath, ictx, kind)
   const router = buildRouter(config.basePath, HANDLERS)
   const { logger } = ctx
 
@@ -88,7 +93,7 @@ export async function createApp(config: Config, opts: { logger?: Logger; now?: (
         try {
           response = ((await router.fetch(request, ctx)) as Response | undefined) ?? errorResponse(new MigError('E_MIG_NOT_FOUND', `no route for ${request.method} ${path}`))
         } catch (e) {
-          response = toErrorResponse(e, logger, req)
+          response = toErrorResponse(e, logger, req, (s) => redactHostPaths(s, config.importRoot, config.dataDir))
         }
       }
       logger.info({ ...req, status: response.status, ms: Math.round(performance.now() - started) }, 'request')
@@ -99,6 +104,7 @@ export async function createApp(config: Config, opts: { logger?: Logger; now?: (
       closed = true
       clearInterval(sweeper)
       await supervisor?.stop()
+      await inspectPool.close()
       ctx.hub.closeAll()
       await ctx.store.close()
     },

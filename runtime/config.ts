@@ -12,6 +12,7 @@
  * object from the supervisor over IPC and never read the environment again.
  */
 import { existsSync } from 'node:fs'
+import { cpus } from 'node:os'
 import * as path from 'node:path'
 import { z } from 'zod'
 
@@ -35,6 +36,8 @@ export interface Config {
   libvirtUri: string
   /** Concurrent jobs (default 2). */
   maxJobs: number
+  /** Inspects: running at once in worker threads (default: CPUs - 1, 1 to 4, so one core stays with the API), waiting (default 8; more answer 503 with `Retry-After`). */
+  inspect: { concurrency: number; queue: number }
   /** Upload size cap in bytes (spec 8: 20 GiB). */
   uploadCapBytes: number
   /** Seconds an upload is kept before the sweeper removes it (default 7 days). */
@@ -148,6 +151,8 @@ export const VARIABLES = {
   MIGRATOR_LIBVIRT_URI: { schema: str('qemu:///system'), doc: 'libvirt connection' },
   MIGRATOR_LIBVIRT_QEMU_CONF: { schema: str('/etc/libvirt/qemu.conf'), doc: "libvirt's QEMU driver configuration (the user and group qemu runs as)" },
   MIGRATOR_MAX_JOBS: { schema: int(2, 1), doc: 'concurrent jobs' },
+  MIGRATOR_INSPECT_CONCURRENCY: { schema: int(Math.max(1, Math.min(4, cpus().length - 1)), 1), doc: 'inspects parsed at once in worker threads (default: CPUs - 1, 1 to 4)' },
+  MIGRATOR_INSPECT_QUEUE: { schema: int(8, 0), doc: 'inspects waiting for a worker thread before 503 + Retry-After' },
   MIGRATOR_UPLOAD_CAP_BYTES: { schema: int(20 * GiB, 1), doc: 'upload size cap (spec 8)' },
   MIGRATOR_UPLOAD_TTL_SECONDS: { schema: int(7 * 24 * 3600, 1), doc: 'an upload expires this long after it was received' },
   MIGRATOR_SWEEP_INTERVAL_SECONDS: { schema: int(60, 1), doc: 'how often expired uploads are removed' },
@@ -246,6 +251,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     zfsPool: e.MIGRATOR_ZFS_POOL,
     libvirtUri: e.MIGRATOR_LIBVIRT_URI,
     maxJobs: e.MIGRATOR_MAX_JOBS,
+    inspect: { concurrency: e.MIGRATOR_INSPECT_CONCURRENCY, queue: e.MIGRATOR_INSPECT_QUEUE },
     uploadCapBytes: e.MIGRATOR_UPLOAD_CAP_BYTES,
     uploadTtlSeconds: e.MIGRATOR_UPLOAD_TTL_SECONDS,
     sweepIntervalSeconds: e.MIGRATOR_SWEEP_INTERVAL_SECONDS,

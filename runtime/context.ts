@@ -9,6 +9,7 @@ import { openStore, type Store } from '../lib/store/index.ts'
 import { dataPaths, type Config } from './config.ts'
 import { createLogger, type Logger } from './logger.ts'
 import { SseHub } from './sse-hub.ts'
+import type { inspectInput } from '../lib/importers/index.ts'
 
 /** What handlers may ask of the job runner (the supervisor), when one runs. */
 export interface JobRunner {
@@ -29,6 +30,8 @@ export interface Ctx {
   now(): Date
   /** The job runner; absent in contexts that do not run jobs (handler unit tests). */
   runner?: JobRunner
+  /** Bounded inspect in worker threads (`runtime/inspect-pool.ts`); absent: `inspectInput` in-line (handler unit tests). */
+  inspect?: typeof inspectInput
 }
 
 /**

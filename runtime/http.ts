@@ -41,13 +41,52 @@ export async function readJson(request: Request): Promise<Record<string, unknown
     parts.push(value)
   }
   let parsed: unknown
+  const text = Buffer.concat(parts).toString('utf8')
   try {
-    parsed = JSON.parse(Buffer.concat(parts).toString('utf8'))
+    parsed = JSON.parse(text)
   } catch (e) {
     throw new MigError('E_MIG_BAD_REQUEST', `request body is not valid JSON: ${(e as Error).message}`)
   }
+  const dup = duplicateJsonKey(text)
+  if (dup !== null) throw new MigError('E_MIG_BAD_REQUEST', `request body has the key ${JSON.stringify(dup.slice(0, 64))} twice in one object`)
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new MigError('E_MIG_BAD_REQUEST', 'request body must be a JSON object')
   return parsed as Record<string, unknown>
+}
+
+/**
+ * The first key that appears twice in one object of the JSON text `text` (already known to be
+ * valid JSON), or null. JSON.parse keeps the last one silently (RFC 8259 4: names "SHOULD be
+ * unique"); a request that says two things is refused instead (issue 12 item 6).
+ */
+export function duplicateJsonKey(text: string): string | null {
+  const stack: Array<Set<string> | null> = [] // a Set per open object, null per open array
+  let expectKey = false
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]!
+    if (c === '{') {
+      stack.push(new Set())
+      expectKey = true
+    } else if (c === '[') {
+      stack.push(null)
+      expectKey = false
+    } else if (c === '}' || c === ']') {
+      stack.pop()
+      expectKey = false
+    } else if (c === ',') expectKey = stack[stack.length - 1] instanceof Set
+    else if (c === '"') {
+      let j = i + 1
+      while (text[j] !== '"') j += text[j] === '\\' ? 2 : 1
+      if (expectKey) {
+        const key = JSON.parse(text.slice(i, j + 1)) as string
+        const keys = stack[stack.length - 1]!
+        if (keys.has(key)) return key
+        keys.add(key)
+        expectKey = false
+      }
+      i = j
+    }
+  }
+  return null
 }
 
 /** The request's query parameters (last value wins). */

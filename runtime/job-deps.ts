@@ -12,7 +12,9 @@ import { BackupClient } from '../lib/backup/client.ts'
 import type { Sealer } from '../lib/crypto/seal.ts'
 import { defineAndStart } from '../lib/domain/start.ts'
 import { Virsh } from '../lib/domain/virsh.ts'
+import { sanitizeDomainName } from '../lib/domain/xml.ts'
 import { MigError } from '../lib/errors.ts'
+import { redactHostPaths } from '../lib/hostpath.ts'
 import type { RestorePointRecord } from '../lib/job.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import type { OrchestratorDeps } from '../lib/pipeline/orchestrator.ts'
@@ -105,6 +107,8 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     signal,
     sink,
     keepOnCancel: config.keepOnCancel,
+    redact: (message: string) => redactHostPaths(message, paths.importRoot, config.dataDir),
+    reserveDomainName: async (job, manifest) => store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), new Set(await virsh.list()), now().toISOString()),
     delta: config.delta,
     takeRestorePoint,
     async preflight(job, manifest) {
@@ -153,7 +157,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
       const result = await defineAndStart({
         virsh,
         manifest,
-        plan: { name: job.plan.name, guest_os: job.plan.guest_os, firmware: job.plan.firmware, networks: job.plan.networks, start: job.plan.start },
+        plan: { name: job.domain ?? job.plan.name, guest_os: job.plan.guest_os, firmware: job.plan.firmware, networks: job.plan.networks, start: job.plan.start },
         volumes: manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
         domainType: config.domain.type,
         defaultBridge: config.domain.defaultBridge,

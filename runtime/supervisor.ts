@@ -7,6 +7,7 @@
  * attempts took removed from the source VM; a server restart resumes every job whose lease
  * expired.
  */
+import { removeSocketDirsOf } from '../lib/pipeline/qemu-nbd.ts'
 import { fork, type ChildProcess } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import { existsSync } from 'node:fs'
@@ -179,6 +180,7 @@ export class Supervisor {
       // A worker that died (SIGKILL, crash) cannot end its children: end its whole process group,
       // so no qemu-nbd or V2V tool outlives it.
       this.killGroup(child, 'SIGKILL')
+      if (child.pid !== undefined) removeSocketDirsOf(child.pid)
       void this.onExit(id, code, signal)
     })
   }

@@ -21,5 +21,5 @@ export async function handle(request: Request, ctx: Ctx): Promise<Response> {
   const body = Body.safeParse(await readJson(request))
   if (!body.success) throw new MigError('E_MIG_BAD_REQUEST', `invalid body: ${body.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`)
   const abs = resolveInRoot(ctx.config.importRoot, body.data.path)
-  return json(await inspectInput(abs, { importRoot: ctx.config.importRoot }, body.data.kind))
+  return json(await (ctx.inspect ?? inspectInput)(abs, { importRoot: ctx.config.importRoot }, body.data.kind))
 }

@@ -13,5 +13,5 @@ export const path = '/uploads/:id/inspect'
  */
 export async function handle(_request: Request, ctx: Ctx, params: Record<string, string>): Promise<Response> {
   const upload = await ctx.store.uploads.get(params.id, ctx.now().toISOString())
-  return json(await inspectInput(join(ctx.paths.uploads, upload.id), { importRoot: ctx.config.importRoot, allowUploads: true }))
+  return json(await (ctx.inspect ?? inspectInput)(join(ctx.paths.uploads, upload.id), { importRoot: ctx.config.importRoot, allowUploads: true }))
 }

@@ -35,6 +35,7 @@
  *   divides the count, else 1 core per socket. KVM uses `host-passthrough`; TCG (`qemu`) the default
  *   model.
  */
+import { DESTINATION_LIMITS } from '../limits.ts'
 import { XMLBuilder } from 'fast-xml-parser'
 import { MigError } from '../errors.ts'
 import { normalizeMac } from '../mac.ts'
@@ -94,10 +95,10 @@ export interface DomainXmlInput {
   nicModel?: NicModel
 }
 
-/** Most disks a domain built here may have (bounds hostile manifests). */
-export const MAX_DISKS = 64
-/** Most NICs a domain built here may have (bounds hostile manifests). */
-export const MAX_NICS = 32
+/** Most disks a domain built here may have (bounds hostile manifests; `lib/limits.ts`). */
+export const MAX_DISKS = DESTINATION_LIMITS.maxDisks
+/** Most NICs a domain built here may have (bounds hostile manifests; `lib/limits.ts`). */
+export const MAX_NICS = DESTINATION_LIMITS.maxNics
 
 /** Debian's `ovmf` package (12, bookworm) 4 MiB images; secure boot uses the MS-keys VARS template. */
 export function debianOvmf(secureBoot: boolean, nvram: string): OvmfPaths {

@@ -5,26 +5,38 @@
 import type { Stats } from 'node:fs'
 import { open, stat, type FileHandle } from 'node:fs/promises'
 import { MigError, type ErrorDetails } from '../errors.ts'
+import { currentInputScope, pinnedPath } from '../hostpath.ts'
 
 /** `MigError('E_MIG_MALFORMED_ARCHIVE', '<file or member>: <reason>')`, with optional details. */
 export function malformed(label: string, reason: string, details?: ErrorDetails): MigError {
   return new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${reason}`, details ? { details } : {})
 }
 
-/** `stat` of `path`. Throws `E_MIG_DISK_READ_FAILED` when it cannot be read. */
+/**
+ * `stat` of `path` (inside an input scope, of the file's pinned descriptor: see
+ * `lib/hostpath.ts`). Throws `E_MIG_DISK_READ_FAILED` when it cannot be read, and inside a scope
+ * `E_MIG_NOT_FOUND` / `E_MIG_HOST_PATH_REJECTED` as `InputScope.pin` does.
+ */
 export async function statPath(path: string): Promise<Stats> {
   try {
+    const pin = currentInputScope()?.pin(path)
+    if (pin) return pin.stats
     return await stat(path)
   } catch (e) {
+    if (e instanceof MigError) throw e
     throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: cannot stat: ${(e as Error).message}`, { cause: e })
   }
 }
 
-/** Opens `path` read-only. Throws `E_MIG_DISK_READ_FAILED` when it cannot be opened. */
+/**
+ * Opens `path` read-only (inside an input scope, its pinned descriptor). Throws
+ * `E_MIG_DISK_READ_FAILED` when it cannot be opened, inside a scope also what `InputScope.pin` throws.
+ */
 export async function openRead(path: string): Promise<FileHandle> {
   try {
-    return await open(path, 'r')
+    return await open(pinnedPath(path), 'r')
   } catch (e) {
+    if (e instanceof MigError) throw e
     throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: cannot open: ${(e as Error).message}`, { cause: e })
   }
 }

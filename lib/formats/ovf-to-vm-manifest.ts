@@ -161,7 +161,7 @@ export interface OvfToManifestOptions {
  *
  * @throws E_MIG_MALFORMED_ARCHIVE a disk file not resolved, bad quantities, an image whose header
  *   virtual size (VMDK sparse/qcow2 header, or a raw file's size) exceeds its DiskSection capacity
- *   (a smaller image is grown to the capacity, with a warning).
+ *   (or is smaller: the descriptor and the image must agree).
  */
 export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmManifest {
   const label = opts.label ?? 'OVF'
@@ -246,11 +246,11 @@ export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmM
     const capacity = r.disk ? r.disk.capacity : resolved.capacity_bytes
     if (capacity === undefined) throw malformed(label, `${lbl}: capacity unknown`)
     if (r.disk && resolved.capacity_bytes !== undefined && resolved.capacity_bytes !== r.disk.capacity) {
-      // The destination volume is sized from the DiskSection: an image larger than that does not fit.
-      if (resolved.capacity_bytes > r.disk.capacity) {
-        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${lbl}: DiskSection ovf:capacity is ${r.disk.capacity} bytes but ${r.file.href} holds a ${resolved.capacity_bytes}-byte image: the data does not fit the declared capacity`, { details: { file: r.file.href, declared: r.disk.capacity, image: resolved.capacity_bytes } })
-      }
-      warnings.push(`${lbl}: ${r.file.href} is a ${resolved.capacity_bytes}-byte image; the disk is grown to the declared ovf:capacity of ${r.disk.capacity} bytes`)
+      // The destination volume is sized from the DiskSection: an image larger than that does not
+      // fit, and one smaller would silently become a much larger volume (issue 12 item 5: a
+      // 16 MiB image under a 1 TiB ovf:capacity); the descriptor and the image must agree.
+      const why = resolved.capacity_bytes > r.disk.capacity ? 'the data does not fit the declared capacity' : "the descriptor and the image disagree; fix ovf:capacity to the image's size"
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${lbl}: DiskSection ovf:capacity is ${r.disk.capacity} bytes but ${r.file.href} holds a ${resolved.capacity_bytes}-byte image: ${why}`, { details: { file: r.file.href, declared: r.disk.capacity, image: resolved.capacity_bytes } })
     }
     const d: ManifestDisk = {
       label: lbl,

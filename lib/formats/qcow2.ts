@@ -8,11 +8,11 @@
  * backing file name or the end of the first cluster. Only the header cluster is read, with
  * positioned reads; every declared offset and size is checked against the file before use.
  */
-import { realpath, stat } from 'node:fs/promises'
+import { realpath } from 'node:fs/promises'
 import * as nodePath from 'node:path'
 import { u64be } from '../bytes.ts'
 import { MigError } from '../errors.ts'
-import { malformed, openRead, readAt } from './io.ts'
+import { malformed, openRead, readAt, statPath } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { InspectContext } from '../contracts/inspect.ts'
 
@@ -317,7 +317,7 @@ export async function resolveQcow2BackingChain(file: string, ctx: InspectContext
     const abs = resolveInRoot(ctx.importRoot, plain, { base: nodePath.dirname(cur), allowUploads: ctx.allowUploads })
     if (seen.has(abs)) throw malformed(cur, `backing chain loops back to ${abs}`)
     try {
-      const st = await stat(abs)
+      const st = await statPath(abs)
       if (!st.isFile()) throw new Error('not a regular file')
     } catch (e) {
       throw malformed(cur, `backing file ${JSON.stringify(name)} not found (${(e as Error).message})`)

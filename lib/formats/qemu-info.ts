@@ -14,6 +14,7 @@
  */
 import { exec, type ExecResult } from '../exec.ts'
 import { MigError } from '../errors.ts'
+import { childFile } from '../hostpath.ts'
 import type { DiskFormat } from '../manifest.ts'
 
 /** Default time limit of one `qemu-img info` run, milliseconds. */
@@ -116,12 +117,12 @@ function toInfo(o: unknown): QemuImgInfo | null {
 }
 
 /**
- * Runs `bin args` (lib/exec.ts) with a time limit (SIGKILL) and a stdout cap; resolves with the
+ * Runs `bin args` (lib/exec.ts; `fds` become the child's fds 3, 4, ...) with a time limit (SIGKILL) and a stdout cap; resolves with the
  * exit status and output. Rejects with `E_MIG_MALFORMED_ARCHIVE` (time limit, oversized output)
  * or `E_MIG_INTERNAL` (qemu-img missing or not startable).
  */
-async function runBounded(bin: string, args: string[], label: string, timeoutMs: number, what = 'qemu-img info'): Promise<ExecResult> {
-  const r = await exec(bin, args, { timeoutMs, maxStdout: QEMU_INFO_STDOUT_CAP })
+async function runBounded(bin: string, args: string[], label: string, timeoutMs: number, what = 'qemu-img info', fds: number[] = []): Promise<ExecResult> {
+  const r = await exec(bin, args, { timeoutMs, maxStdout: QEMU_INFO_STDOUT_CAP, fds })
   const e = r.spawnError
   if (e?.code === 'ENOENT') throw new MigError('E_MIG_INTERNAL', `qemu-img is not installed (${bin} not found)`, { cause: e })
   if (e) throw new MigError('E_MIG_INTERNAL', `cannot run ${bin}: ${e.message}`, { cause: e })
@@ -149,8 +150,9 @@ export function qemuImgInfo(path: string, opts?: QemuImgInfoOptions & { backingC
 export function qemuImgInfo(path: string, opts?: QemuImgInfoOptions): Promise<QemuImgInfo | QemuImgInfo[]>
 export async function qemuImgInfo(path: string, opts: QemuImgInfoOptions = {}): Promise<QemuImgInfo | QemuImgInfo[]> {
   const label = opts.offset !== undefined ? `${path}@${opts.offset}` : path
-  const args = qemuInfoArgs(path, opts)
-  const res = await runBounded(opts.qemuImg ?? 'qemu-img', args, label, opts.timeoutMs ?? QEMU_INFO_TIMEOUT_MS)
+  const fds: number[] = []
+  const args = qemuInfoArgs(opts.backingChain ? path : childFile(path, fds), opts)
+  const res = await runBounded(opts.qemuImg ?? 'qemu-img', args, label, opts.timeoutMs ?? QEMU_INFO_TIMEOUT_MS, 'qemu-img info', fds)
   if (res.code !== 0) {
     throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info failed: ${firstErrorLine(res.stderr)}`)
   }
@@ -200,7 +202,11 @@ export interface QemuImgCheck {
  * @throws E_MIG_INTERNAL `qemu-img` is not installed.
  */
 export async function qemuImgCheck(path: string, format: DiskFormat, opts: { timeoutMs?: number; qemuImg?: string } = {}): Promise<QemuImgCheck> {
-  const res = await runBounded(opts.qemuImg ?? 'qemu-img', ['check', '--output=json', '-U', '-f', format, path], path, opts.timeoutMs ?? 600_000, 'qemu-img check')
+  const fds: number[] = []
+  const file = childFile(path, fds)
+  // Inside an input scope the image is the pinned descriptor, and only it: `backing: null`.
+  const image = fds.length > 0 ? `json:${JSON.stringify({ driver: format, backing: null, file: { driver: 'file', filename: file } })}` : path
+  const res = await runBounded(opts.qemuImg ?? 'qemu-img', fds.length > 0 ? ['check', '--output=json', '-U', image] : ['check', '--output=json', '-U', '-f', format, path], path, opts.timeoutMs ?? 600_000, 'qemu-img check', fds)
   if (res.code === 63) return { checked: false, corruptions: 0, leaks: 0, check_errors: 0, image_end_offset: null }
   if (res.code !== 0 && res.code !== 2 && res.code !== 3) {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: qemu-img check could not complete: ${firstErrorLine(res.stderr)}`)

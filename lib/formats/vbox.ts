@@ -14,11 +14,11 @@
  * The XML is parsed by the hostile-input-safe reader of `xml.ts` (no DOCTYPE, no entities beyond
  * XML's five, `__proto__`-like names dropped), the text capped at 4 MiB.
  */
-import { stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import { normalizeMac } from '../mac.ts'
-import { malformed } from './io.ts'
+import { malformed, statPath } from './io.ts'
+import { checkDestinationLimits } from '../limits.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import { guestFamilyOf, sanitizeLabel, type ControllerBus, type DiskFormat, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 import { qemuImgInfo } from './qemu-info.ts'
@@ -385,8 +385,8 @@ export async function vboxToManifest(m: VboxMachine, opts: VboxManifestOptions):
     // Windows hosts write backslashes; the location is a host path relative to the .vbox folder.
     const loc = /^[A-Za-z]:[\\/]/.test(md.location) ? md.location : md.location.replace(/\\/g, '/')
     const abs = resolveInRoot(opts.importRoot, loc, { base, allowUploads: opts.allowUploads })
-    const st = await stat(abs).catch(() => null)
-    if (!st?.isFile()) {
+    const st = await statPath(abs).catch(() => null)
+    if (!st || !st.isFile()) {
       throw malformed(m.label, `image ${JSON.stringify(md.location)} of medium {${md.uuid}} does not exist`, { uuid: md.uuid, file: md.location })
     }
     resolved.set(md.uuid, abs)
@@ -395,6 +395,7 @@ export async function vboxToManifest(m: VboxMachine, opts: VboxManifestOptions):
   m.controllers.forEach((c) => {
     if (c.bus === 'unknown' && c.attachments.length > 0) warnings.push(`StorageController ${JSON.stringify(c.name)} (${c.type}): its disks are attached to a default bus on the destination`)
   })
+  checkDestinationLimits(m.label, { disks: m.controllers.reduce((n, c) => n + c.attachments.length, 0) })
   for (let ci = 0; ci < m.controllers.length; ci++) {
     const c = m.controllers[ci]!
     for (const a of c.attachments) {

@@ -14,7 +14,7 @@ import * as path from 'node:path'
 import { u64le } from '../bytes.ts'
 import { MigError } from '../errors.ts'
 import { malformed, readFileRange } from './io.ts'
-import { resolveInRoot } from '../hostpath.ts'
+import { currentInputScope, resolveInRoot } from '../hostpath.ts'
 import type { ControllerBus, ManifestDisk } from '../manifest.ts'
 import type { InspectContext } from '../contracts/inspect.ts'
 
@@ -220,8 +220,10 @@ function readFailed(label: string, e: unknown): MigError {
 
 async function statOrNull(p: string): Promise<Stats | null> {
   try {
-    return await stat(p)
+    return currentInputScope()?.pin(p)?.stats ?? (await stat(p))
   } catch (e) {
+    if (e instanceof MigError && e.code === 'E_MIG_NOT_FOUND') return null
+    if (e instanceof MigError) throw e
     const code = (e as NodeJS.ErrnoException).code
     if (code === 'ENOENT' || code === 'ENOTDIR') return null
     throw readFailed(p, e)

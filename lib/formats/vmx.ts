@@ -10,6 +10,7 @@
  */
 import { MigError } from '../errors.ts'
 import { normalizeMac } from '../mac.ts'
+import { checkDestinationLimits } from '../limits.ts'
 import { malformed } from './io.ts'
 import { guestFamilyOf, type ControllerBus, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 import { decodeText } from './vmdk.ts'
@@ -296,6 +297,7 @@ export async function vmxToManifest(vmx: VmxFile, opts: VmxManifestOptions): Pro
       warnings.push(`scsi${c.index}: VMware controller model ${c.model}; its disks are attached to a KVM controller on the destination`)
     }
   }
+  checkDestinationLimits(vmx.label, { disks: hw.disks.length })
   const disks: ManifestDisk[] = []
   const labels = new Set<string>()
   for (const d of hw.disks) {

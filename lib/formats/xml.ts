@@ -16,6 +16,21 @@ import { malformed } from './io.ts'
 export const MAX_XML_BYTES = 4 * 1024 * 1024
 /** Deepest element nesting accepted. */
 export const MAX_XML_DEPTH = 256
+/**
+ * Most elements accepted in one document (issue 12 item 3: counted before any tree is built; a
+ * real OVF envelope or `.vbox` has a few thousand at most, a hostile 1 MB one 200 000).
+ */
+export const MAX_XML_ELEMENTS = 50_000
+
+/** Number of start tags (`<` followed by a name character) in `xml`. */
+export function countXmlElements(xml: string): number {
+  let n = 0
+  for (let i = xml.indexOf('<'); i >= 0 && i < xml.length - 1; i = xml.indexOf('<', i + 1)) {
+    const c = xml.charCodeAt(i + 1)
+    if (c !== 0x2f && c !== 0x21 && c !== 0x3f) n++ // not '/', '!', '?'
+  }
+  return n
+}
 
 
 /**
@@ -111,6 +126,8 @@ function buildXmlTree(nodes: unknown[], label: string, depth: number, budget: { 
  */
 export function parseOrderedXml(xml: string, label: string, opts: { trim?: boolean; cdata?: boolean; maxNestedTags?: number } = {}): unknown[] {
   if (/<!DOCTYPE/i.test(xml) || /<!ENTITY/i.test(xml)) throw malformed(label, 'DOCTYPE/ENTITY declarations are not allowed')
+  const elements = countXmlElements(xml)
+  if (elements > MAX_XML_ELEMENTS) throw malformed(label, `${elements} XML elements, more than the ${MAX_XML_ELEMENTS} accepted`)
   const v = XMLValidator.validate(xml, { allowBooleanAttributes: false })
   if (v !== true) throw malformed(label, `not well-formed XML: ${v.err.msg} (line ${v.err.line}, column ${v.err.col})`)
   const rename = (n: string): string => (UNSAFE_NAMES.has(n) || UNSAFE_NAMES.has(localName(n)) ? UNSAFE_MARK + n : n)

@@ -4,6 +4,8 @@
  */
 import { stat } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
+import { withInputScope } from '../hostpath.ts'
+import { checkDestinationLimits } from '../limits.ts'
 import type { ImporterKind } from '../kinds.ts'
 import { VmManifest } from '../manifest.ts'
 import type { Importer, InspectContext } from './types.ts'
@@ -44,9 +46,15 @@ export async function inspectInput(absPath: string, ctx: InspectContext, kind?: 
   } catch {
     throw new MigError('E_MIG_NOT_FOUND', `${absPath} does not exist`)
   }
+  return withInputScope(ctx.importRoot, () => inspectPinned(absPath, ctx, kind))
+}
+
+async function inspectPinned(absPath: string, ctx: InspectContext, kind?: ImporterKind): Promise<InspectResult> {
   const detected = kind ?? (await (await import('./probe.ts')).detectKind(absPath, ctx))
   const manifest = await (await importerFor(detected)).inspect(absPath, ctx)
   const checked = VmManifest.safeParse(manifest)
   if (!checked.success) throw new MigError('E_MIG_INTERNAL', `${detected} importer produced an invalid manifest: ${checked.error.message}`)
+  if (checked.data.disks.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${checked.data.name}: the source has no disks to migrate`, { details: { disks: 0 } })
+  checkDestinationLimits(checked.data.name, { disks: checked.data.disks.length, nics: checked.data.nics.length })
   return { detected_kind: detected, manifest: checked.data }
 }

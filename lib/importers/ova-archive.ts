@@ -10,6 +10,7 @@ import * as posix from 'node:path/posix'
 import { createHash } from 'node:crypto'
 import { MigError } from '../errors.ts'
 import { readFileRange } from '../formats/io.ts'
+import { checkMemberHeader } from '../formats/member-header.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { assertSafeMemberNames, hashRange, listTarMembers, readTarMember, sniffCompression, type TarMember } from '../formats/tar.ts'
 import { MAX_DESCRIPTOR_BYTES, capacityFromHeader, checkHref, chooseDiskFormat, decodeDescriptor, parseOvfEnvelope, pickHardwareSection, type OvfFile } from '../formats/ovf.ts'
@@ -159,6 +160,7 @@ async function resolveFile(
   const source: DiskSource = { path: archive, offset: m.offset, length: m.size, member: m.name }
   if (file.compression) source.compression = file.compression
   const disk_format = chooseDiskFormat({ uri: formatUri, head: headBytes, tail, name: m.name, warnings })
+  if (!file.compression) await checkMemberHeader(disk_format, archive, m.offset, m.size, headBytes, m.name)
   return { source, disk_format, capacity_bytes: capacityFromHeader(disk_format, headBytes) ?? (disk_format === 'raw' && !file.compression ? m.size : undefined) }
 }
 

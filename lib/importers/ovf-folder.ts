@@ -9,7 +9,8 @@ import { createHash } from 'node:crypto'
 import { statSync } from 'node:fs'
 import { MigError } from '../errors.ts'
 import { readFileRange } from '../formats/io.ts'
-import { resolveInRoot } from '../hostpath.ts'
+import { checkMemberHeader } from '../formats/member-header.ts'
+import { currentInputScope, resolveInRoot } from '../hostpath.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { hashRange } from '../formats/tar.ts'
 import { MAX_DESCRIPTOR_BYTES, capacityFromHeader, checkHref, chooseDiskFormat, decodeDescriptor, parseOvfEnvelope, pickHardwareSection, type OvfFile } from '../formats/ovf.ts'
@@ -25,11 +26,15 @@ const MAX_DIR_ENTRIES = 10_000
 /** Size of a regular file, or null when it does not exist (other errors: `E_MIG_DISK_READ_FAILED`). */
 function fileSize(abs: string): number | null {
   try {
-    const st = statSync(abs)
+    const st = currentInputScope()?.pin(abs)?.stats ?? statSync(abs)
     if (!st.isFile()) return null
     return st.size
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT' || (e as NodeJS.ErrnoException).code === 'ENOTDIR') return null
+    if (e instanceof MigError) {
+      if (e.code === 'E_MIG_NOT_FOUND') return null
+      throw e
+    }
     throw new MigError('E_MIG_DISK_READ_FAILED', `${abs}: ${(e as Error).message}`, { cause: e })
   }
 }
@@ -157,6 +162,7 @@ async function resolveFile(abs: string, label: string, file: OvfFile, formatUri:
   const source: DiskSource = { path: abs }
   if (file.compression) source.compression = file.compression
   const disk_format = chooseDiskFormat({ uri: formatUri, head, tail, name: file.href, warnings })
+  if (!file.compression) await checkMemberHeader(disk_format, abs, 0, sz, head, file.href)
   return { source, disk_format, capacity_bytes: capacityFromHeader(disk_format, head) ?? (disk_format === 'raw' && !file.compression ? sz : undefined) }
 }
 

@@ -11,6 +11,7 @@ import type { DiskFormat } from '../manifest.ts'
 import { qemuImgInfo } from '../formats/qemu-info.ts'
 import { assertSafeMemberNames, listTarMembers, type TarMember } from '../formats/tar.ts'
 import type { InspectContext } from './types.ts'
+import { openRead, statPath } from '../formats/io.ts'
 
 export type { ProbeFormat, ProbeResult }
 import { probeMagic, readHeadTail, type ProbeFormat, type ProbeResult } from '../formats/sniff.ts'
@@ -114,8 +115,9 @@ async function detectTar(file: string): Promise<ImporterKind> {
 export async function detectKind(path: string, ctx: InspectContext): Promise<ImporterKind> {
   let st
   try {
-    st = await stat(path)
-  } catch {
+    st = await statPath(path)
+  } catch (e) {
+    if (e instanceof MigError && e.code === 'E_MIG_HOST_PATH_REJECTED') throw e
     throw new MigError('E_MIG_NOT_FOUND', `${path} does not exist`)
   }
   if (st.isDirectory()) return detectFolder(path)

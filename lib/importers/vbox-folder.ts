@@ -6,10 +6,11 @@
  * ({@link vboxToManifest}). Backups VirtualBox leaves beside it (`.vbox-prev`, `.vbox-tmp`) are
  * not settings files.
  */
-import { readFile, stat } from 'node:fs/promises'
+import { readFile } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
-import { resolveInRoot } from '../hostpath.ts'
+import { pinnedPath, resolveInRoot } from '../hostpath.ts'
+import { statPath } from '../formats/io.ts'
 import type { VmManifest } from '../manifest.ts'
 import { MAX_VBOX_BYTES, parseVbox, vboxToManifest } from '../formats/vbox.ts'
 import { findDescriptor } from './find-descriptor.ts'
@@ -32,11 +33,11 @@ export function findVbox(inputPath: string): Promise<string> {
  */
 async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManifest> {
   const vboxPath = await findVbox(resolveInRoot(ctx.importRoot, inputPath, { allowUploads: ctx.allowUploads }))
-  const st = await stat(vboxPath)
+  const st = await statPath(vboxPath)
   if (st.size > MAX_VBOX_BYTES) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${vboxPath}: settings file larger than 4 MiB (${st.size} bytes)`)
   let bytes: Buffer
   try {
-    bytes = await readFile(vboxPath)
+    bytes = await readFile(pinnedPath(vboxPath))
   } catch (e) {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${vboxPath}: cannot read: ${(e as Error).message}`)
   }

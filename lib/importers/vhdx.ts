@@ -11,7 +11,7 @@
  * `vpc` driver reads a differencing VHD as if it had none, so such a manifest carries a warning
  * to merge the chain at the source first.
  */
-import { realpath, stat } from 'node:fs/promises'
+import { realpath } from 'node:fs/promises'
 import * as nodePath from 'node:path'
 import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
@@ -21,7 +21,7 @@ import { readVhdxInfo, type VhdxInfo } from '../formats/vhdx.ts'
 import type { VmManifest } from '../manifest.ts'
 import { singleDiskManifest } from './qcow2.ts'
 import type { Importer, InspectContext } from './types.ts'
-import { openRead } from '../formats/io.ts'
+import { openRead, statPath } from '../formats/io.ts'
 
 /** Deepest differencing chain followed. */
 export const MAX_PARENT_DEPTH = 16
@@ -103,7 +103,7 @@ export async function resolveDifferencingChain(file: string, top: Image, ctx: In
     let found: string | null = null
     for (const c of candidates) {
       const abs = resolveInRoot(ctx.importRoot, c, { base: nodePath.dirname(cur), allowUploads: ctx.allowUploads })
-      const st = await stat(abs).catch(() => null)
+      const st = await statPath(abs).catch(() => null)
       if (st?.isFile()) {
         found = abs
         break

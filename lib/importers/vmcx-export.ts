@@ -218,7 +218,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
     const top = await header(p.name)
     const parents = await parentsOf(p.name)
     let allocated = 0
-    for (const n of [p.name, ...parents]) allocated += (await stat(fileOf(n))).size
+    for (const n of [p.name, ...parents]) allocated += (await statPath(fileOf(n))).size
     const stem = sanitizeLabel(p.name.replace(DISK_RE, ''))
     let label = stem
     for (let k = 2; labels.has(label); k++) label = `${stem}_${k}`

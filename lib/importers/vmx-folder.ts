@@ -4,10 +4,10 @@
  * {@link parseVmx}; each disk it names is resolved relative to the VMX's folder inside the import
  * root and inspected with {@link inspectVmdk} (descriptors, sparse/flat extents, snapshot chains).
  */
-import { stat } from 'node:fs/promises'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
-import { resolveInRoot } from '../hostpath.ts'
+import { pinnedPath, resolveInRoot } from '../hostpath.ts'
+import { statPath } from '../formats/io.ts'
 import { sanitizeLabel, type VmManifest } from '../manifest.ts'
 import { inspectVmdk, manifestDiskOf } from '../formats/vmdk.ts'
 import { MAX_VMX_BYTES, parseVmx, vmxToManifest } from '../formats/vmx.ts'
@@ -32,11 +32,11 @@ export function findVmx(inputPath: string): Promise<string> {
  */
 async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManifest> {
   const vmxPath = await findVmx(resolveInRoot(ctx.importRoot, inputPath, { allowUploads: ctx.allowUploads }))
-  const st = await stat(vmxPath)
+  const st = await statPath(vmxPath)
   if (st.size > MAX_VMX_BYTES) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${vmxPath}: VMX larger than 4 MiB (${st.size} bytes)`)
   let bytes: Buffer
   try {
-    bytes = await readFile(vmxPath)
+    bytes = await readFile(pinnedPath(vmxPath))
   } catch (e) {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${vmxPath}: cannot read: ${(e as Error).message}`)
   }
@@ -46,7 +46,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
     fallbackName: path.basename(vmxPath).replace(/\.vmx$/i, ''),
     resolveDisk: async (fileName, bus, address, key) => {
       const abs = resolveInRoot(ctx.importRoot, fileName, { base: folder, allowUploads: ctx.allowUploads })
-      const s = await stat(abs).catch(() => null)
+      const s = await statPath(abs).catch(() => null)
       if (!s) {
         throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${path.basename(vmxPath)}: ${key} = ${JSON.stringify(fileName)}: disk file does not exist`, { details: { key, file: fileName } })
       }

@@ -29,6 +29,9 @@ export async function checkPlanRefs(plan: Plan, store: Store, importRoot: string
     }
   } else if (ref.kind === 'offline_host_path') {
     const abs = resolveInRoot(importRoot, ref.path)
+    if (path.relative(resolveInRoot(importRoot, '.'), abs) === '') {
+      throw new MigError('E_MIG_HOST_PATH_REJECTED', 'plan.source_ref.path is the import root itself; name the export file or folder inside it', { details: { path: ref.path } })
+    }
     if (!existsSync(abs)) throw new MigError('E_MIG_NOT_FOUND', `plan.source_ref.path ${JSON.stringify(ref.path)} does not exist in the import root`)
   } else {
     await store.uploads.get(ref.upload_id, now.toISOString())

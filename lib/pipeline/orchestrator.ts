@@ -95,6 +95,13 @@ export interface OrchestratorDeps {
   preflight?(job: Job, manifest: VmManifest): Promise<void>
   /** Keep destination volumes of a cancelled job (default false: remove them). */
   keepOnCancel?: boolean
+  /**
+   * Reserves the job's domain name once the manifest is known, before anything is copied
+   * (stored as `job.domain`; a resumed job keeps its name). Absent: the name is chosen at define.
+   */
+  reserveDomainName?(job: Job, manifest: VmManifest): Promise<string>
+  /** Rewrites a failure message before it is stored on the job (absolute host paths out); default unchanged. */
+  redact?: (message: string) => string
 }
 
 const ORDER: JobState[] = ['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'V2vProcessing', 'Starting', 'Completed']
@@ -142,6 +149,10 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     source = await deps.prepare(job, signal)
     const manifest = source.manifest
     if (manifest.disks.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${manifest.name}: the source has no disks to migrate`)
+    if (deps.reserveDomainName && !job.domain) {
+      await deps.reserveDomainName(job, manifest)
+      job = await jobs.get(jobId) // published with the next state change
+    }
     if (job.plan.restore_point && job.restore_point === null) {
       if (!deps.takeRestorePoint) throw new MigError('E_MIG_SNAPSHOT_FAILED', 'the plan asks for a restore point but no backup API is configured (MIGRATOR_BACKUP_URL)')
       const point = await deps.takeRestorePoint(job, signal)
@@ -199,8 +210,9 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
       await setState('Cancelled', { finished_at: iso(), last_error: { code: 'E_MIG_CANCELLED', message: 'cancelled by operator', fatal: true } })
     } else {
       // A domain left defined by a failed start (or boot check) is named on the job for the operator.
-      const domain = typeof err.details?.domain === 'string' ? err.details.domain : undefined
-      await setState('Failed', { domain, finished_at: iso(), last_error: { code: err.code, message: err.message, fatal: true } })
+      // A name only reserved (nothing defined) is released.
+      const domain = typeof err.details?.domain === 'string' ? err.details.domain : null
+      await setState('Failed', { domain, finished_at: iso(), last_error: { code: err.code, message: deps.redact ? deps.redact(err.message) : err.message, fatal: true } })
     }
     return job
   } finally {

@@ -3,10 +3,11 @@
  * an offline input is confined to the import root (or is an upload), inspected with the plan's
  * importer kind, and read disk by disk; a live source is a control-plane session.
  */
-import { rm, stat } from 'node:fs/promises'
+import { rm } from 'node:fs/promises'
 import { join } from 'node:path'
 import { MigError } from '../errors.ts'
-import { resolveInRoot } from '../hostpath.ts'
+import { InputScope, resolveInRoot } from '../hostpath.ts'
+import { statPath } from '../formats/io.ts'
 import type { Job } from '../job.ts'
 import { PASSTHROUGH_IMPORTERS, type ImporterKind } from '../kinds.ts'
 import { inspectInput } from '../importers/index.ts'
@@ -49,9 +50,7 @@ export async function verifyPackedDigest(disk: ManifestDisk): Promise<void> {
   const d = disk.source.digest
   if (!d || copyReadsStoredBytes(disk)) return
   const { path, offset = 0 } = disk.source
-  const length = disk.source.length ?? (await stat(path).catch((e: Error) => {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: ${e.message}`)
-  })).size
+  const length = disk.source.length ?? (await statPath(path)).size
   const got = await hashRange(path, offset, length, d.algorithm)
   if (got !== d.hex.toLowerCase()) {
     const name = disk.source.member ?? path
@@ -84,8 +83,18 @@ export async function prepareSource(job: Job, deps: { store: Store; sealer: Seal
   if ('Offline' in source) {
     const kind = source.Offline as ImporterKind
     const input = await offlineInputPath(job, deps.store, deps.paths, deps.now())
-    const { manifest } = await inspectInput(input.path, { importRoot: deps.paths.importRoot, allowUploads: input.upload }, kind)
+    // Every input file is opened once, checked, and read through that descriptor for the whole
+    // job (inspect, digests, readers, qemu-nbd): a name swapped after the check is never reopened.
+    const scope = new InputScope(deps.paths.importRoot)
+    let manifest: PreparedSource['manifest']
+    try {
+      manifest = (await scope.run(() => inspectInput(input.path, { importRoot: deps.paths.importRoot, allowUploads: input.upload }, kind))).manifest
+    } catch (e) {
+      scope.close()
+      throw e
+    }
     if (PASSTHROUGH_IMPORTERS.includes(kind)) {
+      scope.close()
       const fi = deps.fullImport ?? {}
       return {
         strategy: 'passthrough',
@@ -111,11 +120,11 @@ export async function prepareSource(job: Job, deps: { store: Store; sealer: Seal
     return {
       strategy: 'offline',
       manifest,
-      openReader: async (disk) => {
+      openReader: (disk) => scope.run(async () => {
         await verifyPackedDigest(disk)
         return openDiskReader(disk, { stagingDir, signal: deps.signal })
-      },
-      close: async () => {},
+      }),
+      close: async () => scope.close(),
     }
   }
   const ref = job.plan.source_ref

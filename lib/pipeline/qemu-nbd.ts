@@ -16,13 +16,14 @@
  * Command: `qemu-nbd --read-only --persistent --shared=4 --socket=<tmp>/nbd.sock 'json:{...}'`.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs'
 import { stat } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
 import { probeMagic, readHeadTail } from '../formats/sniff.ts'
+import { childFile } from '../hostpath.ts'
 
 /** Options of {@link startQemuNbd}. Offsets and lengths in bytes. */
 export interface QemuNbdOptions {
@@ -61,6 +62,20 @@ export interface QemuNbdServer {
 }
 
 const MAX_STDERR = 64 * 1024
+/** Socket directories are `<tmp>/mig-nbd-<pid of the process that started qemu-nbd>-XXXXXX`. */
+const SOCKET_DIR_PREFIX = 'mig-nbd-'
+
+/**
+ * Removes the socket directories a process `pid` (a job worker that was killed, so its `close()`
+ * never ran) left in the temp directory. Never throws.
+ */
+export function removeSocketDirsOf(pid: number): void {
+  try {
+    for (const n of readdirSync(tmpdir())) if (n.startsWith(`${SOCKET_DIR_PREFIX}${pid}-`)) rmSync(join(tmpdir(), n), { recursive: true, force: true })
+  } catch {
+    /* temp dir unreadable: nothing to do */
+  }
+}
 
 type Node = Record<string, unknown>
 
@@ -81,8 +96,8 @@ export async function probeImageFormat(path: string): Promise<DiskFormat> {
  * The qemu block-node specification of {@link QemuNbdOptions} (the object after `json:`).
  * Throws `E_MIG_DISK_READ_FAILED` for an inconsistent offset/length or an unreadable parent.
  */
-export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format' | 'offset' | 'length' | 'backingChain'>): Promise<Node> {
-  let file: Node = { driver: 'file', filename: opts.path }
+export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format' | 'offset' | 'length' | 'backingChain'>, childFds?: number[]): Promise<Node> {
+  let file: Node = { driver: 'file', filename: childFile(opts.path, childFds) }
   if (opts.offset !== undefined || opts.length !== undefined) {
     if (!Number.isSafeInteger(opts.offset) || !Number.isSafeInteger(opts.length) || opts.offset! < 0 || opts.length! <= 0) {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${opts.path}: a member range needs a non-negative offset and a positive length`)
@@ -93,7 +108,7 @@ export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format'
   let node = top
   for (const parent of opts.backingChain ?? []) {
     const fmt = await probeImageFormat(parent)
-    const p: Node = { driver: fmt, 'read-only': true, file: { driver: 'file', filename: parent } }
+    const p: Node = { driver: fmt, 'read-only': true, file: { driver: 'file', filename: childFile(parent, childFds) } }
     node.backing = p
     node = p
   }
@@ -109,15 +124,16 @@ export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format'
 export async function startQemuNbd(opts: QemuNbdOptions): Promise<QemuNbdServer> {
   const label = opts.label ?? opts.path
   if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', `${label}: cancelled before qemu-nbd started`)
-  const spec = await qemuBlockSpec(opts)
-  const dir = mkdtempSync(join(tmpdir(), 'mig-nbd-'))
+  const fds: number[] = []
+  const spec = await qemuBlockSpec(opts, fds)
+  const dir = mkdtempSync(join(tmpdir(), `${SOCKET_DIR_PREFIX}${process.pid}-`))
   const socketPath = join(dir, 'nbd.sock')
   const args = ['--read-only', '--persistent', '--shared=4', `--socket=${socketPath}`, `json:${JSON.stringify(spec)}`]
   let err = ''
   let exitInfo: string | null = null
   let child: ChildProcess
   try {
-    child = spawn(opts.qemuNbdPath ?? 'qemu-nbd', args, { stdio: ['ignore', 'ignore', 'pipe'] })
+    child = spawn(opts.qemuNbdPath ?? 'qemu-nbd', args, { stdio: ['ignore', 'ignore', 'pipe', ...fds] })
   } catch (e) {
     rmSync(dir, { recursive: true, force: true })
     throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot start qemu-nbd: ${(e as Error).message}`, { cause: e })

@@ -104,6 +104,31 @@ export class JobsRepo {
   }
 
   /**
+   * Reserves a libvirt domain name for job `id` (issue 12 item 2), atomically against every other
+   * job that has not ended (the store's unique index `jobs_active_domain`): the first of `base`,
+   * `base-2`, `base-3`, ... (at most 63 characters) that is not in `taken` (the domains libvirt
+   * has) and no active job holds; stored as the job's `domain`. A job that holds a name already
+   * keeps it. Throws `E_MIG_DOMAIN_DEFINE_FAILED` when no name is free within 10 000 tries,
+   * `E_MIG_PERSIST_FAILED`.
+   */
+  async reserveDomain(id: string, base: string, taken: ReadonlySet<string>, now: string): Promise<string> {
+    const job = await this.get(id)
+    if (job.domain) return job.domain
+    for (let i = 1; i <= 10_000; i++) {
+      const suffix = i === 1 ? '' : `-${i}`
+      const candidate = base.slice(0, 63 - suffix.length) + suffix
+      if (taken.has(candidate)) continue
+      try {
+        await this.db.updateTable('jobs').set({ domain: candidate, updated_at: now }).where('id', '=', id).execute()
+        return candidate
+      } catch (e) {
+        if (!/UNIQUE constraint/i.test((e as Error).message)) return persist('reserve domain name', () => Promise.reject(e))
+      }
+    }
+    throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `no free domain name for ${base}`)
+  }
+
+  /**
    * Records a cancellation request. A `Queued` job becomes `Cancelled` at once with
    * `E_MIG_CANCELLED`; a running job is flagged for its worker. `E_MIG_CONFLICT` when the job
    * already ended; `E_MIG_NOT_FOUND` when absent.

@@ -80,6 +80,12 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('jobs').addColumn('domain', 'text').execute()
     },
   },
+  '0004_job_domain_reservation': {
+    async up(db: Kysely<any>) {
+      // A domain name is held by at most one job that has not ended (issue 12 item 2).
+      await sql`create unique index jobs_active_domain on jobs(domain) where domain is not null and status not in ('completed', 'failed', 'cancelled')`.execute(db)
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

@@ -80,7 +80,8 @@ export async function receiveUpload(opts: ReceiveOptions): Promise<ReceivedUploa
 
   let bb: busboy.Busboy
   try {
-    bb = busboy({ headers: { 'content-type': opts.contentType }, limits: { files: 1, fields: 8, fieldSize: 1024, parts: 16, headerPairs: 64 } })
+    // defParamCharset utf8: browsers and curl send the filename parameter's bytes as UTF-8.
+    bb = busboy({ headers: { 'content-type': opts.contentType }, defParamCharset: 'utf8', limits: { files: 1, fields: 8, fieldSize: 1024, parts: 16, headerPairs: 64 } })
   } catch (e) {
     throw new MigError('E_MIG_BAD_REQUEST', `malformed multipart body: ${(e as Error).message}`)
   }
@@ -105,6 +106,8 @@ export async function receiveUpload(opts: ReceiveOptions): Promise<ReceivedUploa
     else if (expected !== null && expected !== v) fail(rejected('sha256 given twice with different values', 422))
     else expected = v
   })
+  // Past `limits.files`, busboy drops further file parts silently: a second one is refused.
+  bb.on('filesLimit', () => fail(new MigError('E_MIG_BAD_REQUEST', 'only one "file" part is accepted')))
   bb.on('file', (name, stream, info) => {
     if (name !== 'file' || fileDone !== null) {
       stream.resume()

@@ -9,7 +9,8 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { chmodSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, closeSync, statfsSync, writeSync } from 'node:fs'
+import { chmodSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, readlinkSync, closeSync, statfsSync, writeSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
@@ -24,11 +25,31 @@ const SLOW = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(48 * MiB), MIGRATOR_FL
 
 /** Pids of qemu-nbd processes serving an image under `dir`. */
 function qemuNbdServing(dir: string): number[] {
+  // qemu-nbd reads its input through an inherited descriptor (/dev/fd/3): match by open files.
+  let pids: number[]
   try {
-    return execFileSync('pgrep', ['-f', `qemu-nbd .*${dir}`], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
+    pids = execFileSync('pgrep', ['-x', 'qemu-nbd'], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
   } catch {
     return []
   }
+  return pids.filter((pid) => {
+    try {
+      return readdirSync(`/proc/${pid}/fd`).some((fd) => {
+        try {
+          return readlinkSync(`/proc/${pid}/fd/${fd}`).startsWith(dir)
+        } catch {
+          return false
+        }
+      })
+    } catch {
+      return false
+    }
+  })
+}
+
+/** Socket directories of qemu-nbd servers started by process `pid` (lib/pipeline/qemu-nbd.ts). */
+function nbdSocketDirsOf(pid: number): string[] {
+  return readdirSync(tmpdir()).filter((n) => n.startsWith(`mig-nbd-${pid}-`))
 }
 
 /** A raw image of `size` bytes, random data in its first `dataBytes`, then a hole. */
@@ -73,6 +94,8 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     expect(durable).toBeGreaterThan(0)
     const pid = workerPid(job.id)
     expect(pid).not.toBeNull()
+    expect(qemuNbdServing(path.join(importRoot, 'big')).length).toBeGreaterThan(0)
+    expect(nbdSocketDirsOf(pid!).length).toBeGreaterThan(0)
     const killedAt = stream.events.length
     process.kill(pid!, 'SIGKILL')
     const done = await waitJob(srv.base, job.id)
@@ -85,6 +108,8 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     expect(Math.min(...after.map((e) => e.data.progress.bytes_done))).toBeGreaterThanOrEqual(durable)
     // The killed worker's qemu-nbd went with it (the supervisor ends the dead worker's process group).
     expect(qemuNbdServing(path.join(importRoot, 'big'))).toEqual([])
+    // ... and its socket directory too (issue 12 item 6).
+    expect(nbdSocketDirsOf(pid!)).toEqual([])
   }, 120_000)
 
   test('cancel mid-copy: 202, the job ends Cancelled with E_MIG_CANCELLED and its destination files are gone', async () => {

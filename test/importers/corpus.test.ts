@@ -167,19 +167,14 @@ const ROWS: Row[] = [
       warnings: ['no test-i-ova.mf manifest'],
     },
   },
-  // Mutation: the image header says 1 GiB, less than the declared 32 GiB: the disk is grown to
-  // the declared capacity, with a warning.
+  // Mutation: the image header says 1 GiB, less than the declared 32 GiB: refused, naming both
+  // figures (issue 12 item 5; a volume is never grown past the image).
   {
     source: 'virt-v2v/test-i-ova.ovf',
-    what: 'mutation: image smaller than the declared ovf:capacity (grown, warned)',
+    what: 'mutation: image smaller than the declared ovf:capacity (refused, both figures named)',
     kind: 'ovf_folder',
     input: () => inTmp(ovfWithPlaceholder('virt-v2v/test-i-ova.ovf', 'v2v-ova-small', 'test-ova.vmdk', 1 * GiB, 349405696)),
-    manifest: {
-      name: 'TestOva', guest: ['windows', 'windows7_64Guest'], firmware: 'bios', secure_boot: false, cpu: [1, 1], memory_bytes: 2048 * MiB,
-      disks: [{ label: 'Hard Disk 1', capacity_bytes: 32 * GiB, disk_format: 'vmdk', controller: 'scsi', address: '0:0' }],
-      nics: [{ mac: null, model: 'e1000', network: 'VM Network' }],
-      warnings: [`is a ${GiB}-byte image; the disk is grown to the declared ovf:capacity of ${32 * GiB} bytes`],
-    },
+    error: { code: 'E_MIG_MALFORMED_ARCHIVE', mentions: [`${32 * GiB} bytes`, `${GiB}-byte image`] },
   },
   // The same descriptor alone in the corpus: its References/File test-ova.vmdk is absent.
   {

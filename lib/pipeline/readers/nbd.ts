@@ -5,6 +5,7 @@
  * `base:allocation`, so unallocated and zero areas are reported as zero extents and never read.
  */
 import { open } from 'node:fs/promises'
+import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import type { DiskFormat } from '../../manifest.ts'
 import { NbdClient, NBD_STATE_ZERO } from '../nbd-client.ts'
@@ -49,7 +50,7 @@ export async function checkImageHeader(opts: Pick<NbdReaderOptions, 'path' | 'fo
   const head = Buffer.alloc(80)
   let n = 0
   try {
-    const fh = await open(opts.path, 'r')
+    const fh = await open(pinnedPath(opts.path), 'r')
     try {
       n = (await fh.read(head, 0, head.length, opts.offset ?? 0)).bytesRead
     } finally {

@@ -11,6 +11,7 @@
  */
 import { rm, rmdir } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
+import { outsideInputScope } from '../../hostpath.ts'
 import type { DiskFormat, ManifestDisk } from '../../manifest.ts'
 import { CHECKABLE_FORMATS, qemuImgCheck } from '../../formats/qemu-info.ts'
 import { readVdiInfo } from '../../formats/vdi.ts'
@@ -51,7 +52,7 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     const staged = await stageOvfFile(src, { dir: opts.stagingDir, label, maxBytes: disk.capacity_bytes + stagingSlack(disk.capacity_bytes), signal: opts.signal })
     let inner: DiskReader
     try {
-      inner = await openDiskReader({ ...disk, source: { path: staged } }, { ...opts, stagingDir: undefined })
+      inner = await outsideInputScope(() => openDiskReader({ ...disk, source: { path: staged } }, { ...opts, stagingDir: undefined }))
     } catch (e) {
       await rm(staged, { force: true })
       throw e

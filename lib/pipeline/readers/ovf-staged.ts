@@ -15,6 +15,7 @@
 import { randomUUID } from 'node:crypto'
 import { createReadStream, existsSync } from 'node:fs'
 import { mkdir, open, rm, stat, type FileHandle } from 'node:fs/promises'
+import { pinnedPath } from '../../hostpath.ts'
 import * as path from 'node:path'
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
@@ -39,7 +40,7 @@ const ZERO_BLOCK = 64 * 1024
 async function storedRanges(src: DiskSource, label: string): Promise<StoredRange[]> {
   if (src.layout !== 'ovf_chunks') {
     if (src.offset !== undefined && src.length !== undefined) return [{ path: src.path, offset: src.offset, length: src.length }]
-    const st = await stat(src.path).catch((e: Error) => {
+    const st = await stat(pinnedPath(src.path)).catch((e: Error) => {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${e.message}`)
     })
     return [{ path: src.path, offset: 0, length: st.size }]
@@ -53,7 +54,7 @@ async function storedRanges(src: DiskSource, label: string): Promise<StoredRange
     // an OVF folder: chunk files beside the descriptor
     for (let i = 0; sum < total; i++) {
       const p = `${src.path}.${name(i)}`
-      const st = await stat(p).catch(() => null)
+      const st = await Promise.resolve().then(() => stat(pinnedPath(p))).catch(() => null)
       if (!st?.isFile() || st.size === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(p)} is missing or empty (the package changed since inspection)`)
       ranges.push({ path: p, offset: 0, length: st.size })
       sum += st.size
@@ -77,7 +78,7 @@ async function* storedBytes(ranges: StoredRange[], label: string): AsyncIterable
   for (const r of ranges) {
     if (r.length === 0) continue
     let got = 0
-    for await (const c of createReadStream(r.path, { start: r.offset, end: r.offset + r.length - 1, highWaterMark: IO_BYTES })) {
+    for await (const c of createReadStream(pinnedPath(r.path), { start: r.offset, end: r.offset + r.length - 1, highWaterMark: IO_BYTES })) {
       got += (c as Buffer).length
       yield c as Buffer
     }

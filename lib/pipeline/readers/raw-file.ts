@@ -7,6 +7,7 @@
  * detection happens in the chunker on the bytes read.
  */
 import { open, type FileHandle } from 'node:fs/promises'
+import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
@@ -34,7 +35,7 @@ export async function openRawFileReader(path: string, opts: RawFileReaderOptions
   if (!Number.isSafeInteger(base) || base < 0) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: invalid offset ${base}`)
   let fh: FileHandle
   try {
-    fh = await open(path, 'r')
+    fh = await open(pinnedPath(path), 'r')
   } catch (e) {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot open: ${(e as Error).message}`, { cause: e })
   }

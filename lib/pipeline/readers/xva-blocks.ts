@@ -6,6 +6,7 @@
  * with positioned reads at their tar member data offsets (DESIGN.md section 5 reader 2).
  */
 import { open, type FileHandle } from 'node:fs/promises'
+import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import { listTarMembers } from '../../formats/tar.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
@@ -66,7 +67,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
 
   let fh: FileHandle
   try {
-    fh = await open(path, 'r')
+    fh = await open(pinnedPath(path), 'r')
   } catch (e) {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot open: ${(e as Error).message}`, { cause: e })
   }

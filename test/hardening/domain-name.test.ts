@@ -1,0 +1,45 @@
+/**
+ * Issue 12 item 2: the domain name is reserved when a job starts (before its copy), atomically
+ * against every other active job and the domains libvirt has. Twelve plans for the same disk
+ * without `name`, four at a time: all complete, each with its own domain.
+ */
+import { afterAll, beforeAll, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { mkdirSync } from 'node:fs'
+import * as path from 'node:path'
+import { makeBootDisk } from '../helpers/bootdisk.ts'
+import { submit, offlinePlan, waitJob } from '../helpers/jobs.ts'
+import { cleanupDomains, domainsWithPrefix } from '../helpers/libvirt.ts'
+import { startServer, type RunningServer } from '../helpers/server.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const t = tempDir('mig-i12-name-')
+const dataDir = path.join(t.dir, 'data')
+let server: RunningServer
+
+beforeAll(async () => {
+  await cleanupDomains('i12-same')
+  mkdirSync(path.join(dataDir, 'imports'), { recursive: true })
+  const raw = path.join(t.dir, 'disk.raw')
+  makeBootDisk(raw, 'I12-SAME', 1 << 20)
+  execFileSync('qemu-img', ['convert', '-q', '-f', 'raw', '-O', 'qcow2', raw, path.join(dataDir, 'imports', 'i12-same.qcow2')])
+  server = await startServer('bun', dataDir, { MIGRATOR_MAX_JOBS: '4', MIGRATOR_DOMAIN_TYPE: 'qemu' })
+}, 60_000)
+
+afterAll(async () => {
+  await server?.stop()
+  await cleanupDomains('i12-same')
+  t.cleanup()
+}, 60_000)
+
+test('twelve same-name jobs, four concurrent, all complete with distinct domains', async () => {
+  const ids: string[] = []
+  for (let i = 0; i < 12; i++) ids.push((await submit(server.base, offlinePlan('qcow2', 'i12-same.qcow2', { start: false }))).id)
+  const jobs = await Promise.all(ids.map((id) => waitJob(server.base, id, undefined, 300_000)))
+  expect(jobs.map((j) => [j.status, j.last_error?.message ?? null])).toEqual(jobs.map(() => ['completed', null]))
+  const names = jobs.map((j) => j.domain as string)
+  expect(new Set(names).size).toBe(12)
+  expect(names).toContain('i12-same')
+  const defined = await domainsWithPrefix('i12-same')
+  for (const n of names) expect(defined).toContain(n)
+}, 400_000)

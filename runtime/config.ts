@@ -43,6 +43,10 @@ export interface Config {
   supervisor: { leaseSeconds: number; heartbeatTimeoutSeconds: number; maxAttempts: number }
   /** Warm delta loop: converged below this many bytes per pass, at most this many passes. */
   delta: { convergeBelowBytes: number; maxPasses: number }
+  /** Warm jobs that wait for their cutover: seconds between delta passes when the plan has no `precopy_interval_seconds` (default 300). */
+  precopyIntervalSeconds: number
+  /** At most this many jobs of one live source run at once (0: no limit besides `maxJobs`). */
+  maxJobsPerSource: number
   /** Live sources: how long a guest shutdown may take before the VM is powered off (s, default 300). */
   guestShutdownTimeoutSeconds: number
   /** The copy loop: durable checkpoint (fsync + watermark) every `flushEveryBytes` (default 256 MiB); bandwidth cap on source reads in bytes/s (0: none). */
@@ -133,6 +137,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       convergeBelowBytes: int(env, 'MIGRATOR_DELTA_CONVERGE_BYTES', 64 * 1024 * 1024, 0),
       maxPasses: int(env, 'MIGRATOR_DELTA_MAX_PASSES', 8, 1),
     },
+    precopyIntervalSeconds: int(env, 'MIGRATOR_PRECOPY_INTERVAL_SECONDS', 300, 1),
+    maxJobsPerSource: int(env, 'MIGRATOR_MAX_JOBS_PER_SOURCE', 0, 0),
     guestShutdownTimeoutSeconds: int(env, 'MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS', 300, 1),
     copy: {
       flushEveryBytes: int(env, 'MIGRATOR_FLUSH_EVERY_BYTES', 256 * 1024 * 1024, 1024 * 1024),

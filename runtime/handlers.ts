@@ -15,6 +15,7 @@ import * as migrationsCreate from '../handlers/migrations/create.ts'
 import * as migrationsStream from '../handlers/migrations/stream.ts'
 import * as migrationsGet from '../handlers/migrations/get.ts'
 import * as migrationsCancel from '../handlers/migrations/cancel.ts'
+import * as migrationsCutover from '../handlers/migrations/cutover.ts'
 import * as uploadsList from '../handlers/uploads/list.ts'
 import * as uploadsCreate from '../handlers/uploads/create.ts'
 import * as uploadsGet from '../handlers/uploads/get.ts'
@@ -37,6 +38,7 @@ export const HANDLERS: readonly HandlerModule[] = [
   migrationsStream,
   migrationsGet,
   migrationsCancel,
+  migrationsCutover,
   uploadsList,
   uploadsCreate,
   uploadsGet,

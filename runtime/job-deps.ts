@@ -87,6 +87,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     sink,
     keepOnCancel: config.keepOnCancel,
     delta: config.delta,
+    cutover: { shutdownEstimateSeconds: config.guestShutdownTimeoutSeconds, startEstimateSeconds: config.domain.bootGraceSeconds },
     takeRestorePoint,
     prepare: (job, signal) =>
       prepareSource(job, {

@@ -6,7 +6,7 @@
  * drives its control API (create VMs from disk files placed in the datastore, read a VM's state,
  * reset its CBT, disable a method).
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process'
+import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -206,4 +206,15 @@ export async function putVmdk(v: Vcsim, dir: string, name: string, raw: string, 
   const rel = `${dir}/${name}.vmdk`
   await qemuImg('convert', '-f', 'raw', '-O', 'vmdk', '-o', `subformat=${kind === 'flat' ? 'monolithicFlat' : 'monolithicSparse'}`, raw, path.join(v.datastore.dir, rel))
   return rel
+}
+
+/** The raw contents of datastore VMDK `rel` now (converted with qemu-img through a scratch file in `scratchDir`). */
+export function datastoreRaw(v: Vcsim, rel: string, scratchDir: string): Buffer {
+  const out = path.join(scratchDir, `cmp-${Math.random().toString(36).slice(2)}.raw`)
+  execFileSync('qemu-img', ['convert', '-f', 'vmdk', '-O', 'raw', path.join(v.datastore.dir, rel), out])
+  try {
+    return readFileSync(out)
+  } finally {
+    rmSync(out, { force: true })
+  }
 }

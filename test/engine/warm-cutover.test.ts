@@ -20,7 +20,7 @@ import { call, openStream, submit, volumePath, waitJob, workerPid } from '../hel
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { datastoreRaw, putVmdk, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
 
 const PREFIX = 'i16-'
 const MARKER = 'MIGRATOR-I16-BOOT-7730'
@@ -69,11 +69,7 @@ describe('warm cutover on command (vCenter simulator)', () => {
     const boot = { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_BOOT_GRACE_SECONDS: '1', MIGRATOR_BOOT_TIMEOUT_SECONDS: '6', MIGRATOR_BOOT_SERIAL_PATTERN: MARKER, MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5' }
     srv = await startServer('bun', t.dir, { ...boot, MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB) })
     slow = await startServer('bun', path.join(t.dir, 'slow'), { ...boot, MIGRATOR_MAX_ATTEMPTS: '1', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024) })
-    for (const s of [srv, slow]) {
-      const r = await call(s.base, 'POST', '/sources', { name: 'vcsim', kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } })
-      expect(r.status).toBe(201)
-      sourceIds.set(s, r.body.id)
-    }
+    for (const s of [srv, slow]) sourceIds.set(s, await registerVcsim(s.base, v))
   }, 300_000)
 
   afterAll(async () => {
@@ -162,16 +158,28 @@ describe('warm cutover on command (vCenter simulator)', () => {
     expect([state.power_state, state.snapshots]).toEqual(['poweredOn', []])
   }, 120_000)
 
-  test('cancel during CuttingOver: Cancelled, the source VM is powered on again, no snapshot left', async () => {
-    const vm = await makeVm('i16-cancel')
-    // 1 MiB before every snapshot: each delta pass copies for about 2 s at 512 KiB/s
-    await v.scheduleWrites(vm.id, [{ before_snapshot: 1, every: true, file: vm.files[0], offset: 6 * MiB, length: MiB, pattern: 0x50 }])
-    const job = await submit(slow.base, plan(slow, vm.id, 'i16-cancel', { cutover: { mode: 'manual' }, precopy_interval_seconds: 1 }))
+  /**
+   * A manual-cutover job on the slow server whose guest writes 1 MiB before every snapshot (each
+   * delta pass copies about 2 s at 512 KiB/s), cut over with `command` after its first pass;
+   * resolves once it is CuttingOver with the source shut down (the final delta running).
+   */
+  async function inFinalDelta(name: string, pattern: number, command: (jobId: string) => Promise<void>): Promise<{ vm: { id: string; files: string[] }; job: any }> {
+    const vm = await makeVm(name)
+    await v.scheduleWrites(vm.id, [{ before_snapshot: 1, every: true, file: vm.files[0], offset: 6 * MiB, length: MiB, pattern }])
+    const job = await submit(slow.base, plan(slow, vm.id, name, { cutover: { mode: 'manual' }, precopy_interval_seconds: 1 }))
     await waitJob(slow.base, job.id, (j) => j.cutover?.passes_total >= 1, 90_000)
-    // the operator's command, through the CLI
-    const cli = await runCli(['--json', 'cutover', job.id], { env: { MIGRATOR_URL: slow.base } })
-    expect([cli.code, typeof JSON.parse(cli.stdout).cutover.requested_at]).toEqual([0, 'string'])
+    await command(job.id)
     await waitJob(slow.base, job.id, (j) => j.state === 'CuttingOver' && j.source_vm?.shut_down_at, 60_000)
+    expect((await v.vm(vm.id)).power_state).toBe('poweredOff')
+    return { vm, job }
+  }
+
+  test('cancel during CuttingOver: Cancelled, the source VM is powered on again, no snapshot left', async () => {
+    const { vm, job } = await inFinalDelta('i16-cancel', 0x50, async (id) => {
+      // the operator's command, through the CLI
+      const cli = await runCli(['--json', 'cutover', id], { env: { MIGRATOR_URL: slow.base } })
+      expect([cli.code, typeof JSON.parse(cli.stdout).cutover.requested_at]).toEqual([0, 'string'])
+    })
     const c = await call(slow.base, 'POST', `/migrations/${job.id}/cancel`)
     expect(c.status).toBe(202)
     const done = await waitJob(slow.base, job.id)
@@ -185,13 +193,7 @@ describe('warm cutover on command (vCenter simulator)', () => {
   }, 120_000)
 
   test('a worker SIGKILLed during the final delta, given up: the supervisor powers the source VM on and removes its snapshots', async () => {
-    const vm = await makeVm('i16-kill')
-    await v.scheduleWrites(vm.id, [{ before_snapshot: 1, every: true, file: vm.files[0], offset: 6 * MiB, length: MiB, pattern: 0x60 }])
-    const job = await submit(slow.base, plan(slow, vm.id, 'i16-kill', { cutover: { mode: 'manual' }, precopy_interval_seconds: 1 }))
-    await waitJob(slow.base, job.id, (j) => j.cutover?.passes_total >= 1, 90_000)
-    expect((await call(slow.base, 'POST', `/migrations/${job.id}/cutover`)).status).toBe(202)
-    await waitJob(slow.base, job.id, (j) => j.state === 'CuttingOver' && j.source_vm?.shut_down_at, 60_000)
-    expect((await v.vm(vm.id)).power_state).toBe('poweredOff')
+    const { vm, job } = await inFinalDelta('i16-kill', 0x60, async (id) => expect((await call(slow.base, 'POST', `/migrations/${id}/cutover`)).status).toBe(202))
     process.kill(workerPid(job.id)!, 'SIGKILL')
     const done = await waitJob(slow.base, job.id)
     expect([done.status, done.last_error.code]).toEqual(['failed', 'E_MIG_INTERNAL'])

@@ -218,3 +218,11 @@ export function datastoreRaw(v: Vcsim, rel: string, scratchDir: string): Buffer 
     rmSync(out, { force: true })
   }
 }
+
+/** Registers harness `v` as a `vim_api` source (pinned thumbprint) on the server at `base`; returns the source id. */
+export async function registerVcsim(base: string, v: Vcsim, name = 'vcsim'): Promise<string> {
+  const res = await fetch(`${base}/sources`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ name, kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } }) })
+  const body = (await res.json()) as { id?: string }
+  if (res.status !== 201 || !body.id) throw new Error(`registering the vcsim source: ${res.status} ${JSON.stringify(body)}`)
+  return body.id
+}

@@ -10,8 +10,8 @@
  * A warm plan is downgraded to cold when the adapter cannot do warm or the VM has no CBT
  * (spec 1.4): `last_error` gets the non-fatal `E_MIG_CBT_UNSUPPORTED` and the job goes on.
  * A delta loop that does not converge within the configured passes fails with
- * `E_MIG_DELTA_TOO_LARGE`; an invalidated changeId (`E_MIG_CBT_RESET`) is answered once with a
- * full copy of that disk from the new snapshot, a second one fails the job. Cancellation ends in `Cancelled` with `E_MIG_CANCELLED` and removes
+ * `E_MIG_DELTA_TOO_LARGE`; an invalidated changeId (`E_MIG_CBT_RESET`) is answered in one pass
+ * with a full copy of the reset disks from the new snapshot, a reset in a later pass fails the job. Cancellation ends in `Cancelled` with `E_MIG_CANCELLED` and removes
  * what the job created on the destination unless told to keep it.
  *
  * Resume: a job re-run after its worker died continues from its persisted state; offline copies
@@ -424,16 +424,18 @@ async function copyLive(
     // the measured copy rate: the full pass's, then each delta pass's that moved data
     let rate = fullBytes / Math.max(0.001, (deps.now().getTime() - fullStarted) / 1000)
 
-    // An invalidated changeId (E_MIG_CBT_RESET) is answered once with a full copy of that disk
-    // from the new snapshot; a second reset in the same job fails it.
-    let resets = 0
-    const areasOf = async (next: SnapshotRef, disk: ManifestDisk): Promise<Extent[] | null> => {
+    // An invalidated changeId (E_MIG_CBT_RESET) is answered with a full copy of the disk from the
+    // new snapshot, in one pass only (a CBT reset on the VM hits all its disks at once); a reset in
+    // a later pass fails the job.
+    let resetPass: number | null = null
+    const areasOf = async (next: SnapshotRef, disk: ManifestDisk, pass: number): Promise<Extent[] | null> => {
       try {
         const since = current.change_ids[disk.label]
         if (!since) throw new MigError('E_MIG_CBT_RESET', `disk ${disk.label}: no changeId recorded at the previous snapshot`)
         return await session.changedAreas(vmId, next, disk, since)
       } catch (e) {
-        if (!(e instanceof MigError) || e.code !== 'E_MIG_CBT_RESET' || resets++ > 0) throw e
+        if (!(e instanceof MigError) || e.code !== 'E_MIG_CBT_RESET' || (resetPass !== null && resetPass !== pass)) throw e
+        resetPass = pass
         return null
       }
     }
@@ -444,7 +446,7 @@ async function copyLive(
       let copyMs = 0
       for (let i = 0; i < manifest.disks.length; i++) {
         const disk = manifest.disks[i]
-        const areas = (await areasOf(next, disk)) ?? [{ offset: 0, length: disk.capacity_bytes }]
+        const areas = (await areasOf(next, disk, n)) ?? [{ offset: 0, length: disk.capacity_bytes }]
         changed += areas.reduce((s, a) => s + a.length, 0)
         const reader = restrictTo(await session.openDisk(vmId, next, disk), areas)
         const t0 = deps.now().getTime()

@@ -16,7 +16,7 @@ import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
-import { call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -115,6 +115,7 @@ describe('warm cutover on command (vCenter simulator)', () => {
     expect(cut.status).toBe(202)
     expect(typeof cut.body.cutover.requested_at).toBe('string')
     const done = await waitJob(srv.base, job.id)
+    await streamSaw(stream, job.id, 'Completed')
     stream.close()
     expect([done.status, done.state, done.effective_mode, done.last_error]).toEqual(['completed', 'Completed', 'Warm', null])
     expect(Date.parse(done.cutover.started_at)).toBeGreaterThanOrEqual(Date.parse(done.cutover.requested_at))
@@ -134,16 +135,18 @@ describe('warm cutover on command (vCenter simulator)', () => {
   test('a scheduled cutover ({at}) fires at its time without a command', async () => {
     const vm = await makeVm('i16-at')
     await v.scheduleWrites(vm.id, [{ before_snapshot: 1, every: true, file: vm.files[1], offset: 0, length: 64 * 1024, pattern: 0x40 }])
-    const at = new Date(Date.now() + 8000)
+    const at = new Date(Date.now() + 10_000)
     const job = await submit(srv.base, plan(srv, vm.id, 'i16-at', { cutover: { at: at.toISOString() }, precopy_interval_seconds: 1 }))
     expect([job.cutover.mode, job.cutover.at]).toEqual(['scheduled', at.toISOString()])
     const done = await waitJob(srv.base, job.id, undefined, 90_000)
     expect([done.status, done.last_error]).toEqual(['completed', null])
     const started = Date.parse(done.cutover.started_at)
     expect(started).toBeGreaterThanOrEqual(at.getTime())
-    expect(started - at.getTime()).toBeLessThan(3000)
+    // the time is looked at every second and after each pass (a pass under way finishes first)
+    expect(started - at.getTime()).toBeLessThan(5000)
     expect(done.cutover.requested_at).toBeNull()
-    expect(done.cutover.passes_total).toBeGreaterThanOrEqual(3)
+    // at least one pass while waiting, then the final delta
+    expect(done.cutover.passes_total).toBeGreaterThanOrEqual(2)
     expectBitExact(job.id, vm.files)
   }, 120_000)
 

@@ -3,7 +3,8 @@
  * double of test/pipeline/orchestrator.test.ts covered alone before: cancel of a live job (its
  * snapshots removed, its volumes removed, or kept with MIGRATOR_KEEP_ON_CANCEL=1), a changeId
  * reset (E_MIG_CBT_RESET: one answered with a full copy, one in a later pass fails the job), a
- * snapshot the source refuses (E_MIG_SNAPSHOT_FAILED), and a Windows warm job through CuttingOver
+ * snapshot the source refuses (E_MIG_SNAPSHOT_FAILED), a guest that ignores the shutdown request
+ * (powered off after MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS), and a Windows warm job through CuttingOver
  * then V2vProcessing. The V2V tool is a TEST DOUBLE of virt-v2v-in-place (a shell script that
  * records its call): injecting drivers needs a real Windows guest image, which this machine
  * cannot have.
@@ -50,7 +51,7 @@ describe('live paths against the vCenter simulator', () => {
     v = await startVcsim({ cbtPage: 4 * MiB })
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
-    const env = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024), MIGRATOR_V2V_BINARY: double, MIGRATOR_VIRTIO_WIN_ISO: iso, MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB), MIGRATOR_DOMAIN_TYPE: 'qemu' }
+    const env = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024), MIGRATOR_V2V_BINARY: double, MIGRATOR_VIRTIO_WIN_ISO: iso, MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB), MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '2' }
     srv = await startServer('bun', t.dir, env)
     keep = await startServer('bun', path.join(t.dir, 'keep'), { ...env, MIGRATOR_KEEP_ON_CANCEL: '1' })
     for (const s of [srv, keep]) sources.set(s, await registerVcsim(s.base, v))
@@ -113,6 +114,17 @@ describe('live paths against the vCenter simulator', () => {
     expect(done.last_error.message).toContain('was powered on again')
     const state = await v.vm(vm.id)
     expect([state.snapshots, state.power_state]).toEqual([[], 'poweredOn'])
+  }, 60_000)
+
+  test('a guest that ignores ShutdownGuest is powered off after MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS (2 s); the job completes', async () => {
+    const vm = await makeVm('i16-lp-deaf')
+    await v.ignoreShutdown(vm.id)
+    const job = await submit(srv.base, plan(srv, vm.id, 'i16-lp-deaf', 'Cold'))
+    const done = await waitJob(srv.base, job.id, undefined, 60_000)
+    expect([done.status, done.last_error]).toEqual(['completed', null])
+    expect((await v.vm(vm.id)).power_state).toBe('poweredOff')
+    // the shutdown waited out the timeout before the power-off
+    expect(Date.parse(done.source_vm.shut_down_at) - Date.parse(done.started_at)).toBeGreaterThanOrEqual(2000)
   }, 60_000)
 
   test('a Windows warm job: DeltaSyncing, CuttingOver, then V2vProcessing (TEST DOUBLE tool) over the copied volumes, then Starting', async () => {

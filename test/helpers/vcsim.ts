@@ -109,6 +109,8 @@ export interface Vcsim {
   vm(id: string): Promise<HarnessVmState>
   resetCbt(id: string): Promise<void>
   disableMethod(id: string, method: string): Promise<void>
+  /** Makes the VM's guest ignore ShutdownGuest (answered, nothing happens): clients must power it off. */
+  ignoreShutdown(id: string): Promise<void>
   scheduleWrites(id: string, writes: GuestWrite[]): Promise<void>
   /** Bytes of datastore files served under /folder since the harness started. */
   folderBytes(): Promise<number>
@@ -174,6 +176,7 @@ export async function startVcsim(opts: { password?: string; username?: string; c
     resetCbt: async (id) => void (await control('POST', `vms/${id}/reset-cbt`)),
     scheduleWrites: async (id, writes) => void (await control('POST', `vms/${id}/writes`, writes)),
     folderBytes: async () => ((await control('GET', 'stats')) as { folder_bytes: number }).folder_bytes,
+    ignoreShutdown: async (id) => void (await control('POST', `vms/${id}/ignore-shutdown`)),
     disableMethod: async (id, method) => void (await control('POST', `vms/${id}/disable?method=${encodeURIComponent(method)}`)),
     async stop() {
       if (stopped) return

@@ -10,6 +10,7 @@ import * as doctor from './commands/doctor.ts'
 import * as imp from './commands/import.ts'
 import * as jobs from './commands/jobs.ts'
 import * as plan from './commands/plan.ts'
+import * as plans from './commands/plans.ts'
 import * as serve from './commands/serve.ts'
 import * as sources from './commands/sources.ts'
 import * as uploads from './commands/uploads.ts'
@@ -21,5 +22,5 @@ const program = new Command('migrator')
   .option('--user <user>', 'Basic-auth user', process.env.MIGRATOR_USER)
   .option('--password <password>', 'Basic-auth password', process.env.MIGRATOR_PASSWORD)
   .option('--json', 'machine-readable output', false)
-for (const m of [serve, doctor, imp, plan, jobs, watch, sources, uploads, backup]) m.register(program)
+for (const m of [serve, doctor, imp, plan, plans, jobs, watch, sources, uploads, backup]) m.register(program)
 await program.parseAsync(process.argv)

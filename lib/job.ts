@@ -83,6 +83,62 @@ export interface RestorePointRecord {
   created_at: string | null
 }
 
+/** One delta pass of a warm live job (seconds, bytes). */
+export interface DeltaPassRecord {
+  /** 1 for the first delta pass after the full copy. */
+  pass: number
+  started_at: string
+  /** Whole pass: snapshot, changed-area queries, copy, removal of the previous snapshot. */
+  duration_s: number
+  /** Bytes the source reported changed since the previous pass (all disks). */
+  changed_bytes: number
+  /** Time spent copying those bytes. */
+  copy_s: number
+  /** `changed_bytes / copy_s` (0 when nothing changed). */
+  rate_bytes_per_s: number
+}
+
+/**
+ * What a cutover started now would cost, in seconds: shutting the guest down (at most the guest
+ * shutdown timeout, after which the VM is powered off), the final delta (`final_delta_bytes`,
+ * the last pass's changed bytes, over the measured rate, plus the pass's fixed cost of snapshot
+ * and queries) and starting the destination (the boot check's grace period).
+ */
+export interface ProjectedDowntime {
+  total_s: number
+  shutdown_s: number
+  final_delta_bytes: number
+  rate_bytes_per_s: number
+  copy_s: number
+  snapshot_s: number
+  start_s: number
+}
+
+/** The warm phase of a live job (plan `cutover`, roadmap v0.6); timestamps ISO-8601 UTC. */
+export interface CutoverStatus {
+  /** `auto`: cut over when a pass converges; `manual`: on `POST /migrations/:id/cutover`; `scheduled`: at `at` (or on command). */
+  mode: 'auto' | 'manual' | 'scheduled'
+  at: string | null
+  /** Seconds between delta passes while waiting (null for `auto`, which runs them back to back). */
+  precopy_interval_seconds: number | null
+  /** When the operator asked for the cutover (the job's or its bulk plan's command). */
+  requested_at: string | null
+  /** When `CuttingOver` began. */
+  started_at: string | null
+  passes_total: number
+  /** The latest passes (at most 20), oldest first. */
+  passes: DeltaPassRecord[]
+  projected_downtime: ProjectedDowntime | null
+}
+
+/** What the job did to the power of its live source VM. */
+export interface SourceVmRecord {
+  /** When the migrator shut the source VM down (null: it did not; it was off already or never asked). */
+  shut_down_at: string | null
+  /** When the migrator powered it on again after the job failed or was cancelled. */
+  powered_on_at: string | null
+}
+
 /** The job resource as the API returns it. Timestamps are ISO-8601 UTC. */
 export interface Job {
   id: string
@@ -96,6 +152,17 @@ export interface Job {
   restore_point: RestorePointRecord | null
   /** The libvirt domain defined for the job (set in `Starting`), null before. */
   domain: string | null
+  /** Warm live jobs: the delta passes and the cutover (null for cold and offline jobs). */
+  cutover: CutoverStatus | null
+  /** Live jobs: the source VM's shutdown and power-on by the migrator (null before any). */
+  source_vm: SourceVmRecord | null
+  /** The bulk plan the job belongs to, and the jobs it waits for (empty outside a plan). */
+  bulk_plan_id: string | null
+  /** The job's key in its bulk plan (null outside a plan). */
+  bulk_key: string | null
+  depends_on: string[]
+  /** Jobs this one waits for that ended `Failed` or `Cancelled` (or are blocked themselves): it cannot start. */
+  blocked_by: string[]
   created_at: string
   updated_at: string
   started_at: string | null

@@ -21,6 +21,25 @@ export const SourceRef = z.discriminatedUnion('kind', [
   z.strictObject({ kind: z.literal('upload'), upload_id: uuid }),
 ])
 
+/**
+ * `cutover` of a warm live plan (roadmap v0.6): `{mode: "auto"}` (the default) cuts over as soon
+ * as a delta pass converges; `{mode: "manual"}` keeps the copy warm until
+ * `POST /migrations/:id/cutover`; `{at: <RFC 3339 time with offset>}` until that time (or an
+ * earlier command).
+ */
+export const CutoverPlan = z.union([
+  z.strictObject({ mode: z.enum(['auto', 'manual']) }),
+  z.strictObject({ at: z.iso.datetime({ offset: true }) }),
+])
+export type CutoverPlan = z.infer<typeof CutoverPlan>
+
+/** How a plan's cutover is triggered: `auto` (convergence), `manual` (command), `scheduled` (`at`, or a command). */
+export function cutoverModeOf(plan: { cutover?: CutoverPlan }): 'auto' | 'manual' | 'scheduled' {
+  const c = plan.cutover
+  if (!c) return 'auto'
+  return 'at' in c ? 'scheduled' : c.mode
+}
+
 const name = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, 'must be 1-63 characters of [A-Za-z0-9._-], starting with a letter or digit')
 const bridge = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,14}$/, 'must be a Linux interface name')
 
@@ -60,6 +79,8 @@ export const Plan = z
     firmware: z.enum(['bios', 'efi']).optional(),
     start: z.boolean().optional(),
     restore_point: z.strictObject({ backup_job_id: uuid, require_quiesced: z.boolean().optional() }).optional(),
+    cutover: CutoverPlan.optional(),
+    precopy_interval_seconds: z.number().int().min(1).max(86_400).optional(),
   })
   .superRefine((p, ctx) => {
     const live = 'Live' in p.source
@@ -68,6 +89,9 @@ export const Plan = z
     }
     if (!live && p.source_ref.kind === 'live_vm') {
       ctx.addIssue({ code: 'custom', path: ['source_ref', 'kind'], message: 'an Offline source needs source_ref.kind "offline_host_path" or "upload"' })
+    }
+    if (p.cutover && !('mode' in p.cutover && p.cutover.mode === 'auto') && !(live && p.mode === 'Warm')) {
+      ctx.addIssue({ code: 'custom', path: ['cutover'], message: 'a cutover on command or at a time needs a Live source with mode "Warm"' })
     }
   })
 export type Plan = z.infer<typeof Plan>

@@ -56,6 +56,10 @@ export interface Config {
   supervisor: { leaseSeconds: number; heartbeatTimeoutSeconds: number; maxAttempts: number }
   /** Warm delta loop: converged below this many bytes per pass, at most this many passes. */
   delta: { convergeBelowBytes: number; maxPasses: number }
+  /** Warm jobs that wait for their cutover: seconds between delta passes when the plan has no `precopy_interval_seconds` (default 300). */
+  precopyIntervalSeconds: number
+  /** At most this many jobs of one live source run at once (0: no limit besides `maxJobs`). */
+  maxJobsPerSource: number
   /** Live sources: how long a guest shutdown may take before the VM is powered off (s, default 300). */
   guestShutdownTimeoutSeconds: number
   /** The copy loop: durable checkpoint (fsync + watermark) every `flushEveryBytes` (default 256 MiB); bandwidth cap on source reads in bytes/s (0: none). */
@@ -151,6 +155,8 @@ export const VARIABLES = {
   MIGRATOR_LIBVIRT_URI: { schema: str('qemu:///system'), doc: 'libvirt connection' },
   MIGRATOR_LIBVIRT_QEMU_CONF: { schema: str('/etc/libvirt/qemu.conf'), doc: "libvirt's QEMU driver configuration (the user and group qemu runs as)" },
   MIGRATOR_MAX_JOBS: { schema: int(2, 1), doc: 'concurrent jobs' },
+  MIGRATOR_MAX_JOBS_PER_SOURCE: { schema: int(0, 0), doc: 'concurrent live jobs per registered source (0: no limit besides MIGRATOR_MAX_JOBS)' },
+  MIGRATOR_PRECOPY_INTERVAL_SECONDS: { schema: int(300, 1), doc: 'seconds between delta passes of a warm job waiting for its cutover (plan precopy_interval_seconds overrides)' },
   MIGRATOR_INSPECT_CONCURRENCY: { schema: int(Math.max(1, Math.min(4, cpus().length - 1)), 1), doc: 'inspects parsed at once in worker threads (default: CPUs - 1, 1 to 4)' },
   MIGRATOR_INSPECT_QUEUE: { schema: int(8, 0), doc: 'inspects waiting for a worker thread before 503 + Retry-After' },
   MIGRATOR_UPLOAD_CAP_BYTES: { schema: int(20 * GiB, 1), doc: 'upload size cap (spec 8)' },
@@ -265,6 +271,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxAttempts: e.MIGRATOR_MAX_ATTEMPTS,
     },
     delta: { convergeBelowBytes: e.MIGRATOR_DELTA_CONVERGE_BYTES, maxPasses: e.MIGRATOR_DELTA_MAX_PASSES },
+    precopyIntervalSeconds: e.MIGRATOR_PRECOPY_INTERVAL_SECONDS,
+    maxJobsPerSource: e.MIGRATOR_MAX_JOBS_PER_SOURCE,
     guestShutdownTimeoutSeconds: e.MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS,
     copy: { flushEveryBytes: e.MIGRATOR_FLUSH_EVERY_BYTES, maxBytesPerSecond: e.MIGRATOR_COPY_MAX_BYTES_PER_SECOND },
     keepOnCancel: e.MIGRATOR_KEEP_ON_CANCEL,

@@ -16,6 +16,11 @@ import * as migrationsStream from '../handlers/migrations/stream.ts'
 import * as migrationsGet from '../handlers/migrations/get.ts'
 import * as migrationsCancel from '../handlers/migrations/cancel.ts'
 import * as migrationsSerialLog from '../handlers/migrations/serial-log.ts'
+import * as migrationsCutover from '../handlers/migrations/cutover.ts'
+import * as plansCreate from '../handlers/plans/create.ts'
+import * as plansList from '../handlers/plans/list.ts'
+import * as plansGet from '../handlers/plans/get.ts'
+import * as plansCutover from '../handlers/plans/cutover.ts'
 import * as uploadsList from '../handlers/uploads/list.ts'
 import * as uploadsCreate from '../handlers/uploads/create.ts'
 import * as uploadsGet from '../handlers/uploads/get.ts'
@@ -41,6 +46,11 @@ export const HANDLERS: readonly HandlerModule[] = [
   migrationsGet,
   migrationsCancel,
   migrationsSerialLog,
+  migrationsCutover,
+  plansCreate,
+  plansList,
+  plansGet,
+  plansCutover,
   uploadsList,
   uploadsCreate,
   uploadsGet,

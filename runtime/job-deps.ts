@@ -110,6 +110,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     redact: (message: string) => redactHostPaths(message, paths.importRoot, config.dataDir),
     reserveDomainName: async (job, manifest) => store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), new Set(await virsh.list()), now().toISOString()),
     delta: config.delta,
+    cutover: { shutdownEstimateSeconds: config.guestShutdownTimeoutSeconds, startEstimateSeconds: config.domain.bootGraceSeconds },
     takeRestorePoint,
     async preflight(job, manifest) {
       await checkBeforeCopy({

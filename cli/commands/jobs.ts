@@ -1,9 +1,9 @@
-/** `migrator jobs` and `migrator cancel <id>`: list migrations, request a cancellation. */
+/** `migrator jobs`, `migrator cancel <id>` and `migrator cutover <id>`: list migrations, request a cancellation or a warm job's cutover. */
 import type { Command } from 'commander'
 import { bytes, show, table } from '../output.ts'
 import { apiOf, globals, run } from './common.ts'
 
-/** Registers `jobs` and `cancel`. */
+/** Registers `jobs`, `cancel` and `cutover`. */
 export function register(program: Command): void {
   program
     .command('jobs')
@@ -18,4 +18,8 @@ export function register(program: Command): void {
     .command('cancel <id>')
     .description('request cancellation of a migration')
     .action((id: string, _o, cmd: Command) => run(async () => show(await apiOf(cmd).call('POST', `/migrations/${encodeURIComponent(id)}/cancel`))))
+  program
+    .command('cutover <id>')
+    .description('cut a warm migration over now (it waits in DeltaSyncing for the command or its time)')
+    .action((id: string, _o, cmd: Command) => run(async () => show(await apiOf(cmd).call('POST', `/migrations/${encodeURIComponent(id)}/cutover`))))
 }

@@ -31,10 +31,14 @@ export async function withSourceSession<T>(sources: SourcesRepo, sealer: Sealer,
 /**
  * Removes every snapshot the migrator made on VM `vmId` of source `sourceId` (the session's
  * `cleanup`), for a job that ended without its worker doing it (the worker died on the last
- * attempt). Throws what {@link openSourceSession} throws; `cleanup` itself never does.
+ * attempt); with `opts.powerOn`, then powers the VM on again (the job had shut it down).
+ * Throws what {@link openSourceSession} throws, and `E_MIG_INTERNAL` when the power-on fails;
+ * `cleanup` itself never does.
  */
-export async function releaseLiveVm(sources: SourcesRepo, sealer: Sealer, sourceId: string, vmId: string): Promise<void> {
+export async function releaseLiveVm(sources: SourcesRepo, sealer: Sealer, sourceId: string, vmId: string, opts: { powerOn?: boolean } = {}): Promise<void> {
   await withSourceSession(sources, sealer, sourceId, async (s) => {
-    if (isLiveSession(s)) await s.cleanup(vmId)
+    if (!isLiveSession(s)) return
+    await s.cleanup(vmId)
+    if (opts.powerOn) await s.powerOn(vmId)
   })
 }

@@ -121,6 +121,7 @@ function stubSession(kind: StubKind, ep: StubEndpoint): LiveSession {
     changedAreas: () => internal('querying changed areas'),
     removeSnapshot: () => internal('removing a snapshot'),
     shutdown: () => internal('shutting a VM down'),
+    powerOn: () => internal('powering a VM on'),
     mark: () => internal('marking a VM'),
     cleanup: async () => {},
   }

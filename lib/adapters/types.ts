@@ -70,8 +70,13 @@ export interface LiveSession extends AdapterSession {
   changedAreas(vmId: string, snapshot: SnapshotRef, disk: ManifestDisk, sinceChangeId: string): Promise<DiskArea[]>
   /** Removes one snapshot the migrator took. */
   removeSnapshot(vmId: string, snapshot: SnapshotRef): Promise<void>
-  /** Shuts the guest down (guest shutdown, then power off after a timeout). */
-  shutdown(vmId: string): Promise<void>
+  /**
+   * Shuts the guest down (guest shutdown, then power off after a timeout). Resolves true when
+   * this call took the VM down, false when it was off already.
+   */
+  shutdown(vmId: string): Promise<boolean>
+  /** Powers the VM on (the source comes back after a failed cutover); nothing when it runs already. */
+  powerOn(vmId: string): Promise<void>
   /** Marks the VM as being migrated (annotation naming the destination and job). */
   mark(vmId: string, note: string): Promise<void>
   /** Removes every snapshot the migrator made of `vmId`; never throws. */

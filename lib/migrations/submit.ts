@@ -10,6 +10,7 @@ import { resolveInRoot } from '../hostpath.ts'
 import type { Job } from '../job.ts'
 import { parseSubmitBody, strategyOf, type Plan } from '../plan.ts'
 import type { Store } from '../store/index.ts'
+import { initialCutover, type JobPlacement } from '../store/jobs.ts'
 
 /**
  * Checks that the plan's `source_ref` points at something that exists:
@@ -56,10 +57,21 @@ export function checkPlanBridges(plan: Plan, netDir = '/sys/class/net'): void {
  * may be downgraded later (spec 1.4). Throws `E_MIG_INVALID_PLAN` (also for a missing bridge,
  * {@link checkPlanBridges}) plus the codes of {@link checkPlanRefs}, and `E_MIG_PERSIST_FAILED`.
  */
-export async function submitPlan(body: unknown, store: Store, importRoot: string, now: Date): Promise<Job> {
+export async function submitPlan(body: unknown, store: Store, importRoot: string, now: Date, opts: SubmitOptions = {}): Promise<Job> {
   const plan = parseSubmitBody(body)
   await checkPlanRefs(plan, store, importRoot, now)
   checkPlanBridges(plan)
+  return createJob(plan, store, now, opts)
+}
+
+/** Submission settings: the configured `precopy_interval_seconds` default (300 s when absent). */
+export interface SubmitOptions {
+  precopyIntervalSeconds?: number
+}
+
+/** Persists a `Queued` job for a checked plan (`placement`: its bulk plan and dependencies). */
+export function createJob(plan: Plan, store: Store, now: Date, opts: SubmitOptions = {}, placement?: JobPlacement): Promise<Job> {
   const strategy = strategyOf(plan)
-  return store.jobs.create({ id: randomUUID(), plan, strategy, effective_mode: strategy === 'live' ? plan.mode : 'Cold', now: now.toISOString() })
+  const cutover = initialCutover(plan, strategy, opts.precopyIntervalSeconds ?? 300)
+  return store.jobs.create({ id: randomUUID(), plan, strategy, effective_mode: strategy === 'live' ? plan.mode : 'Cold', now: now.toISOString(), cutover, placement })
 }

@@ -10,8 +10,8 @@
  * A warm plan is downgraded to cold when the adapter cannot do warm or the VM has no CBT
  * (spec 1.4): `last_error` gets the non-fatal `E_MIG_CBT_UNSUPPORTED` and the job goes on.
  * A delta loop that does not converge within the configured passes fails with
- * `E_MIG_DELTA_TOO_LARGE`; an invalidated changeId (`E_MIG_CBT_RESET`) is answered once with a
- * full copy of that disk from the new snapshot, a second one fails the job. Cancellation ends in `Cancelled` with `E_MIG_CANCELLED` and removes
+ * `E_MIG_DELTA_TOO_LARGE`; an invalidated changeId (`E_MIG_CBT_RESET`) is answered in one pass
+ * with a full copy of the reset disks from the new snapshot, a reset in a later pass fails the job. Cancellation ends in `Cancelled` with `E_MIG_CANCELLED` and removes
  * what the job created on the destination unless told to keep it.
  *
  * Resume: a job re-run after its worker died continues from its persisted state; offline copies
@@ -19,11 +19,11 @@
  * (a changeId chain cannot be trusted across a crash).
  */
 import { MigError, asMigError } from '../errors.ts'
-import type { Job, JobState, LastError, RestorePointRecord } from '../job.ts'
+import type { CutoverStatus, DeltaPassRecord, Job, JobState, LastError, RestorePointRecord } from '../job.ts'
 import { copyReadsStoredBytes, type ManifestDisk, type VmManifest } from '../manifest.ts'
 import type { Plan } from '../plan.ts'
 import type { LiveSession, SnapshotRef } from '../adapters/types.ts'
-import type { JobsRepo } from '../store/jobs.ts'
+import type { JobPatch, JobsRepo } from '../store/jobs.ts'
 import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { Sink, SinkVolume } from '../sink/types.ts'
 import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
@@ -64,6 +64,19 @@ export interface DeltaPolicy {
   maxPasses: number
 }
 
+/**
+ * Timing of a warm job that waits for its cutover (plan `cutover` manual or at a time), seconds
+ * unless the name says ms.
+ */
+export interface CutoverTiming {
+  /** Shutdown part of the projected downtime: the guest shutdown timeout (default 300). */
+  shutdownEstimateSeconds: number
+  /** Start part of the projected downtime: the boot check's grace period (default 10). */
+  startEstimateSeconds: number
+  /** How often the wait between passes looks for the operator's command (default 1000 ms). */
+  pollMs: number
+}
+
 /** Everything the orchestrator needs; tests inject doubles of the outer systems. */
 export interface OrchestratorDeps {
   jobId: string
@@ -93,6 +106,7 @@ export interface OrchestratorDeps {
    * bridges: lib/host/precopy.ts); a throw fails the job with its code before anything is written.
    */
   preflight?(job: Job, manifest: VmManifest): Promise<void>
+  cutover?: Partial<CutoverTiming>
   /** Keep destination volumes of a cancelled job (default false: remove them). */
   keepOnCancel?: boolean
   /**
@@ -129,6 +143,13 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     deps.onJob(job)
   }
   const reached = (state: JobState) => resumedAt > ORDER.indexOf(state)
+  const patch = async (extra: JobPatch) => {
+    job = await jobs.update(jobId, extra, iso())
+    deps.onJob(job)
+    return job
+  }
+  // The destination domain was started: from then on a failure never brings the source back.
+  let destinationRunning = false
 
   let source: PreparedSource | null = null
   let volumes: SinkVolume[] = []
@@ -170,7 +191,9 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
       await setState('CopyingFull', { started_at: job.started_at ?? iso(), progress: tracker.snapshot() })
     }
 
-    if (!reached('DeltaSyncing') && !reached('CuttingOver')) {
+    // A live job resumed in CuttingOver copies again (the source is down: one snapshot, full copy).
+    const liveResumedInCutover = source.strategy === 'live' && job.state === 'CuttingOver'
+    if ((!reached('DeltaSyncing') && !reached('CuttingOver')) || liveResumedInCutover) {
       if (source.strategy === 'offline') await copyOffline(deps, source, volumes, tracker, resumed, emit)
       else if (source.strategy === 'passthrough') {
         await source.runFullImport(volumes, (label, done) => (tracker!.setDone(label, done), emit()), signal)
@@ -183,7 +206,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
           job = await jobs.update(jobId, { effective_mode: 'Cold', last_error: notice }, iso())
           deps.onJob(job)
         }
-        await copyLive(deps, source, volumes, tracker, emit, setState, () => job.effective_mode === 'Warm')
+        await copyLive(deps, source, volumes, tracker, emit, { setState, patch, job: () => job, resumedInCutover: liveResumedInCutover })
       }
       emit(true)
     }
@@ -197,22 +220,34 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     if (signal.aborted) throw cancelled()
     if (!reached('Starting')) await setState('Starting')
     const domain = await deps.start(job, manifest, volumes, signal)
+    destinationRunning = job.plan.start !== false
     await setState('Completed', { domain, finished_at: iso(), last_error: notice, progress: tracker.snapshot() })
     return job
   } catch (e) {
     const err = signal.aborted ? cancelled() : asMigError(e, 'E_MIG_INTERNAL', 'job')
+    // The source VM comes back when the job took it down and the destination does not run.
+    let sourceNote = ''
+    if (source?.strategy === 'live' && job.source_vm?.shut_down_at && !job.source_vm.powered_on_at && !destinationRunning) {
+      try {
+        await source.session.powerOn(source.vmId)
+        await patch({ source_vm: { ...job.source_vm, powered_on_at: iso() } })
+        sourceNote = `; the source VM ${source.vmId} was powered on again`
+      } catch (pe) {
+        sourceNote = `; powering the source VM ${source.vmId} on again failed: ${(pe as Error).message}`
+      }
+    }
     if (err.code === 'E_MIG_CANCELLED') {
       for (const v of volumes) await v.close().catch(() => {})
       if (!deps.keepOnCancel) {
         await deps.sink.remove(jobId).catch(() => {})
         await deps.watermarks.clear(jobId).catch(() => {})
       }
-      await setState('Cancelled', { finished_at: iso(), last_error: { code: 'E_MIG_CANCELLED', message: 'cancelled by operator', fatal: true } })
+      await setState('Cancelled', { finished_at: iso(), last_error: { code: 'E_MIG_CANCELLED', message: `cancelled by operator${sourceNote}`, fatal: true } })
     } else {
       // A domain left defined by a failed start (or boot check) is named on the job for the operator.
       // A name only reserved (nothing defined) is released.
       const domain = typeof err.details?.domain === 'string' ? err.details.domain : null
-      await setState('Failed', { domain, finished_at: iso(), last_error: { code: err.code, message: deps.redact ? deps.redact(err.message) : err.message, fatal: true } })
+      await setState('Failed', { domain, finished_at: iso(), last_error: { code: err.code, message: `${deps.redact ? deps.redact(err.message) : err.message}${sourceNote}`, fatal: true } })
     }
     return job
   } finally {
@@ -308,10 +343,58 @@ export function allocatedOnly(inner: DiskReader, areas: DiskArea[]): DiskReader 
   }
 }
 
+/** What the live copy may do to its job. */
+interface LiveControl {
+  setState(s: JobState, extra?: JobPatch): Promise<void>
+  patch(extra: JobPatch): Promise<Job>
+  job(): Job
+  /** The job was resumed in `CuttingOver`: the source is down; copy it whole once, no deltas. */
+  resumedInCutover: boolean
+}
+
+/** Resolves after `ms`, or rejects with `E_MIG_CANCELLED` as soon as `signal` aborts. */
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) return reject(cancelled())
+    const onAbort = () => {
+      clearTimeout(t)
+      reject(cancelled())
+    }
+    const t = setTimeout(() => {
+      signal.removeEventListener('abort', onAbort)
+      resolve()
+    }, ms)
+    signal.addEventListener('abort', onAbort, { once: true })
+  })
+}
+
+/**
+ * The projected downtime of a cutover started after `last` (see {@link ProjectedDowntime}):
+ * shutdown estimate + the pass's fixed cost (its duration minus its copy time) + its changed
+ * bytes over `rate` + start estimate. Seconds, rounded to 0.1.
+ */
+export function projectDowntime(last: DeltaPassRecord, rate: number, timing: CutoverTiming): NonNullable<CutoverStatus['projected_downtime']> {
+  const r1 = (x: number) => Math.round(x * 10) / 10
+  const copy = rate > 0 ? last.changed_bytes / rate : 0
+  const snapshot = Math.max(0, last.duration_s - last.copy_s)
+  return {
+    total_s: r1(timing.shutdownEstimateSeconds + snapshot + copy + timing.startEstimateSeconds),
+    shutdown_s: timing.shutdownEstimateSeconds,
+    final_delta_bytes: last.changed_bytes,
+    rate_bytes_per_s: Math.round(rate),
+    copy_s: r1(copy),
+    snapshot_s: r1(snapshot),
+    start_s: timing.startEstimateSeconds,
+  }
+}
+
 /**
  * Live copy: a full pass from a snapshot, then (warm) delta passes and the cutover. With changed
  * block tracking on, the full pass reads only the allocated areas (changeId `*`); when the source
- * cannot tell them, the whole disk.
+ * cannot tell them, the whole disk. A warm job whose plan cuts over on command or at a time keeps
+ * running a delta pass every `precopy_interval_seconds` in `DeltaSyncing` until the command
+ * (`cutover_requested_at`) or the time; every pass is recorded on the job's `cutover` with the
+ * projected downtime of a cutover then.
  */
 async function copyLive(
   deps: OrchestratorDeps,
@@ -319,23 +402,29 @@ async function copyLive(
   volumes: SinkVolume[],
   tracker: ProgressTracker,
   emit: (force?: boolean) => void,
-  setState: (s: JobState) => Promise<void>,
-  warm: () => boolean,
+  ctl: LiveControl,
 ): Promise<void> {
   const { session, vmId, manifest } = source
   const policy: DeltaPolicy = { convergeBelowBytes: 64 * 1024 * 1024, maxPasses: 8, ...deps.delta }
+  const timing: CutoverTiming = { shutdownEstimateSeconds: 300, startEstimateSeconds: 10, pollMs: 1000, ...deps.cutover }
+  const warm = () => ctl.job().effective_mode === 'Warm' && !ctl.resumedInCutover
   const snapshots: SnapshotRef[] = []
   const snap = async (n: number) => {
     const s = await session.createSnapshot(vmId, `migrator-${deps.jobId}-${n}`)
     snapshots.push(s)
     return s
   }
+  const shutdownSource = async () => {
+    if (await session.shutdown(vmId)) await ctl.patch({ source_vm: { shut_down_at: deps.now().toISOString(), powered_on_at: null } })
+  }
   try {
     await session.mark(vmId, `migrating to this host, job ${deps.jobId}`)
-    if (!warm()) await session.shutdown(vmId)
+    if (!warm()) await shutdownSource()
     else await session.enableCbt(vmId)
-    let current = await snap(0)
+    let current = await snap(ctl.resumedInCutover ? 1000 : 0)
     const cbtOn = warm() || manifest.cbt_available
+    const fullStarted = deps.now().getTime()
+    let fullBytes = 0
     for (let i = 0; i < manifest.disks.length; i++) {
       let reader = await session.openDisk(vmId, current, manifest.disks[i])
       if (cbtOn) {
@@ -347,52 +436,96 @@ async function copyLive(
       } finally {
         await reader.close().catch(() => {})
       }
+      fullBytes += tracker.snapshot().disks[i].bytes_done - tracker.snapshot().disks[i].bytes_zero
     }
     if (!warm()) return
+    // the measured copy rate: the full pass's, then each delta pass's that moved data
+    let rate = fullBytes / Math.max(0.001, (deps.now().getTime() - fullStarted) / 1000)
 
-    // An invalidated changeId (E_MIG_CBT_RESET) is answered once with a full copy of that disk
-    // from the new snapshot; a second reset in the same job fails it.
-    let resets = 0
-    const areasOf = async (next: SnapshotRef, disk: ManifestDisk): Promise<DiskArea[] | null> => {
+    // An invalidated changeId (E_MIG_CBT_RESET) is answered with a full copy of the disk from the
+    // new snapshot, in one pass only (a CBT reset on the VM hits all its disks at once); a reset in
+    // a later pass fails the job.
+    let resetPass: number | null = null
+    const areasOf = async (next: SnapshotRef, disk: ManifestDisk, pass: number): Promise<DiskArea[] | null> => {
       try {
         const since = current.change_ids[disk.label]
         if (!since) throw new MigError('E_MIG_CBT_RESET', `disk ${disk.label}: no changeId recorded at the previous snapshot`)
         return await session.changedAreas(vmId, next, disk, since)
       } catch (e) {
-        if (!(e instanceof MigError) || e.code !== 'E_MIG_CBT_RESET' || resets++ > 0) throw e
+        if (!(e instanceof MigError) || e.code !== 'E_MIG_CBT_RESET' || (resetPass !== null && resetPass !== pass)) throw e
+        resetPass = pass
         return null
       }
     }
-    const deltaPass = async (n: number): Promise<number> => {
+    const deltaPass = async (n: number): Promise<DeltaPassRecord> => {
+      const startedAt = deps.now()
       const next = await snap(n)
       let changed = 0
+      let copyMs = 0
       for (let i = 0; i < manifest.disks.length; i++) {
         const disk = manifest.disks[i]
-        const areas = (await areasOf(next, disk)) ?? [{ offset: 0, length: disk.capacity_bytes }]
+        const areas = (await areasOf(next, disk, n)) ?? [{ offset: 0, length: disk.capacity_bytes }]
         changed += areas.reduce((s, a) => s + a.length, 0)
         const reader = restrictTo(await session.openDisk(vmId, next, disk), areas)
+        const t0 = deps.now().getTime()
         try {
           await deps.copyDisk(reader, volumes[i], { from: 0, signal: deps.signal, onProgress: () => emit(), onWatermark: async () => {} })
         } finally {
+          copyMs += deps.now().getTime() - t0
           await reader.close().catch(() => {})
         }
       }
       await session.removeSnapshot(vmId, current)
       snapshots.splice(snapshots.indexOf(current), 1)
       current = next
-      return changed
+      const copy_s = copyMs / 1000
+      const passRate = changed > 0 && copy_s > 0 ? changed / copy_s : 0
+      if (passRate > 0) rate = passRate
+      return { pass: n, started_at: startedAt.toISOString(), duration_s: Math.round(deps.now().getTime() - startedAt.getTime()) / 1000, changed_bytes: changed, copy_s, rate_bytes_per_s: Math.round(passRate) }
+    }
+    /** Runs pass `n` and records it (and the projected downtime) on the job. */
+    const recordedPass = async (n: number): Promise<DeltaPassRecord> => {
+      const rec = await deltaPass(n)
+      const c = ctl.job().cutover
+      if (c) {
+        const passes = [...c.passes, rec].slice(-20)
+        await ctl.patch({ cutover: { ...c, passes_total: c.passes_total + 1, passes, projected_downtime: projectDowntime(rec, rate, timing) } })
+      }
+      return rec
     }
 
-    await setState('DeltaSyncing')
-    let converged = false
-    for (let pass = 1; pass <= policy.maxPasses && !converged; pass++) {
-      if (deps.signal.aborted) throw cancelled()
-      converged = (await deltaPass(pass)) < policy.convergeBelowBytes
+    await ctl.setState('DeltaSyncing')
+    const plan = ctl.job().cutover
+    let passes = 0
+    if (!plan || plan.mode === 'auto') {
+      let converged = false
+      for (let pass = 1; pass <= policy.maxPasses && !converged; pass++) {
+        if (deps.signal.aborted) throw cancelled()
+        converged = (await recordedPass(pass)).changed_bytes < policy.convergeBelowBytes
+        passes = pass
+      }
+      if (!converged) throw new MigError('E_MIG_DELTA_TOO_LARGE', `deltas did not fall below ${policy.convergeBelowBytes} bytes in ${policy.maxPasses} passes`)
+    } else {
+      const at = plan.at ? Date.parse(plan.at) : null
+      const intervalMs = (plan.precopy_interval_seconds ?? 300) * 1000
+      const due = async () => (at !== null && deps.now().getTime() >= at) || (await deps.jobs.cutoverRequestedAt(deps.jobId)) !== null
+      for (;;) {
+        if (deps.signal.aborted) throw cancelled()
+        const started = deps.now().getTime()
+        await recordedPass(++passes)
+        if (await due()) break
+        let fired = false
+        for (let left = started + intervalMs - deps.now().getTime(); left > 0 && !fired; left = started + intervalMs - deps.now().getTime()) {
+          await sleep(Math.min(timing.pollMs, left), deps.signal)
+          fired = await due()
+        }
+        if (fired) break
+      }
     }
-    if (!converged) throw new MigError('E_MIG_DELTA_TOO_LARGE', `deltas did not fall below ${policy.convergeBelowBytes} bytes in ${policy.maxPasses} passes`)
-    await setState('CuttingOver')
-    await session.shutdown(vmId)
-    await deltaPass(policy.maxPasses + 1)
+    const c = ctl.job().cutover
+    await ctl.setState('CuttingOver', c ? { cutover: { ...c, started_at: deps.now().toISOString() } } : {})
+    await shutdownSource()
+    await recordedPass(passes + 1)
   } finally {
     await session.cleanup(vmId)
   }

@@ -2,6 +2,7 @@
  * The persistent store (spec 1.5 `migrator.db`): one SQLite database with a repository per table.
  */
 import type { Kysely } from 'kysely'
+import { BulkPlansRepo } from './bulk-plans.ts'
 import { openDatabase } from './db.ts'
 import { EventsRepo } from './events.ts'
 import { JobsRepo } from './jobs.ts'
@@ -18,6 +19,7 @@ export interface Store {
   jobs: JobsRepo
   events: EventsRepo
   watermarks: WatermarksRepo
+  bulkPlans: BulkPlansRepo
   close(): Promise<void>
 }
 
@@ -31,6 +33,7 @@ export async function openStore(file: string): Promise<Store> {
     jobs: new JobsRepo(db),
     events: new EventsRepo(db),
     watermarks: new WatermarksRepo(db),
+    bulkPlans: new BulkPlansRepo(db),
     close: () => db.destroy(),
   }
 }

@@ -3,13 +3,14 @@
  */
 import { sql, type Kysely, type Selectable } from 'kysely'
 import { MigError } from '../errors.ts'
-import { emptyProgress, jobStatusOf, TERMINAL_STATES, type Job, type JobState, type LastError, type Progress, type RestorePointRecord } from '../job.ts'
-import type { Strategy } from '../plan.ts'
-import type { Plan } from '../plan.ts'
+import { emptyProgress, jobStatusOf, TERMINAL_STATES, type CutoverStatus, type Job, type JobState, type LastError, type Progress, type RestorePointRecord, type SourceVmRecord } from '../job.ts'
+import { cutoverModeOf, type Plan, type Strategy } from '../plan.ts'
 import { persist } from './persist.ts'
 import type { Database, JobsTable } from './schema.ts'
 
-function toJob(r: Selectable<JobsTable>): Job {
+function toJob(r: Selectable<JobsTable>, blockedBy: string[] = []): Job {
+  const cutover = r.cutover === null ? null : (JSON.parse(r.cutover) as CutoverStatus)
+  if (cutover) cutover.requested_at = r.cutover_requested_at
   return {
     id: r.id,
     plan: JSON.parse(r.plan) as Plan,
@@ -21,6 +22,12 @@ function toJob(r: Selectable<JobsTable>): Job {
     last_error: r.last_error === null ? null : (JSON.parse(r.last_error) as LastError),
     restore_point: r.restore_point === null ? null : (JSON.parse(r.restore_point) as RestorePointRecord),
     domain: r.domain,
+    cutover,
+    source_vm: r.source_vm === null ? null : (JSON.parse(r.source_vm) as SourceVmRecord),
+    bulk_plan_id: r.bulk_plan_id,
+    bulk_key: r.bulk_key,
+    depends_on: r.depends_on === null ? [] : (JSON.parse(r.depends_on) as string[]),
+    blocked_by: blockedBy,
     created_at: r.created_at,
     updated_at: r.updated_at,
     started_at: r.started_at,
@@ -38,6 +45,53 @@ export interface JobPatch {
   finished_at?: string | null
   restore_point?: RestorePointRecord | null
   domain?: string | null
+  cutover?: CutoverStatus
+  source_vm?: SourceVmRecord
+}
+
+/**
+ * The initial `cutover` record of a job: warm live plans only; `precopyIntervalSeconds` is the
+ * configured default used when the plan has no `precopy_interval_seconds`.
+ */
+export function initialCutover(plan: Plan, strategy: Strategy, precopyIntervalSeconds: number): CutoverStatus | null {
+  if (strategy !== 'live' || plan.mode !== 'Warm') return null
+  const mode = cutoverModeOf(plan)
+  return {
+    mode,
+    at: plan.cutover && 'at' in plan.cutover ? new Date(plan.cutover.at).toISOString() : null,
+    precopy_interval_seconds: mode === 'auto' ? null : (plan.precopy_interval_seconds ?? precopyIntervalSeconds),
+    requested_at: null,
+    started_at: null,
+    passes_total: 0,
+    passes: [],
+    projected_downtime: null,
+  }
+}
+
+/** Extra fields of a job submitted in a bulk plan. */
+export interface JobPlacement {
+  bulk_plan_id: string
+  /** The VM's key in the bulk plan. */
+  key: string
+  /** Job ids that must be `Completed` before this one starts. */
+  depends_on: string[]
+  /** At most this many jobs of the same live source run at once (null: no plan limit). */
+  source_limit: number | null
+}
+
+/**
+ * Ids of `deps` (job ids) that block a job: ended `Failed` or `Cancelled`, or blocked themselves
+ * (transitively). `rows` maps job ids to their state and dependencies.
+ */
+function blockersOf(deps: string[], rows: Map<string, { state: string; depends_on: string[] }>, seen = new Set<string>()): string[] {
+  const out: string[] = []
+  for (const d of deps) {
+    const r = rows.get(d)
+    if (!r || seen.has(d)) continue
+    seen.add(d)
+    if (r.state === 'Failed' || r.state === 'Cancelled' || blockersOf(r.depends_on, rows, seen).length > 0) out.push(d)
+  }
+  return out
 }
 
 const ACTIVE = ['queued', 'running'] as const
@@ -47,7 +101,7 @@ export class JobsRepo {
   constructor(private readonly db: Kysely<Database>) {}
 
   /** Persists a new `Queued` job. */
-  create(j: { id: string; plan: Plan; strategy: Strategy; effective_mode: Job['effective_mode']; now: string }): Promise<Job> {
+  create(j: { id: string; plan: Plan; strategy: Strategy; effective_mode: Job['effective_mode']; now: string; cutover?: CutoverStatus | null; placement?: JobPlacement }): Promise<Job> {
     const row: Selectable<JobsTable> = {
       id: j.id,
       plan: JSON.stringify(j.plan),
@@ -67,6 +121,13 @@ export class JobsRepo {
       finished_at: null,
       restore_point: null,
       domain: null,
+      cutover: j.cutover ? JSON.stringify(j.cutover) : null,
+      cutover_requested_at: null,
+      source_vm: null,
+      bulk_plan_id: j.placement?.bulk_plan_id ?? null,
+      bulk_key: j.placement?.key ?? null,
+      depends_on: j.placement && j.placement.depends_on.length > 0 ? JSON.stringify(j.placement.depends_on) : null,
+      source_limit: j.placement?.source_limit ?? null,
     }
     return persist('create job', async () => {
       await this.db.insertInto('jobs').values(row).execute()
@@ -74,16 +135,57 @@ export class JobsRepo {
     })
   }
 
-  /** All jobs, newest first. */
-  list(): Promise<Job[]> {
-    return persist('list jobs', async () => (await this.db.selectFrom('jobs').selectAll().orderBy('created_at', 'desc').orderBy('id', 'desc').execute()).map(toJob))
+  /** Jobs (rows) with their `blocked_by` computed over the jobs of their bulk plans. */
+  private async withBlockers(rows: Selectable<JobsTable>[]): Promise<Job[]> {
+    const planIds = [...new Set(rows.filter((r) => r.depends_on !== null && r.bulk_plan_id !== null).map((r) => r.bulk_plan_id!))]
+    if (planIds.length === 0) return rows.map((r) => toJob(r))
+    const peers = await this.db.selectFrom('jobs').select(['id', 'state', 'depends_on']).where('bulk_plan_id', 'in', planIds).execute()
+    const map = new Map(peers.map((p) => [p.id, { state: p.state, depends_on: p.depends_on === null ? [] : (JSON.parse(p.depends_on) as string[]) }]))
+    return rows.map((r) => toJob(r, r.depends_on === null ? [] : blockersOf(JSON.parse(r.depends_on) as string[], map)))
+  }
+
+  /** All jobs, newest first (`bulkPlanId`: only that plan's, oldest first). */
+  list(bulkPlanId?: string): Promise<Job[]> {
+    return persist('list jobs', async () => {
+      let q = this.db.selectFrom('jobs').selectAll()
+      q = bulkPlanId === undefined ? q.orderBy('created_at', 'desc').orderBy('id', 'desc') : q.where('bulk_plan_id', '=', bulkPlanId).orderBy('created_at').orderBy('rowid' as never)
+      return this.withBlockers(await q.execute())
+    })
   }
 
   /** One job; `E_MIG_NOT_FOUND` when absent. */
   async get(id: string): Promise<Job> {
     const row = await persist('load job', () => this.db.selectFrom('jobs').selectAll().where('id', '=', id).executeTakeFirst())
     if (!row) throw new MigError('E_MIG_NOT_FOUND', `migration ${id} not found`)
-    return toJob(row)
+    return row.depends_on === null ? toJob(row) : (await persist('load job dependencies', () => this.withBlockers([row])))[0]
+  }
+
+  /**
+   * Records the operator's cutover command for warm job `id` waiting in `DeltaSyncing` with a
+   * `manual` or `scheduled` cutover (idempotent). `E_MIG_CONFLICT` when the job does not wait for
+   * one (another state, or an `auto` cutover), `E_MIG_NOT_FOUND` when absent.
+   */
+  async requestCutover(id: string, now: string): Promise<Job> {
+    const job = await this.get(id)
+    const waits = job.state === 'DeltaSyncing' && job.cutover !== null && job.cutover.mode !== 'auto'
+    if (!waits) {
+      const why = job.cutover === null ? 'it is not a warm live migration' : job.cutover.mode === 'auto' ? 'its plan cuts over automatically when the deltas converge' : `it is ${job.state}, not DeltaSyncing`
+      throw new MigError('E_MIG_CONFLICT', `migration ${id} is not waiting for a cutover: ${why}`)
+    }
+    if (job.cutover!.requested_at !== null) return job
+    return this.markCutover([id], now).then(() => this.get(id))
+  }
+
+  /** Sets the cutover command time on jobs `ids` that have none yet (a bulk plan's shared cutover). */
+  async markCutover(ids: string[], now: string): Promise<void> {
+    if (ids.length === 0) return
+    await persist('request cutover', () => this.db.updateTable('jobs').set({ cutover_requested_at: now, updated_at: now }).where('id', 'in', ids).where('cutover_requested_at', 'is', null).execute())
+  }
+
+  /** When the operator asked job `id` to cut over, or null. */
+  async cutoverRequestedAt(id: string): Promise<string | null> {
+    const r = await persist('read cutover command', () => this.db.selectFrom('jobs').select('cutover_requested_at').where('id', '=', id).executeTakeFirst())
+    return r?.cutover_requested_at ?? null
   }
 
   /** Applies `patch` (and the derived `status`) at time `now`; returns the updated job. */
@@ -97,6 +199,8 @@ export class JobsRepo {
       if (patch.started_at !== undefined) set.started_at = patch.started_at
       if (patch.finished_at !== undefined) set.finished_at = patch.finished_at
       if (patch.domain !== undefined) set.domain = patch.domain
+      if (patch.cutover !== undefined) set.cutover = JSON.stringify({ ...patch.cutover, requested_at: null })
+      if (patch.source_vm !== undefined) set.source_vm = JSON.stringify(patch.source_vm)
       if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
       await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
       return this.get(id)
@@ -167,26 +271,46 @@ export class JobsRepo {
 
   /**
    * Claims the oldest `queued` or `running` job whose lease is free or expired (never claimed,
-   * released for a retry, or its worker or server died) for `owner` until `now + leaseSeconds`.
-   * Returns its id, or null.
+   * released for a retry, or its worker or server died) for `owner` until `now + leaseSeconds`,
+   * skipping jobs that wait for others (a `depends_on` job not `Completed`) and live jobs whose
+   * source already runs its limit of jobs (held leases; the job's bulk-plan `source_limit`, and
+   * `perSourceLimit` when above 0). Returns its id, or null.
    */
-  claimNext(owner: string, leaseSeconds: number, now: Date): Promise<string | null> {
+  claimNext(owner: string, leaseSeconds: number, now: Date, perSourceLimit = 0): Promise<string | null> {
     const nowIso = now.toISOString()
     const until = new Date(now.getTime() + leaseSeconds * 1000).toISOString()
+    const sourceOf = sql<string | null>`json_extract(plan, '$.source_ref.source_id')`
     return persist('claim job', () =>
       this.db.transaction().execute(async (tx) => {
-        const row = await tx
+        const rows = await tx
           .selectFrom('jobs')
-          .select('id')
+          .select(['id', 'status', 'depends_on', 'source_limit', sourceOf.as('source_id')])
           .where('status', 'in', ['queued', 'running'])
           .where((eb) => eb.or([eb('lease_expires_at', 'is', null), eb('lease_expires_at', '<', nowIso)]))
           .orderBy('created_at')
           .orderBy('id')
-          .limit(1)
-          .executeTakeFirst()
-        if (!row) return null
-        await tx.updateTable('jobs').set({ lease_owner: owner, lease_expires_at: until }).where('id', '=', row.id).execute()
-        return row.id
+          .execute()
+        for (const row of rows) {
+          if (row.depends_on !== null && row.status === 'queued') {
+            const deps = JSON.parse(row.depends_on) as string[]
+            const done = await tx.selectFrom('jobs').select('id').where('id', 'in', deps).where('state', '=', 'Completed').execute()
+            if (done.length < deps.length) continue
+          }
+          const limits = [row.source_limit ?? 0, perSourceLimit].filter((l) => l > 0)
+          if (row.source_id && limits.length > 0) {
+            const held = await tx
+              .selectFrom('jobs')
+              .select((eb) => eb.fn.countAll<number>().as('n'))
+              .where('status', 'in', ['queued', 'running'])
+              .where('lease_expires_at', '>=', nowIso)
+              .where(sourceOf, '=', row.source_id)
+              .executeTakeFirstOrThrow()
+            if (Number(held.n) >= Math.min(...limits)) continue
+          }
+          await tx.updateTable('jobs').set({ lease_owner: owner, lease_expires_at: until }).where('id', '=', row.id).execute()
+          return row.id
+        }
+        return null
       }),
     )
   }

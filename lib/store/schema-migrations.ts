@@ -86,6 +86,26 @@ const migrations: Record<string, Migration> = {
       await sql`create unique index jobs_active_domain on jobs(domain) where domain is not null and status not in ('completed', 'failed', 'cancelled')`.execute(db)
     },
   },
+  '0005_warm_cutover_and_bulk_plans': {
+    async up(db: Kysely<any>) {
+      // warm cutover (roadmap v0.6): the pass record and the command; the source VM's power
+      for (const col of ['cutover', 'cutover_requested_at', 'source_vm', 'bulk_plan_id', 'bulk_key', 'depends_on']) {
+        await db.schema.alterTable('jobs').addColumn(col, 'text').execute()
+      }
+      await db.schema.alterTable('jobs').addColumn('source_limit', 'integer').execute()
+      await db.schema.createIndex('jobs_bulk_plan').on('jobs').columns(['bulk_plan_id']).execute()
+      // bulk plans (roadmap v0.5)
+      await db.schema
+        .createTable('bulk_plans')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('name', 'text')
+        .addColumn('max_per_source', 'integer')
+        .addColumn('cutover_requested_at', 'text')
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('updated_at', 'text', (c) => c.notNull())
+        .execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

@@ -50,6 +50,29 @@ export interface JobsTable {
   restore_point: string | null
   /** Name of the libvirt domain the job defined (migration 0003). */
   domain: string | null
+  /** JSON `CutoverStatus` of a warm live job (migration 0004). */
+  cutover: string | null
+  /** When the operator asked this job (or its bulk plan) to cut over (migration 0004). */
+  cutover_requested_at: string | null
+  /** JSON `SourceVmRecord` (migration 0004). */
+  source_vm: string | null
+  /** The bulk plan of the job, and the JSON list of job ids it waits for (migration 0004). */
+  bulk_plan_id: string | null
+  /** The job's key in its bulk plan (`vms[].key`). */
+  bulk_key: string | null
+  depends_on: string | null
+  /** At most this many jobs of the same live source run at once (the bulk plan's `max_per_source`). */
+  source_limit: number | null
+}
+
+/** Bulk plans (roadmap v0.5): many jobs submitted together (migration 0004). */
+export interface BulkPlansTable {
+  id: string
+  name: string | null
+  max_per_source: number | null
+  cutover_requested_at: string | null
+  created_at: string
+  updated_at: string
 }
 
 /** Job events kept for SSE replay; `seq` is the SSE event id. */
@@ -77,4 +100,5 @@ export interface Database {
   jobs: JobsTable
   job_events: JobEventsTable
   watermarks: WatermarksTable
+  bulk_plans: BulkPlansTable
 }

@@ -17,8 +17,7 @@
  * snapshots removed.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { execFileSync } from 'node:child_process'
-import { chmodSync, readdirSync, readFileSync, rmSync } from 'node:fs'
+import { chmodSync, readdirSync, readFileSync } from 'node:fs'
 import { hostname } from 'node:os'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
@@ -27,7 +26,7 @@ import { bootCheckEnv, call, openStream, submit, volumePath, waitJob, workerPid 
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { putVmdk, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { datastoreRaw, putVmdk, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
 
 const PREFIX = 'migvim-'
 const MARKER = 'MIGRATOR-VIM-BOOT-5521'
@@ -48,20 +47,11 @@ describe('live vim_api migrations through the HTTP API', () => {
     return { id, files }
   }
 
-  /** The raw contents of a datastore VMDK now. */
-  function datastoreRaw(rel: string): Buffer {
-    const out = path.join(t.dir, `cmp-${Math.random().toString(36).slice(2)}.raw`)
-    execFileSync('qemu-img', ['convert', '-f', 'vmdk', '-O', 'raw', path.join(v.datastore.dir, rel), out])
-    const b = readFileSync(out)
-    rmSync(out)
-    return b
-  }
-
   function expectBitExact(jobId: string, files: string[]): void {
     for (const f of files) {
       const label = path.basename(f, '.vmdk')
       const dest = readFileSync(volumePath(t.dir, jobId, label))
-      expect([label, dest.equals(datastoreRaw(f))]).toEqual([label, true])
+      expect([label, dest.equals(datastoreRaw(v, f, t.dir))]).toEqual([label, true])
     }
   }
 

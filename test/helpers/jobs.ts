@@ -142,3 +142,10 @@ export function workerPid(jobId: string): number | null {
 export function bootCheckEnv(marker: string): Record<string, string> {
   return { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_BOOT_GRACE_SECONDS: '1', MIGRATOR_BOOT_TIMEOUT_SECONDS: '20', MIGRATOR_BOOT_SERIAL_PATTERN: marker }
 }
+
+/** Waits (up to `timeoutMs`) until `stream` has carried a `migration` event of job `id` in `state`: the last event may arrive just after a GET reads it. */
+export async function streamSaw(stream: { events: SseEvent[] }, id: string, state: string, timeoutMs = 5000): Promise<void> {
+  for (const end = Date.now() + timeoutMs; Date.now() < end; await new Promise((r) => setTimeout(r, 100))) {
+    if (stream.events.some((e) => e.event === 'migration' && e.data.id === id && e.data.state === state)) return
+  }
+}

@@ -6,7 +6,7 @@
  * drives its control API (create VMs from disk files placed in the datastore, read a VM's state,
  * reset its CBT, disable a method).
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process'
+import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -109,6 +109,8 @@ export interface Vcsim {
   vm(id: string): Promise<HarnessVmState>
   resetCbt(id: string): Promise<void>
   disableMethod(id: string, method: string): Promise<void>
+  /** Makes the VM's guest ignore ShutdownGuest (answered, nothing happens): clients must power it off. */
+  ignoreShutdown(id: string): Promise<void>
   scheduleWrites(id: string, writes: GuestWrite[]): Promise<void>
   /** Bytes of datastore files served under /folder since the harness started. */
   folderBytes(): Promise<number>
@@ -174,6 +176,7 @@ export async function startVcsim(opts: { password?: string; username?: string; c
     resetCbt: async (id) => void (await control('POST', `vms/${id}/reset-cbt`)),
     scheduleWrites: async (id, writes) => void (await control('POST', `vms/${id}/writes`, writes)),
     folderBytes: async () => ((await control('GET', 'stats')) as { folder_bytes: number }).folder_bytes,
+    ignoreShutdown: async (id) => void (await control('POST', `vms/${id}/ignore-shutdown`)),
     disableMethod: async (id, method) => void (await control('POST', `vms/${id}/disable?method=${encodeURIComponent(method)}`)),
     async stop() {
       if (stopped) return
@@ -206,4 +209,23 @@ export async function putVmdk(v: Vcsim, dir: string, name: string, raw: string, 
   const rel = `${dir}/${name}.vmdk`
   await qemuImg('convert', '-f', 'raw', '-O', 'vmdk', '-o', `subformat=${kind === 'flat' ? 'monolithicFlat' : 'monolithicSparse'}`, raw, path.join(v.datastore.dir, rel))
   return rel
+}
+
+/** The raw contents of datastore VMDK `rel` now (converted with qemu-img through a scratch file in `scratchDir`). */
+export function datastoreRaw(v: Vcsim, rel: string, scratchDir: string): Buffer {
+  const out = path.join(scratchDir, `cmp-${Math.random().toString(36).slice(2)}.raw`)
+  execFileSync('qemu-img', ['convert', '-f', 'vmdk', '-O', 'raw', path.join(v.datastore.dir, rel), out])
+  try {
+    return readFileSync(out)
+  } finally {
+    rmSync(out, { force: true })
+  }
+}
+
+/** Registers harness `v` as a `vim_api` source (pinned thumbprint) on the server at `base`; returns the source id. */
+export async function registerVcsim(base: string, v: Vcsim, name = 'vcsim'): Promise<string> {
+  const res = await fetch(`${base}/sources`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ name, kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } }) })
+  const body = (await res.json()) as { id?: string }
+  if (res.status !== 201 || !body.id) throw new Error(`registering the vcsim source: ${res.status} ${JSON.stringify(body)}`)
+  return body.id
 }

@@ -125,6 +125,10 @@ class ScriptedLiveSource implements LiveSession {
   }
   async shutdown() {
     this.calls.push('shutdown')
+    return true
+  }
+  async powerOn() {
+    this.calls.push('power on')
   }
   async mark(_vm: string, note: string) {
     this.calls.push(`mark ${note}`)
@@ -181,7 +185,9 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     const { deps, states, sink, id, store } = await setup(src, 'Cold')
     const job = await runJob(deps)
     expect([job.state, job.last_error, job.domain]).toEqual(['Completed', null, 'live-vm'])
-    expect(states).toEqual(['CopyingFull', 'Starting', 'Completed'])
+    // the second CopyingFull event records the source VM's shutdown on the job
+    expect(states).toEqual(['CopyingFull', 'CopyingFull', 'Starting', 'Completed'])
+    expect([typeof job.source_vm?.shut_down_at, job.source_vm?.powered_on_at]).toEqual(['string', null])
     expect(image(sink, id, 'disk0').equals(src.disks[0])).toBe(true)
     expect(image(sink, id, 'disk1').equals(src.disks[1])).toBe(true)
     expect(src.calls[0]).toBe(`mark migrating to this host, job ${id}`)
@@ -227,7 +233,7 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     const { deps, states, sink, id } = await setup(src, 'Warm', { copyDisk: countingCopy(reads) })
     const job = await runJob(deps)
     expect([job.state, job.last_error]).toEqual(['Completed', null])
-    expect(states).toEqual(['CopyingFull', 'DeltaSyncing', 'CuttingOver', 'Starting', 'Completed'])
+    expect(states).toEqual(['CopyingFull', 'DeltaSyncing', 'CuttingOver', 'CuttingOver', 'Starting', 'Completed'])
     expect(image(sink, id, 'disk0').equals(src.disks[0])).toBe(true)
     expect(image(sink, id, 'disk1').equals(src.disks[1])).toBe(true)
     // full copies (2 disks) then per pass one read per disk: 16 changed blocks, then 1, then 1.
@@ -281,7 +287,7 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     expect(job.state).toBe('Completed')
     expect(job.effective_mode).toBe('Cold')
     expect(job.last_error).toEqual({ code: 'E_MIG_CBT_UNSUPPORTED', message: 'warm migration downgraded to cold: changed block tracking is not available on this VM', fatal: false })
-    expect(states).toEqual(['CopyingFull', 'CopyingFull', 'Starting', 'Completed'])
+    expect(states).toEqual(['CopyingFull', 'CopyingFull', 'CopyingFull', 'Starting', 'Completed'])
     expect(image(sink, id, 'disk0').equals(src.disks[0])).toBe(true)
     expect(src.calls).toContain('shutdown')
   })
@@ -335,7 +341,7 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     const { deps, states, v2v, sink, id } = await setup(src, 'Cold', {}, { guest_os: 'windows' })
     const job = await runJob(deps)
     expect(job.state).toBe('Completed')
-    expect(states).toEqual(['CopyingFull', 'V2vProcessing', 'Starting', 'Completed'])
+    expect(states).toEqual(['CopyingFull', 'CopyingFull', 'V2vProcessing', 'Starting', 'Completed'])
     expect(v2v).toEqual([sink.volumePath(id, 'disk0')])
   })
 

@@ -28,7 +28,9 @@
 //     POST /harness/vms/{moref}/reset-cbt forgets its changeIds (as a CBT reset does);
 //     POST /harness/vms/{moref}/disable?method=Name disables a method on the VM (vSphere's
 //     disabledMethod); POST /harness/vms/{moref}/writes schedules guest writes to the VM's
-//     active disks before given snapshots (see guestWrite); GET /harness/stats counts the bytes
+//     active disks before given snapshots (see guestWrite); POST /harness/vms/{moref}/ignore-shutdown
+//     makes ShutdownGuest on the VM answer success without powering it off (a guest that ignores
+//     the shutdown request, so clients fall back to power-off); GET /harness/stats counts the bytes
 //     of datastore files served under /folder (folder_bytes).
 //
 // On start it prints one JSON line on stdout: {url, datacenter, datastores: [{name, dir}],
@@ -903,6 +905,11 @@ func (h *harness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeJSON(map[string]bool{"ok": true})
 			return
 		}
+		if r.Method == http.MethodPost && len(parts) == 3 && parts[2] == "ignore-shutdown" {
+			ignoreShutdown.Store(ref.Value, true)
+			writeJSON(map[string]bool{"ok": true})
+			return
+		}
 		if r.Method == http.MethodPost && len(parts) == 3 && parts[2] == "disable" {
 			// The simulator compares the Go method name ("CreateSnapshotTask" for "CreateSnapshot_Task").
 			m := strings.Replace(r.URL.Query().Get("method"), "_Task", "Task", 1)
@@ -914,6 +921,24 @@ func (h *harness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		http.Error(w, "not found", http.StatusNotFound)
 	}
+}
+
+// ignoreShutdown holds the VMs whose guest ignores ShutdownGuest (POST .../ignore-shutdown).
+var ignoreShutdown sync.Map
+
+// shutdownIgnored tells whether body is a ShutdownGuest call on a VM whose guest ignores it.
+func shutdownIgnored(body []byte) bool {
+	if !bytes.Contains(body, []byte("ShutdownGuest")) {
+		return false
+	}
+	found := false
+	ignoreShutdown.Range(func(k, _ interface{}) bool {
+		if bytes.Contains(body, []byte(">"+k.(string)+"<")) {
+			found = true
+		}
+		return !found
+	})
+	return found
 }
 
 // sdkMiddleware answers QueryChangedDiskAreas itself (after checking the session by replaying
@@ -930,6 +955,12 @@ func sdkMiddleware(next http.Handler, page int64) http.Handler {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		if shutdownIgnored(body) {
+			// the guest got the request and does nothing (the session is not checked: tests only)
+			w.Header().Set("Content-Type", "text/xml; charset=utf-8")
+			_, _ = io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><soapenv:Envelope xmlns:soapenv="http://schemas.xmlsoap.org/soap/envelope/"><soapenv:Body><ShutdownGuestResponse xmlns="urn:vim25"></ShutdownGuestResponse></soapenv:Body></soapenv:Envelope>`)
+			return
+		}
 		if !bytes.Contains(body, []byte("QueryChangedDiskAreas")) {
 			next.ServeHTTP(w, r)
 			return

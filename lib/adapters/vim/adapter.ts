@@ -248,9 +248,9 @@ export class VimSession implements LiveSession {
     this.created.delete(snapshot.id)
   }
 
-  async shutdown(vmId: string): Promise<void> {
+  async shutdown(vmId: string): Promise<boolean> {
     const state = async () => txt((await this.vmProps(vmId, ['runtime.powerState']))['runtime.powerState'])
-    if ((await state()) === 'poweredOff') return
+    if ((await state()) === 'poweredOff') return false
     const ref = vmRef(vmId)
     let guestAsked = false
     try {
@@ -262,16 +262,28 @@ export class VimSession implements LiveSession {
     if (guestAsked) {
       const deadline = Date.now() + this.opts.shutdownTimeoutMs
       while (Date.now() < deadline) {
-        if ((await state()) === 'poweredOff') return
+        if ((await state()) === 'poweredOff') return true
         await new Promise((r) => setTimeout(r, this.opts.pollMs))
       }
-      if ((await state()) === 'poweredOff') return
+      if ((await state()) === 'poweredOff') return true
     }
     try {
       await this.task(`power off ${vmId}`, 'PowerOffVM_Task', x.ref('_this', ref))
     } catch (e) {
-      if ((e instanceof TaskFailed || e instanceof VimFault) && (await state()) === 'poweredOff') return
+      if ((e instanceof TaskFailed || e instanceof VimFault) && (await state()) === 'poweredOff') return true
       if (e instanceof TaskFailed || e instanceof VimFault) throw new MigError('E_MIG_INTERNAL', `VM ${vmId}: power off failed: ${e.message}`)
+      throw e
+    }
+    return true
+  }
+
+  async powerOn(vmId: string): Promise<void> {
+    const props = await this.vmProps(vmId, ['runtime.powerState'])
+    if (txt(props['runtime.powerState']) === 'poweredOn') return
+    try {
+      await this.task(`power on ${vmId}`, 'PowerOnVM_Task', x.ref('_this', vmRef(vmId)))
+    } catch (e) {
+      if (e instanceof TaskFailed || e instanceof VimFault) throw new MigError('E_MIG_INTERNAL', `VM ${vmId}: power on failed: ${e.message}`)
       throw e
     }
   }

@@ -21,8 +21,8 @@ import { existsSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { Api } from '../cli/api.ts'
 import { bytes } from '../cli/output.ts'
-import { makeBootDisk } from '../test/helpers/bootdisk.ts'
-import { buildInput } from '../test/helpers/inputs.ts'
+import { makeBootDisk } from '../fixtures/bootdisk.ts'
+import { buildInput } from '../fixtures/inputs.ts'
 
 const REPO = path.resolve(import.meta.dir, '..')
 const MARKER = 'MIGRATOR-DEMO: hello from the migrated guest'

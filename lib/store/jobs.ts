@@ -3,7 +3,7 @@
  */
 import { sql, type Kysely, type Selectable } from 'kysely'
 import { MigError } from '../errors.ts'
-import { emptyProgress, statusOf, TERMINAL_STATES, type Job, type JobState, type LastError, type Progress, type RestorePointRecord, type Strategy } from '../job.ts'
+import { emptyProgress, statusOf, TERMINAL_STATES, type HardwareRecord, type Job, type JobState, type LastError, type Progress, type RestorePointRecord, type Strategy } from '../job.ts'
 import type { Plan } from '../plan.ts'
 import { persist } from './persist.ts'
 import type { Database, JobsTable } from './schema.ts'
@@ -20,6 +20,7 @@ function toJob(r: Selectable<JobsTable>): Job {
     last_error: r.last_error === null ? null : (JSON.parse(r.last_error) as LastError),
     restore_point: r.restore_point === null ? null : (JSON.parse(r.restore_point) as RestorePointRecord),
     domain: r.domain,
+    hardware: r.hardware == null ? null : (JSON.parse(r.hardware) as HardwareRecord),
     created_at: r.created_at,
     updated_at: r.updated_at,
     started_at: r.started_at,
@@ -37,6 +38,7 @@ export interface JobPatch {
   finished_at?: string | null
   restore_point?: RestorePointRecord | null
   domain?: string | null
+  hardware?: HardwareRecord | null
 }
 
 const ACTIVE = ['queued', 'running'] as const
@@ -66,6 +68,7 @@ export class JobsRepo {
       finished_at: null,
       restore_point: null,
       domain: null,
+      hardware: null,
     }
     return persist('create job', async () => {
       await this.db.insertInto('jobs').values(row).execute()
@@ -96,6 +99,7 @@ export class JobsRepo {
       if (patch.started_at !== undefined) set.started_at = patch.started_at
       if (patch.finished_at !== undefined) set.finished_at = patch.finished_at
       if (patch.domain !== undefined) set.domain = patch.domain
+      if (patch.hardware !== undefined) set.hardware = patch.hardware === null ? null : JSON.stringify(patch.hardware)
       if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
       await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
       return this.get(id)

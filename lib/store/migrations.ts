@@ -80,6 +80,11 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('jobs').addColumn('domain', 'text').execute()
     },
   },
+  '0004_job_hardware': {
+    async up(db: Kysely<any>) {
+      await db.schema.alterTable('jobs').addColumn('hardware', 'text').execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

@@ -50,6 +50,8 @@ export interface JobsTable {
   restore_point: string | null
   /** Name of the libvirt domain the job defined (migration 0003). */
   domain: string | null
+  /** JSON `HardwareRecord`: the destination's disk bus, NIC model and boot evidence (migration 0004). */
+  hardware: string | null
 }
 
 /** Job events kept for SSE replay; `seq` is the SSE event id. */

@@ -67,7 +67,8 @@ const NICS: Array<[HardwareRecord['nic_model'], string[]]> = [
   ['rtl8139', ['8139cp', '8139too']],
 ]
 
-function recordOfBus(bus: DiskBus, scsiModel: ScsiModel | null): HardwareRecord['disk_bus'] {
+/** The job record's name of a libvirt bus (and SCSI controller model). */
+export function recordOfBus(bus: DiskBus, scsiModel: ScsiModel | null): HardwareRecord['disk_bus'] {
   if (bus === 'virtio') return 'virtio-blk'
   if (bus === 'scsi') return scsiModel === 'vmpvscsi' ? 'pvscsi' : scsiModel === 'lsisas1068' ? 'lsisas1068' : scsiModel === 'lsilogic' ? 'lsilogic' : 'virtio-scsi'
   return bus

@@ -20,7 +20,7 @@ import { MigError } from '../errors.ts'
 import type { VmManifest } from '../manifest.ts'
 import type { HardwareRecord } from '../job.ts'
 import { checkBoot, type BootCheckResult } from './boot-check.ts'
-import { chooseHardware, type HardwareChoice } from './hardware.ts'
+import { chooseHardware, recordOfBus, type HardwareChoice } from './hardware.ts'
 import { inspectGuest, type GuestInspection } from './inspect.ts'
 import type { Virsh } from './virsh.ts'
 import { buildDomainXml, debianOvmf, effectiveGuestFamily, sanitizeDomainName, type DomainPlanOverrides, type DomainVolume, type NicModel, type OvmfPaths } from './xml.ts'
@@ -131,7 +131,13 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   const inspectOpt = input.inspect ?? { tcg: input.domainType === 'qemu' }
   const inspection = family === 'windows' || inspectOpt === false ? null : await (input.inspectGuest ?? inspectGuest)(probed.map((v) => v.path), { tcg: inspectOpt.tcg, signal: input.signal })
   if (input.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled during the guest inspection')
-  const choice = chooseHardware(inspection, family, { plan: plan?.firmware, manifest: manifest.firmware })
+  let choice = chooseHardware(inspection, family, { plan: plan?.firmware, manifest: manifest.firmware })
+  const forced = probed[0]?.bus
+  if (forced && forced !== choice.bus) {
+    // The caller's bus (e.g. virtio after V2V) wins; the record says what the domain really has.
+    const scsiModel = forced === 'scsi' ? 'virtio-scsi' : null
+    choice = { ...choice, bus: forced, scsiModel, disk_bus: recordOfBus(forced, scsiModel), reason: `disk bus ${recordOfBus(forced, scsiModel)} set by the caller (the inspection chose ${choice.disk_bus}); ${choice.reason}` }
+  }
   const volumes = probed.map((v) => ({ ...v, bus: v.bus ?? choice.bus }))
   const firmware = choice.firmware
   const secureBoot = firmware === 'efi' && manifest.secure_boot

@@ -28,7 +28,7 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'i11-'
-const BOOT_TIMEOUT_S = 300
+const BOOT_TIMEOUT_S = 900
 
 interface Case {
   variant: GuestVariant

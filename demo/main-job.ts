@@ -78,6 +78,8 @@ const server = spawn(path.join(REPO, 'node_modules/.bin/bun'), ['runtime/serve-b
     MIGRATOR_DATA_DIR: dataDir,
     MIGRATOR_LISTEN: listen,
     MIGRATOR_DOMAIN_TYPE: process.env.MIGRATOR_DOMAIN_TYPE || 'qemu',
+    // A real guest under TCG on a busy 2-core host can take minutes to reach its login prompt.
+    MIGRATOR_BOOT_TIMEOUT_SECONDS: process.env.MIGRATOR_BOOT_TIMEOUT_SECONDS || '900',
     MIGRATOR_LOG_LEVEL: process.env.MIGRATOR_LOG_LEVEL || 'warn',
   },
   stdio: ['ignore', 'inherit', 'inherit'],

@@ -18,7 +18,8 @@
  *   start): the kernel's `root=` (or fstab's `/`) names a `UUID=`/`LABEL=` no file system of the
  *   guest has; the initramfs has no driver for any controller above.
  * - Not inspected (bare boot sectors, Windows, a failed inspection): the guest family's defaults
- *   (`defaultDiskBus`, `defaultNicModel` of lib/domain/xml.ts).
+ *   (`defaultDiskBus`, `defaultNicModel` of lib/domain/xml.ts); when the disk has partitions or a
+ *   file system (the inspection failed) the boot check still waits for serial evidence.
  */
 import type { HardwareRecord } from '../job.ts'
 import type { GuestFamily } from '../manifest.ts'
@@ -111,7 +112,13 @@ export function chooseHardware(inspection: GuestInspection | null, family: Guest
     }
   }
   if (family === 'windows') return defaults('Windows guest: AHCI and e1000 (drivers in every Windows since Vista); virtio only after V2V')
-  if (!inspection || !inspection.inspected) return defaults(`not inspected (${inspection?.skipped ?? 'no inspection'}): defaults of guest family ${family}`)
+  if (!inspection || !inspection.inspected) {
+    const d = defaults(`not inspected (${inspection?.skipped ?? 'no inspection'}): defaults of guest family ${family}`)
+    // A disk with partitions or a file system most likely holds an OS: watch its serial console
+    // for evidence up to the timeout rather than the grace period only.
+    const layout = inspection?.layout
+    return { ...d, serialConsole: !!layout && (layout.partitioned || layout.filesystem) }
+  }
   if (!inspection.os) return defaults(`libguestfs found no operating system: defaults of guest family ${family}`)
   if (inspection.os.type !== 'linux') return defaults(`${inspection.os.type} guest (${inspection.os.product || inspection.os.distro}): defaults of guest family ${family}`)
 

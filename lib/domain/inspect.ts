@@ -72,7 +72,11 @@ export interface GuestInspection {
   seconds: number
 }
 
-/** Options of {@link inspectGuest}: `tcg` forces libguestfs' appliance onto TCG; `timeoutMs` bounds it all (default 180 s). */
+/**
+ * Options of {@link inspectGuest}: `tcg` forces libguestfs' appliance onto TCG; `timeoutMs` bounds
+ * each guestfish call (default 900 s: the appliance launch under TCG on a loaded 2-core host was
+ * seen above 180 s).
+ */
 export interface InspectOptions {
   tcg: boolean
   timeoutMs?: number
@@ -155,7 +159,7 @@ async function startFish(disks: string[], env: NodeJS.ProcessEnv, timeoutMs: num
   const pid = m[1]!
   const run = async (a: string[]) => {
     const out = await exec('guestfish', [`--remote=${pid}`, '--', ...a], env, timeoutMs)
-    if (out.code !== 0) throw new Error(`guestfish ${a[0]}: ${(out.stderr || out.stdout).trim().slice(0, 500)}`)
+    if (out.code !== 0) throw new Error(`guestfish ${a[0]}: ${(out.stderr || out.stdout).trim().slice(0, 500) || `exit status ${out.code}`}`)
     return out.stdout
   }
   return { pid, env, run, tryRun: (a) => run(a).catch(() => null) }
@@ -223,7 +227,7 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
   const t0 = Date.now()
   const env: NodeJS.ProcessEnv = { ...process.env, LC_ALL: 'C', LIBGUESTFS_BACKEND: process.env.LIBGUESTFS_BACKEND || 'direct' }
   if (opts.tcg) env.LIBGUESTFS_BACKEND_SETTINGS = 'force_tcg'
-  const timeoutMs = opts.timeoutMs ?? 180_000
+  const timeoutMs = opts.timeoutMs ?? 900_000
   let fish: Fish | null = null
   const work = await mkdtemp(path.join(tmpdir(), 'mig-inspect-'))
   const onAbort = () => fish && process.kill(Number(fish.pid), 'SIGKILL')

@@ -90,10 +90,13 @@ describe('chooseHardware', () => {
   })
 
   test('not inspected, no OS, Windows: the family defaults, no serial evidence expected', () => {
-    const skipped = chooseHardware({ ...linux(), inspected: false, skipped: 'the boot disk has no partition table nor file system' }, 'linux', BIOS)
+    const skipped = chooseHardware({ ...linux(), inspected: false, skipped: 'the boot disk has no partition table nor file system', layout: { partitioned: false, filesystem: false, biosBootCode: true } }, 'linux', BIOS)
     expect([skipped.disk_bus, skipped.nic_model, skipped.serialConsole]).toEqual(['virtio-blk', 'virtio', false])
     expect(skipped.reason).toContain('not inspected (the boot disk has no partition table nor file system)')
     expect(chooseHardware(null, 'unknown', BIOS).disk_bus).toBe('sata')
+    // A failed inspection of a partitioned disk: defaults, but the boot check waits for serial evidence.
+    const failed = chooseHardware({ ...linux(), inspected: false, skipped: 'libguestfs inspection failed: guestfish run: exit status -1' }, 'linux', BIOS)
+    expect([failed.disk_bus, failed.serialConsole]).toEqual(['virtio-blk', true])
     const win = chooseHardware(null, 'windows', BIOS)
     expect([win.disk_bus, win.nic_model]).toEqual(['sata', 'e1000'])
     expect(chooseHardware(linux({ os: null }), 'linux', BIOS).reason).toContain('libguestfs found no operating system')

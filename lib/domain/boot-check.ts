@@ -145,7 +145,7 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
  * success or the operator's pattern) and `graceSeconds` passed; passes unverified when the wait
  * (grace, or timeout with `expectEvidence`) ends with the domain running and no evidence. Throws
  * `E_MIG_GUEST_BOOT_FAILED` with the reason, the domain state and the last 20 lines of the serial
- * log in the message and in `details` (`state`, `reason`, `serial_tail`, `why`); `E_MIG_CANCELLED`
+ * log in the message and in `details` (`state`, `reason`, `serial_tail`, `why`, `waited_seconds`); `E_MIG_CANCELLED`
  * when `signal` aborts.
  */
 export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult> {
@@ -166,7 +166,7 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
     throw new MigError(
       'E_MIG_GUEST_BOOT_FAILED',
       `domain ${name} did not boot: ${why}; state ${st} after ${waited} s` + (tail.length ? `; serial log (last ${tail.length} lines):\n${tail.join('\n')}` : '; serial log empty'),
-      { details: { domain: name, state: state?.state ?? null, reason: state?.reason ?? null, serial_tail: tail, why } },
+      { details: { domain: name, state: state?.state ?? null, reason: state?.reason ?? null, serial_tail: tail, why, waited_seconds: Number(waited) } },
     )
   }
 

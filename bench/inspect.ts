@@ -8,7 +8,7 @@
  *
  * - `streamOptimized`: the 20 GiB sparse raw converted with `qemu-img convert -O vmdk -o
  *   subformat=streamOptimized` (a few MiB), an OVF 1.0 envelope and a SHA1 `.mf`, put in a tar
- *   with `tar --format=ustar` (`buildInput('ova_archive')` of `test/helpers/inputs.ts`); and the
+ *   with `tar --format=ustar` (`buildInput('ova_archive')` of `fixtures/inputs.ts`); and the
  *   same package without its `.mf` (inspect hashes files up to 64 MiB that the `.mf` lists, so
  *   the pair separates header reads from digest verification).
  * - `raw member`: the disk as a plain (flat/raw) 20 GiB tar member. `tar` would read the holes
@@ -263,7 +263,7 @@ async function inspectInChild(archive: string, importRoot: string): Promise<Run>
 
 const runs = Math.max(1, Number(process.argv[2] ?? 3))
 const { tempDir } = await import('../test/helpers/tmp.ts')
-const { buildInput } = await import('../test/helpers/inputs.ts')
+const { buildInput } = await import('../fixtures/inputs.ts')
 const t = tempDir('mig-bench-inspect-')
 try {
   const importRoot = path.join(t.dir, 'imports')

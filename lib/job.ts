@@ -139,6 +139,28 @@ export interface SourceVmRecord {
   powered_on_at: string | null
 }
 
+/**
+ * The destination hardware of a job, chosen in `Starting` from the static inspection of the copied
+ * guest (lib/domain/hardware.ts):
+ * - `disk_bus`: `virtio-blk`, `virtio-scsi`, `pvscsi` (VMware PVSCSI), `lsisas1068` (LSI Logic
+ *   SAS), `lsilogic` (LSI 53C895A), `sata` (ICH9 AHCI) or `ide`;
+ * - `nic_model`: `virtio`, `vmxnet3`, `e1000e`, `e1000` or `rtl8139`;
+ * - `firmware`: `bios` or `efi` as started;
+ * - `reason`: why, in words (which drivers the guest's initramfs has, which device names it uses);
+ * - `inspected`: whether libguestfs inspected the guest (false for disks with no partition table
+ *   nor file system, Windows guests and plans that skip it);
+ * - `boot`: the boot check's verdict, `verified` (evidence of a booted OS seen) or not, with the
+ *   evidence in words; null when the domain was not started.
+ */
+export interface HardwareRecord {
+  disk_bus: 'virtio-blk' | 'virtio-scsi' | 'pvscsi' | 'lsisas1068' | 'lsilogic' | 'sata' | 'ide'
+  nic_model: 'virtio' | 'vmxnet3' | 'e1000e' | 'e1000' | 'rtl8139'
+  firmware: 'bios' | 'efi'
+  reason: string
+  inspected: boolean
+  boot: { verified: boolean; evidence: string } | null
+}
+
 /** The job resource as the API returns it. Timestamps are ISO-8601 UTC. */
 export interface Job {
   id: string
@@ -163,6 +185,11 @@ export interface Job {
   depends_on: string[]
   /** Jobs this one waits for that ended `Failed` or `Cancelled` (or are blocked themselves): it cannot start. */
   blocked_by: string[]
+  /**
+   * The destination hardware chosen in `Starting` and what the boot check saw (see
+   * `HardwareRecord`); null before `Starting` (and for jobs that never reached it).
+   */
+  hardware: HardwareRecord | null
   created_at: string
   updated_at: string
   started_at: string | null

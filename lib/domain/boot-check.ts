@@ -1,8 +1,19 @@
 /**
- * The boot check of the Starting state (spec 1.2, DESIGN.md section 6): after `virsh start`, the
- * domain must still be `running` once a grace period has passed and, when a serial pattern is
- * expected, the serial console log must match it within a timeout. Otherwise the destination did not
- * boot: `E_MIG_GUEST_BOOT_FAILED`.
+ * The boot check of the Starting state (spec 1.2, DESIGN.md section 6). "Still running after a
+ * grace period" is not evidence of a boot (a guest stuck in its initramfs shell stays `running`),
+ * so the check decides from evidence:
+ * - the domain state: any state but `running` fails; `crashed` / `shut off (crashed)` is a guest
+ *   kernel panic reported through the domain's pvpanic device (or qemu died);
+ * - the serial console log, classified by {@link classifySerial}: kernel panic, the initramfs
+ *   shell, "Gave up waiting for root", emergency mode, GRUB rescue fail at once; a `login:`
+ *   prompt or systemd reaching the multi-user / graphical target prove a boot;
+ * - `expectSerial` (optional operator pattern, MIGRATOR_BOOT_SERIAL_PATTERN): a match proves a
+ *   boot; no match within the timeout fails (as before);
+ * - `expectEvidence`: the static inspection says the guest writes its boot to the serial console
+ *   (a Linux kernel line with `console=ttyS…`): wait up to `timeoutSeconds` for evidence.
+ *   Otherwise (boot sectors, Windows, no serial console) wait `graceSeconds` only.
+ * When the wait ends without evidence either way and the domain still runs, the result is
+ * `verified: false` with the reason: the caller records a notice instead of claiming a boot.
  */
 import { open } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
@@ -18,7 +29,9 @@ export interface BootCheckVirsh {
  * - `graceSeconds`: how long the domain must stay `running` (checked every `pollMs`, default 250 ms).
  * - `serialLogPath`: the file of the domain's `<serial type='file'>`; its tail goes into the error.
  * - `expectSerial`: a pattern the serial log must match (matched against its last 1 MiB).
- * - `timeoutSeconds`: how long to wait for `expectSerial` (the check lasts at least `graceSeconds`).
+ * - `timeoutSeconds`: how long to wait for `expectSerial` or, with `expectEvidence`, for any
+ *   evidence (the check lasts at least `graceSeconds`).
+ * - `expectEvidence`: the guest is known to write its boot to the serial console.
  * - `signal`: aborts the wait with `E_MIG_CANCELLED`.
  */
 export interface BootCheckInput {
@@ -27,16 +40,58 @@ export interface BootCheckInput {
   graceSeconds: number
   serialLogPath?: string
   expectSerial?: RegExp
+  expectEvidence?: boolean
   timeoutSeconds: number
   pollMs?: number
   signal?: AbortSignal
 }
 
-/** What a passing check saw: the final state, seconds waited, and whether the serial pattern matched. */
+/**
+ * What a passing check saw: the final state, seconds waited, whether the operator's serial pattern
+ * matched, whether a boot is `verified` by evidence, and `evidence` in words (what proved the boot,
+ * or why nothing could).
+ */
 export interface BootCheckResult {
   state: DomainState
   waitedSeconds: number
   serialMatched: boolean
+  verified: boolean
+  evidence: string
+}
+
+/** Verdict of a serial log: `failed` / `booted` with the reason, or `null` when it shows neither. */
+export type SerialVerdict = { verdict: 'failed' | 'booted'; why: string } | null
+
+const FAILURES: Array<[RegExp, (m: RegExpExecArray, text: string) => string]> = [
+  [/Kernel panic - not syncing:?\s*([^\r\n]*)/, (m) => `the guest kernel panicked: ${m[1]!.trim().slice(0, 200)}`],
+  [/ALERT!\s+(\S+)\s+does not exist/, (m) => `the kernel could not find its root device ${m[1]!.slice(0, 200)} (initramfs gave up waiting for it)`],
+  [/Gave up waiting for root (?:file system )?device/, () => 'the kernel could not find its root device (initramfs gave up waiting for it)'],
+  [/dracut-initqueue\[\d+\]: Warning: Could not boot/, () => 'dracut could not find the root device'],
+  [/Could not boot\.|dracut Warning: Could not boot/, () => 'dracut could not find the root device'],
+  [/VFS: Unable to mount root fs/, () => 'the kernel could not mount its root file system'],
+  [/You are in emergency mode|Entering emergency mode|Give root password for maintenance/, () => 'the guest entered systemd emergency mode (a file system in fstab could not be mounted)'],
+  [/^\(initramfs\)\s*$/m, () => 'the guest dropped to the initramfs shell'],
+  [/grub rescue>|error: (?:no such device|unknown filesystem|file `[^']*' not found)/, () => 'GRUB could not load the kernel (grub rescue)'],
+  [/No bootable device|Boot failed: not a bootable disk|No bootable option or device was found/, () => 'the firmware found no bootable disk'],
+]
+const SUCCESSES: Array<[RegExp, string]> = [
+  [/^[^\r\n]*\blogin:\s*$/m, 'a login prompt on the serial console'],
+  [/Reached target[^\r\n]*(?:Multi-User System|Graphical Interface)/, 'systemd reached the multi-user target'],
+]
+
+/**
+ * Classifies a serial console log (latin1 text): failure patterns (kernel panic, root device not
+ * found, emergency mode, initramfs shell, GRUB rescue, no bootable device) win over success
+ * patterns (`login:` prompt, systemd multi-user / graphical target). Null when neither is seen.
+ */
+export function classifySerial(text: string): SerialVerdict {
+  const clean = text.replace(/\x1b\[[0-9;?]*[A-Za-z]/g, '')
+  for (const [re, why] of FAILURES) {
+    const m = re.exec(clean)
+    if (m) return { verdict: 'failed', why: why(m, clean) }
+  }
+  for (const [re, why] of SUCCESSES) if (re.test(clean)) return { verdict: 'booted', why }
+  return null
 }
 
 /** Bytes of the serial log searched for `expectSerial` / kept for the error tail. */
@@ -85,20 +140,24 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
 }
 
 /**
- * Waits until the domain has been `running` for `graceSeconds` and, when `expectSerial` is given,
- * its serial log matches within `max(graceSeconds, timeoutSeconds)`. Fails as soon as the domain is
- * seen in any other state. Throws `E_MIG_GUEST_BOOT_FAILED` with the domain state and the last 20
- * lines of the serial log in the message and in `details` (`state`, `reason`, `serial_tail`);
- * `E_MIG_CANCELLED` when `signal` aborts.
+ * Runs the boot check (see the module comment). Fails as soon as the domain is seen in any state
+ * but `running` or the serial log shows a failure; passes verified once a boot is proven (serial
+ * success or the operator's pattern) and `graceSeconds` passed; passes unverified when the wait
+ * (grace, or timeout with `expectEvidence`) ends with the domain running and no evidence. Throws
+ * `E_MIG_GUEST_BOOT_FAILED` with the reason, the domain state and the last 20 lines of the serial
+ * log in the message and in `details` (`state`, `reason`, `serial_tail`, `why`, `waited_seconds`); `E_MIG_CANCELLED`
+ * when `signal` aborts.
  */
 export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult> {
   const { name, serialLogPath, expectSerial } = input
   if (expectSerial && !serialLogPath) throw new MigError('E_MIG_GUEST_BOOT_FAILED', `boot check of ${name}: expectSerial needs serialLogPath`)
   const pollMs = input.pollMs ?? 250
   const graceMs = Math.max(0, input.graceSeconds) * 1000
-  const deadlineMs = Math.max(graceMs, Math.max(0, input.timeoutSeconds) * 1000)
+  const timeoutMs = Math.max(graceMs, Math.max(0, input.timeoutSeconds) * 1000)
+  // Without the operator's pattern or a guest known to talk on the serial console, only the grace period is waited.
+  const deadlineMs = expectSerial || input.expectEvidence ? timeoutMs : graceMs
   const t0 = Date.now()
-  let matched = !expectSerial
+  let matched = false
 
   const failure = async (state: DomainState | null, why: string): Promise<never> => {
     const tail = await serialTail(serialLogPath)
@@ -107,20 +166,33 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
     throw new MigError(
       'E_MIG_GUEST_BOOT_FAILED',
       `domain ${name} did not boot: ${why}; state ${st} after ${waited} s` + (tail.length ? `; serial log (last ${tail.length} lines):\n${tail.join('\n')}` : '; serial log empty'),
-      { details: { domain: name, state: state?.state ?? null, reason: state?.reason ?? null, serial_tail: tail } },
+      { details: { domain: name, state: state?.state ?? null, reason: state?.reason ?? null, serial_tail: tail, why, waited_seconds: Number(waited) } },
     )
   }
 
   for (;;) {
     const state = await input.virsh.stateDetail(name)
+    if (state.state === 'crashed' || state.reason === 'crashed' || state.reason === 'panicked') {
+      return failure(state, 'the domain crashed (a guest kernel panic reported by its pvpanic device, or qemu died)')
+    }
     if (state.state !== 'running') return failure(state, 'the domain is not running')
-    if (!matched) {
-      expectSerial!.lastIndex = 0
-      matched = expectSerial!.test(await readTail(serialLogPath!, MATCH_WINDOW))
+    const text = serialLogPath ? await readTail(serialLogPath, MATCH_WINDOW) : ''
+    const verdict = classifySerial(text)
+    if (verdict?.verdict === 'failed') return failure(state, verdict.why)
+    if (expectSerial && !matched) {
+      expectSerial.lastIndex = 0
+      matched = expectSerial.test(text)
     }
     const elapsed = Date.now() - t0
-    if (matched && elapsed >= graceMs) return { state, waitedSeconds: elapsed / 1000, serialMatched: !!expectSerial }
-    if (!matched && elapsed >= deadlineMs) return failure(state, `the serial log did not match ${expectSerial!} within ${deadlineMs / 1000} s`)
-    await sleep(Math.min(pollMs, Math.max(10, (matched ? graceMs : deadlineMs) - elapsed)), input.signal)
+    const proof = matched ? `the serial log matched ${expectSerial}` : verdict?.verdict === 'booted' ? verdict.why : null
+    if (proof && elapsed >= graceMs) return { state, waitedSeconds: elapsed / 1000, serialMatched: matched, verified: true, evidence: proof }
+    if (!proof && elapsed >= deadlineMs) {
+      if (expectSerial) return failure(state, `the serial log did not match ${expectSerial} within ${deadlineMs / 1000} s`)
+      const evidence = input.expectEvidence
+        ? `the domain is running after ${(elapsed / 1000).toFixed(0)} s but its serial console showed neither a boot nor a failure`
+        : `the domain is running after ${(elapsed / 1000).toFixed(0)} s; the guest gives no boot evidence the migrator can read (no serial console output it recognizes)`
+      return { state, waitedSeconds: elapsed / 1000, serialMatched: false, verified: false, evidence }
+    }
+    await sleep(Math.min(pollMs, Math.max(10, (proof ? graceMs : deadlineMs) - elapsed)), input.signal)
   }
 }

@@ -1,7 +1,11 @@
 /**
- * The Starting state (spec 1.2 step 4, spec 3, DESIGN.md section 6): pick a free domain name, build
- * the domain XML, `virsh define`, `virsh start` (unless `plan.start === false`: define only), then
- * the boot check.
+ * The Starting state (spec 1.2 step 4, spec 3, DESIGN.md section 6): pick a free domain name,
+ * inspect the copied guest read-only (lib/domain/inspect.ts) and choose the hardware it boots on
+ * (lib/domain/hardware.ts), build the domain XML, `virsh define`, `virsh start` (unless
+ * `plan.start === false`: define only), then the evidence-based boot check.
+ *
+ * A fatal static finding (root file system UUID that does not exist, no driver for any disk
+ * controller) fails with `E_MIG_GUEST_BOOT_FAILED` right after define, without starting.
  *
  * Failure after define: the domain is left **defined but stopped** (a failed `start` leaves it shut
  * off; a failed boot check destroys it first), so the operator can inspect the definition and the
@@ -14,9 +18,12 @@ import { randomUUID } from 'node:crypto'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import type { VmManifest } from '../manifest.ts'
+import type { HardwareRecord } from '../job.ts'
 import { checkBoot, type BootCheckResult } from './boot-check.ts'
+import { chooseHardware, recordOfBus, type HardwareChoice } from './hardware.ts'
+import { inspectGuest, type GuestInspection } from './inspect.ts'
 import type { Virsh } from './virsh.ts'
-import { buildDomainXml, debianOvmf, sanitizeDomainName, type DomainPlanOverrides, type DomainVolume, type NicModel, type OvmfPaths } from './xml.ts'
+import { buildDomainXml, debianOvmf, effectiveGuestFamily, sanitizeDomainName, type DomainPlanOverrides, type DomainVolume, type NicModel, type OvmfPaths } from './xml.ts'
 
 /** Boot check parameters (see `checkBoot`); seconds. */
 export interface StartBootCheck {
@@ -36,6 +43,9 @@ export interface StartBootCheck {
  * - `nvramDir`: where UEFI NVRAM files go (`<dir>/<name>_VARS.fd`), default
  *   `/var/lib/libvirt/qemu/nvram`; `ovmf` picks other OVMF images (given the final name).
  * - `bootCheck`: default grace 10 s, timeout 120 s, no serial pattern.
+ * - `inspect`: inspect the guest with libguestfs (`tcg`: force its appliance onto TCG), or `false`
+ *   to skip it (family defaults). Default: inspect with `tcg` when `domainType` is `qemu`.
+ * - `inspectGuest`: the inspection function (tests may pass a double; default the libguestfs one).
  */
 export interface DefineAndStartInput {
   virsh: Virsh
@@ -51,15 +61,28 @@ export interface DefineAndStartInput {
   bootCheck?: StartBootCheck
   uuid?: string
   signal?: AbortSignal
+  inspect?: { tcg: boolean } | false
+  inspectGuest?: typeof inspectGuest
 }
 
-/** Outcome: the final domain `name`, its `uuid` and `xml`, whether it was started, and the boot check result. */
+/**
+ * Outcome: the final domain `name`, its `uuid` and `xml`, whether it was started, the boot check
+ * result, the hardware record for the job (with the boot verdict), the inspection, and `notice`:
+ * the reason a started guest's boot is not verified (null when verified or not started).
+ */
 export interface DefineAndStartResult {
   name: string
   uuid: string
   xml: string
   started: boolean
   boot: BootCheckResult | null
+  hardware: HardwareRecord
+  inspection: GuestInspection | null
+  notice: string | null
+}
+
+function record(choice: HardwareChoice, inspection: GuestInspection | null, boot: HardwareRecord['boot']): HardwareRecord {
+  return { disk_bus: choice.disk_bus, nic_model: choice.nic_model, firmware: choice.firmware, reason: choice.reason, inspected: !!inspection?.inspected, boot }
 }
 
 /** Whether `file` can be opened with O_DIRECT (qemu's `cache='none'`); false on tmpfs and some FUSE file systems. */
@@ -103,27 +126,46 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   const { virsh, manifest, plan } = input
   const name = await virsh.uniqueName(sanitizeDomainName(plan?.name ?? manifest.name))
   const uuid = input.uuid ?? randomUUID()
-  const volumes = await probeVolumes(input.volumes)
-  const firmware = plan?.firmware ?? manifest.firmware
+  const probed = await probeVolumes(input.volumes)
+  const family = effectiveGuestFamily(manifest, plan)
+  const inspectOpt = input.inspect ?? { tcg: input.domainType === 'qemu' }
+  const inspection = family === 'windows' || inspectOpt === false ? null : await (input.inspectGuest ?? inspectGuest)(probed.map((v) => v.path), { tcg: inspectOpt.tcg, signal: input.signal })
+  if (input.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled during the guest inspection')
+  let choice = chooseHardware(inspection, family, { plan: plan?.firmware, manifest: manifest.firmware })
+  const forced = probed[0]?.bus
+  if (forced && forced !== choice.bus) {
+    // The caller's bus (e.g. virtio after V2V) wins; the record says what the domain really has.
+    const scsiModel = forced === 'scsi' ? 'virtio-scsi' : null
+    choice = { ...choice, bus: forced, scsiModel, disk_bus: recordOfBus(forced, scsiModel), reason: `disk bus ${recordOfBus(forced, scsiModel)} set by the caller (the inspection chose ${choice.disk_bus}); ${choice.reason}` }
+  }
+  const volumes = probed.map((v) => ({ ...v, bus: v.bus ?? choice.bus }))
+  const firmware = choice.firmware
   const secureBoot = firmware === 'efi' && manifest.secure_boot
   const nvram = path.join(input.nvramDir ?? '/var/lib/libvirt/qemu/nvram', `${name}_VARS.fd`)
   const ovmf = firmware === 'efi' ? (input.ovmf ? input.ovmf(name, secureBoot) : debianOvmf(secureBoot, nvram)) : undefined
   const xml = buildDomainXml({
     manifest,
-    plan: { ...plan, name },
+    plan: { ...plan, name, firmware },
     volumes,
     uuid,
     domainType: input.domainType,
     defaultBridge: input.defaultBridge,
     ovmf,
     serialLogPath: input.serialLogPath,
-    nicModel: input.nicModel,
+    nicModel: input.nicModel ?? choice.nicModel,
+    scsiModel: choice.scsiModel ?? undefined,
   })
   const defined = await virsh.define(xml)
   if (defined && defined !== name) {
     throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `libvirt defined ${defined}, expected ${name}`, { details: { domain: defined } })
   }
-  if (plan?.start === false) return { name, uuid, xml, started: false, boot: null }
+  const hardware = record(choice, inspection, null)
+  if (choice.fatal) {
+    throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name} cannot boot: ${choice.fatal} (static inspection; the domain is defined, not started)`, {
+      details: { domain: name, defined: true, hardware, why: choice.fatal },
+    })
+  }
+  if (plan?.start === false) return { name, uuid, xml, started: false, boot: null, hardware, inspection, notice: null }
 
   try {
     await writeFile(input.serialLogPath, '', { mode: 0o640 })
@@ -134,7 +176,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
     await virsh.start(name)
   } catch (e) {
     const err = e as MigError
-    throw new MigError(err.code ?? 'E_MIG_GUEST_BOOT_FAILED', err.message, { details: { domain: name, defined: true }, cause: e })
+    throw new MigError(err.code ?? 'E_MIG_GUEST_BOOT_FAILED', err.message, { details: { domain: name, defined: true, hardware }, cause: e })
   }
   const bc = input.bootCheck ?? { graceSeconds: 10, timeoutSeconds: 120 }
   try {
@@ -144,12 +186,21 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       graceSeconds: bc.graceSeconds,
       timeoutSeconds: bc.timeoutSeconds,
       expectSerial: bc.expectSerial,
+      expectEvidence: choice.serialConsole,
       serialLogPath: input.serialLogPath,
       signal: input.signal,
     })
-    return { name, uuid, xml, started: true, boot }
+    const verdict = { verified: boot.verified, evidence: boot.evidence }
+    return { name, uuid, xml, started: true, boot, hardware: { ...hardware, boot: verdict }, inspection, notice: boot.verified ? null : `boot not verified: ${boot.evidence}` }
   } catch (e) {
     await virsh.destroy(name).catch(() => undefined)
+    if (e instanceof MigError && e.code === 'E_MIG_GUEST_BOOT_FAILED') {
+      const why = typeof e.details?.why === 'string' ? e.details.why : e.message
+      throw new MigError(e.code, `${e.message}\nhardware: disk bus ${hardware.disk_bus}, NIC ${hardware.nic_model}, ${hardware.firmware} (${hardware.reason})`, {
+        details: { ...e.details, hardware: { ...hardware, boot: { verified: false, evidence: why } } },
+        cause: e,
+      })
+    }
     throw e
   }
 }

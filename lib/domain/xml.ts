@@ -29,7 +29,10 @@
  *   NVRAM copied by libvirt from a template; secure boot (manifest `secure_boot`, UEFI only) uses the
  *   `secure='yes'` loader, the Microsoft-keys VARS template and the SMM feature.
  * - Serial: `<serial type='file'>` to `serialLogPath` plus a `<console>` on it; VNC on 127.0.0.1 with
- *   autoport; the qemu guest agent channel `org.qemu.guest_agent.0`.
+ *   autoport; the qemu guest agent channel `org.qemu.guest_agent.0`; a pvpanic device (`<panic
+ *   model='isa'>`) so a guest kernel panic shows as a crashed domain (the boot check reads it).
+ * - SCSI controller model: `scsiModel` (the hardware choice, lib/domain/hardware.ts), default
+ *   `virtio-scsi`.
  * - Memory: `manifest.memory_bytes` rounded up to KiB; 0 (unknown) becomes 1 GiB.
  * - vCPUs: `cpu.count`, topology sockets x cores x 1 thread with cores = `cores_per_socket` when it
  *   divides the count, else 1 core per socket. KVM uses `host-passthrough`; TCG (`qemu`) the default
@@ -45,8 +48,14 @@ import type { Plan } from '../plan.ts'
 /** Disk buses the destination can attach a volume to. */
 export type DiskBus = 'virtio' | 'sata' | 'scsi' | 'ide'
 
-/** NIC models the destination can use. */
-export type NicModel = 'virtio' | 'e1000' | 'e1000e' | 'rtl8139'
+/** NIC models the destination can use (qemu 7.2 emulates each; `vmxnet3` is VMware's). */
+export type NicModel = 'virtio' | 'vmxnet3' | 'e1000' | 'e1000e' | 'rtl8139'
+
+/**
+ * libvirt SCSI controller models for the `scsi` bus: `virtio-scsi`, `vmpvscsi` (qemu `pvscsi`,
+ * VMware PVSCSI), `lsisas1068` (qemu `mptsas1068`, LSI Logic SAS), `lsilogic` (qemu `lsi53c895a`).
+ */
+export type ScsiModel = 'virtio-scsi' | 'vmpvscsi' | 'lsisas1068' | 'lsilogic'
 
 /**
  * One destination volume, the copy of `manifest.disks[i]` (same index).
@@ -82,6 +91,7 @@ export type DomainPlanOverrides = Partial<Pick<Plan, 'name' | 'guest_os' | 'firm
  *   `/var/lib/libvirt/qemu/nvram/<name>_VARS.fd`.
  * - `serialLogPath`: absolute path of the serial console log file.
  * - `nicModel`: overrides the NIC model of every NIC (e.g. `virtio` after V2V).
+ * - `scsiModel`: the SCSI controller model when a disk is on the `scsi` bus (default `virtio-scsi`).
  */
 export interface DomainXmlInput {
   manifest: VmManifest
@@ -93,6 +103,7 @@ export interface DomainXmlInput {
   ovmf?: OvmfPaths
   serialLogPath: string
   nicModel?: NicModel
+  scsiModel?: ScsiModel
 }
 
 /** Most disks a domain built here may have (bounds hostile manifests; `lib/limits.ts`). */
@@ -293,7 +304,7 @@ export function buildDomainXml(input: DomainXmlInput): string {
   const serialLog = checkPath('serial log', input.serialLogPath)
   const devices: Node = {
     disk: disks,
-    ...(buses.includes('scsi') ? { controller: [{ '@_type': 'scsi', '@_index': '0', '@_model': 'virtio-scsi' }] } : {}),
+    ...(buses.includes('scsi') ? { controller: [{ '@_type': 'scsi', '@_index': '0', '@_model': input.scsiModel ?? 'virtio-scsi' }] } : {}),
     ...(interfaces.length ? { interface: interfaces } : {}),
     serial: { '@_type': 'file', source: { '@_path': serialLog }, target: { '@_port': '0' } },
     console: { '@_type': 'file', source: { '@_path': serialLog }, target: { '@_type': 'serial', '@_port': '0' } },
@@ -301,6 +312,8 @@ export function buildDomainXml(input: DomainXmlInput): string {
     graphics: { '@_type': 'vnc', '@_port': '-1', '@_autoport': 'yes', '@_listen': '127.0.0.1', listen: { '@_type': 'address', '@_address': '127.0.0.1' } },
     video: { model: { '@_type': windows ? 'vga' : 'virtio' } },
     memballoon: { '@_model': 'virtio' },
+    // pvpanic (ISA, port 0x505): a guest kernel panic shows as a crashed domain.
+    panic: { '@_model': 'isa' },
   }
 
   const title = xmlSafeText(`Imported ${manifest.source_format}: ${manifest.name}`, 512).replace(/[\r\n\t]+/g, ' ')

@@ -19,7 +19,7 @@
  * (a changeId chain cannot be trusted across a crash).
  */
 import { MigError, asMigError } from '../errors.ts'
-import type { CutoverStatus, DeltaPassRecord, Job, JobState, LastError, RestorePointRecord } from '../job.ts'
+import type { CutoverStatus, DeltaPassRecord, HardwareRecord, Job, JobState, LastError, RestorePointRecord } from '../job.ts'
 import { copyReadsStoredBytes, type ManifestDisk, type VmManifest } from '../manifest.ts'
 import type { Plan } from '../plan.ts'
 import type { LiveSession, SnapshotRef } from '../adapters/types.ts'
@@ -28,6 +28,13 @@ import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { Sink, SinkVolume } from '../sink/types.ts'
 import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
 import { ProgressTracker } from './progress.ts'
+
+/** What `start` reports: the domain, the hardware chosen, and a boot notice (null: boot verified or not started). */
+export interface StartOutcome {
+  domain: string
+  hardware: HardwareRecord | null
+  notice: string | null
+}
 
 /** What the source side provides once the plan is resolved. */
 export type PreparedSource =
@@ -93,8 +100,12 @@ export interface OrchestratorDeps {
   copyDisk: CopyDiskFn
   /** Windows virtio driver injection over the destination volumes. */
   v2v(job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal): Promise<void>
-  /** Defines and starts the domain; returns the domain name. */
-  start(job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal): Promise<string>
+  /**
+   * Defines and starts the domain; returns the domain name, or the name with the chosen hardware
+   * (recorded on the job) and `notice` (the boot is not verified: recorded as a non-fatal
+   * `E_MIG_GUEST_BOOT_FAILED` in `last_error`).
+   */
+  start(job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal): Promise<string | StartOutcome>
   /**
    * Runs the plan's host backup job and waits for its restore point (plan `restore_point`);
    * called before anything is written to the destination. Absent: a plan asking for one fails.
@@ -219,9 +230,15 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     if (signal.aborted) throw cancelled()
     if (!reached('Starting')) await setState('Starting')
-    const domain = await deps.start(job, manifest, volumes, signal)
+    const started = await deps.start(job, manifest, volumes, signal)
+    const outcome: StartOutcome = typeof started === 'string' ? { domain: started, hardware: null, notice: null } : started
+    if (outcome.notice) {
+      // An unverified boot is the notice the operator must see first; an earlier one is kept in the message.
+      const earlier = notice ? ` (earlier notice ${notice.code}: ${notice.message})` : ''
+      notice = { code: 'E_MIG_GUEST_BOOT_FAILED', message: `${outcome.notice}${earlier}`, fatal: false }
+    }
     destinationRunning = job.plan.start !== false
-    await setState('Completed', { domain, finished_at: iso(), last_error: notice, progress: tracker.snapshot() })
+    await setState('Completed', { domain: outcome.domain, hardware: outcome.hardware ?? undefined, finished_at: iso(), last_error: notice, progress: tracker.snapshot() })
     return job
   } catch (e) {
     const err = signal.aborted ? cancelled() : asMigError(e, 'E_MIG_INTERNAL', 'job')
@@ -247,7 +264,8 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
       // A domain left defined by a failed start (or boot check) is named on the job for the operator.
       // A name only reserved (nothing defined) is released.
       const domain = typeof err.details?.domain === 'string' ? err.details.domain : null
-      await setState('Failed', { domain, finished_at: iso(), last_error: { code: err.code, message: `${deps.redact ? deps.redact(err.message) : err.message}${sourceNote}`, fatal: true } })
+      const hardware = err.details?.hardware && typeof err.details.hardware === 'object' ? (err.details.hardware as HardwareRecord) : undefined
+      await setState('Failed', { domain, hardware, finished_at: iso(), last_error: { code: err.code, message: `${deps.redact ? deps.redact(err.message) : err.message}${sourceNote}`, fatal: true } })
     }
     return job
   } finally {

@@ -3,7 +3,7 @@
  */
 import { sql, type Kysely, type Selectable } from 'kysely'
 import { MigError } from '../errors.ts'
-import { emptyProgress, jobStatusOf, TERMINAL_STATES, type CutoverStatus, type Job, type JobState, type LastError, type Progress, type RestorePointRecord, type SourceVmRecord } from '../job.ts'
+import { emptyProgress, jobStatusOf, TERMINAL_STATES, type CutoverStatus, type HardwareRecord, type Job, type JobState, type LastError, type Progress, type RestorePointRecord, type SourceVmRecord } from '../job.ts'
 import { cutoverModeOf, type Plan, type Strategy } from '../plan.ts'
 import { persist } from './persist.ts'
 import type { Database, JobsTable } from './schema.ts'
@@ -28,6 +28,7 @@ function toJob(r: Selectable<JobsTable>, blockedBy: string[] = []): Job {
     bulk_key: r.bulk_key,
     depends_on: r.depends_on === null ? [] : (JSON.parse(r.depends_on) as string[]),
     blocked_by: blockedBy,
+    hardware: r.hardware == null ? null : (JSON.parse(r.hardware) as HardwareRecord),
     created_at: r.created_at,
     updated_at: r.updated_at,
     started_at: r.started_at,
@@ -47,6 +48,7 @@ export interface JobPatch {
   domain?: string | null
   cutover?: CutoverStatus
   source_vm?: SourceVmRecord
+  hardware?: HardwareRecord | null
 }
 
 /**
@@ -128,6 +130,7 @@ export class JobsRepo {
       bulk_key: j.placement?.key ?? null,
       depends_on: j.placement && j.placement.depends_on.length > 0 ? JSON.stringify(j.placement.depends_on) : null,
       source_limit: j.placement?.source_limit ?? null,
+      hardware: null,
     }
     return persist('create job', async () => {
       await this.db.insertInto('jobs').values(row).execute()
@@ -201,6 +204,7 @@ export class JobsRepo {
       if (patch.domain !== undefined) set.domain = patch.domain
       if (patch.cutover !== undefined) set.cutover = JSON.stringify({ ...patch.cutover, requested_at: null })
       if (patch.source_vm !== undefined) set.source_vm = JSON.stringify(patch.source_vm)
+      if (patch.hardware !== undefined) set.hardware = patch.hardware === null ? null : JSON.stringify(patch.hardware)
       if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
       await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
       return this.get(id)

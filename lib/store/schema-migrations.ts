@@ -106,6 +106,11 @@ const migrations: Record<string, Migration> = {
         .execute()
     },
   },
+  '0006_job_hardware': {
+    async up(db: Kysely<any>) {
+      await db.schema.alterTable('jobs').addColumn('hardware', 'text').execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

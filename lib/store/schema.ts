@@ -50,22 +50,24 @@ export interface JobsTable {
   restore_point: string | null
   /** Name of the libvirt domain the job defined (migration 0003). */
   domain: string | null
-  /** JSON `CutoverStatus` of a warm live job (migration 0004). */
+  /** JSON `CutoverStatus` of a warm live job (migration 0005). */
   cutover: string | null
-  /** When the operator asked this job (or its bulk plan) to cut over (migration 0004). */
+  /** When the operator asked this job (or its bulk plan) to cut over (migration 0005). */
   cutover_requested_at: string | null
-  /** JSON `SourceVmRecord` (migration 0004). */
+  /** JSON `SourceVmRecord` (migration 0005). */
   source_vm: string | null
-  /** The bulk plan of the job, and the JSON list of job ids it waits for (migration 0004). */
+  /** The bulk plan of the job, and the JSON list of job ids it waits for (migration 0005). */
   bulk_plan_id: string | null
   /** The job's key in its bulk plan (`vms[].key`). */
   bulk_key: string | null
   depends_on: string | null
   /** At most this many jobs of the same live source run at once (the bulk plan's `max_per_source`). */
   source_limit: number | null
+  /** JSON `HardwareRecord`: the destination's disk bus, NIC model and boot evidence (migration 0006). */
+  hardware: string | null
 }
 
-/** Bulk plans (roadmap v0.5): many jobs submitted together (migration 0004). */
+/** Bulk plans (roadmap v0.5): many jobs submitted together (migration 0005). */
 export interface BulkPlansTable {
   id: string
   name: string | null

@@ -99,6 +99,7 @@ Disk 0: Hard disk 1 -&gt; /dev/zvol/tank/vm/migrations/j1/Hard_disk_1</descripti
       <model type="virtio"/>
     </video>
     <memballoon model="virtio"/>
+    <panic model="isa"/>
   </devices>
 </domain>
 `

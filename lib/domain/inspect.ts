@@ -1,0 +1,316 @@
+/**
+ * Read-only static inspection of a copied guest before its domain is defined (spec 1.2 "Starting",
+ * DESIGN.md section 6): what the guest can boot from.
+ *
+ * Two stages:
+ * 1. {@link probeDiskLayout} reads the first sectors of the boot disk on the host (no libguestfs):
+ *    partition table (MBR entries, GPT header), a file system superblock at offset 0, and whether
+ *    the MBR carries BIOS boot code. A disk with neither partitions nor a file system (a bare boot
+ *    sector) has nothing libguestfs could tell, so the costly stage is skipped.
+ * 2. {@link inspectGuest} launches libguestfs read-only (`guestfish --ro --listen`, driven with
+ *    `--remote`; `LIBGUESTFS_BACKEND=direct`, plus `LIBGUESTFS_BACKEND_SETTINGS=force_tcg` where the
+ *    host runs guests under TCG) over every disk and reads: the operating system (`inspect-os`),
+ *    every file system's UUID and label, `/etc/fstab`, GRUB's `grub.cfg` default entry (kernel
+ *    version and command line: `root=`, `console=`), the initramfs of that kernel (listed on the
+ *    host with `lsinitramfs`), the kernel's `modules.builtin` and `modules.dep` (drivers built in /
+ *    installed). Under TCG one launch costs seconds (see README "Boot check"), paid once per job.
+ *
+ * Nothing is written to the guest. Failures of the inspection itself are not job failures: the
+ * result says `inspected: false` with the reason, and the caller falls back to the family defaults.
+ */
+import { execFile } from 'node:child_process'
+import { mkdtemp, open, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import * as path from 'node:path'
+
+/** What the first sectors of a disk show (see {@link probeDiskLayout}). */
+export interface DiskLayout {
+  /** An MBR with at least one partition entry, or a GPT header at LBA 1. */
+  partitioned: boolean
+  /** A known file system / volume signature at the start of the disk (ext, XFS, NTFS, LVM, btrfs). */
+  filesystem: boolean
+  /** The MBR's boot code area (bytes 0..439) is not all zero and the 0x55AA signature is present. */
+  biosBootCode: boolean
+}
+
+/** One file system of the guest: appliance device name (`/dev/sda3`), type, UUID and label ('' when none). */
+export interface GuestFilesystem {
+  device: string
+  type: string
+  uuid: string
+  label: string
+}
+
+/**
+ * Result of {@link inspectGuest}.
+ * - `inspected`: libguestfs ran; when false, `skipped` says why and the other fields are empty.
+ * - `os`: `inspect-os` found an operating system: type (`linux`, `windows`), distro, product name.
+ * - `kernelVersion`, `kernelCmdline`: of GRUB's default entry (null when not found).
+ * - `rootSpec`: the kernel's `root=` (else fstab's `/` entry), e.g. `UUID=…`, `/dev/sda3`.
+ * - `fstab`: entries (spec, mount point, type), comments dropped.
+ * - `initramfs`: the initramfs file of that kernel (guest path) or null; `initramfsModules`: the
+ *   kernel module names it holds (`-` spelled `_`); `builtinModules`: the kernel's built-ins;
+ *   `installedModules`: every module in `modules.dep`.
+ * - `esp`: a FAT file system is present (an EFI system partition candidate).
+ * - `seconds`: wall time of the libguestfs stage.
+ */
+export interface GuestInspection {
+  inspected: boolean
+  skipped: string | null
+  layout: DiskLayout | null
+  os: { type: string; distro: string; product: string } | null
+  filesystems: GuestFilesystem[]
+  fstab: Array<{ spec: string; mountpoint: string; type: string }>
+  kernelVersion: string | null
+  kernelCmdline: string | null
+  rootSpec: string | null
+  initramfs: string | null
+  initramfsModules: string[]
+  builtinModules: string[]
+  installedModules: string[]
+  esp: boolean
+  seconds: number
+}
+
+/**
+ * Options of {@link inspectGuest}: `tcg` forces libguestfs' appliance onto TCG; `timeoutMs` bounds
+ * each guestfish call (default 900 s: the appliance launch under TCG on a loaded 2-core host was
+ * seen above 180 s).
+ */
+export interface InspectOptions {
+  tcg: boolean
+  timeoutMs?: number
+  signal?: AbortSignal
+}
+
+function empty(skipped: string, layout: DiskLayout | null): GuestInspection {
+  return {
+    inspected: false,
+    skipped,
+    layout,
+    os: null,
+    filesystems: [],
+    fstab: [],
+    kernelVersion: null,
+    kernelCmdline: null,
+    rootSpec: null,
+    initramfs: null,
+    initramfsModules: [],
+    builtinModules: [],
+    installedModules: [],
+    esp: false,
+    seconds: 0,
+  }
+}
+
+/**
+ * Reads the first 68 KiB of `file` (raw disk image or block device) and reports its layout. Never
+ * throws: an unreadable disk reads as empty (and then is not inspected).
+ */
+export async function probeDiskLayout(file: string): Promise<DiskLayout> {
+  const buf = Buffer.alloc(68 * 1024)
+  let n = 0
+  try {
+    const fh = await open(file, 'r')
+    try {
+      n = (await fh.read(buf, 0, buf.length, 0)).bytesRead
+    } finally {
+      await fh.close()
+    }
+  } catch {
+    return { partitioned: false, filesystem: false, biosBootCode: false }
+  }
+  const b = buf.subarray(0, n)
+  const sig = n >= 512 && b[510] === 0x55 && b[511] === 0xaa
+  let mbrEntries = false
+  if (sig) for (let i = 0; i < 4; i++) if (b[446 + i * 16 + 4] !== 0) mbrEntries = true
+  const gpt = n >= 520 && b.toString('latin1', 512, 520) === 'EFI PART'
+  const at = (off: number, s: string) => n >= off + s.length && b.toString('latin1', off, off + s.length) === s
+  const ext = n >= 1082 && b.readUInt16LE(1080) === 0xef53
+  const filesystem = ext || at(0, 'XFSB') || at(3, 'NTFS    ') || at(512, 'LABELONE') || at(65536 + 64, '_BHRfS_M')
+  let code = false
+  for (let i = 0; i < 440 && i < n; i++) if (b[i] !== 0) code = true
+  return { partitioned: mbrEntries || gpt, filesystem, biosBootCode: sig && code }
+}
+
+interface Fish {
+  pid: string
+  env: NodeJS.ProcessEnv
+  run(args: string[]): Promise<string>
+  tryRun(args: string[]): Promise<string | null>
+}
+
+function exec(cmd: string, args: string[], env: NodeJS.ProcessEnv, timeoutMs: number): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    execFile(cmd, args, { env, timeout: timeoutMs, killSignal: 'SIGKILL', maxBuffer: 64 << 20, encoding: 'latin1' }, (err, stdout, stderr) => {
+      const e = err as (NodeJS.ErrnoException & { code?: number | string }) | null
+      resolve({ code: e ? (typeof e.code === 'number' ? e.code : -1) : 0, stdout: String(stdout ?? ''), stderr: String(stderr ?? '') || (e ? e.message : '') })
+    })
+  })
+}
+
+/** Starts `guestfish --listen` over `disks` (read-only, raw); resolves with a client of it. */
+async function startFish(disks: string[], env: NodeJS.ProcessEnv, timeoutMs: number): Promise<Fish> {
+  const args = ['--listen', '--ro']
+  for (const d of disks) args.push('--format=raw', '-a', d)
+  const r = await exec('guestfish', args, env, 30_000)
+  const m = /GUESTFISH_PID=(\d+)/.exec(r.stdout)
+  if (r.code !== 0 || !m) throw new Error(`guestfish --listen failed: ${(r.stderr || r.stdout).trim().slice(0, 500)}`)
+  const pid = m[1]!
+  const run = async (a: string[]) => {
+    const out = await exec('guestfish', [`--remote=${pid}`, '--', ...a], env, timeoutMs)
+    if (out.code !== 0) throw new Error(`guestfish ${a[0]}: ${(out.stderr || out.stdout).trim().slice(0, 500) || `exit status ${out.code}`}`)
+    return out.stdout
+  }
+  return { pid, env, run, tryRun: (a) => run(a).catch(() => null) }
+}
+
+/** Module names of a list of paths (`…/vmw_pvscsi.ko.xz` -> `vmw_pvscsi`), `-` spelled `_`. */
+export function moduleNames(paths: Iterable<string>): string[] {
+  const out = new Set<string>()
+  for (const p of paths) {
+    const m = /([^/\s:]+)\.ko(?:\.(?:xz|zst|gz))?(?::|$)/.exec(p.trim())
+    if (m) out.add(m[1]!.replace(/-/g, '_'))
+  }
+  return [...out].sort()
+}
+
+/**
+ * GRUB's default entry of a `grub.cfg`: the first `linux` line (kernel path, version from
+ * `vmlinuz-<version>`, command line) and its `initrd` path. Null when there is none.
+ */
+export function grubDefaultEntry(cfg: string): { kernel: string; version: string | null; cmdline: string; initrd: string | null } | null {
+  const lines = cfg.split('\n')
+  for (let i = 0; i < lines.length; i++) {
+    const m = /^\s*linux(?:efi|16)?\s+(\S+)\s*(.*)$/.exec(lines[i]!)
+    if (!m) continue
+    const version = /vmlinuz-(\S+)$/.exec(m[1]!)?.[1] ?? null
+    let initrd: string | null = null
+    for (let j = i + 1; j < Math.min(lines.length, i + 6); j++) {
+      const r = /^\s*initrd(?:efi|16)?\s+(\S+)/.exec(lines[j]!)
+      if (r) {
+        initrd = r[1]!
+        break
+      }
+    }
+    return { kernel: m[1]!, version, cmdline: m[2]!.trim(), initrd }
+  }
+  return null
+}
+
+/** `root=` of a kernel command line, or null. */
+export function rootOfCmdline(cmdline: string): string | null {
+  return /(?:^|\s)root=(\S+)/.exec(cmdline)?.[1] ?? null
+}
+
+/** Parses `/etc/fstab` text into entries. */
+export function parseFstab(text: string): GuestInspection['fstab'] {
+  const out: GuestInspection['fstab'] = []
+  for (const line of text.split('\n')) {
+    const t = line.trim()
+    if (!t || t.startsWith('#')) continue
+    const f = t.split(/\s+/)
+    if (f.length >= 3) out.push({ spec: f[0]!, mountpoint: f[1]!, type: f[2]! })
+  }
+  return out
+}
+
+/**
+ * Inspects the guest on `disks` (raw images or block devices, boot disk first) read-only. Skips
+ * libguestfs (result `inspected: false`) when the boot disk has neither partitions nor a file
+ * system. Never throws for the guest's content; a libguestfs failure yields `inspected: false`
+ * with the error in `skipped`.
+ */
+export async function inspectGuest(disks: string[], opts: InspectOptions): Promise<GuestInspection> {
+  const layout = await probeDiskLayout(disks[0]!)
+  if (!layout.partitioned && !layout.filesystem) return empty('the boot disk has no partition table nor file system (nothing for libguestfs to inspect)', layout)
+  const t0 = Date.now()
+  const env: NodeJS.ProcessEnv = { ...process.env, LC_ALL: 'C', LIBGUESTFS_BACKEND: process.env.LIBGUESTFS_BACKEND || 'direct' }
+  if (opts.tcg) env.LIBGUESTFS_BACKEND_SETTINGS = 'force_tcg'
+  const timeoutMs = opts.timeoutMs ?? 900_000
+  let fish: Fish | null = null
+  const work = await mkdtemp(path.join(tmpdir(), 'mig-inspect-'))
+  const onAbort = () => fish && process.kill(Number(fish.pid), 'SIGKILL')
+  opts.signal?.addEventListener('abort', onAbort, { once: true })
+  try {
+    fish = await startFish(disks, env, timeoutMs)
+    await fish.run(['run'])
+    const result = empty('', layout)
+    result.inspected = true
+    result.skipped = null
+    const fsList = (await fish.run(['list-filesystems'])).split('\n').map((l) => /^(\S+):\s*(\S+)/.exec(l)).filter((m): m is RegExpExecArray => !!m)
+    for (const [, device, type] of fsList) {
+      if (type === 'unknown' || type === 'swap') continue
+      const uuid = ((await fish.tryRun(['vfs-uuid', device!])) ?? '').trim()
+      const label = ((await fish.tryRun(['vfs-label', device!])) ?? '').trim()
+      result.filesystems.push({ device: device!, type: type!, uuid, label })
+      if (type === 'vfat') result.esp = true
+    }
+    const roots = (await fish.run(['inspect-os'])).split('\n').map((s) => s.trim()).filter(Boolean)
+    if (roots.length === 0) {
+      result.seconds = (Date.now() - t0) / 1000
+      return result
+    }
+    const root = roots[0]!
+    const get = async (cmd: string) => ((await fish!.tryRun([cmd, root])) ?? '').trim()
+    result.os = { type: await get('inspect-get-type'), distro: await get('inspect-get-distro'), product: await get('inspect-get-product-name') }
+    const mps = (await fish.run(['inspect-get-mountpoints', root]))
+      .split('\n')
+      .map((l) => /^(\S+):\s*(\S+)/.exec(l))
+      .filter((m): m is RegExpExecArray => !!m)
+      .map((m) => ({ mp: m[1]!, dev: m[2]! }))
+      .sort((a, b) => a.mp.length - b.mp.length)
+    for (const { mp, dev } of mps) await fish.tryRun(['mount-ro', dev, mp])
+    if (result.os.type !== 'linux') {
+      result.seconds = (Date.now() - t0) / 1000
+      return result
+    }
+    const cat = async (p: string) => ((await fish!.tryRun(['is-file', p]))?.trim() === 'true' ? ((await fish!.tryRun(['cat', p])) ?? '') : null)
+    result.fstab = parseFstab((await cat('/etc/fstab')) ?? '')
+    let entry: ReturnType<typeof grubDefaultEntry> = null
+    for (const p of ['/boot/grub/grub.cfg', '/boot/grub2/grub.cfg']) {
+      const cfg = await cat(p)
+      if (cfg && (entry = grubDefaultEntry(cfg))) break
+    }
+    const boot = ((await fish.tryRun(['ls', '/boot'])) ?? '').split('\n').map((s) => s.trim()).filter(Boolean)
+    result.kernelVersion = entry?.version ?? boot.filter((f) => f.startsWith('vmlinuz-')).map((f) => f.slice(8)).sort().pop() ?? null
+    result.kernelCmdline = entry?.cmdline ?? null
+    result.rootSpec = (entry && rootOfCmdline(entry.cmdline)) ?? result.fstab.find((f) => f.mountpoint === '/')?.spec ?? null
+    const ver = result.kernelVersion
+    if (ver) {
+      const initrdName = entry?.initrd ? path.posix.basename(entry.initrd) : null
+      const candidates = [initrdName, `initrd.img-${ver}`, `initramfs-${ver}.img`].filter((s): s is string => !!s)
+      const initrd = candidates.find((c) => boot.includes(c))
+      if (initrd) {
+        result.initramfs = `/boot/${initrd}`
+        const local = path.join(work, 'initrd')
+        await fish.run(['download', result.initramfs, local])
+        const ls = await exec('lsinitramfs', [local], env, 120_000)
+        result.initramfsModules = moduleNames(ls.stdout.split('\n'))
+        await rm(local, { force: true })
+      }
+      const builtin = await cat(`/lib/modules/${ver}/modules.builtin`)
+      result.builtinModules = moduleNames((builtin ?? '').split('\n'))
+      const dep = await cat(`/lib/modules/${ver}/modules.dep`)
+      result.installedModules = moduleNames((dep ?? '').split('\n').map((l) => l.split(':')[0]!))
+    }
+    result.seconds = (Date.now() - t0) / 1000
+    return result
+  } catch (e) {
+    const r = empty(`libguestfs inspection failed: ${(e as Error).message}`, layout)
+    r.seconds = (Date.now() - t0) / 1000
+    return r
+  } finally {
+    opts.signal?.removeEventListener('abort', onAbort)
+    if (fish) {
+      await fish.tryRun(['exit'])
+      try {
+        process.kill(Number(fish.pid), 0)
+        process.kill(Number(fish.pid), 'SIGKILL')
+      } catch {
+        // already gone
+      }
+    }
+    await rm(work, { recursive: true, force: true })
+  }
+}

@@ -1,0 +1,182 @@
+/**
+ * Real Debian 12 guests (fixtures/guest-image.ts: debootstrap, linux-image-amd64, GRUB, a systemd
+ * unit after local-fs.target printing a marker on ttyS0), exported as other hypervisors would and
+ * imported through the HTTP API (file sink, libvirt + qemu under TCG, no
+ * MIGRATOR_BOOT_SERIAL_PATTERN): each guest must reach its marker, the job must record the disk bus
+ * and NIC model it chose and a verified boot; the guest whose root UUID does not exist must end
+ * `E_MIG_GUEST_BOOT_FAILED` fast, never `Completed`.
+ *
+ * A representative matrix, not the cartesian product (README "Boot check"):
+ * - generic initramfs, OVA (streamOptimized VMDK)             -> virtio-blk
+ * - host-only PVSCSI initramfs, VMX folder (PVSCSI, monolithicSparse, vmxnet3) -> pvscsi
+ * - host-only LSI Logic SAS initramfs, VHDX (no descriptor)   -> lsisas1068
+ * - host-only SATA initramfs, VirtualBox folder (AHCI)        -> sata
+ * - /dev/sda3 in fstab and on the kernel line, VMDK           -> virtio-scsi (sd names)
+ * - UEFI only (no BIOS boot code), QCOW2 (no descriptor)     -> firmware efi detected from the disk
+ * - root UUID that does not exist, OVA                        -> E_MIG_GUEST_BOOT_FAILED before start
+ * The jobs run on one server two at a time; each domain is destroyed as soon as its job ends.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { chmodSync, mkdirSync, readFileSync } from 'node:fs'
+import * as path from 'node:path'
+import { GUEST_MARKER, guestBuildTimings, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
+import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
+import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { startServer, type RunningServer } from '../helpers/server.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const PREFIX = 'i11-'
+const BOOT_TIMEOUT_S = 1800
+
+interface Case {
+  variant: GuestVariant
+  kind: string
+  hw?: ExportHardware
+  disk_bus: string
+  firmware: 'bios' | 'efi'
+}
+
+const CASES: Case[] = [
+  { variant: 'generic', kind: 'ova_archive', disk_bus: 'virtio-blk', firmware: 'bios' },
+  { variant: 'pvscsi', kind: 'vmx_folder', hw: { controller: 'pvscsi' }, disk_bus: 'pvscsi', firmware: 'bios' },
+  { variant: 'lsisas', kind: 'vhdx', disk_bus: 'lsisas1068', firmware: 'bios' },
+  { variant: 'sata', kind: 'vbox_folder', hw: { controller: 'sata' }, disk_bus: 'sata', firmware: 'bios' },
+  { variant: 'sdx', kind: 'vmdk', disk_bus: 'virtio-scsi', firmware: 'bios' },
+  { variant: 'uefi', kind: 'qcow2', disk_bus: 'virtio-blk', firmware: 'efi' },
+]
+
+function virsh(...args: string[]): string {
+  try {
+    return execFileSync('virsh', ['-c', 'qemu:///system', ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
+  } catch {
+    return 'absent'
+  }
+}
+
+/** What a finished job left: the job, its serial log, the domain state and XML at the end (then the domain is destroyed). */
+interface Outcome {
+  job: any
+  serial: string
+  domstate: string
+  xml: string
+  states: string[]
+  /** `updated_at` of the job when it entered Starting (ISO), from the SSE stream. */
+  startingAt: string | null
+}
+
+describe('real Debian guests boot after import (TCG), and Completed means booted', () => {
+  const t = tempDir('mig-i11-')
+  const importRoot = path.join(t.dir, 'imports')
+  let srv: RunningServer
+  let images: Record<GuestVariant, GuestImage>
+  const outcomes = new Map<string, Promise<Outcome>>()
+  let stream: ReturnType<typeof openStream>
+
+  beforeAll(async () => {
+    const t0 = Date.now()
+    images = guestImages()
+    const timings = guestBuildTimings()
+    console.log(`guest images ready in ${((Date.now() - t0) / 1000).toFixed(1)} s (build timings: ${JSON.stringify(timings)})`)
+    chmodSync(t.dir, 0o755)
+    mkdirSync(importRoot, { recursive: true })
+    await ensureLibvirt()
+    await cleanupDomains(PREFIX)
+    srv = await startServer('bun', t.dir, {
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+      MIGRATOR_BOOT_GRACE_SECONDS: '1',
+      MIGRATOR_BOOT_TIMEOUT_SECONDS: String(BOOT_TIMEOUT_S),
+      MIGRATOR_MAX_JOBS: '2',
+    })
+    stream = openStream(srv.base)
+    await stream.ready
+    // The broken guest first: it never boots, so its job ends at once and does not wait behind boots.
+    const all: Array<{ variant: GuestVariant; kind: string; hw?: ExportHardware }> = [{ variant: 'broken', kind: 'ova_archive' }, ...CASES]
+    for (const c of all) {
+      const name = `${PREFIX}${c.variant}`
+      const input = buildInput(c.kind, importRoot, `in-${c.variant}`, [images[c.variant].path], {}, c.hw)
+      const job = await submit(srv.base, offlinePlan(c.kind, path.relative(importRoot, input.path), { name }))
+      outcomes.set(
+        c.variant,
+        (async () => {
+          // Measured from submission: a job may wait behind two slow TCG boots on a loaded host.
+          const done = await waitJob(srv.base, job.id, undefined, 40 * 60_000)
+          const serialLog = path.join(t.dir, 'logs', `${job.id}.serial.log`)
+          let serial = ''
+          try {
+            serial = readFileSync(serialLog, 'latin1')
+          } catch {
+            serial = ''
+          }
+          const out: Outcome = {
+            job: done,
+            serial,
+            domstate: virsh('domstate', name),
+            xml: virsh('dumpxml', name),
+            states: stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state),
+            startingAt: stream.events.find((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === 'Starting')?.data.updated_at ?? null,
+          }
+          virsh('destroy', name) // free the CPU for the other boots
+          return out
+        })(),
+      )
+    }
+  }, 45 * 60_000)
+
+  afterAll(async () => {
+    stream?.close()
+    await srv?.stop()
+    await cleanupDomains(PREFIX)
+    await stopLibvirt()
+    t.cleanup()
+  })
+
+  for (const c of CASES) {
+    test(
+      `${c.variant} guest as ${c.kind}: Completed on ${c.disk_bus} (${c.firmware}), boot verified, marker after local-fs.target on the serial console`,
+      async () => {
+        const o = await outcomes.get(c.variant)!
+        expect([o.job.state, o.job.last_error]).toEqual(['Completed', null])
+        expect(o.states.at(-1)).toBe('Completed')
+        expect(o.serial).toContain(GUEST_MARKER)
+        expect(o.domstate).toBe('running')
+        expect(o.job.hardware.disk_bus).toBe(c.disk_bus)
+        expect(o.job.hardware.firmware).toBe(c.firmware)
+        expect(o.job.hardware.inspected).toBe(true)
+        expect(o.job.hardware.boot.verified).toBe(true)
+        expect(o.job.hardware.reason).toContain(`disk bus ${c.disk_bus}`)
+        // The guests have virtio_net installed: virtio NIC, whatever the source had.
+        expect(o.job.hardware.nic_model).toBe('virtio')
+        expect(o.xml).toContain("<panic model='isa'")
+        if (c.firmware === 'efi') expect(o.xml).toContain('OVMF_CODE')
+        if (c.disk_bus === 'pvscsi') expect(o.xml).toContain("model='vmpvscsi'")
+        if (c.disk_bus === 'lsisas1068') expect(o.xml).toContain("model='lsisas1068'")
+        if (c.disk_bus === 'sata') expect(o.xml).toContain("bus='sata'")
+      },
+      45 * 60_000,
+    )
+  }
+
+  test(
+    'broken guest (root UUID that does not exist): E_MIG_GUEST_BOOT_FAILED naming the UUID, fast, never Completed, domain defined but not running',
+    async () => {
+      const o = await outcomes.get('broken')!
+      expect(o.job.state).toBe('Failed')
+      expect(o.job.last_error.code).toBe('E_MIG_GUEST_BOOT_FAILED')
+      expect(o.job.last_error.fatal).toBe(true)
+      expect(o.job.last_error.message).toContain('root device UUID=00000000-dead-beef-0000-000000000000')
+      expect(o.states).not.toContain('Completed')
+      expect(o.states).toContain('Starting')
+      expect(o.job.hardware.boot).toBeNull()
+      expect(o.job.domain).toBe(`${PREFIX}broken`)
+      expect(o.domstate).toBe('shut off')
+      // Decided from evidence, not after a blind timeout: far less than the boot timeout.
+      expect(o.startingAt).not.toBeNull()
+      const startingToEnd = (Date.parse(o.job.finished_at) - Date.parse(o.startingAt!)) / 1000
+      console.log(`broken guest: Starting -> Failed in ${startingToEnd.toFixed(1)} s (boot timeout ${BOOT_TIMEOUT_S} s)`)
+      expect(startingToEnd).toBeLessThan(BOOT_TIMEOUT_S / 5)
+    },
+    45 * 60_000,
+  )
+})

@@ -107,7 +107,10 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     const done = await waitJob(srv.base, job.id)
     expect([done.state, done.last_error.code]).toEqual(['Cancelled', 'E_MIG_CANCELLED'])
     expect(existsSync(path.join(t.dir, 'volumes', 'migrations', job.id))).toBe(false)
+    // The worker exits right after reporting the terminal state (give it a moment on a loaded machine).
+    for (let i = 0; i < 50 && workerPid(job.id) !== null; i++) await new Promise((r) => setTimeout(r, 100))
     expect(workerPid(job.id)).toBeNull()
+    expect(qemuNbdServing(path.join(importRoot, 'big'), 'qemu-img convert')).toEqual([])
   }, 120_000)
 
   test('20 jobs submitted at once with the limit of 2 all complete, never more than 2 running', async () => {

@@ -417,7 +417,9 @@ async function* qemuRanges(reader: DiskReader, from: number, size: number, flush
  * - ranges with no data extents are not given to qemu-img: `volume.zero()` (nothing on a fresh
  *   volume); zeros inside ranges are skipped by qemu-img, never written;
  * - progress after each qemu-img progress line (`bytes_done` inside the range by qemu-img's
- *   fraction), the bandwidth cap as qemu-img's `-r`, cancel kills qemu-img.
+ *   fraction), the bandwidth cap as qemu-img's `-r` inside a range and a pause between ranges
+ *   (each qemu-img starts with a fresh budget) so the data extents read stay under the cap
+ *   overall, cancel kills qemu-img (and ends a pause).
  * `bytes_read`/`bytes_written` count the data extents of the ranges copied, `bytes_zero` the
  * zero extents. Errors as {@link copyDisk}.
  */
@@ -438,6 +440,8 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
     if (c) await c
   }
   const progress = (done: number) => opts.onProgress({ bytes_done: done, bytes_zero: res.bytes_zero, watermark, bytes_read: res.bytes_read })
+  const rate = opts.maxBytesPerSecond ?? 0
+  const t0 = performance.now()
   try {
     for await (const r of qemuRanges(reader, from, size, flushEvery, label)) {
       if (signal.aborted) throw cancelled(label, r.offset)
@@ -470,6 +474,11 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
       })
       checkpoint.catch(() => {}) // observed in awaitCheckpoint
       progress(r.end)
+      // Each qemu-img starts with a fresh rate budget: the cap also holds across ranges.
+      if (rate > 0) {
+        const ahead = (res.bytes_read / rate) * 1000 - (performance.now() - t0)
+        if (ahead > 1) await sleep(ahead, undefined, { signal }).catch(() => {})
+      }
     }
     if (signal.aborted) throw cancelled(label, size)
     await awaitCheckpoint()

@@ -372,6 +372,20 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
   })
 
+  test('the cap also holds across ranges (each qemu-img starts with a fresh budget): 8 MiB in 1 MiB ranges at 4 MiB/s takes at least 1.5 s', async () => {
+    const src = rawSource('q-cap2.raw', 8 * MiB, 8 * MiB)
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q5') })
+    const q = await openDiskReader(rawDisk(src.path, 8 * MiB))
+    const v = await sink.create('q5', 'disk0', 8 * MiB)
+    const t0 = performance.now()
+    await copyDisk(q, v, { from: 0, signal: new AbortController().signal, flushEveryBytes: MiB, maxBytesPerSecond: 4 * MiB, onProgress() {}, async onWatermark() {} })
+    const sec = (performance.now() - t0) / 1000
+    await v.close()
+    await q.close()
+    expect(sec).toBeGreaterThanOrEqual(1.5)
+    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
+  })
+
   test('a resumed volume holding stale bytes above the watermark ends bit-exact: the zero areas of the range are discarded, not left stale', async () => {
     const src = rawSource('q-stale.raw', 16 * MiB, 4 * MiB)
     const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q4') })

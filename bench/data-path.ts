@@ -32,14 +32,11 @@ import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/he
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
 import { startServer } from '../test/helpers/server.ts'
 import { LAYOUTS, makeRawLayout, type Layout } from './layouts.ts'
-import { allocatedBytes, sampleWorkerPeakRss } from './source.ts'
+import { allocatedBytes, alternate, cliArg, median, sampleWorkerPeakRss } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
-const arg = (name: string, dflt: string) => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i > 0 ? process.argv[i + 1]! : dflt
-}
+const arg = cliArg
 const size = Math.round(Number(arg('size', '8')) * GiB)
 const layouts = arg('layouts', 'runs,alternating,long,sparse,ext4').split(',') as Layout[]
 const kinds = arg('kinds', 'qcow2').split(',')
@@ -119,10 +116,6 @@ function tarMemberOffset(tar: string, name: string): { offset: number; size: num
 }
 
 
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b)
-  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
-}
 const mbs = (sec: number) => size / MiB / sec
 const span = (xs: number[]) => `${median(xs).toFixed(0)} [${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)}]`
 
@@ -189,16 +182,7 @@ try {
         peak = Math.max(peak, hwm)
         lastJob = { id: job.id, label: done.progress.disks[0].label }
       }
-      for (let r = 0; r < reps; r++) {
-        last = r === reps - 1
-        if (r % 2 === 0) {
-          await runRef()
-          await runOurs()
-        } else {
-          await runOurs()
-          await runRef()
-        }
-      }
+      await alternate(reps, runRef, runOurs, (r) => (last = r === reps - 1))
       const img = volumePath(base, lastJob!.id, lastJob!.label)
       // Byte equality by `cmp` (sha256sum of two 8 GiB files costs minutes on this shared machine;
       // equal bytes mean equal sha256).

@@ -112,3 +112,32 @@ export function sampleWorkerPeakRss(jobId: string): { stop(): number } {
     },
   }
 }
+
+/** The value after `--<name>` on the command line, else `dflt`. */
+export function cliArg(name: string, dflt: string): string {
+  const i = process.argv.indexOf(`--${name}`)
+  return i > 0 ? process.argv[i + 1]! : dflt
+}
+
+/** Median of `xs` (mean of the two middle values for an even count). */
+export function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b)
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
+}
+
+/**
+ * Runs `reps` repetitions of both sides, alternating the order (reference first on even
+ * repetition indexes, ours first on odd ones); `onRep(r)` runs before each repetition.
+ */
+export async function alternate(reps: number, runRef: () => Promise<void>, runOurs: () => Promise<void>, onRep: (r: number) => void = () => {}): Promise<void> {
+  for (let r = 0; r < reps; r++) {
+    onRep(r)
+    if (r % 2 === 0) {
+      await runRef()
+      await runOurs()
+    } else {
+      await runOurs()
+      await runRef()
+    }
+  }
+}

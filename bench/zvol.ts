@@ -22,13 +22,11 @@ import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../lib/pipeline/readers/open.ts'
 import { ZvolSink } from '../lib/sink/zvol.ts'
 import { makeRawLayout, type Layout } from './layouts.ts'
+import { alternate, cliArg, median } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
-const arg = (name: string, dflt: string) => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i > 0 ? process.argv[i + 1]! : dflt
-}
+const arg = cliArg
 const size = Math.round(Number(arg('size', '2')) * GiB)
 const layout = arg('layout', 'runs') as Layout
 const reps = Math.max(1, Number(arg('reps', '3')))
@@ -80,16 +78,7 @@ try {
     ourSec.push((performance.now() - t0) / 1000)
     equal &&= same()
   }
-  for (let r = 0; r < reps; r++) {
-    if (r % 2 === 0) {
-      await runRef()
-      await runOurs()
-    } else {
-      await runOurs()
-      await runRef()
-    }
-  }
-  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
+  await alternate(reps, runRef, runOurs)
   const mbs = (s: number) => (size / MiB / s).toFixed(0)
   const fmt = (xs: number[]) => `${mbs(median(xs))} [${mbs(Math.max(...xs))}-${mbs(Math.min(...xs))}]`
   console.log(`zvol block-device path (loop device standing in for the zvol, zfs TEST DOUBLE): ${layout} layout, ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB, ${reps} repetitions alternating`)

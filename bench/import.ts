@@ -16,13 +16,13 @@
  * Needs root, qemu-utils and libvirt (started here when not running).
  */
 import { execFileSync } from 'node:child_process'
-import { readFileSync, rmSync } from 'node:fs'
+import { rmSync } from 'node:fs'
 import * as path from 'node:path'
-import { offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../test/helpers/jobs.ts'
+import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
 import { startServer } from '../test/helpers/server.ts'
 import { tempDir } from '../test/helpers/tmp.ts'
-import { allocatedBytes, makeHalfFullQcow2, printComparison, qemuImgReference, sha256File, type CopyFigures } from './source.ts'
+import { allocatedBytes, makeHalfFullQcow2, printComparison, qemuImgReference, sampleWorkerPeakRss, sha256File, type CopyFigures } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -30,14 +30,6 @@ const size = Math.round(Number(process.argv[2] ?? 4) * GiB)
 const runtime = process.argv[3] === 'node' ? 'node' : 'bun'
 
 
-function vmHwm(pid: number): number {
-  try {
-    const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))
-    return m ? Number(m[1]) * 1024 : 0
-  } catch {
-    return 0
-  }
-}
 
 const t = tempDir('mig-bench-import-')
 const importRoot = path.join(t.dir, 'imports')
@@ -72,14 +64,9 @@ try {
     await stream.ready
     const job = await submit(srv.base, offlinePlan('qcow2', 'src.qcow2', { name: `migbench-${++runNo}`, start: false }))
     lastJob = job.id
-    let pid: number | null = null
-    let hwm = 0
-    const sampler = setInterval(() => {
-      pid ??= workerPid(job.id)
-      if (pid) hwm = Math.max(hwm, vmHwm(pid))
-    }, 50)
+    const rss = sampleWorkerPeakRss(job.id)
     const done = await waitJob(srv.base, job.id, undefined, 600_000)
-    clearInterval(sampler)
+    const hwm = rss.stop()
     stream.close()
     if (done.state !== 'Completed') throw new Error(`job ended ${done.state}: ${JSON.stringify(done.last_error)}`)
     const at = (state: string) => stream.events.find((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === state)

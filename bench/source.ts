@@ -4,8 +4,9 @@
  */
 import { execFileSync, spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { closeSync, openSync, statSync, writeSync } from 'node:fs'
+import { closeSync, openSync, readFileSync, statSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
+import { workerPid } from '../test/helpers/jobs.ts'
 
 /** Cluster size of the benchmark qcow2, bytes. */
 export const CLUSTER = 64 * 1024
@@ -84,4 +85,59 @@ export function printComparison(size: number, dataBytes: number, oursTitle: stri
   const equal = ref.sha256 === ours.sha256
   console.log(equal ? 'destinations are sha256-equal' : 'MISMATCH: destinations differ')
   if (!equal) process.exitCode = 1
+}
+
+/** VmHWM (peak resident set, bytes) of process `pid` from /proc; 0 when it is gone. */
+export function vmHwm(pid: number): number {
+  try {
+    const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))
+    return m ? Number(m[1]) * 1024 : 0
+  } catch {
+    return 0
+  }
+}
+
+/** Samples the VmHWM of job `jobId`'s worker every 50 ms; `stop()` ends sampling and returns the peak, bytes. */
+export function sampleWorkerPeakRss(jobId: string): { stop(): number } {
+  let pid: number | null = null
+  let hwm = 0
+  const sampler = setInterval(() => {
+    pid ??= workerPid(jobId)
+    if (pid) hwm = Math.max(hwm, vmHwm(pid))
+  }, 50)
+  return {
+    stop() {
+      clearInterval(sampler)
+      return hwm
+    },
+  }
+}
+
+/** The value after `--<name>` on the command line, else `dflt`. */
+export function cliArg(name: string, dflt: string): string {
+  const i = process.argv.indexOf(`--${name}`)
+  return i > 0 ? process.argv[i + 1]! : dflt
+}
+
+/** Median of `xs` (mean of the two middle values for an even count). */
+export function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b)
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
+}
+
+/**
+ * Runs `reps` repetitions of both sides, alternating the order (reference first on even
+ * repetition indexes, ours first on odd ones); `onRep(r)` runs before each repetition.
+ */
+export async function alternate(reps: number, runRef: () => Promise<void>, runOurs: () => Promise<void>, onRep: (r: number) => void = () => {}): Promise<void> {
+  for (let r = 0; r < reps; r++) {
+    onRep(r)
+    if (r % 2 === 0) {
+      await runRef()
+      await runOurs()
+    } else {
+      await runOurs()
+      await runRef()
+    }
+  }
 }

@@ -177,6 +177,16 @@ export function pinnedPath(file: string): string {
   return pin ? `/proc/self/fd/${pin.fd}` : file
 }
 
+/**
+ * How another process of this host opens `file` (qemu-img started by this worker): the pinned
+ * descriptor as `/proc/<this pid>/fd/<fd>` (the same open file, never the name again), or `file`
+ * outside a scope. Valid while the scope is open.
+ */
+export function pinnedProcPath(file: string): string {
+  const pin = scopeStorage.getStore()?.pin(file)
+  return pin ? `/proc/${process.pid}/fd/${pin.fd}` : file
+}
+
 /** The pinned descriptor of `file` in the active scope (undefined outside a scope or for a directory). */
 export function pinnedFd(file: string): number | undefined {
   return scopeStorage.getStore()?.pin(file)?.fd

@@ -52,6 +52,12 @@ export interface DiskProgress {
   eta_s: number | null
   /** Bytes durably written (flushed) from the start of the disk: a resumed copy starts here. */
   watermark: number
+  /**
+   * Bytes read from the source for this disk by the current worker attempt (reset when a worker
+   * resumes the job; the last attempt's figure once the job ended). A resumed copy reads only
+   * what lies above its durable watermark. Absent in progress written before this field existed.
+   */
+  bytes_read?: number
 }
 
 /**

@@ -40,11 +40,19 @@ export interface DiskArea {
  * - `read(offset, length, into?)`: exactly `length` bytes at `offset` (`offset + length <= size`,
  *   `length` at most 32 MiB). When `into` is given and at least `length` bytes long, the reader
  *   may fill it and return a view of it (buffer reuse); callers must use the returned buffer.
+ * - `qemuNode`: see the field.
  * - `close()`: releases files, sockets and child processes; never throws, idempotent.
  * Failures are `MigError('E_MIG_DISK_READ_FAILED')` naming the disk and offset.
  */
 export interface DiskReader {
   size: number
+  /**
+   * The qemu block node (a `json:` specification, QAPI `BlockdevOptions`) that reads as this
+   * disk's bytes, when qemu can open the source itself (qemu-nbd images, raw and flat files, tar
+   * members in place). When present, the copy loop may hand the byte moving to `qemu-img
+   * convert` (lib/pipeline/qemu-img-copy.ts); `extents()` is still used for ranges and counts.
+   */
+  qemuNode?: Record<string, unknown>
   extents(from: number): AsyncIterable<DiskExtent>
   read(offset: number, length: number, into?: Buffer): Promise<Buffer>
   close(): Promise<void>

@@ -56,7 +56,8 @@ export type CopyDiskFn = (
   opts: {
     from: number
     signal: AbortSignal
-    onProgress(p: { bytes_done: number; bytes_zero: number; watermark: number }): void
+    /** `bytes_read`: bytes read from the source in this run (absent: not counted). */
+    onProgress(p: { bytes_done: number; bytes_zero: number; watermark: number; bytes_read?: number }): void
     onWatermark(watermark: number): Promise<void>
     /** Expected digest of the reader's bytes (a raw disk file's `.mf` digest). */
     digest?: { algorithm: 'sha1' | 'sha256' | 'sha512'; hex: string }
@@ -299,12 +300,13 @@ async function copyOffline(
 
 async function copyOne(deps: OrchestratorDeps, reader: DiskReader, volume: SinkVolume, disk: ManifestDisk, from: number, tracker: ProgressTracker, emit: (force?: boolean) => void): Promise<void> {
   let zeroSeen = 0
-  await deps.copyDisk(reader, volume, {
+  const res = await deps.copyDisk(reader, volume, {
     from,
     signal: deps.signal,
     digest: copyReadsStoredBytes(disk) ? disk.source.digest : undefined,
     onProgress(p) {
       tracker.setDone(disk.label, p.bytes_done)
+      if (p.bytes_read !== undefined) tracker.setRead(disk.label, p.bytes_read)
       tracker.add(disk.label, 0, p.bytes_zero - zeroSeen)
       zeroSeen = p.bytes_zero
       emit()
@@ -314,6 +316,7 @@ async function copyOne(deps: OrchestratorDeps, reader: DiskReader, volume: SinkV
       tracker.setWatermark(disk.label, w)
     },
   })
+  tracker.setRead(disk.label, res.bytes_read)
   tracker.finish(disk.label)
   await deps.watermarks.set(deps.jobId, { disk_label: disk.label, watermark_bytes: disk.capacity_bytes, capacity_bytes: disk.capacity_bytes }, deps.now().toISOString())
 }

@@ -29,7 +29,7 @@ export class ProgressTracker {
   constructor(disks: Array<{ label: string; capacity_bytes: number }>, resumed: Map<string, number> = new Map(), private readonly clock: () => number = () => Date.now()) {
     this.disks = disks.map((d) => {
       const w = Math.min(resumed.get(d.label) ?? 0, d.capacity_bytes)
-      return { label: d.label, capacity_bytes: d.capacity_bytes, bytes_done: w, bytes_zero: 0, watermark: w, samples: [] }
+      return { label: d.label, capacity_bytes: d.capacity_bytes, bytes_done: w, bytes_zero: 0, watermark: w, bytes_read: 0, samples: [] }
     })
   }
 
@@ -50,6 +50,11 @@ export class ProgressTracker {
   setDone(label: string, bytesDone: number): void {
     const d = this.disk(label)
     d.bytes_done = Math.min(d.capacity_bytes, Math.max(d.watermark, bytesDone))
+  }
+
+  /** Sets the bytes read from the source for disk `label` by this attempt. */
+  setRead(label: string, bytesRead: number): void {
+    this.disk(label).bytes_read = bytesRead
   }
 
   /** Records a durable watermark of disk `label`. */

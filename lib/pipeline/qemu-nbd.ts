@@ -94,10 +94,14 @@ export async function probeImageFormat(path: string): Promise<DiskFormat> {
 
 /**
  * The qemu block-node specification of {@link QemuNbdOptions} (the object after `json:`).
- * Throws `E_MIG_DISK_READ_FAILED` for an inconsistent offset/length or an unreadable parent.
+ * `fileOf` names each file for the process that opens the node (default: the path itself; a
+ * child's inherited descriptor, {@link childFile}; or this process's, `pinnedProcPath`). Throws `E_MIG_DISK_READ_FAILED` for an inconsistent offset/length or an unreadable parent.
  */
-export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format' | 'offset' | 'length' | 'backingChain'>, childFds?: number[]): Promise<Node> {
-  let file: Node = { driver: 'file', filename: childFile(opts.path, childFds) }
+export async function qemuBlockSpec(
+  opts: Pick<QemuNbdOptions, 'path' | 'format' | 'offset' | 'length' | 'backingChain'>,
+  fileOf: (path: string) => string = (p) => p,
+): Promise<Node> {
+  let file: Node = { driver: 'file', filename: fileOf(opts.path) }
   if (opts.offset !== undefined || opts.length !== undefined) {
     if (!Number.isSafeInteger(opts.offset) || !Number.isSafeInteger(opts.length) || opts.offset! < 0 || opts.length! <= 0) {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${opts.path}: a member range needs a non-negative offset and a positive length`)
@@ -108,7 +112,7 @@ export async function qemuBlockSpec(opts: Pick<QemuNbdOptions, 'path' | 'format'
   let node = top
   for (const parent of opts.backingChain ?? []) {
     const fmt = await probeImageFormat(parent)
-    const p: Node = { driver: fmt, 'read-only': true, file: { driver: 'file', filename: childFile(parent, childFds) } }
+    const p: Node = { driver: fmt, 'read-only': true, file: { driver: 'file', filename: fileOf(parent) } }
     node.backing = p
     node = p
   }
@@ -125,7 +129,7 @@ export async function startQemuNbd(opts: QemuNbdOptions): Promise<QemuNbdServer>
   const label = opts.label ?? opts.path
   if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', `${label}: cancelled before qemu-nbd started`)
   const fds: number[] = []
-  const spec = await qemuBlockSpec(opts, fds)
+  const spec = await qemuBlockSpec(opts, (p) => childFile(p, fds))
   const dir = mkdtempSync(join(tmpdir(), `${SOCKET_DIR_PREFIX}${process.pid}-`))
   const socketPath = join(dir, 'nbd.sock')
   const args = ['--read-only', '--persistent', '--shared=4', `--socket=${socketPath}`, `json:${JSON.stringify(spec)}`]

@@ -80,7 +80,7 @@ export class FileSink implements Sink {
       if (r.code !== 0) this.punchBroken = true
       return r.code === 0
     }
-    return new HandleVolume(fh, path, capacityBytes, 4096, { fresh, discard })
+    return new HandleVolume(fh, path, capacityBytes, 4096, { fresh, discard, qemuDriver: 'file' })
   }
 
   /**

@@ -12,6 +12,7 @@
  * - `capacity`: size of the volume as created (at least the requested capacity).
  * - `blockSize`: granularity at which zero runs are worth detecting and discarding (file sink:
  *   4 KiB filesystem blocks; zvol: the 64 KiB volblocksize). Optional for test doubles.
+ * - `qemuTarget`: see the field.
  * - `write(offset, buf)`: writes all of `buf` at `offset`.
  * - `zero(offset, length)`: makes the range read as zeros, discarding it where possible
  *   (a range never written on a freshly created volume needs no I/O).
@@ -23,6 +24,14 @@ export interface SinkVolume {
   path: string
   capacity?: number
   blockSize?: number
+  /**
+   * How qemu opens this volume for writing (`qemu-img convert -n` into a range of it), when it
+   * can: `node` is the qemu block node (`file` for an image file, `host_device` for a block
+   * device); `isZero(offset)` tells whether everything from `offset` on still reads as zeros
+   * (a fresh volume never written there); `noteWritten(end)` records that bytes up to `end` may
+   * have been written outside `write()`.
+   */
+  qemuTarget?: { node: Record<string, unknown>; isZero(offset: number): boolean; noteWritten(end: number): void }
   write(offset: number, buf: Buffer): Promise<void>
   zero(offset: number, length: number): Promise<void>
   flush(): Promise<void>

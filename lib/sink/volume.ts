@@ -36,7 +36,8 @@ export type Discarder = (offset: number, length: number) => Promise<boolean>
  * `fresh`: the volume was just created and reads as zeros everywhere, so zero runs beyond
  * everything written through this object need no I/O. `discard`: punches/discards a range
  * (runs of at least {@link DISCARD_MIN_BYTES}, aligned to `discardAlign`); when it answers
- * false or is absent, the range is overwritten with zeros.
+ * false or is absent, the range is overwritten with zeros. `qemuDriver`: how qemu opens `path`
+ * (`file` or `host_device`), which enables {@link SinkVolume.qemuTarget}.
  */
 export class HandleVolume implements SinkVolume {
   private writtenEnd = 0
@@ -47,8 +48,21 @@ export class HandleVolume implements SinkVolume {
     readonly path: string,
     readonly capacity: number,
     readonly blockSize: number,
-    private readonly opts: { fresh: boolean; discard?: Discarder; discardAlign?: number },
-  ) {}
+    private readonly opts: { fresh: boolean; discard?: Discarder; discardAlign?: number; qemuDriver?: 'file' | 'host_device' },
+  ) {
+    if (opts.qemuDriver) {
+      this.qemuTarget = {
+        node: { driver: opts.qemuDriver, filename: path },
+        isZero: (offset: number) => this.opts.fresh && offset >= this.writtenEnd,
+        noteWritten: (end: number) => {
+          if (end > this.writtenEnd) this.writtenEnd = end
+        },
+      }
+    }
+  }
+
+  /** See {@link SinkVolume.qemuTarget}: set when `opts.qemuDriver` names the qemu driver of `path`. */
+  readonly qemuTarget?: SinkVolume['qemuTarget']
 
   private check(what: string, offset: number, length: number): void {
     if (this.closed) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${this.path}: ${what} at offset ${offset} after close`)

@@ -118,7 +118,8 @@ export class ZvolSink implements Sink {
       if (r.code !== 0) this.discardBroken = true
       return r.code === 0
     }
-    return new HandleVolume(fh, dev, devSize ?? volsize, ZVOL_BLOCK, { fresh, discard, discardAlign: ZVOL_BLOCK })
+    const isBlock = await fh.stat().then((st) => st.isBlockDevice(), () => false)
+    return new HandleVolume(fh, dev, devSize ?? volsize, ZVOL_BLOCK, { fresh, discard, discardAlign: ZVOL_BLOCK, qemuDriver: isBlock ? 'host_device' : 'file' })
   }
 
   /**

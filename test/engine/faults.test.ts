@@ -23,12 +23,12 @@ const PREFIX = 'migflt-'
 const MiB = 1024 * 1024
 const SLOW = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(48 * MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(16 * MiB), MIGRATOR_DOMAIN_TYPE: 'qemu' }
 
-/** Pids of qemu-nbd processes serving an image under `dir`. */
-function qemuNbdServing(dir: string): number[] {
-  // qemu-nbd reads its input through an inherited descriptor (/dev/fd/3): match by open files.
+/** Pids of qemu-nbd (or, with `tool`, another qemu program such as qemu-img) processes holding an image under `dir` open. */
+function qemuNbdServing(dir: string, tool = 'qemu-nbd'): number[] {
+  // qemu reads its input through a descriptor (/dev/fd/3, /proc/<pid>/fd/N): match by open files.
   let pids: number[]
   try {
-    pids = execFileSync('pgrep', ['-x', 'qemu-nbd'], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
+    pids = execFileSync('pgrep', ['-x', tool.split(' ')[0]!], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
   } catch {
     return []
   }
@@ -52,6 +52,11 @@ function nbdSocketDirsOf(pid: number): string[] {
   return readdirSync(tmpdir()).filter((n) => n.startsWith(`mig-nbd-${pid}-`))
 }
 
+/** Bytes of data in big.raw (its first bytes; the rest is a hole). */
+const BIG_DATA = 192 * MiB
+/** The flush interval of {@link SLOW}. */
+const FLUSH = 16 * MiB
+
 /** A raw image of `size` bytes, random data in its first `dataBytes`, then a hole. */
 function randomImage(file: string, size: number, dataBytes: number): string {
   const fd = openSync(file, 'w')
@@ -71,7 +76,7 @@ describe('engine faults (real server, worker processes, file sink)', () => {
   beforeAll(async () => {
     chmodSync(t.dir, 0o755)
     mkdirSync(importRoot, { recursive: true })
-    raw = randomImage(path.join(t.dir, 'big.raw'), 320 * MiB, 192 * MiB)
+    raw = randomImage(path.join(t.dir, 'big.raw'), 320 * MiB, BIG_DATA)
     buildInput('qcow2', importRoot, 'big', [raw])
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
@@ -102,14 +107,20 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     stream.close()
     expect(done.state).toBe('Completed')
     expect(fileSha256(volumePath(t.dir, job.id, done.progress.disks[0].label))).toBe(fileSha256(raw))
-    // Nothing below the durable watermark was copied again: progress after the kill never fell under it.
+    // Nothing below the durable watermark was read again: the restarted worker's bytes read from
+    // the source (progress.disks[].bytes_read, counted per attempt) are at most the data above the
+    // watermark plus one flush interval. A copy restarting from zero would read all 192 MiB.
     const after = stream.events.slice(killedAt).filter((e) => e.data.id === job.id && e.event === 'progress')
     expect(after.length).toBeGreaterThan(0)
-    expect(Math.min(...after.map((e) => e.data.progress.bytes_done))).toBeGreaterThanOrEqual(durable)
-    // The killed worker's qemu-nbd went with it (the supervisor ends the dead worker's process group).
+    const readAfter = done.progress.disks[0].bytes_read
+    expect(readAfter).toBeGreaterThan(0)
+    expect(readAfter).toBeLessThanOrEqual(BIG_DATA - durable + FLUSH)
+    expect(BIG_DATA - durable + FLUSH).toBeLessThan(BIG_DATA)
+    // The killed worker's qemu-nbd and qemu-img went with it (the supervisor ends the dead worker's process group).
     expect(qemuNbdServing(path.join(importRoot, 'big'))).toEqual([])
     // ... and its socket directory too (issue 12 item 6).
     expect(nbdSocketDirsOf(pid!)).toEqual([])
+    expect(qemuNbdServing(path.join(importRoot, 'big'), 'qemu-img convert')).toEqual([])
   }, 120_000)
 
   test('cancel mid-copy: 202, the job ends Cancelled with E_MIG_CANCELLED and its destination files are gone', async () => {
@@ -121,7 +132,10 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     const done = await waitJob(srv.base, job.id)
     expect([done.state, done.last_error.code]).toEqual(['Cancelled', 'E_MIG_CANCELLED'])
     expect(existsSync(path.join(t.dir, 'volumes', 'migrations', job.id))).toBe(false)
+    // The worker exits right after reporting the terminal state (give it a moment on a loaded machine).
+    for (let i = 0; i < 50 && workerPid(job.id) !== null; i++) await new Promise((r) => setTimeout(r, 100))
     expect(workerPid(job.id)).toBeNull()
+    expect(qemuNbdServing(path.join(importRoot, 'big'), 'qemu-img convert')).toEqual([])
   }, 120_000)
 
   test('20 jobs submitted at once with the limit of 2 all complete, never more than 2 running', async () => {
@@ -239,6 +253,9 @@ describe('engine faults (real server, worker processes, file sink)', () => {
       const progress = stream.events.filter((e) => e.data.id === job.id && e.event === 'progress')
       expect(progress.length).toBeGreaterThan(0)
       expect(Math.min(...progress.map((e) => e.data.progress.bytes_done))).toBeGreaterThanOrEqual(durable)
+      // The new server's worker read at most the data above the watermark plus one flush interval.
+      expect(done.progress.disks[0].bytes_read).toBeGreaterThan(0)
+      expect(done.progress.disks[0].bytes_read).toBeLessThanOrEqual(BIG_DATA - durable + FLUSH)
       expect(readdirSync(path.join(d, 'volumes', 'migrations', job.id))).toEqual([`${path.basename(volumePath(d, job.id, done.progress.disks[0].label))}`])
     } finally {
       await s2.stop()

@@ -95,8 +95,9 @@ function memVolume(size: number): SinkVolume & { bytes: Buffer; log: string[]; f
 }
 
 describe('copyDisk', () => {
-  test('resume: copy until a watermark, then continue from it with a new reader; bit-exact, the second run reads only the rest', async () => {
-    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
+  for (const engine of ['node', 'qemu-img'] as const)
+  test(`resume (${engine} engine): copy until a watermark, then continue from it with a new reader; bit-exact, the second run reads only the rest`, async () => {
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, `var-${engine}`) })
     const ac = new AbortController()
     let watermark = 0
     const r1 = await openDiskReader(qcowDisk())
@@ -106,7 +107,8 @@ describe('copyDisk', () => {
       await copyDisk(r1, v1, {
         from: 0,
         signal: ac.signal,
-        flushEveryBytes: 8 * MiB,
+        engine,
+        flushEveryBytes: engine === 'node' ? 8 * MiB : MiB,
         onProgress() {},
         async onWatermark(w) {
           watermark = w
@@ -122,18 +124,19 @@ describe('copyDisk', () => {
     expect((err as MigError).code).toBe('E_MIG_CANCELLED')
     expect(watermark).toBeGreaterThanOrEqual(32 * MiB)
     expect(watermark).toBeLessThan(SIZE)
-    expect(watermark % (4 * MiB)).toBe(0)
+    expect(watermark % (engine === 'node' ? 4 * MiB : 512)).toBe(0)
 
     // A new process would reopen the volume (resume) and a new reader.
     const r2 = await openDiskReader(qcowDisk())
     const v2 = await sink.create('job-resume', 'disk0', SIZE)
     const marks: number[] = []
-    const res = await copyDisk(r2, v2, { from: watermark, signal: new AbortController().signal, onProgress() {}, async onWatermark(w) { marks.push(w) } })
+    const res = await copyDisk(r2, v2, { from: watermark, signal: new AbortController().signal, engine, onProgress() {}, async onWatermark(w) { marks.push(w) } })
     await v2.close()
     await r2.close()
     expect(res.bytes_read).toBe(dataFrom(watermark))
     expect(res.bytes_read).toBeLessThan(PIECES.reduce((a, [, l]) => a + l, 0))
-    expect(marks).toEqual([SIZE])
+    expect(marks[marks.length - 1]).toBe(SIZE)
+    if (engine === 'node') expect(marks).toEqual([SIZE])
     expect(sha(readFileSync(v2.path))).toBe(sha(RAW_BYTES))
   })
 
@@ -278,5 +281,117 @@ describe('copyDisk bandwidth cap', () => {
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_CANCELLED')
     expect(performance.now() - t0).toBeLessThan(2000)
+  })
+})
+
+describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints kept here)', () => {
+  /** A raw source of `size` bytes, random data over its first `data` bytes. */
+  function rawSource(name: string, size: number, data: number): { path: string; bytes: Buffer } {
+    const p = path.join(tmp.dir, name)
+    const fd = openSync(p, 'w')
+    writeSync(fd, randomBytes(data), 0, data, 0)
+    closeSync(fd)
+    execFileSync('truncate', ['-s', String(size), p])
+    return { path: p, bytes: readFileSync(p) }
+  }
+  const rawDisk = (p: string, size: number): ManifestDisk => ({ label: 'disk0', capacity_bytes: size, disk_format: 'raw', source: { path: p }, controller: 'virtio', address: '0' })
+  const alive = (pid: number) => {
+    try {
+      process.kill(pid, 0)
+      return true
+    } catch {
+      return false
+    }
+  }
+
+  test('watermarks only after a flush, one per range of about flushEveryBytes of data; zero tail not written; progress rises to the end', async () => {
+    const src = rawSource('q-src.raw', 48 * MiB, 24 * MiB)
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q1') })
+    const q = await openDiskReader(rawDisk(src.path, 48 * MiB))
+    const v = await sink.create('q1', 'disk0', 48 * MiB)
+    const log: string[] = []
+    const inner = v.flush.bind(v)
+    v.flush = async () => {
+      log.push('flush')
+      await inner()
+    }
+    const done: number[] = []
+    const res = await copyDisk(q, v, { from: 0, signal: new AbortController().signal, flushEveryBytes: 8 * MiB, onProgress: (p) => done.push(p.bytes_done), async onWatermark(w) { log.push(`w ${w}`) } })
+    await v.close()
+    await q.close()
+    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
+    // 24 MiB of data in 8 MiB ranges: 3 watermarks inside the data, then the end; each after a flush.
+    const marks = log.filter((l) => l.startsWith('w ')).map((l) => Number(l.slice(2)))
+    expect(marks.slice(0, 3)).toEqual([8 * MiB, 16 * MiB, 24 * MiB])
+    expect(marks[marks.length - 1]).toBe(48 * MiB)
+    for (let i = 0; i < log.length; i++) if (log[i].startsWith('w ')) expect(log[i - 1]).toBe('flush')
+    expect(done[done.length - 1]).toBe(48 * MiB)
+    for (let i = 1; i < done.length; i++) expect(done[i]).toBeGreaterThanOrEqual(done[i - 1])
+    expect(res.bytes_read).toBe(48 * MiB) // a raw reader reports every extent as data
+    expect(statSync(v.path).blocks * 512).toBeLessThanOrEqual(24 * MiB + 64 * KiB)
+  })
+
+  test('cancel kills the running qemu-img child at once: E_MIG_CANCELLED, no process left', async () => {
+    const src = rawSource('q-cancel.raw', 64 * MiB, 64 * MiB)
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q2') })
+    const q = await openDiskReader(rawDisk(src.path, 64 * MiB))
+    const v = await sink.create('q2', 'disk0', 64 * MiB)
+    const ac = new AbortController()
+    const pids: number[] = []
+    const before = execFileSync('sh', ['-c', 'pgrep -x qemu-img || true'], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
+    const t0 = performance.now()
+    const p = copyDisk(q, v, { from: 0, signal: ac.signal, maxBytesPerSecond: 4 * MiB, onProgress() {}, async onWatermark() {} })
+    // The capped qemu-img runs for seconds; find it, then cancel.
+    for (let i = 0; i < 100 && pids.length === 0; i++) {
+      await new Promise((res) => setTimeout(res, 20))
+      const now = execFileSync('sh', ['-c', 'pgrep -x qemu-img || true'], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
+      pids.push(...now.filter((x) => !before.includes(x)))
+    }
+    expect(pids.length).toBeGreaterThan(0)
+    ac.abort()
+    const err = await p.catch((e) => e)
+    expect(err).toBeInstanceOf(MigError)
+    expect(err.code).toBe('E_MIG_CANCELLED')
+    expect(performance.now() - t0).toBeLessThan(5000)
+    for (const pid of pids) expect(alive(pid)).toBe(false)
+    await v.close()
+    await q.close()
+  })
+
+  /** Copies a raw source of `bytes` of data under the cap; returns the seconds it took, after checking the copy is exact. */
+  async function cappedCopy(name: string, bytes: number, rate: number, flushEveryBytes?: number): Promise<number> {
+    const src = rawSource(`${name}.raw`, bytes, bytes)
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, `var-${name}`) })
+    const q = await openDiskReader(rawDisk(src.path, bytes))
+    const v = await sink.create(name, 'disk0', bytes)
+    const t0 = performance.now()
+    await copyDisk(q, v, { from: 0, signal: new AbortController().signal, flushEveryBytes, maxBytesPerSecond: rate, onProgress() {}, async onWatermark() {} })
+    const sec = (performance.now() - t0) / 1000
+    await v.close()
+    await q.close()
+    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
+    return sec
+  }
+
+  test('the bandwidth cap holds qemu-img to it (32 MiB at 16 MiB/s takes at least 1.5 s) and the copy stays exact', async () => {
+    expect(await cappedCopy('q-cap', 32 * MiB, 16 * MiB)).toBeGreaterThanOrEqual(1.5)
+  })
+
+  test('the cap also holds across ranges (each qemu-img starts with a fresh budget): 8 MiB in 1 MiB ranges at 4 MiB/s takes at least 1.5 s', async () => {
+    expect(await cappedCopy('q-cap2', 8 * MiB, 4 * MiB, MiB)).toBeGreaterThanOrEqual(1.5)
+  })
+
+  test('a resumed volume holding stale bytes above the watermark ends bit-exact: the zero areas of the range are discarded, not left stale', async () => {
+    const src = rawSource('q-stale.raw', 16 * MiB, 4 * MiB)
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q4') })
+    const v0 = await sink.create('q4', 'disk0', 16 * MiB)
+    await v0.write(0, randomBytes(16 * MiB)) // garbage everywhere, as a killed copy could leave
+    await v0.close()
+    const v = await sink.create('q4', 'disk0', 16 * MiB)
+    const q = await openDiskReader(rawDisk(src.path, 16 * MiB))
+    await copyDisk(q, v, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
+    await v.close()
+    await q.close()
+    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
   })
 })

@@ -13,7 +13,7 @@ describe('ProgressTracker', () => {
     p.add('a', 40 * MiB, 10 * MiB)
     const s = p.snapshot()
     expect([s.bytes_done, s.bytes_zero, s.rate_bytes_per_s, s.eta_s]).toEqual([40 * MiB, 10 * MiB, 20 * MiB, 6])
-    expect(s.disks[0]).toEqual({ label: 'a', capacity_bytes: 100 * MiB, bytes_done: 40 * MiB, bytes_zero: 10 * MiB, rate_bytes_per_s: 20 * MiB, eta_s: 3, watermark: 0 })
+    expect(s.disks[0]).toEqual({ label: 'a', capacity_bytes: 100 * MiB, bytes_done: 40 * MiB, bytes_zero: 10 * MiB, rate_bytes_per_s: 20 * MiB, eta_s: 3, watermark: 0, bytes_read: 0 })
     expect(s.disks[1]).toMatchObject({ bytes_done: 0, rate_bytes_per_s: 0, eta_s: null })
     now = 4000
     p.finish('a')

@@ -3,13 +3,15 @@
  * DESIGN.md section 5 reader 3): starts `qemu-nbd` over the image (or over a tar member in place)
  * and reads it with the NBD client. Extents come from `NBD_CMD_BLOCK_STATUS` on
  * `base:allocation`, so unallocated and zero areas are reported as zero extents and never read.
+ * `qemuNode` is the block node qemu-nbd serves, so the copy loop may let qemu-img read it directly.
  */
 import { open } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import type { DiskFormat } from '../../manifest.ts'
 import { NbdClient, NBD_STATE_ZERO } from '../nbd-client.ts'
-import { startQemuNbd, type QemuNbdServer } from '../qemu-nbd.ts'
+import { qemuBlockSpec, startQemuNbd, type QemuNbdServer } from '../qemu-nbd.ts'
+import { pinnedProcPath } from '../../hostpath.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
 /** Options of {@link openNbdReader}. Bytes. */
@@ -96,9 +98,13 @@ export async function openNbdReader(opts: NbdReaderOptions): Promise<DiskReader>
   }
   const size = client.size
   let closed = false
+  // The same node qemu-nbd serves, for the qemu-img copy engine (read-only, shared with qemu-nbd).
+  // Files by this worker's pinned descriptors (/proc/<pid>/fd/N), never by name again (issue 12).
+  const qemuNode = { ...(await qemuBlockSpec(opts, pinnedProcPath)), 'force-share': true }
 
   return {
     size,
+    qemuNode,
     async *extents(from: number): AsyncIterable<DiskExtent> {
       let pos = Math.max(0, from)
       let run: DiskExtent | null = null

@@ -59,6 +59,7 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     }
     return {
       size: inner.size,
+      qemuNode: inner.qemuNode,
       extents: (from) => inner.extents(from),
       read: (offset, length, into) => inner.read(offset, length, into),
       async close() {

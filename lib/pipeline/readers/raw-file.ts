@@ -4,7 +4,9 @@
  * with positioned reads (never extracted).
  *
  * Every extent is reported as data (`zero: false`): Node has no `SEEK_DATA`/`SEEK_HOLE`, so zero
- * detection happens in the chunker on the bytes read.
+ * detection happens in the chunker on the bytes read. `qemuNode` is the raw driver's
+ * `offset`/`size` window over this reader's open descriptor (`/proc/<pid>/fd/<fd>`: the file
+ * opened once, never its name again), so the copy loop may let qemu-img read it directly.
  */
 import { open, type FileHandle } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
@@ -40,9 +42,11 @@ export async function openRawFileReader(path: string, opts: RawFileReaderOptions
     throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot open: ${(e as Error).message}`, { cause: e })
   }
   let fileSize: number
+  let isBlock = false
   try {
     const st = await fh.stat()
     if (!st.isFile() && !st.isBlockDevice()) throw new Error('not a regular file')
+    isBlock = st.isBlockDevice()
     fileSize = st.size
   } catch (e) {
     await fh.close().catch(() => {})
@@ -57,6 +61,7 @@ export async function openRawFileReader(path: string, opts: RawFileReaderOptions
 
   return {
     size,
+    qemuNode: { driver: 'raw', offset: base, size, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } },
     async *extents(from: number): AsyncIterable<DiskExtent> {
       for (let o = Math.max(0, from); o < size; o += EXTENT_SPAN) yield { offset: o, length: Math.min(EXTENT_SPAN, size - o), zero: false }
     },

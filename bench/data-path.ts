@@ -1,0 +1,216 @@
+/**
+ * Data-path benchmark (issue 15): for each layout (bench/layouts.ts) and reader kind, the whole
+ * migrator job against `qemu-img convert -O raw` + `sync` of the same input, alternating, in one
+ * run, and one table per layout:
+ *
+ *   kind | qemu-img MB/s | job MB/s | copy MB/s | ratio (job/qemu-img) | allocated ref/ours | worker RSS | bytes equal
+ *
+ * MB/s are MiB of virtual size per second; figures are medians over the repetitions with
+ * [min-max]. "job" is `POST /migrations` (offline plan, `start: false`) to `Completed` as the
+ * client sees it (inspection, qemu-nbd start, the copy with every checkpoint fsync, the domain
+ * definition); "copy" is the `CopyingFull` phase (from its event to the next state's). Worker
+ * peak RSS is its VmHWM sampled from /proc. Before every run both destinations are removed and
+ * the file system synced; the order alternates (ref first on odd repetitions, the job first on
+ * even ones).
+ *
+ * Reader kinds: `qcow2`, `vmdk` (monolithicSparse), `vhdx`, `vdi` (VirtualBox folder) through
+ * qemu-nbd; `ova` (a streamOptimized VMDK read in place as a tar member); `flat` (a VMX folder
+ * with a monolithicFlat VMDK: a raw file); `xva` (XVA 1 MiB blocks; only up to 2 GiB, the
+ * builder holds the disk in memory). The qemu-img reference reads the same bytes in place
+ * (for `ova` the member through the raw driver's offset/size, for `xva` the raw disk).
+ *
+ *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--dir DIR]
+ *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3
+ * Needs root, qemu-utils, libvirt (started when not running), e2fsprogs; space for the source,
+ * the reference and the job's copy (inputs are deleted at the end).
+ */
+import { execFileSync, spawnSync } from 'node:child_process'
+import { closeSync, mkdirSync, openSync, readFileSync, readSync, rmSync, writeFileSync } from 'node:fs'
+import * as path from 'node:path'
+import { buildInput } from '../test/helpers/inputs.ts'
+import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
+import { startServer } from '../test/helpers/server.ts'
+import { LAYOUTS, makeRawLayout, type Layout } from './layouts.ts'
+import { allocatedBytes, alternate, cliArg, median, sampleWorkerPeakRss } from './source.ts'
+
+const GiB = 1024 ** 3
+const MiB = 1024 ** 2
+const arg = cliArg
+const size = Math.round(Number(arg('size', '8')) * GiB)
+const layouts = arg('layouts', 'runs,alternating,long,sparse,ext4').split(',') as Layout[]
+const kinds = arg('kinds', 'qcow2').split(',')
+const reps = Math.max(1, Number(arg('reps', '3')))
+const base = arg('dir', '/var/tmp/mig-bench-data-path')
+for (const l of layouts) if (!LAYOUTS.includes(l)) throw new Error(`unknown layout ${l}`)
+
+/** One reader kind: how to build its input from a raw image, the plan, and the reference command. */
+interface Kind {
+  build(root: string, raw: string): { plan: Record<string, unknown>; refArgs: string[] }
+}
+
+const qemuKind = (kind: string, fmt: string): Kind => ({
+  build(root, raw) {
+    const b = buildInput(kind, root, `k${kind}`, [raw])
+    const rel = path.relative(root, b.path)
+    return { plan: offlinePlan(kind, rel), refArgs: ['-f', fmt, b.path] }
+  },
+})
+
+const KINDS: Record<string, Kind> = {
+  qcow2: qemuKind('qcow2', 'qcow2'),
+  vmdk: qemuKind('vmdk', 'vmdk'),
+  vhdx: qemuKind('vhdx', 'vhdx'),
+  vdi: {
+    build(root, raw) {
+      const b = buildInput('vbox_folder', root, 'kvdi', [raw])
+      return { plan: offlinePlan('vbox_folder', path.relative(root, b.path)), refArgs: ['-f', 'vdi', path.join(b.path, 'kvdi-0.vdi')] }
+    },
+  },
+  ova: {
+    build(root, raw) {
+      const b = buildInput('ova_archive', root, 'kova', [raw])
+      const offset = tarMemberOffset(b.path, 'kova-disk1.vmdk')
+      const spec = { driver: 'vmdk', file: { driver: 'raw', offset: offset.offset, size: offset.size, file: { driver: 'file', filename: b.path } } }
+      return { plan: offlinePlan('ova_archive', path.relative(root, b.path)), refArgs: [`json:${JSON.stringify(spec)}`] }
+    },
+  },
+  flat: {
+    build(root, raw) {
+      const dir = path.join(root, 'kflat')
+      mkdirSync(dir, { recursive: true })
+      execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'vmdk', '-o', 'subformat=monolithicFlat', raw, path.join(dir, 'kflat.vmdk')])
+      writeFileSync(
+        path.join(dir, 'kflat.vmx'),
+        ['.encoding = "UTF-8"', 'config.version = "8"', 'virtualHW.version = "13"', 'displayName = "kflat"', 'guestOS = "debian10-64"', 'memSize = "512"', 'numvcpus = "1"', 'scsi0.present = "TRUE"', 'scsi0.virtualDev = "pvscsi"', 'scsi0:0.present = "TRUE"', 'scsi0:0.fileName = "kflat.vmdk"', 'scsi0:0.deviceType = "scsi-hardDisk"'].join('\n') + '\n',
+      )
+      return { plan: offlinePlan('vmx_folder', 'kflat'), refArgs: ['-f', 'raw', path.join(dir, 'kflat-flat.vmdk')] }
+    },
+  },
+  xva: {
+    build(root, raw) {
+      if (size > 2 * GiB) throw new Error('xva: the builder holds the disk in memory; use --size 2 or less')
+      const b = buildInput('xva_archive', root, 'kxva', [raw])
+      return { plan: offlinePlan('xva_archive', path.relative(root, b.path)), refArgs: ['-f', 'raw', raw] }
+    },
+  },
+}
+for (const k of kinds) if (!KINDS[k]) throw new Error(`unknown kind ${k}`)
+
+/** Data offset and size of tar member `name` (ustar headers, 512-byte blocks). */
+function tarMemberOffset(tar: string, name: string): { offset: number; size: number } {
+  const fd = openSync(tar, 'r')
+  const h = Buffer.alloc(512)
+  let at = 0
+  try {
+    for (;;) {
+      if (readSync(fd, h, 0, 512, at) < 512 || h[0] === 0) throw new Error(`${tar}: no member ${name}`)
+      const n = h.subarray(0, 100).toString('latin1').replace(/\0.*$/s, '')
+      const sz = parseInt(h.subarray(124, 136).toString('latin1').replace(/\0.*$/s, '').trim(), 8)
+      if (n === name) return { offset: at + 512, size: sz }
+      at += 512 + Math.ceil(sz / 512) * 512
+    }
+  } finally {
+    closeSync(fd)
+  }
+}
+
+
+const mbs = (sec: number) => size / MiB / sec
+const span = (xs: number[]) => `${median(xs).toFixed(0)} [${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)}]`
+
+rmSync(base, { recursive: true, force: true })
+mkdirSync(base, { recursive: true })
+execFileSync('chmod', ['755', base])
+const importRoot = path.join(base, 'imports')
+mkdirSync(importRoot)
+await ensureLibvirt()
+const srv = await startServer('bun', base, { MIGRATOR_DOMAIN_TYPE: 'qemu' })
+const cpus = execFileSync('nproc', { encoding: 'utf8' }).trim()
+const mem = Math.round(Number(/MemTotal:\s+(\d+)/.exec(readFileSync('/proc/meminfo', 'utf8'))![1]) / 1024 / 1024)
+console.log(`machine: ${cpus} cores, ${mem} GiB RAM, shared; disk ${size / GiB} GiB; ${reps} repetitions per side, alternating; medians [min-max]`)
+let runNo = 0
+let failed = false
+try {
+  for (const layout of layouts) {
+    const { path: raw, dataBytes } = makeRawLayout(base, layout, size)
+    console.log(`\nlayout ${layout}: ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB`)
+    console.log(['kind'.padEnd(6), 'qemu-img MB/s'.padStart(18), 'job MB/s'.padStart(18), 'copy MB/s'.padStart(18), 'ratio'.padStart(16), 'alloc ref / ours (MiB)'.padStart(24), 'RSS MiB'.padStart(8), 'equal'.padStart(8)].join(' '))
+    for (const kind of kinds) {
+      const { plan, refArgs } = KINDS[kind]!.build(importRoot, raw)
+      execFileSync('sync')
+      const ref = path.join(base, 'ref.raw')
+      const refSec: number[] = []
+      const jobSec: number[] = []
+      const copySec: number[] = []
+      let peak = 0
+      let lastJob: { id: string; label: string } | null = null
+      // Before each run both destinations are removed, except in the last repetition, which keeps
+      // the other side's output for the sha256 comparison.
+      let last = false
+      const settle = async (side?: 'ref' | 'ours') => {
+        if (!(last && side === 'ref')) rmSync(ref, { force: true })
+        if (lastJob && !(last && side === 'ours')) rmSync(path.join(base, 'volumes', 'migrations', lastJob.id), { recursive: true, force: true })
+        await cleanupDomains('migbench-')
+        execFileSync('sync')
+        await new Promise((r) => setTimeout(r, 500))
+      }
+      const runRef = async () => {
+        rmSync(ref, { force: true })
+        await settle('ours')
+        const t0 = performance.now()
+        execFileSync('qemu-img', ['convert', ...refArgs, '-O', 'raw', ref])
+        execFileSync('sync', ['-f', ref])
+        refSec.push((performance.now() - t0) / 1000)
+      }
+      const runOurs = async () => {
+        await settle('ref')
+        const stream = openStream(srv.base)
+        await stream.ready
+        const t0 = performance.now()
+        const job = await submit(srv.base, { ...plan, name: `migbench-${++runNo}`, start: false })
+        const rss = sampleWorkerPeakRss(job.id)
+        const done = await waitJob(srv.base, job.id, undefined, 1_800_000)
+        const sec = (performance.now() - t0) / 1000
+        const hwm = rss.stop()
+        stream.close()
+        if (done.state !== 'Completed') throw new Error(`${kind}/${layout}: job ended ${done.state}: ${JSON.stringify(done.last_error)}`)
+        const evs = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id)
+        const i = evs.findIndex((e) => e.data.state === 'CopyingFull')
+        copySec.push((Date.parse(evs[i + 1]!.data.updated_at) - Date.parse(evs[i]!.data.updated_at)) / 1000)
+        jobSec.push(sec)
+        peak = Math.max(peak, hwm)
+        lastJob = { id: job.id, label: done.progress.disks[0].label }
+      }
+      await alternate(reps, runRef, runOurs, (r) => (last = r === reps - 1))
+      const img = volumePath(base, lastJob!.id, lastJob!.label)
+      // Byte equality by `cmp` (sha256sum of two 8 GiB files costs minutes on this shared machine;
+      // equal bytes mean equal sha256).
+      const equal = spawnSync('cmp', ['-s', img, ref]).status === 0
+      if (!equal) failed = true
+      const ratio = jobSec.map((s, i) => refSec[i]! / s)
+      console.log(
+        [
+          kind.padEnd(6),
+          span(refSec.map(mbs)).padStart(18),
+          span(jobSec.map(mbs)).padStart(18),
+          span(copySec.map(mbs)).padStart(18),
+          `${median(refSec) / median(jobSec) > 0 ? (median(refSec) / median(jobSec)).toFixed(2) : '-'} [${Math.min(...ratio).toFixed(2)}-${Math.max(...ratio).toFixed(2)}]`.padStart(16),
+          `${(allocatedBytes(ref) / MiB).toFixed(0)} / ${(allocatedBytes(img) / MiB).toFixed(0)}`.padStart(24),
+          (peak / MiB).toFixed(0).padStart(8),
+          (equal ? 'yes' : 'NO').padStart(8),
+        ].join(' '),
+      )
+      await settle()
+      rmSync(path.join(base, 'volumes', 'migrations'), { recursive: true, force: true })
+      for (const f of execFileSync('ls', ['-A', importRoot], { encoding: 'utf8' }).split('\n').filter(Boolean)) rmSync(path.join(importRoot, f), { recursive: true, force: true })
+    }
+    rmSync(raw, { force: true })
+  }
+} finally {
+  await srv.stop()
+  await cleanupDomains('migbench-')
+  await stopLibvirt()
+  rmSync(base, { recursive: true, force: true })
+}
+if (failed) process.exitCode = 1

@@ -179,7 +179,8 @@ describe('engine faults (real server, worker processes, file sink)', () => {
       const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}small`, start: false }))
       const done = await waitJob(s2.base, job.id)
       expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DISK_WRITE_FAILED'])
-      expect(done.last_error.message).toContain(`not enough space for the disks under ${path.join(d, 'volumes')}`)
+      // Paths in messages are relative to the data dir (issue 12: no absolute server paths).
+      expect(done.last_error.message).toContain('not enough space for the disks under <data dir>/volumes')
       expect(existsSync(path.join(d, 'volumes', 'migrations', job.id))).toBe(false)
     } finally {
       await s2.stop()

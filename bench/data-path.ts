@@ -82,7 +82,20 @@ const KINDS: Record<string, Kind> = {
       execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'vmdk', '-o', 'subformat=monolithicFlat', raw, path.join(dir, 'kflat.vmdk')])
       writeFileSync(
         path.join(dir, 'kflat.vmx'),
-        ['.encoding = "UTF-8"', 'config.version = "8"', 'virtualHW.version = "13"', 'displayName = "kflat"', 'guestOS = "debian10-64"', 'memSize = "512"', 'numvcpus = "1"', 'scsi0.present = "TRUE"', 'scsi0.virtualDev = "pvscsi"', 'scsi0:0.present = "TRUE"', 'scsi0:0.fileName = "kflat.vmdk"', 'scsi0:0.deviceType = "scsi-hardDisk"'].join('\n') + '\n',
+        [
+          '.encoding = "UTF-8"',
+          'config.version = "8"',
+          'virtualHW.version = "13"',
+          'displayName = "kflat"',
+          'guestOS = "debian10-64"',
+          'memSize = "512"',
+          'numvcpus = "1"',
+          'scsi0.present = "TRUE"',
+          'scsi0.virtualDev = "pvscsi"',
+          'scsi0:0.present = "TRUE"',
+          'scsi0:0.fileName = "kflat.vmdk"',
+          'scsi0:0.deviceType = "scsi-hardDisk"',
+        ].join('\n') + '\n',
       )
       return { plan: offlinePlan('vmx_folder', 'kflat'), refArgs: ['-f', 'raw', path.join(dir, 'kflat-flat.vmdk')] }
     },
@@ -115,7 +128,6 @@ function tarMemberOffset(tar: string, name: string): { offset: number; size: num
   }
 }
 
-
 const mbs = (sec: number) => size / MiB / sec
 const span = (xs: number[]) => `${median(xs).toFixed(0)} [${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)}]`
 
@@ -135,7 +147,18 @@ try {
   for (const layout of layouts) {
     const { path: raw, dataBytes } = makeRawLayout(base, layout, size)
     console.log(`\nlayout ${layout}: ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB`)
-    console.log(['kind'.padEnd(6), 'qemu-img MB/s'.padStart(18), 'job MB/s'.padStart(18), 'copy MB/s'.padStart(18), 'ratio'.padStart(16), 'alloc ref / ours (MiB)'.padStart(24), 'RSS MiB'.padStart(8), 'equal'.padStart(8)].join(' '))
+    console.log(
+      [
+        'kind'.padEnd(6),
+        'qemu-img MB/s'.padStart(18),
+        'job MB/s'.padStart(18),
+        'copy MB/s'.padStart(18),
+        'ratio'.padStart(16),
+        'alloc ref / ours (MiB)'.padStart(24),
+        'RSS MiB'.padStart(8),
+        'equal'.padStart(8),
+      ].join(' '),
+    )
     for (const kind of kinds) {
       const { plan, refArgs } = KINDS[kind]!.build(importRoot, raw)
       execFileSync('sync')
@@ -195,7 +218,9 @@ try {
           span(refSec.map(mbs)).padStart(18),
           span(jobSec.map(mbs)).padStart(18),
           span(copySec.map(mbs)).padStart(18),
-          `${median(refSec) / median(jobSec) > 0 ? (median(refSec) / median(jobSec)).toFixed(2) : '-'} [${Math.min(...ratio).toFixed(2)}-${Math.max(...ratio).toFixed(2)}]`.padStart(16),
+          `${median(refSec) / median(jobSec) > 0 ? (median(refSec) / median(jobSec)).toFixed(2) : '-'} [${Math.min(...ratio).toFixed(2)}-${Math.max(...ratio).toFixed(2)}]`.padStart(
+            16,
+          ),
           `${(allocatedBytes(ref) / MiB).toFixed(0)} / ${(allocatedBytes(img) / MiB).toFixed(0)}`.padStart(24),
           (peak / MiB).toFixed(0).padStart(8),
           (equal ? 'yes' : 'NO').padStart(8),
@@ -203,7 +228,8 @@ try {
       )
       await settle()
       rmSync(path.join(base, 'volumes', 'migrations'), { recursive: true, force: true })
-      for (const f of execFileSync('ls', ['-A', importRoot], { encoding: 'utf8' }).split('\n').filter(Boolean)) rmSync(path.join(importRoot, f), { recursive: true, force: true })
+      for (const f of execFileSync('ls', ['-A', importRoot], { encoding: 'utf8' }).split('\n').filter(Boolean))
+        rmSync(path.join(importRoot, f), { recursive: true, force: true })
     }
     rmSync(raw, { force: true })
   }

@@ -33,8 +33,6 @@ function vmHwm(): number {
   return m ? Number(m[1]) * 1024 : NaN
 }
 
-
-
 const t = tempDir('mig-bench-')
 try {
   const { path: qcow, dataBytes } = makeHalfFullQcow2(t.dir, size)
@@ -67,9 +65,24 @@ try {
     await settle()
     const sampler = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 20)
     const t0 = performance.now()
-    const reader = await openDiskReader({ label: 'disk0', capacity_bytes: size, disk_format: 'qcow2', source: { path: qcow }, controller: 'virtio', address: '0' })
+    const reader = await openDiskReader({
+      label: 'disk0',
+      capacity_bytes: size,
+      disk_format: 'qcow2',
+      source: { path: qcow },
+      controller: 'virtio',
+      address: '0',
+    })
     const vol = await sink.create('bench', 'disk0', reader.size)
-    res = await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, readAhead, writeDepth, flushEveryBytes: process.env.BENCH_FLUSH_MIB ? Number(process.env.BENCH_FLUSH_MIB) * MiB : undefined, onProgress() {}, async onWatermark() {} })
+    res = await copyDisk(reader, vol, {
+      from: 0,
+      signal: new AbortController().signal,
+      readAhead,
+      writeDepth,
+      flushEveryBytes: process.env.BENCH_FLUSH_MIB ? Number(process.env.BENCH_FLUSH_MIB) * MiB : undefined,
+      onProgress() {},
+      async onWatermark() {},
+    })
     await vol.close()
     await reader.close()
     const sec = (performance.now() - t0) / 1000

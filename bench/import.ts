@@ -29,8 +29,6 @@ const MiB = 1024 ** 2
 const size = Math.round(Number(process.argv[2] ?? 4) * GiB)
 const runtime = process.argv[3] === 'node' ? 'node' : 'bun'
 
-
-
 const t = tempDir('mig-bench-import-')
 const importRoot = path.join(t.dir, 'imports')
 execFileSync('mkdir', ['-p', importRoot])

@@ -51,7 +51,18 @@ if (process.argv[2] === '--child') {
       try {
         const r = await inspectInput(archive, { importRoot })
         const ms = performance.now() - t0
-        say({ ms, kind: r.detected_kind, disks: r.manifest.disks.map((d) => ({ capacity: d.capacity_bytes, format: d.disk_format, offset: d.source.offset, length: d.source.length, digest: d.source.digest?.algorithm ?? null })), warnings: r.manifest.warnings })
+        say({
+          ms,
+          kind: r.detected_kind,
+          disks: r.manifest.disks.map((d) => ({
+            capacity: d.capacity_bytes,
+            format: d.disk_format,
+            offset: d.source.offset,
+            length: d.source.length,
+            digest: d.source.digest?.algorithm ?? null,
+          })),
+          warnings: r.manifest.warnings,
+        })
       } catch (e) {
         say({ ms: performance.now() - t0, error: `${(e as { code?: string }).code ?? ''} ${(e as Error).message}` })
       }
@@ -307,7 +318,9 @@ try {
     console.log(`   manifest: kind ${r0.kind}, disks ${JSON.stringify(r0.disks)}`)
     if (r0.warnings.length) console.log(`   warnings: ${r0.warnings.join(' | ')}`)
     for (const [i, r] of results.entries()) {
-      console.log(`   run ${i + 1}: wall ${r.ms.toFixed(1)} ms, rchar ${fmt(r.rchar)} bytes, read_bytes ${fmt(r.readBytes)}, rchar / archive size ${(r.rchar / st.size).toExponential(2)}`)
+      console.log(
+        `   run ${i + 1}: wall ${r.ms.toFixed(1)} ms, rchar ${fmt(r.rchar)} bytes, read_bytes ${fmt(r.readBytes)}, rchar / archive size ${(r.rchar / st.size).toExponential(2)}`,
+      )
     }
     const best = results.reduce((a, b) => (b.ms < a.ms ? b : a))
     console.log(`   best: ${best.ms.toFixed(1)} ms; bytes read ${fmt(best.rchar)} = ${((best.rchar / st.size) * 100).toFixed(4)} % of the archive`)

@@ -117,7 +117,9 @@ function makeExt4(dir: string, raw: string, size: number): { path: string; dataB
   const tree = path.join(dir, 'ext4-tree')
   rmSync(tree, { recursive: true, force: true })
   mkdirSync(tree)
-  const list = execFileSync('find', ['/usr', '-xdev', '-type', 'f', '-size', '-64M', '-printf', '%s %p\\n'], { encoding: 'utf8', maxBuffer: 1 << 28 }).split('\n')
+  const list = execFileSync('find', ['/usr', '-xdev', '-type', 'f', '-size', '-64M', '-printf', '%s %p\\n'], { encoding: 'utf8', maxBuffer: 1 << 28 }).split(
+    '\n',
+  )
   let used = 0
   const files: string[] = []
   for (const line of list) {

@@ -68,7 +68,15 @@ export function qemuImgReference(src: string, out: string, format = 'qcow2'): Co
  * failing exit code. `source` describes the source disk (default: the half-full qcow2 of
  * {@link makeHalfFullQcow2} holding `dataBytes`).
  */
-export function printComparison(size: number, dataBytes: number, oursTitle: string, ref: CopyFigures, ours: CopyFigures, notes: string[], source = `qcow2, ${fmt(size)} bytes virtual, ${fmt(dataBytes)} bytes of data (half the 64 KiB clusters)`): void {
+export function printComparison(
+  size: number,
+  dataBytes: number,
+  oursTitle: string,
+  ref: CopyFigures,
+  ours: CopyFigures,
+  notes: string[],
+  source = `qcow2, ${fmt(size)} bytes virtual, ${fmt(dataBytes)} bytes of data (half the 64 KiB clusters)`,
+): void {
   const w = Math.max(20, oursTitle.length + 2)
   const row = (name: string, a: string, b: string) => console.log(`${name.padEnd(30)}${a.padStart(20)}${b.padStart(w)}`)
   const mbs = (s: number) => (size / (1024 * 1024) / s).toFixed(0)

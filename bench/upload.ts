@@ -45,16 +45,27 @@ async function reference(dir: string): Promise<number> {
 
 async function upload(base: string): Promise<{ mbps: number; status: number; body: string }> {
   const boundary = 'bench' + randomBytes(8).toString('hex')
-  const head = Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="bench.img"\r\nContent-Type: application/octet-stream\r\n\r\n`)
+  const head = Buffer.from(
+    `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="bench.img"\r\nContent-Type: application/octet-stream\r\n\r\n`,
+  )
   const tail = Buffer.from(`\r\n--${boundary}--\r\n`)
   const u = new URL(base + '/uploads')
   const t0 = performance.now()
   return new Promise((resolve, reject) => {
-    const req = request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', headers: { 'content-type': `multipart/form-data; boundary=${boundary}`, 'content-length': head.length + size + tail.length } }, (res) => {
-      let body = ''
-      res.on('data', (d) => (body += d))
-      res.on('end', () => resolve({ mbps: size / ((performance.now() - t0) / 1000) / 1e6, status: res.statusCode ?? 0, body }))
-    })
+    const req = request(
+      {
+        host: u.hostname,
+        port: u.port,
+        path: u.pathname,
+        method: 'POST',
+        headers: { 'content-type': `multipart/form-data; boundary=${boundary}`, 'content-length': head.length + size + tail.length },
+      },
+      (res) => {
+        let body = ''
+        res.on('data', (d) => (body += d))
+        res.on('end', () => resolve({ mbps: size / ((performance.now() - t0) / 1000) / 1e6, status: res.statusCode ?? 0, body }))
+      },
+    )
     req.on('error', reject)
     ;(async () => {
       req.write(head)

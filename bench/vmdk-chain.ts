@@ -42,12 +42,32 @@ function makeChain(): { top: string; deltaBytes: number } {
   const cowd = new Map<number, DeltaGrain>()
   for (let g = 0; g < size / 512; g += 16 * 8) cowd.set(g, randomBytes(512))
   writeCowd(path.join(dir, 'vm-000001-delta.vmdk'), size, 1, cowd)
-  writeFileSync(path.join(dir, 'vm-000001.vmdk'), deltaDescriptor({ createType: 'vmfsSparse', extent: 'vm-000001-delta.vmdk', capacityBytes: size, cid: 'bbbb0001', parentCid: baseCid, parentHint: 'vm.vmdk' }))
+  writeFileSync(
+    path.join(dir, 'vm-000001.vmdk'),
+    deltaDescriptor({
+      createType: 'vmfsSparse',
+      extent: 'vm-000001-delta.vmdk',
+      capacityBytes: size,
+      cid: 'bbbb0001',
+      parentCid: baseCid,
+      parentHint: 'vm.vmdk',
+    }),
+  )
   const se = new Map<number, DeltaGrain>()
   const grain = randomBytes(4096)
   for (let g = 3; g < size / 4096; g += 16) se.set(g, grain)
   writeSeSparse(path.join(dir, 'vm-000002-sesparse.vmdk'), size, se)
-  writeFileSync(path.join(dir, 'vm-000002.vmdk'), deltaDescriptor({ createType: 'seSparse', extent: 'vm-000002-sesparse.vmdk', capacityBytes: size, cid: 'bbbb0002', parentCid: 'bbbb0001', parentHint: 'vm-000001.vmdk' }))
+  writeFileSync(
+    path.join(dir, 'vm-000002.vmdk'),
+    deltaDescriptor({
+      createType: 'seSparse',
+      extent: 'vm-000002-sesparse.vmdk',
+      capacityBytes: size,
+      cid: 'bbbb0002',
+      parentCid: 'bbbb0001',
+      parentHint: 'vm-000001.vmdk',
+    }),
+  )
   execFileSync('sh', ['-c', 'cat * > /dev/null'], { cwd: dir })
   return { top: 'vm-000002.vmdk', deltaBytes: cowd.size * 512 + se.size * 4096 }
 }
@@ -87,7 +107,10 @@ async function ours(top: string): Promise<CopyFigures> {
   const sampler = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 20)
   requests = 0
   const t0 = performance.now()
-  const reader = await openVmdkChain(await localFile(top), localFile, async (hint) => ({ file: await localFile(hint), openSibling: localFile }), { label: 'bench', capacity: size })
+  const reader = await openVmdkChain(await localFile(top), localFile, async (hint) => ({ file: await localFile(hint), openSibling: localFile }), {
+    label: 'bench',
+    capacity: size,
+  })
   const vol = await sink.create('bench', 'disk0', reader.size)
   copied = await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
   await vol.close()
@@ -111,10 +134,18 @@ try {
     rmSync(refOut)
     ourBest = best(ourBest, await ours(top))
   }
-  printComparison(size, size / 2, 'vmdk-chain + copyDisk', refBest!, ourBest!, [
-    `best of ${runs} runs each; RSS of the bench process before our copies: ${(before / MiB).toFixed(0)} MiB, peak during them: ${(peak / MiB).toFixed(0)} MiB (sampled every 20 ms)`,
-    `copy: read ${fmt(copied.bytes_read)}, written ${fmt(copied.bytes_written)}, zero ${fmt(copied.bytes_zero)} bytes; ${fmt(requests)} range reads of the chain's files`,
-  ], `monolithicFlat base of ${fmt(size)} bytes (half data) + vmfsSparse (512 B grains) + seSparse (4 KiB grains) deltas holding ${fmt(deltaBytes)} bytes`)
+  printComparison(
+    size,
+    size / 2,
+    'vmdk-chain + copyDisk',
+    refBest!,
+    ourBest!,
+    [
+      `best of ${runs} runs each; RSS of the bench process before our copies: ${(before / MiB).toFixed(0)} MiB, peak during them: ${(peak / MiB).toFixed(0)} MiB (sampled every 20 ms)`,
+      `copy: read ${fmt(copied.bytes_read)}, written ${fmt(copied.bytes_written)}, zero ${fmt(copied.bytes_zero)} bytes; ${fmt(requests)} range reads of the chain's files`,
+    ],
+    `monolithicFlat base of ${fmt(size)} bytes (half data) + vmfsSparse (512 B grains) + seSparse (4 KiB grains) deltas holding ${fmt(deltaBytes)} bytes`,
+  )
 } finally {
   rmSync(dir, { recursive: true, force: true })
 }

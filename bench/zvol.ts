@@ -46,7 +46,11 @@ try {
   const devRoot = path.join(dir, 'dev', 'zvol')
   const zfsDouble = path.join(dir, 'zfs-test-double')
   // zfs TEST DOUBLE: `create ... <dataset>` links the dataset's device path to the loop device.
-  writeFileSync(zfsDouble, `#!/bin/sh\nfor last in "$@"; do :; done\ncase "$1" in\n  create) mkdir -p "${devRoot}/$(dirname "$last")" && ln -sfn ${loop} "${devRoot}/$last";;\n  destroy) rm -rf "${devRoot}/$last";;\nesac\n`, { mode: 0o755 })
+  writeFileSync(
+    zfsDouble,
+    `#!/bin/sh\nfor last in "$@"; do :; done\ncase "$1" in\n  create) mkdir -p "${devRoot}/$(dirname "$last")" && ln -sfn ${loop} "${devRoot}/$last";;\n  destroy) rm -rf "${devRoot}/$last";;\nesac\n`,
+    { mode: 0o755 },
+  )
   const sink = new ZvolSink({ pool: 'tank', appliance: 'migrator', zfsPath: zfsDouble, devPrefix: devRoot })
 
   const reset = async () => {
@@ -70,7 +74,14 @@ try {
   const runOurs = async () => {
     await reset()
     const t0 = performance.now()
-    const reader = await openDiskReader({ label: 'disk0', capacity_bytes: size, disk_format: 'qcow2', source: { path: src }, controller: 'virtio', address: '0' })
+    const reader = await openDiskReader({
+      label: 'disk0',
+      capacity_bytes: size,
+      disk_format: 'qcow2',
+      source: { path: src },
+      controller: 'virtio',
+      address: '0',
+    })
     const vol = await sink.create('bench', 'disk0', reader.size)
     await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
     await vol.close()
@@ -81,10 +92,14 @@ try {
   await alternate(reps, runRef, runOurs)
   const mbs = (s: number) => (size / MiB / s).toFixed(0)
   const fmt = (xs: number[]) => `${mbs(median(xs))} [${mbs(Math.max(...xs))}-${mbs(Math.min(...xs))}]`
-  console.log(`zvol block-device path (loop device standing in for the zvol, zfs TEST DOUBLE): ${layout} layout, ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB, ${reps} repetitions alternating`)
+  console.log(
+    `zvol block-device path (loop device standing in for the zvol, zfs TEST DOUBLE): ${layout} layout, ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB, ${reps} repetitions alternating`,
+  )
   console.log(`qemu-img convert -n into the device + sync: ${fmt(refSec)} MB/s`)
   console.log(`zvol sink (openDiskReader + copyDisk):     ${fmt(ourSec)} MB/s`)
-  console.log(`ratio of medians: ${(median(refSec) / median(ourSec)).toFixed(2)}; device equal to the source after every run (qemu-img compare): ${equal ? 'yes' : 'NO'}`)
+  console.log(
+    `ratio of medians: ${(median(refSec) / median(ourSec)).toFixed(2)}; device equal to the source after every run (qemu-img compare): ${equal ? 'yes' : 'NO'}`,
+  )
   if (!equal) process.exitCode = 1
 } finally {
   if (loop) spawnSync('losetup', ['-d', loop])

@@ -9,7 +9,11 @@ import { createParser, type EventSourceMessage } from 'eventsource-parser'
 
 /** An error answered by the API (`{"error": {code, message}}`) or a transport failure (`code` null). */
 export class ApiError extends Error {
-  constructor(readonly code: string | null, message: string, readonly status: number | null) {
+  constructor(
+    readonly code: string | null,
+    message: string,
+    readonly status: number | null,
+  ) {
     super(message)
     this.name = 'ApiError'
   }
@@ -52,7 +56,10 @@ export class Api {
       throw new ApiError(null, `unexpected response: ${text.slice(0, 200)}`, res.status)
     }
     if (!res.ok) {
-      const hint = res.status === 401 ? ` (HTTP 401: give --user and --password, or MIGRATOR_USER and MIGRATOR_PASSWORD${this.target.user ? `; the credentials of ${this.target.user} were rejected` : ''})` : ''
+      const hint =
+        res.status === 401
+          ? ` (HTTP 401: give --user and --password, or MIGRATOR_USER and MIGRATOR_PASSWORD${this.target.user ? `; the credentials of ${this.target.user} were rejected` : ''})`
+          : ''
       throw new ApiError(body?.error?.code ?? null, (body?.error?.message ?? `HTTP ${res.status}`) + hint, res.status)
     }
     return body
@@ -62,7 +69,11 @@ export class Api {
   async call(method: string, p: string, body?: unknown): Promise<any> {
     let res: Response
     try {
-      res = await fetch(this.url(p), { method, headers: this.headers(body === undefined ? {} : { 'content-type': 'application/json' }), body: body === undefined ? undefined : JSON.stringify(body) })
+      res = await fetch(this.url(p), {
+        method,
+        headers: this.headers(body === undefined ? {} : { 'content-type': 'application/json' }),
+        body: body === undefined ? undefined : JSON.stringify(body),
+      })
     } catch (e) {
       throw new ApiError(null, `cannot reach the migrator at ${this.target.baseUrl}: ${(e as Error).message}`, null)
     }
@@ -87,7 +98,9 @@ export class Api {
     const body = new ReadableStream<Uint8Array>({
       async pull(c) {
         if (phase === 0) {
-          c.enqueue(enc.encode(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${name}"\r\nContent-Type: application/octet-stream\r\n\r\n`))
+          c.enqueue(
+            enc.encode(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${name}"\r\nContent-Type: application/octet-stream\r\n\r\n`),
+          )
           phase = 1
           return
         }
@@ -113,7 +126,12 @@ export class Api {
     })
     let res: Response
     try {
-      res = await fetch(this.url('/uploads'), { method: 'POST', headers: this.headers({ 'content-type': `multipart/form-data; boundary=${boundary}` }), body, duplex: 'half' } as RequestInit)
+      res = await fetch(this.url('/uploads'), {
+        method: 'POST',
+        headers: this.headers({ 'content-type': `multipart/form-data; boundary=${boundary}` }),
+        body,
+        duplex: 'half',
+      } as RequestInit)
     } catch (e) {
       throw new ApiError(null, `upload of ${file} failed: ${(e as Error).message}`, null)
     }
@@ -129,7 +147,11 @@ export class Api {
    * Throws {@link ApiError} when the server cannot be reached or answers an error.
    */
   // biome-ignore lint/suspicious/noConfusingVoidType: a callback may return nothing (go on) or false (stop)
-  async follow(jobId: string | null, onEvent: (name: string, data: any) => boolean | void, opts: { signal?: AbortSignal; onOpen?: () => Promise<boolean | void> } = {}): Promise<void> {
+  async follow(
+    jobId: string | null,
+    onEvent: (name: string, data: any) => boolean | void,
+    opts: { signal?: AbortSignal; onOpen?: () => Promise<boolean | void> } = {},
+  ): Promise<void> {
     const { signal } = opts
     let lastId: string | null = null
     let done = false
@@ -137,7 +159,10 @@ export class Api {
       const q = jobId ? `?id=${encodeURIComponent(jobId)}` : ''
       let res: Response
       try {
-        res = await fetch(this.url(`/migrations/stream${q}`), { headers: this.headers(lastId ? { 'last-event-id': lastId, accept: 'text/event-stream' } : { accept: 'text/event-stream' }), signal })
+        res = await fetch(this.url(`/migrations/stream${q}`), {
+          headers: this.headers(lastId ? { 'last-event-id': lastId, accept: 'text/event-stream' } : { accept: 'text/event-stream' }),
+          signal,
+        })
       } catch (e) {
         if (signal?.aborted) return
         throw new ApiError(null, `cannot reach the migrator at ${this.target.baseUrl}: ${(e as Error).message}`, null)

@@ -18,7 +18,11 @@ import * as watch from './commands/watch.ts'
 
 const program = new Command('migrator')
   .description('VM migrator: bring VMs from other hypervisors onto this KVM host')
-  .option('--url <url>', 'migrator API base URL (http://host:port alone gets /api/v1/migrator)', process.env.MIGRATOR_URL ?? 'http://127.0.0.1:8080/api/v1/migrator')
+  .option(
+    '--url <url>',
+    'migrator API base URL (http://host:port alone gets /api/v1/migrator)',
+    process.env.MIGRATOR_URL ?? 'http://127.0.0.1:8080/api/v1/migrator',
+  )
   .option('--user <user>', 'Basic-auth user', process.env.MIGRATOR_USER)
   .option('--password <password>', 'Basic-auth password', process.env.MIGRATOR_PASSWORD)
   .option('--json', 'machine-readable output', false)

@@ -23,7 +23,13 @@ export function table(json: boolean, items: unknown[], headers: string[], row: (
   }
   const rows = [headers, ...items.map((i) => row(i).map((c) => (c === null || c === undefined ? '-' : String(c))))]
   const widths = headers.map((_, c) => Math.max(...rows.map((r) => r[c].length)))
-  for (const r of rows) process.stdout.write(r.map((c, i) => c.padEnd(widths[i])).join('  ').trimEnd() + '\n')
+  for (const r of rows)
+    process.stdout.write(
+      r
+        .map((c, i) => c.padEnd(widths[i]))
+        .join('  ')
+        .trimEnd() + '\n',
+    )
 }
 
 /** Prints one object as JSON (always: objects have no table form). */

@@ -55,7 +55,10 @@ function alive(pidFile: string): boolean {
 }
 
 async function ensureLibvirt(): Promise<void> {
-  for (const [name, pidFile] of [['virtlogd', '/run/virtlogd.pid'], ['libvirtd', '/run/libvirtd.pid']]) {
+  for (const [name, pidFile] of [
+    ['virtlogd', '/run/virtlogd.pid'],
+    ['libvirtd', '/run/libvirtd.pid'],
+  ]) {
     if (alive(pidFile) || virsh('version').status === 0) continue
     console.log(`starting ${name}`)
     const r = spawnSync(`/usr/sbin/${name}`, ['--daemon'], { encoding: 'utf8' })
@@ -97,14 +100,21 @@ try {
   const api = new Api({ baseUrl: base })
   for (let i = 0; ; i++) {
     if (server.exitCode !== null) throw new Error(`the migrator exited with ${server.exitCode}`)
-    if (await api.call('GET', '/migrations').then(() => true, () => false)) break
+    if (
+      await api.call('GET', '/migrations').then(
+        () => true,
+        () => false,
+      )
+    )
+      break
     if (i > 150) throw new Error('the migrator did not answer in 30 s')
     await Bun.sleep(200)
   }
 
   say('pre-flight checks (GET /doctor; all of them: migrator doctor)')
   const report = await api.call('GET', '/doctor')
-  for (const c of report.checks.filter((x: any) => x.status !== 'ok')) console.log(`  ${c.status.toUpperCase().padEnd(4)} ${c.id}: ${c.found}\n       fix: ${c.fix}`)
+  for (const c of report.checks.filter((x: any) => x.status !== 'ok'))
+    console.log(`  ${c.status.toUpperCase().padEnd(4)} ${c.id}: ${c.found}\n       fix: ${c.fix}`)
   console.log(`  ${report.checks.length} checks, overall ${report.status}`)
 
   const work = path.join(dataDir, 'demo-work')
@@ -118,7 +128,8 @@ try {
     const t0 = Date.now()
     const images = guestImages()
     console.log(`guest image ${images.pvscsi.path} ready in ${((Date.now() - t0) / 1000).toFixed(1)} s`)
-    if (!existsSync(path.join(importRoot, rel))) buildInput('vmx_folder', path.join(importRoot, 'demo'), 'demo-vm', [images.pvscsi.path], {}, { controller: 'pvscsi' })
+    if (!existsSync(path.join(importRoot, rel)))
+      buildInput('vmx_folder', path.join(importRoot, 'demo'), 'demo-vm', [images.pvscsi.path], {}, { controller: 'pvscsi' })
   } catch (e) {
     console.log(`the real guest could not be built (${(e as Error).message.split('\n')[0]}):`)
     console.log('FALLBACK: a 64 MiB disk whose boot sector prints a marker, as an OVA (streamOptimized VMDK); its boot cannot be verified')
@@ -136,7 +147,9 @@ try {
   say('inspect')
   const manifest = await api.call('POST', '/host-files/inspect', { path: rel, kind })
   const m = manifest.manifest ?? manifest
-  console.log(`${m.name}: ${m.disks.length} disk(s), ${bytes(m.disks[0].capacity_bytes)}, ${m.cpu.count} vCPU, ${bytes(m.memory_bytes)} memory, firmware ${m.firmware}, guest ${m.guest_os.family}`)
+  console.log(
+    `${m.name}: ${m.disks.length} disk(s), ${bytes(m.disks[0].capacity_bytes)}, ${m.cpu.count} vCPU, ${bytes(m.memory_bytes)} memory, firmware ${m.firmware}, guest ${m.guest_os.family}`,
+  )
 
   say('submit the plan, then live progress (SSE /migrations/stream)')
   const plan = { source: { Offline: kind }, source_ref: { kind: 'offline_host_path', path: rel }, mode: 'Cold', name: vmName }
@@ -150,9 +163,13 @@ try {
       if (!job || data.id !== job.id) return
       const p = data.progress
       if (event === 'progress') {
-        console.log(`  ${data.state.padEnd(12)} ${bytes(p.bytes_done).padStart(10)} / ${bytes(p.bytes_total)}  (${bytes(p.bytes_zero)} zero, skipped)  ${bytes(p.rate_bytes_per_s)}/s  eta ${p.eta_s ?? '-'} s`)
+        console.log(
+          `  ${data.state.padEnd(12)} ${bytes(p.bytes_done).padStart(10)} / ${bytes(p.bytes_total)}  (${bytes(p.bytes_zero)} zero, skipped)  ${bytes(p.rate_bytes_per_s)}/s  eta ${p.eta_s ?? '-'} s`,
+        )
       } else if (event === 'migration') {
-        console.log(`  state: ${data.state.padEnd(12)} ${bytes(p.bytes_done)} / ${bytes(p.bytes_total)} copied${data.last_error ? `  ${data.last_error.code}: ${data.last_error.message}` : ''}`)
+        console.log(
+          `  state: ${data.state.padEnd(12)} ${bytes(p.bytes_done)} / ${bytes(p.bytes_total)} copied${data.last_error ? `  ${data.last_error.code}: ${data.last_error.message}` : ''}`,
+        )
         if (['completed', 'failed', 'cancelled'].includes(data.status)) {
           final = data
           return true
@@ -175,9 +192,17 @@ try {
 
   say('the domain on this host')
   console.log(virsh('list', '--all').stdout.trim())
-  const domain = virsh('list', '--name').stdout.split('\n').map((s) => s.trim()).filter((n) => n.startsWith(vmName)).pop() ?? vmName
+  const domain =
+    virsh('list', '--name')
+      .stdout.split('\n')
+      .map((s) => s.trim())
+      .filter((n) => n.startsWith(vmName))
+      .pop() ?? vmName
   say(`serial console of ${domain} (${path.join(dataDir, 'logs', `${job.id}.serial.log`)})`)
-  const serial = readFileSync(path.join(dataDir, 'logs', `${job.id}.serial.log`), 'latin1').replace(/\x1b\[[0-9;?]*[A-Za-z]/g, '').trim().split(/\r?\n/)
+  const serial = readFileSync(path.join(dataDir, 'logs', `${job.id}.serial.log`), 'latin1')
+    .replace(/\x1b\[[0-9;?]*[A-Za-z]/g, '')
+    .trim()
+    .split(/\r?\n/)
   console.log(`... (${serial.length} lines; the last 6, and the marker)`)
   console.log(serial.slice(-6).join('\n'))
   console.log(serial.find((l) => l.includes(marker)) ?? `(marker ${marker} not found)`)

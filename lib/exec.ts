@@ -91,7 +91,11 @@ export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {
     })
     let child: ChildProcess
     try {
-      child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe', ...(opts.fds ?? [])], detached: opts.processGroup === true, ...(opts.env ? { env: opts.env } : {}) })
+      child = spawn(cmd, args, {
+        stdio: ['ignore', 'pipe', 'pipe', ...(opts.fds ?? [])],
+        detached: opts.processGroup === true,
+        ...(opts.env ? { env: opts.env } : {}),
+      })
     } catch (e) {
       const se = e as NodeJS.ErrnoException
       return resolve(result({ spawnError: se, stderr: se.message }))

@@ -53,7 +53,9 @@ export async function listHostDir(root: string, rel: string): Promise<{ path: st
     const abs = path.join(dir, d.name)
     items.push(await describe(root, abs, d.name))
   }
-  items.sort((a, b) => (a.type === 'directory') !== (b.type === 'directory') ? (a.type === 'directory' ? -1 : 1) : a.name < b.name ? -1 : a.name > b.name ? 1 : 0)
+  items.sort((a, b) =>
+    (a.type === 'directory') !== (b.type === 'directory') ? (a.type === 'directory' ? -1 : 1) : a.name < b.name ? -1 : a.name > b.name ? 1 : 0,
+  )
   return { path: relativeToRoot(root, dir), items, truncated }
 }
 

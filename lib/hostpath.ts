@@ -130,7 +130,10 @@ export class InputScope {
       fd = openSync(file, FS.O_RDONLY | FS.O_NONBLOCK | FS.O_NOCTTY)
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code
-      throw new MigError(code === 'ENOENT' ? 'E_MIG_NOT_FOUND' : 'E_MIG_DISK_READ_FAILED', `${relativeToRoot(this.realRoot, file)}: cannot open (${code ?? 'error'})`)
+      throw new MigError(
+        code === 'ENOENT' ? 'E_MIG_NOT_FOUND' : 'E_MIG_DISK_READ_FAILED',
+        `${relativeToRoot(this.realRoot, file)}: cannot open (${code ?? 'error'})`,
+      )
     }
     let keep = false
     try {
@@ -233,7 +236,8 @@ export function childFile(path: string, childFds?: number[]): string {
 export function redactHostPaths(text: string, importRoot: string, dataDir?: string): string {
   const pairs: Array<[string, string]> = []
   for (const r of new Set([path.resolve(importRoot), realpathOfExisting(path.resolve(importRoot))])) pairs.push([`${r}/`, ''], [r, '.'])
-  if (dataDir) for (const d of new Set([path.resolve(dataDir), realpathOfExisting(path.resolve(dataDir))])) pairs.push([`${d}/`, '<data dir>/'], [d, '<data dir>'])
+  if (dataDir)
+    for (const d of new Set([path.resolve(dataDir), realpathOfExisting(path.resolve(dataDir))])) pairs.push([`${d}/`, '<data dir>/'], [d, '<data dir>'])
   let out = text
   for (const [from, to] of pairs) if (from.length > 1) out = out.split(from).join(to)
   return out

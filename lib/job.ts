@@ -5,17 +5,7 @@ import type { Plan, Strategy } from './plan.ts'
 import type { ErrorCode } from './errors.ts'
 
 /** Job states: spec section 3's phases plus `Queued` (initial), `Failed`, `Cancelled`. */
-export const JOB_STATES = [
-  'Queued',
-  'CopyingFull',
-  'DeltaSyncing',
-  'CuttingOver',
-  'V2vProcessing',
-  'Starting',
-  'Completed',
-  'Failed',
-  'Cancelled',
-] as const
+export const JOB_STATES = ['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'V2vProcessing', 'Starting', 'Completed', 'Failed', 'Cancelled'] as const
 export type JobState = (typeof JOB_STATES)[number]
 
 /** Coarse status derived from the state. */

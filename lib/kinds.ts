@@ -7,17 +7,7 @@ export const ADAPTER_KINDS = ['vim_api', 'wmi_api', 'pve_api', 'libvirt_remote',
 export type AdapterKind = (typeof ADAPTER_KINDS)[number]
 
 /** Offline importer kinds (spec 1.1). `vmcx_export` is a passthrough to virt-v2v. */
-export const IMPORTER_KINDS = [
-  'ova_archive',
-  'ovf_folder',
-  'vmx_folder',
-  'vhdx',
-  'qcow2',
-  'vmdk',
-  'vmcx_export',
-  'vbox_folder',
-  'xva_archive',
-] as const
+export const IMPORTER_KINDS = ['ova_archive', 'ovf_folder', 'vmx_folder', 'vhdx', 'qcow2', 'vmdk', 'vmcx_export', 'vbox_folder', 'xva_archive'] as const
 export type ImporterKind = (typeof IMPORTER_KINDS)[number]
 
 /** Importers whose data copy is a single `run_full_import` instead of the `read_disk` loop (spec 1.2). */

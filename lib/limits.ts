@@ -15,9 +15,13 @@ export const DESTINATION_LIMITS = { maxDisks: 64, maxNics: 32 } as const
 export function checkDestinationLimits(label: string, counts: { disks?: number; nics?: number }): void {
   const { maxDisks, maxNics } = DESTINATION_LIMITS
   if (counts.disks !== undefined && counts.disks > maxDisks) {
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${counts.disks} disks, more than the ${maxDisks} a destination domain can attach`, { details: { disks: counts.disks, max_disks: maxDisks } })
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${counts.disks} disks, more than the ${maxDisks} a destination domain can attach`, {
+      details: { disks: counts.disks, max_disks: maxDisks },
+    })
   }
   if (counts.nics !== undefined && counts.nics > maxNics) {
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${counts.nics} network adapters, more than the ${maxNics} a destination domain can attach`, { details: { nics: counts.nics, max_nics: maxNics } })
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${counts.nics} network adapters, more than the ${maxNics} a destination domain can attach`, {
+      details: { nics: counts.nics, max_nics: maxNics },
+    })
   }
 }

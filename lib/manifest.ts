@@ -108,13 +108,21 @@ export function guestFamilyOf(id: string | null | undefined): GuestFamily {
   if (!id) return 'unknown'
   const s = id.toLowerCase()
   if (/win|microsoft/.test(s) && !/darwin/.test(s)) return 'windows'
-  if (/linux|rhel|centos|ubuntu|debian|suse|sles|fedora|redhat|oracle|arch|gentoo|mandr|turbo|asianux|coreos|photon|alma|rocky|amazon|mint|opensuse|ttylinux/.test(s)) return 'linux'
+  if (
+    /linux|rhel|centos|ubuntu|debian|suse|sles|fedora|redhat|oracle|arch|gentoo|mandr|turbo|asianux|coreos|photon|alma|rocky|amazon|mint|opensuse|ttylinux/.test(
+      s,
+    )
+  )
+    return 'linux'
   if (/other|freebsd|solaris|netware|darwin|mac|os2|dos|bsd|unix|sco|eComStation/i.test(s)) return 'other'
   return 'unknown'
 }
 
 /** A label safe for file names and zvol names: `[A-Za-z0-9._-]`, at most 64 characters, never `.`/`..`. */
 export function sanitizeLabel(label: string): string {
-  const s = label.replace(/[^A-Za-z0-9._-]+/g, '_').replace(/^[._]+/, '').slice(0, 64)
+  const s = label
+    .replace(/[^A-Za-z0-9._-]+/g, '_')
+    .replace(/^[._]+/, '')
+    .slice(0, 64)
   return s === '' ? 'disk' : s
 }

@@ -9,10 +9,7 @@ import { MigError } from './errors.ts'
 const uuid = z.string().regex(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i, 'must be a UUID')
 
 /** `source`: externally tagged, exactly one of `{"Live": <adapter kind>}` or `{"Offline": <importer kind>}`. */
-export const PlanSource = z.union([
-  z.strictObject({ Live: z.enum(ADAPTER_KINDS) }),
-  z.strictObject({ Offline: z.enum(IMPORTER_KINDS) }),
-])
+export const PlanSource = z.union([z.strictObject({ Live: z.enum(ADAPTER_KINDS) }), z.strictObject({ Offline: z.enum(IMPORTER_KINDS) })])
 
 /** `source_ref`, discriminated by `kind`. */
 export const SourceRef = z.discriminatedUnion('kind', [
@@ -27,10 +24,7 @@ export const SourceRef = z.discriminatedUnion('kind', [
  * `POST /migrations/:id/cutover`; `{at: <RFC 3339 time with offset>}` until that time (or an
  * earlier command).
  */
-export const CutoverPlan = z.union([
-  z.strictObject({ mode: z.enum(['auto', 'manual']) }),
-  z.strictObject({ at: z.iso.datetime({ offset: true }) }),
-])
+export const CutoverPlan = z.union([z.strictObject({ mode: z.enum(['auto', 'manual']) }), z.strictObject({ at: z.iso.datetime({ offset: true }) })])
 export type CutoverPlan = z.infer<typeof CutoverPlan>
 
 /** How a plan's cutover is triggered: `auto` (convergence), `manual` (command), `scheduled` (`at`, or a command). */
@@ -52,19 +46,22 @@ const ZFS_RESERVED_POOLS = new Set(['mirror', 'raidz', 'raidz1', 'raidz2', 'raid
  * (first component) starts with a letter, is not a vdev word (`mirror`, `raidz`, `spare`, `log`
  * ...) and not `c<digit>...`; at most 255 bytes; no `@` or `#` (snapshots, bookmarks).
  */
-export const zfsDatasetName = z.string().max(255).superRefine((s, c) => {
-  const parts = s.split('/')
-  const why = parts.some((p) => p === '' || p === '.' || p === '..')
-    ? 'empty, "." or ".." component'
-    : parts.some((p) => !/^[A-Za-z0-9_.:-]+$/.test(p))
-      ? 'components may hold only letters, digits and _ . : -'
-      : !/^[A-Za-z]/.test(parts[0]!)
-        ? 'the pool name must start with a letter'
-        : ZFS_RESERVED_POOLS.has(parts[0]!) || /^c[0-9]/.test(parts[0]!)
-          ? `"${parts[0]}" is a reserved pool name`
-          : null
-  if (why) c.addIssue({ code: 'custom', message: `must be a ZFS dataset name: ${why}` })
-})
+export const zfsDatasetName = z
+  .string()
+  .max(255)
+  .superRefine((s, c) => {
+    const parts = s.split('/')
+    const why = parts.some((p) => p === '' || p === '.' || p === '..')
+      ? 'empty, "." or ".." component'
+      : parts.some((p) => !/^[A-Za-z0-9_.:-]+$/.test(p))
+        ? 'components may hold only letters, digits and _ . : -'
+        : !/^[A-Za-z]/.test(parts[0]!)
+          ? 'the pool name must start with a letter'
+          : ZFS_RESERVED_POOLS.has(parts[0]!) || /^c[0-9]/.test(parts[0]!)
+            ? `"${parts[0]}" is a reserved pool name`
+            : null
+    if (why) c.addIssue({ code: 'custom', message: `must be a ZFS dataset name: ${why}` })
+  })
 
 /** The whole plan. */
 export const Plan = z
@@ -75,7 +72,10 @@ export const Plan = z
     name: name.optional(),
     destination: z.strictObject({ pool: zfsDatasetName }).optional(),
     guest_os: z.enum(['windows', 'linux', 'other']).optional(),
-    networks: z.array(z.strictObject({ source: z.string().min(1).max(256), bridge })).max(64).optional(),
+    networks: z
+      .array(z.strictObject({ source: z.string().min(1).max(256), bridge }))
+      .max(64)
+      .optional(),
     firmware: z.enum(['bios', 'efi']).optional(),
     start: z.boolean().optional(),
     restore_point: z.strictObject({ backup_job_id: uuid, require_quiesced: z.boolean().optional() }).optional(),

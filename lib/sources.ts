@@ -44,7 +44,11 @@ function kindEndpointProblem(kind: AdapterKind, endpoint: string): string | null
 
 /** Body of `POST /sources`. The password is sealed before it is stored and never returned. */
 export const SourceInput = z.strictObject({
-  name: z.string().min(1).max(128).regex(/^[^\x00-\x1f]+$/, 'must not contain control characters'),
+  name: z
+    .string()
+    .min(1)
+    .max(128)
+    .regex(/^[^\x00-\x1f]+$/, 'must not contain control characters'),
   kind: z.enum(ADAPTER_KINDS),
   endpoint,
   username: z.string().min(1).max(256),
@@ -52,8 +56,15 @@ export const SourceInput = z.strictObject({
   tls: z
     .strictObject({
       insecure: z.boolean().optional(),
-      ca_pem: z.string().max(65536).regex(/-----BEGIN CERTIFICATE-----/, 'must be a PEM certificate').optional(),
-      thumbprint: z.string().regex(/^([0-9A-Fa-f]{2}:?){32}$/, 'must be a SHA-256 thumbprint (64 hex digits, colons optional)').optional(),
+      ca_pem: z
+        .string()
+        .max(65536)
+        .regex(/-----BEGIN CERTIFICATE-----/, 'must be a PEM certificate')
+        .optional(),
+      thumbprint: z
+        .string()
+        .regex(/^([0-9A-Fa-f]{2}:?){32}$/, 'must be a SHA-256 thumbprint (64 hex digits, colons optional)')
+        .optional(),
     })
     .optional(),
 })
@@ -71,6 +82,7 @@ export function parseSourceInput(body: unknown): SourceInput {
     throw new MigError('E_MIG_BAD_REQUEST', `invalid source: ${issues.map((i) => `${i.path}: ${i.message}`).join('; ')}`, { details: { issues } })
   }
   const problem = kindEndpointProblem(r.data.kind, r.data.endpoint)
-  if (problem) throw new MigError('E_MIG_BAD_REQUEST', `invalid source: endpoint: ${problem}`, { details: { issues: [{ path: 'endpoint', message: problem }] } })
+  if (problem)
+    throw new MigError('E_MIG_BAD_REQUEST', `invalid source: endpoint: ${problem}`, { details: { issues: [{ path: 'endpoint', message: problem }] } })
   return r.data
 }

@@ -33,7 +33,12 @@ export function normalizeThumbprint(s: string): string {
  */
 export function tlsConnector(trust: TlsTrust, timeoutMs: number): buildConnector.connector {
   const pin = trust.thumbprint ? normalizeThumbprint(trust.thumbprint) : null
-  const base = buildConnector({ ca: trust.ca_pem, rejectUnauthorized: pin === null && trust.insecure !== true, timeout: timeoutMs, ...(pin === null ? {} : { maxCachedSessions: 0 }) })
+  const base = buildConnector({
+    ca: trust.ca_pem,
+    rejectUnauthorized: pin === null && trust.insecure !== true,
+    timeout: timeoutMs,
+    ...(pin === null ? {} : { maxCachedSessions: 0 }),
+  })
   return (o, cb) =>
     base(o, (err, socket) => {
       if (err || pin === null || o.protocol !== 'https:') return cb(err as Error, socket as never)

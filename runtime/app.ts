@@ -55,7 +55,10 @@ function checkBasicAuth(expected: string, header: string | null): boolean {
  * starts the upload sweeper.
  * Throws `KeyringError` or `E_MIG_PERSIST_FAILED` when it cannot start.
  */
-export async function createApp(config: Config, opts: { logger?: Logger; now?: () => Date; runJobs?: boolean; supervisor?: Partial<SupervisorOptions> } = {}): Promise<App> {
+export async function createApp(
+  config: Config,
+  opts: { logger?: Logger; now?: () => Date; runJobs?: boolean; supervisor?: Partial<SupervisorOptions> } = {},
+): Promise<App> {
   const ctx = await createContext(config, opts)
   const supervisor = opts.runJobs === false ? null : new Supervisor(ctx, { ...config.supervisor, ...opts.supervisor })
   if (supervisor) {
@@ -88,10 +91,14 @@ export async function createApp(config: Config, opts: { logger?: Logger; now?: (
       const req = { method: request.method, path }
       let response: Response
       if (config.basicAuth !== null && !checkBasicAuth(config.basicAuth, request.headers.get('authorization'))) {
-        response = errorResponse(new MigError('E_MIG_AUTH_FAILED', 'authentication required', { status: 401 }), { 'www-authenticate': 'Basic realm="migrator"' })
+        response = errorResponse(new MigError('E_MIG_AUTH_FAILED', 'authentication required', { status: 401 }), {
+          'www-authenticate': 'Basic realm="migrator"',
+        })
       } else {
         try {
-          response = ((await router.fetch(request, ctx)) as Response | undefined) ?? errorResponse(new MigError('E_MIG_NOT_FOUND', `no route for ${request.method} ${path}`))
+          response =
+            ((await router.fetch(request, ctx)) as Response | undefined) ??
+            errorResponse(new MigError('E_MIG_NOT_FOUND', `no route for ${request.method} ${path}`))
         } catch (e) {
           response = toErrorResponse(e, logger, req, (s) => redactHostPaths(s, config.importRoot, config.dataDir))
         }

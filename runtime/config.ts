@@ -71,7 +71,15 @@ export interface Config {
   /** Windows V2V (spec 1.5): the virtio-win ISO, the `virt-v2v-in-place` binary, and the `virt-v2v` binary of the VMCX passthrough. */
   v2v: { virtioWinIso: string; binary: string; fullImportBinary: string }
   /** The host backup API for plan `restore_point` (spec 4, 5.2); null when not configured. */
-  backup: { baseUrl: string; username: string; password: string; caFile: string | null; fingerprint256: string | null; insecure: boolean; restorePointTimeoutSeconds: number } | null
+  backup: {
+    baseUrl: string
+    username: string
+    password: string
+    caFile: string | null
+    fingerprint256: string | null
+    insecure: boolean
+    restorePointTimeoutSeconds: number
+  } | null
   /** libvirt's QEMU driver configuration, read for the user qemu runs as (default `/etc/libvirt/qemu.conf`). */
   qemuConf: string
   /**
@@ -95,7 +103,13 @@ function int(def: number, min = 0) {
       .string()
       .regex(/^\d+$/, { error: `is not an integer >= ${min}` })
       .transform(Number)
-      .pipe(z.number().int().min(min, { error: `is not an integer >= ${min}` }).max(Number.MAX_SAFE_INTEGER, { error: 'is too large' }))
+      .pipe(
+        z
+          .number()
+          .int()
+          .min(min, { error: `is not an integer >= ${min}` })
+          .max(Number.MAX_SAFE_INTEGER, { error: 'is too large' }),
+      )
       .default(def),
   )
 }
@@ -150,14 +164,23 @@ export const VARIABLES = {
     doc: 'the <appliance> path segment (spec 1.3, 1.5)',
   },
   MIGRATOR_IMPORT_ROOT: { schema: optional(), doc: 'the import root (default <data dir>/imports, created mode 0750)' },
-  MIGRATOR_SINK: { schema: z.preprocess(unsetIfEmpty, z.enum(['file', 'zvol'], { error: 'must be "file" or "zvol"' }).default('file')), doc: 'destination sink' },
+  MIGRATOR_SINK: {
+    schema: z.preprocess(unsetIfEmpty, z.enum(['file', 'zvol'], { error: 'must be "file" or "zvol"' }).default('file')),
+    doc: 'destination sink',
+  },
   MIGRATOR_ZFS_POOL: { schema: str('tank'), doc: 'pool of the zvol sink' },
   MIGRATOR_LIBVIRT_URI: { schema: str('qemu:///system'), doc: 'libvirt connection' },
   MIGRATOR_LIBVIRT_QEMU_CONF: { schema: str('/etc/libvirt/qemu.conf'), doc: "libvirt's QEMU driver configuration (the user and group qemu runs as)" },
   MIGRATOR_MAX_JOBS: { schema: int(2, 1), doc: 'concurrent jobs' },
   MIGRATOR_MAX_JOBS_PER_SOURCE: { schema: int(0, 0), doc: 'concurrent live jobs per registered source (0: no limit besides MIGRATOR_MAX_JOBS)' },
-  MIGRATOR_PRECOPY_INTERVAL_SECONDS: { schema: int(300, 1), doc: 'seconds between delta passes of a warm job waiting for its cutover (plan precopy_interval_seconds overrides)' },
-  MIGRATOR_INSPECT_CONCURRENCY: { schema: int(Math.max(1, Math.min(4, cpus().length - 1)), 1), doc: 'inspects parsed at once in worker threads (default: CPUs - 1, 1 to 4)' },
+  MIGRATOR_PRECOPY_INTERVAL_SECONDS: {
+    schema: int(300, 1),
+    doc: 'seconds between delta passes of a warm job waiting for its cutover (plan precopy_interval_seconds overrides)',
+  },
+  MIGRATOR_INSPECT_CONCURRENCY: {
+    schema: int(Math.max(1, Math.min(4, cpus().length - 1)), 1),
+    doc: 'inspects parsed at once in worker threads (default: CPUs - 1, 1 to 4)',
+  },
   MIGRATOR_INSPECT_QUEUE: { schema: int(8, 0), doc: 'inspects waiting for a worker thread before 503 + Retry-After' },
   MIGRATOR_UPLOAD_CAP_BYTES: { schema: int(20 * GiB, 1), doc: 'upload size cap (spec 8)' },
   MIGRATOR_UPLOAD_TTL_SECONDS: { schema: int(7 * 24 * 3600, 1), doc: 'an upload expires this long after it was received' },
@@ -165,7 +188,14 @@ export const VARIABLES = {
   MIGRATOR_SSE_HEARTBEAT_SECONDS: { schema: int(15, 1), doc: 'SSE heartbeat comment interval' },
   MIGRATOR_EVENT_REPLAY_WINDOW: { schema: int(10000, 10), doc: 'job events kept for Last-Event-ID replay' },
   MIGRATOR_BASIC_AUTH: {
-    schema: z.preprocess(unsetIfEmpty, z.string().regex(/^[^:]+:.+$/, { error: 'must be user:password' }).nullable().default(null)),
+    schema: z.preprocess(
+      unsetIfEmpty,
+      z
+        .string()
+        .regex(/^[^:]+:.+$/, { error: 'must be user:password' })
+        .nullable()
+        .default(null),
+    ),
     doc: 'user:password guard for stand-alone installs',
   },
   MIGRATOR_LOG_LEVEL: { schema: str('info'), doc: 'pino level (silent turns logs off)' },
@@ -208,7 +238,9 @@ export const VARIABLES = {
   MIGRATOR_BACKUP_TIMEOUT_SECONDS: { schema: int(600, 1), doc: "how long to wait for the run's restore point" },
 } satisfies Record<string, Variable>
 
-const EnvSchema = z.object(Object.fromEntries(Object.entries(VARIABLES).map(([k, v]) => [k, v.schema])) as { [K in keyof typeof VARIABLES]: (typeof VARIABLES)[K]['schema'] })
+const EnvSchema = z.object(
+  Object.fromEntries(Object.entries(VARIABLES).map(([k, v]) => [k, v.schema])) as { [K in keyof typeof VARIABLES]: (typeof VARIABLES)[K]['schema'] },
+)
 
 /** True for addresses that only this machine can reach. */
 export function isLoopback(host: string): boolean {

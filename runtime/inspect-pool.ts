@@ -66,10 +66,14 @@ export class InspectPool {
   async run(absPath: string, ctx: InspectContext, kind?: ImporterKind): Promise<InspectResult> {
     if (this.running >= this.opts.concurrency) {
       if (this.waiting.length >= this.opts.queue) {
-        throw new MigError('E_MIG_CONFLICT', `too many inspects in progress (${this.running} running, ${this.waiting.length} waiting); retry in ${this.opts.retryAfterSeconds} s`, {
-          status: 503,
-          details: { retry_after_seconds: this.opts.retryAfterSeconds },
-        })
+        throw new MigError(
+          'E_MIG_CONFLICT',
+          `too many inspects in progress (${this.running} running, ${this.waiting.length} waiting); retry in ${this.opts.retryAfterSeconds} s`,
+          {
+            status: 503,
+            details: { retry_after_seconds: this.opts.retryAfterSeconds },
+          },
+        )
       }
       await new Promise<void>((resolve) => this.waiting.push(resolve))
     } else this.running++

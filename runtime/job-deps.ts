@@ -94,7 +94,11 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         const rp = job.plan.restore_point!
         logger.info({ backup_job_id: rp.backup_job_id }, 'running the backup job for the restore point')
         const runId = await backup.runJob(rp.backup_job_id)
-        const point = await backup.waitForRestorePoint(runId, { timeoutMs: config.backup!.restorePointTimeoutSeconds * 1000, requireQuiesced: rp.require_quiesced, signal: sig })
+        const point = await backup.waitForRestorePoint(runId, {
+          timeoutMs: config.backup!.restorePointTimeoutSeconds * 1000,
+          requireQuiesced: rp.require_quiesced,
+          signal: sig,
+        })
         return { backup_job_id: rp.backup_job_id, run_id: runId, restore_point_id: point.id, quiesced: point.quiesced, created_at: point.created_at }
       }
     : undefined
@@ -108,7 +112,8 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     sink,
     keepOnCancel: config.keepOnCancel,
     redact: (message: string) => redactHostPaths(message, paths.importRoot, config.dataDir),
-    reserveDomainName: async (job, manifest) => store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), new Set(await virsh.list()), now().toISOString()),
+    reserveDomainName: async (job, manifest) =>
+      store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), new Set(await virsh.list()), now().toISOString()),
     delta: config.delta,
     cutover: { shutdownEstimateSeconds: config.guestShutdownTimeoutSeconds, startEstimateSeconds: config.domain.bootGraceSeconds },
     takeRestorePoint,
@@ -139,7 +144,8 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
           env: config.domain.type === 'qemu' ? { LIBGUESTFS_BACKEND_SETTINGS: 'force_tcg' } : {},
         },
       }),
-    copyDisk: (reader, volume, opts) => copyDisk(reader, volume, { ...opts, label: volume.path, flushEveryBytes: config.copy.flushEveryBytes, maxBytesPerSecond: config.copy.maxBytesPerSecond }),
+    copyDisk: (reader, volume, opts) =>
+      copyDisk(reader, volume, { ...opts, label: volume.path, flushEveryBytes: config.copy.flushEveryBytes, maxBytesPerSecond: config.copy.maxBytesPerSecond }),
     async v2v(job, manifest, volumes, sig) {
       const preparer = new V2vPreparer({ virtioWinIso: config.v2v.virtioWinIso, binary: config.v2v.binary })
       const disks = manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path }))
@@ -158,7 +164,13 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
       const result = await defineAndStart({
         virsh,
         manifest,
-        plan: { name: job.domain ?? job.plan.name, guest_os: job.plan.guest_os, firmware: job.plan.firmware, networks: job.plan.networks, start: job.plan.start },
+        plan: {
+          name: job.domain ?? job.plan.name,
+          guest_os: job.plan.guest_os,
+          firmware: job.plan.firmware,
+          networks: job.plan.networks,
+          start: job.plan.start,
+        },
         volumes: manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
         domainType: config.domain.type,
         defaultBridge: config.domain.defaultBridge,

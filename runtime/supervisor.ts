@@ -40,7 +40,8 @@ interface Running {
  * loop's buffer churn: the worker's peak RSS on a 4 GiB import drops from 196-215 MiB to
  * 174-187 MiB at the same throughput (bench/import.ts). Node needs nothing (148 MiB).
  */
-const BUN_WORKER_ENV: Record<string, string> = process.versions.bun && !process.env.BUN_JSC_forceRAMSize ? { BUN_JSC_forceRAMSize: String(256 * 1024 * 1024) } : {}
+const BUN_WORKER_ENV: Record<string, string> =
+  process.versions.bun && !process.env.BUN_JSC_forceRAMSize ? { BUN_JSC_forceRAMSize: String(256 * 1024 * 1024) } : {}
 
 /** Path of the worker entry next to this module (`.ts` under Bun, compiled `.js` under Node). */
 function workerPath(): string {
@@ -60,7 +61,10 @@ export class Supervisor {
   private stopped = false
   private readonly opts: SupervisorOptions
 
-  constructor(private readonly ctx: Ctx, opts: Partial<SupervisorOptions> = {}) {
+  constructor(
+    private readonly ctx: Ctx,
+    opts: Partial<SupervisorOptions> = {},
+  ) {
     this.opts = { leaseSeconds: 30, heartbeatTimeoutSeconds: 20, maxAttempts: 3, pollMs: 1000, ...opts }
   }
 
@@ -96,7 +100,9 @@ export class Supervisor {
   async stop(): Promise<void> {
     this.stopped = true
     if (this.timer) clearInterval(this.timer)
-    const exits = [...this.running.values()].map((r) => new Promise<void>((resolve) => (r.child.exitCode !== null || r.child.signalCode !== null ? resolve() : r.child.once('exit', () => resolve()))))
+    const exits = [...this.running.values()].map(
+      (r) => new Promise<void>((resolve) => (r.child.exitCode !== null || r.child.signalCode !== null ? resolve() : r.child.once('exit', () => resolve()))),
+    )
     for (const r of this.running.values()) this.killGroup(r.child, 'SIGTERM')
     const hard = setTimeout(() => {
       for (const r of this.running.values()) this.killGroup(r.child, 'SIGKILL')
@@ -153,7 +159,9 @@ export class Supervisor {
     try {
       await releaseLiveVm(this.ctx.store.sources, this.ctx.sealer, ref.source_id, ref.vm_id, { powerOn })
       this.ctx.logger.info({ job: job.id, vm: ref.vm_id, powerOn }, 'released the source VM of a job given up')
-      return powerOn ? { note: `; the source VM ${ref.vm_id} was powered on again`, powered_on_at: this.ctx.now().toISOString() } : { note: '', powered_on_at: null }
+      return powerOn
+        ? { note: `; the source VM ${ref.vm_id} was powered on again`, powered_on_at: this.ctx.now().toISOString() }
+        : { note: '', powered_on_at: null }
     } catch (e) {
       this.ctx.logger.warn({ job: job.id, vm: ref.vm_id, err: (e as Error).message }, 'could not release the source VM of a job given up')
       return { note: powerOn ? `; powering the source VM ${ref.vm_id} on again failed: ${(e as Error).message}` : '', powered_on_at: null }
@@ -169,7 +177,11 @@ export class Supervisor {
       const released = await this.releaseSource(before)
       const sourceVm = released.powered_on_at && before.source_vm ? { source_vm: { ...before.source_vm, powered_on_at: released.powered_on_at } } : {}
       const message = `the job's worker died ${attempts - 1} times; giving up${released.note}`
-      const job = await jobs.update(id, { state: 'Failed', finished_at: this.ctx.now().toISOString(), last_error: { code: 'E_MIG_INTERNAL', message, fatal: true }, ...sourceVm }, this.ctx.now().toISOString())
+      const job = await jobs.update(
+        id,
+        { state: 'Failed', finished_at: this.ctx.now().toISOString(), last_error: { code: 'E_MIG_INTERNAL', message, fatal: true }, ...sourceVm },
+        this.ctx.now().toISOString(),
+      )
       await this.ctx.hub.publishJob(job)
       return
     }

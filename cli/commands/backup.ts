@@ -66,7 +66,11 @@ export function register(program: Command): void {
         try {
           const runId = await c.runJob(jobId)
           const point = o.wait ? await c.waitForRestorePoint(runId, { timeoutMs: timeout * 1000, pollMs: 500 }) : null
-          process.stdout.write(globals(cmd).json ? JSON.stringify({ run_id: runId, restore_point: point }) + '\n' : `run ${runId}${point ? `, restore point ${point.id}${point.quiesced ? ' (quiesced)' : ''}` : ''}\n`)
+          process.stdout.write(
+            globals(cmd).json
+              ? JSON.stringify({ run_id: runId, restore_point: point }) + '\n'
+              : `run ${runId}${point ? `, restore point ${point.id}${point.quiesced ? ' (quiesced)' : ''}` : ''}\n`,
+          )
         } finally {
           await c.close()
         }
@@ -79,7 +83,13 @@ export function register(program: Command): void {
       run(async () => {
         const c = client(cmd)
         try {
-          table(globals(cmd).json, await c.listRestorePoints(), ['ID', 'RUN', 'JOB', 'QUIESCED', 'CREATED'], (p) => [p.id, p.run_id, p.job_id, p.quiesced ? 'yes' : 'no', p.created_at])
+          table(globals(cmd).json, await c.listRestorePoints(), ['ID', 'RUN', 'JOB', 'QUIESCED', 'CREATED'], (p) => [
+            p.id,
+            p.run_id,
+            p.job_id,
+            p.quiesced ? 'yes' : 'no',
+            p.created_at,
+          ])
         } finally {
           await c.close()
         }

@@ -17,7 +17,9 @@ export function printReport(report: DoctorReport): void {
     process.stdout.write('\nfixes:\n')
     for (const c of fixes) process.stdout.write(`  ${c.id}: ${c.fix}\n`)
   }
-  process.stdout.write(`\n${report.status === 'fail' ? 'FAIL: this host cannot run migrations as configured' : report.status === 'warn' ? 'WARN: migrations can run; see the warnings' : 'OK'}\n`)
+  process.stdout.write(
+    `\n${report.status === 'fail' ? 'FAIL: this host cannot run migrations as configured' : report.status === 'warn' ? 'WARN: migrations can run; see the warnings' : 'OK'}\n`,
+  )
 }
 
 /** Registers `doctor`. */

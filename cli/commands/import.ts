@@ -21,7 +21,9 @@ import { watchJob } from './watch.ts'
 async function uploadWithProgress(api: Api, file: string, json: boolean): Promise<any> {
   const total = statSync(file).size
   const tty = process.stdout.isTTY === true && !json
-  const bar = tty ? new cliProgress.SingleBar({ format: 'upload |{bar}| {percentage}% {value_h}/{total_h} {rate}/s', hideCursor: true }, cliProgress.Presets.shades_classic) : null
+  const bar = tty
+    ? new cliProgress.SingleBar({ format: 'upload |{bar}| {percentage}% {value_h}/{total_h} {rate}/s', hideCursor: true }, cliProgress.Presets.shades_classic)
+    : null
   const started = Date.now()
   bar?.start(Math.max(total, 1), 0, { total_h: bytes(total), value_h: bytes(0), rate: bytes(0) })
   if (!bar && !json) process.stdout.write(`upload: ${file} (${bytes(total)}) to ${api.baseUrl}\n`)
@@ -78,11 +80,19 @@ export function register(program: Command): void {
         const m = inspected.manifest
         if (g.json) process.stdout.write(JSON.stringify({ event: 'inspected', ...inspected }) + '\n')
         else {
-          process.stdout.write(`${inspected.detected_kind}: ${m.name}, ${m.cpu.count} vCPU, ${bytes(m.memory_bytes)}, ${m.firmware}, guest ${m.guest_os.family}\n`)
+          process.stdout.write(
+            `${inspected.detected_kind}: ${m.name}, ${m.cpu.count} vCPU, ${bytes(m.memory_bytes)}, ${m.firmware}, guest ${m.guest_os.family}\n`,
+          )
           for (const d of m.disks) process.stdout.write(`  disk ${d.label}: ${bytes(d.capacity_bytes)} ${d.disk_format}\n`)
           for (const w of m.warnings) process.stdout.write(`  warning: ${w}\n`)
         }
-        const plan = { source: { Offline: inspected.detected_kind }, source_ref: sourceRef, mode: 'Cold', ...(o.name ? { name: o.name } : {}), ...(o.start ? {} : { start: false }) }
+        const plan = {
+          source: { Offline: inspected.detected_kind },
+          source_ref: sourceRef,
+          mode: 'Cold',
+          ...(o.name ? { name: o.name } : {}),
+          ...(o.start ? {} : { start: false }),
+        }
         const job = await api.call('POST', '/migrations', { plan })
         if (g.json) process.stdout.write(JSON.stringify({ event: 'submitted', id: job.id }) + '\n')
         else process.stdout.write(`migration ${job.id} submitted\n`)

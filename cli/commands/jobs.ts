@@ -11,7 +11,14 @@ export function register(program: Command): void {
     .action((_o, cmd: Command) =>
       run(async () => {
         const { items } = await apiOf(cmd).call('GET', '/migrations')
-        table(globals(cmd).json, items, ['ID', 'STATE', 'DONE', 'TOTAL', 'ERROR', 'CREATED'], (j) => [j.id, j.state, bytes(j.progress?.bytes_done), bytes(j.progress?.bytes_total), j.last_error?.code, j.created_at])
+        table(globals(cmd).json, items, ['ID', 'STATE', 'DONE', 'TOTAL', 'ERROR', 'CREATED'], (j) => [
+          j.id,
+          j.state,
+          bytes(j.progress?.bytes_done),
+          bytes(j.progress?.bytes_total),
+          j.last_error?.code,
+          j.created_at,
+        ])
       }),
     )
   program

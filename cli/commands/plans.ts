@@ -28,7 +28,13 @@ export function register(program: Command): void {
         const p = await apiOf(cmd).call('GET', `/plans/${encodeURIComponent(id)}`)
         if (globals(cmd).json) return show(p)
         process.stdout.write(`plan ${p.id}${p.name ? ` (${p.name})` : ''}: ${p.state}\n`)
-        table(false, p.vms, ['KEY', 'JOB', 'STATE', 'DEPENDS ON', 'BLOCKED BY'], (v) => [v.key, v.job_id, v.state, v.depends_on.join(','), v.blocked_by.join(',')])
+        table(false, p.vms, ['KEY', 'JOB', 'STATE', 'DEPENDS ON', 'BLOCKED BY'], (v) => [
+          v.key,
+          v.job_id,
+          v.state,
+          v.depends_on.join(','),
+          v.blocked_by.join(','),
+        ])
       }),
     )
   plans

@@ -13,12 +13,13 @@ export function register(program: Command): void {
     .option('--password-env <var>', 'environment variable holding the password', 'MIGRATOR_SOURCE_PASSWORD')
     .option('--insecure', 'accept any TLS certificate')
     .option('--thumbprint <sha256>', 'pinned SHA-256 certificate thumbprint')
-    .action((name: string, kind: string, endpoint: string, o: { username: string; passwordEnv: string; insecure?: boolean; thumbprint?: string }, cmd: Command) =>
-      run(async () => {
-        const password = process.env[o.passwordEnv] ?? ''
-        const tls = { ...(o.insecure ? { insecure: true } : {}), ...(o.thumbprint ? { thumbprint: o.thumbprint } : {}) }
-        show(await apiOf(cmd).call('POST', '/sources', { name, kind, endpoint, username: o.username, password, ...(Object.keys(tls).length ? { tls } : {}) }))
-      }),
+    .action(
+      (name: string, kind: string, endpoint: string, o: { username: string; passwordEnv: string; insecure?: boolean; thumbprint?: string }, cmd: Command) =>
+        run(async () => {
+          const password = process.env[o.passwordEnv] ?? ''
+          const tls = { ...(o.insecure ? { insecure: true } : {}), ...(o.thumbprint ? { thumbprint: o.thumbprint } : {}) }
+          show(await apiOf(cmd).call('POST', '/sources', { name, kind, endpoint, username: o.username, password, ...(Object.keys(tls).length ? { tls } : {}) }))
+        }),
     )
   sources
     .command('list')

@@ -13,20 +13,20 @@ export function register(program: Command): void {
     .command('list')
     .description('list uploads')
     .action((_o, cmd: Command) =>
-    run(async () => {
-      const { items } = await apiOf(cmd).call('GET', '/uploads')
-      table(globals(cmd).json, items, ['ID', 'FILE', 'SIZE', 'SHA256', 'EXPIRES'], (u) => [u.id, u.filename, bytes(u.size_bytes), u.sha256, u.expires_at])
-    }),
-  )
+      run(async () => {
+        const { items } = await apiOf(cmd).call('GET', '/uploads')
+        table(globals(cmd).json, items, ['ID', 'FILE', 'SIZE', 'SHA256', 'EXPIRES'], (u) => [u.id, u.filename, bytes(u.size_bytes), u.sha256, u.expires_at])
+      }),
+    )
   uploads
     .command('rm <id>')
     .description('remove an upload')
     .action((id: string, _o, cmd: Command) =>
-    run(async () => {
-      await apiOf(cmd).call('DELETE', `/uploads/${encodeURIComponent(id)}`)
-      if (!globals(cmd).json) process.stdout.write(`removed ${id}\n`)
-    }),
-  )
+      run(async () => {
+        await apiOf(cmd).call('DELETE', `/uploads/${encodeURIComponent(id)}`)
+        if (!globals(cmd).json) process.stdout.write(`removed ${id}\n`)
+      }),
+    )
   program
     .command('host-files')
     .description('the import root')

@@ -25,7 +25,12 @@ export function exitCodeOf(state: string): number {
 export async function watchJob(api: Api, id: string, json: boolean): Promise<number> {
   const tty = process.stdout.isTTY === true && !json
   // A terminal gets a bar (cli-progress); its own `{total}`/`{value}` tokens are raw numbers, hence `_h`.
-  const multi = tty ? new cliProgress.MultiBar({ format: '{state} |{bar}| {percentage}% {done_h}/{total_h} {rate}/s eta {eta_s}s', hideCursor: true }, cliProgress.Presets.shades_classic) : null
+  const multi = tty
+    ? new cliProgress.MultiBar(
+        { format: '{state} |{bar}| {percentage}% {done_h}/{total_h} {rate}/s eta {eta_s}s', hideCursor: true },
+        cliProgress.Presets.shades_classic,
+      )
+    : null
   let stopped = false
   let bar: cliProgress.SingleBar | null = null
   let state = ''

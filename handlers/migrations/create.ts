@@ -12,7 +12,9 @@ export const path = '/migrations'
  * `E_MIG_NOT_FOUND` (unknown source or missing path), `E_MIG_UPLOAD_NOT_FOUND`, `E_MIG_PERSIST_FAILED`.
  */
 export async function handle(request: Request, ctx: Ctx): Promise<Response> {
-  const job = await submitPlan(await readJson(request), ctx.store, ctx.config.importRoot, ctx.now(), { precopyIntervalSeconds: ctx.config.precopyIntervalSeconds })
+  const job = await submitPlan(await readJson(request), ctx.store, ctx.config.importRoot, ctx.now(), {
+    precopyIntervalSeconds: ctx.config.precopyIntervalSeconds,
+  })
   await ctx.hub.publishJob(job)
   ctx.runner?.notify()
   return json(job, 201)

@@ -13,7 +13,9 @@ export const path = '/plans'
  * cyclic `depends_on`), and the codes of `POST /migrations` for each VM.
  */
 export async function handle(request: Request, ctx: Ctx): Promise<Response> {
-  const { plan, jobs } = await submitBulkPlan(await readJson(request), ctx.store, ctx.config.importRoot, ctx.now(), { precopyIntervalSeconds: ctx.config.precopyIntervalSeconds })
+  const { plan, jobs } = await submitBulkPlan(await readJson(request), ctx.store, ctx.config.importRoot, ctx.now(), {
+    precopyIntervalSeconds: ctx.config.precopyIntervalSeconds,
+  })
   for (const j of jobs) await ctx.hub.publishJob(j)
   ctx.runner?.notify()
   return json(plan, 201)

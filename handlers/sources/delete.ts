@@ -10,7 +10,8 @@ export const path = '/sources/:id'
 export async function handle(_request: Request, ctx: Ctx, params: Record<string, string>): Promise<Response> {
   await ctx.store.sources.get(params.id)
   const users = await ctx.store.jobs.activeUsing({ sourceId: params.id })
-  if (users.length > 0) throw new MigError('E_MIG_CONFLICT', `source ${params.id} is used by active migration(s) ${users.join(', ')}`, { details: { migrations: users } })
+  if (users.length > 0)
+    throw new MigError('E_MIG_CONFLICT', `source ${params.id} is used by active migration(s) ${users.join(', ')}`, { details: { migrations: users } })
   await ctx.store.sources.delete(params.id)
   return noContent()
 }

@@ -12,7 +12,8 @@ export const path = '/uploads/:id'
 export async function handle(_request: Request, ctx: Ctx, params: Record<string, string>): Promise<Response> {
   await ctx.store.uploads.get(params.id, ctx.now().toISOString())
   const users = await ctx.store.jobs.activeUsing({ uploadId: params.id })
-  if (users.length > 0) throw new MigError('E_MIG_CONFLICT', `upload ${params.id} is used by active migration(s) ${users.join(', ')}`, { details: { migrations: users } })
+  if (users.length > 0)
+    throw new MigError('E_MIG_CONFLICT', `upload ${params.id} is used by active migration(s) ${users.join(', ')}`, { details: { migrations: users } })
   await ctx.store.uploads.remove(params.id)
   await unlink(join(ctx.paths.uploads, params.id)).catch(() => {})
   return noContent()

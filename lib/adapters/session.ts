@@ -12,7 +12,12 @@ import { isLiveSession, type AdapterSession } from './types.ts'
  * Connects to source `id` (`opts` are passed to the adapter's `connect`). Throws `E_MIG_NOT_FOUND` (no such source), and whatever the adapter's
  * `connect` throws (`E_MIG_SOURCE_UNREACHABLE`, `E_MIG_AUTH_FAILED`, `E_MIG_BAD_REQUEST`).
  */
-export async function openSourceSession(sources: SourcesRepo, sealer: Sealer, id: string, opts: { guestShutdownTimeoutMs?: number } = {}): Promise<AdapterSession> {
+export async function openSourceSession(
+  sources: SourcesRepo,
+  sealer: Sealer,
+  id: string,
+  opts: { guestShutdownTimeoutMs?: number } = {},
+): Promise<AdapterSession> {
   const source = await sources.get(id)
   const password = sealer.open(await sources.getSealedSecret(id), id)
   return adapterFor(source.kind as AdapterKind).connect({ endpoint: source.endpoint, username: source.username, password, tls: source.tls_config, ...opts })

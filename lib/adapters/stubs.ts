@@ -34,7 +34,11 @@ interface Rules {
 const RULES: Record<StubKind, Rules> = {
   wmi_api: { product: 'Microsoft Hyper-V (WinRM/WMI)', schemes: { https: 5986, http: 5985 }, paths: ['/wsman', ''] },
   pve_api: { product: 'Proxmox VE', schemes: { https: 8006 }, paths: ['/api2/json', ''] },
-  libvirt_remote: { product: 'libvirt', schemes: { 'qemu+tls': 16514, 'qemu+ssh': 22, 'qemu+libssh2': 22, 'qemu+libssh': 22, 'qemu+tcp': 16509 }, paths: ['/system', '/session'] },
+  libvirt_remote: {
+    product: 'libvirt',
+    schemes: { 'qemu+tls': 16514, 'qemu+ssh': 22, 'qemu+libssh2': 22, 'qemu+libssh': 22, 'qemu+tcp': 16509 },
+    paths: ['/system', '/session'],
+  },
   xen_api: { product: 'XenServer/XCP-ng XAPI', schemes: { https: 443, http: 80 }, paths: ['/', ''] },
   prism_api: { product: 'Nutanix Prism', schemes: { https: 9440 }, paths: ['/api/nutanix/v3', '/PrismGateway/services/rest/v2.0', ''] },
 }
@@ -83,7 +87,8 @@ export function validateStubEndpoint(kind: StubKind, endpoint: string): StubEndp
   const port = hp[2] === undefined ? r.schemes[scheme] : Number(hp[2])
   if (!Number.isInteger(port) || port < 1 || port > 65535) throw bad('port must be 1-65535')
   const normPath = path === '/' && !r.paths.includes('/') ? '' : path
-  if (!(normPath === '' && !m) && !r.paths.includes(normPath)) throw bad(`path must be ${r.paths.filter((p) => p !== '').join(' or ')}${r.paths.includes('') ? ' or empty' : ''}`)
+  if (!(normPath === '' && !m) && !r.paths.includes(normPath))
+    throw bad(`path must be ${r.paths.filter((p) => p !== '').join(' or ')}${r.paths.includes('') ? ' or empty' : ''}`)
   const canonical = normPath === '' ? (r.paths.find((p) => p !== '') ?? '') : normPath
   const host = hp[1].replace(/^\[|\]$/g, '')
   return { url: `${scheme}://${user ? `${user}@` : ''}${hp[1]}:${port}${canonical}`, host, port }
@@ -108,7 +113,8 @@ export function probeTcp(host: string, port: number, label: string, timeoutMs = 
 
 function stubSession(kind: StubKind, ep: StubEndpoint): LiveSession {
   const r = RULES[kind]
-  const internal = (what: string) => Promise.reject(new MigError('E_MIG_INTERNAL', `${kind}: ${what} is not implemented by the ${r.product} stub adapter (spec 1.1: v0.1 ships only vim_api)`))
+  const internal = (what: string) =>
+    Promise.reject(new MigError('E_MIG_INTERNAL', `${kind}: ${what} is not implemented by the ${r.product} stub adapter (spec 1.1: v0.1 ships only vim_api)`))
   return {
     supportsWarm: () => false,
     describe: async () => ({ product: `${r.product} at ${ep.url} (stub adapter: no control-plane client in this build)`, version: null }),

@@ -63,7 +63,11 @@ const PointBody = z
       quiesced: p.quiesced === true,
     }),
   )
-const PointsBody = z.union([z.array(PointBody), z.looseObject({ items: z.array(PointBody) }).transform((b) => b.items), z.looseObject({ data: z.array(PointBody) }).transform((b) => b.data)])
+const PointsBody = z.union([
+  z.array(PointBody),
+  z.looseObject({ items: z.array(PointBody) }).transform((b) => b.items),
+  z.looseObject({ data: z.array(PointBody) }).transform((b) => b.data),
+])
 
 /** The backup API client. Close it when done (it owns a connection pool). */
 export class BackupClient {
@@ -91,14 +95,21 @@ export class BackupClient {
   private async call(method: 'GET' | 'POST', p: string, what: string): Promise<unknown> {
     let res
     try {
-      res = await request(this.api + p, { method, dispatcher: this.agent, headers: { authorization: this.auth, accept: 'application/json' }, signal: AbortSignal.timeout(this.timeoutMs) })
+      res = await request(this.api + p, {
+        method,
+        dispatcher: this.agent,
+        headers: { authorization: this.auth, accept: 'application/json' },
+        signal: AbortSignal.timeout(this.timeoutMs),
+      })
     } catch (e) {
       throw new MigError('E_MIG_SOURCE_UNREACHABLE', `backup API ${this.api}: ${what}: ${(e as Error).message}`, { cause: e })
     }
     const text = await res.body.text()
-    if (res.statusCode === 401 || res.statusCode === 403) throw new MigError('E_MIG_AUTH_FAILED', `backup API ${this.api}: ${what}: credentials of ${this.opts.username} rejected (${res.statusCode})`)
+    if (res.statusCode === 401 || res.statusCode === 403)
+      throw new MigError('E_MIG_AUTH_FAILED', `backup API ${this.api}: ${what}: credentials of ${this.opts.username} rejected (${res.statusCode})`)
     if (res.statusCode === 404) throw new MigError('E_MIG_NOT_FOUND', `backup API ${this.api}: ${what}: not found (404)`)
-    if (res.statusCode < 200 || res.statusCode > 299) throw new MigError('E_MIG_SNAPSHOT_FAILED', `backup API ${this.api}: ${what}: HTTP ${res.statusCode}: ${text.slice(0, 200)}`)
+    if (res.statusCode < 200 || res.statusCode > 299)
+      throw new MigError('E_MIG_SNAPSHOT_FAILED', `backup API ${this.api}: ${what}: HTTP ${res.statusCode}: ${text.slice(0, 200)}`)
     try {
       return text === '' ? {} : JSON.parse(text)
     } catch {
@@ -131,16 +142,24 @@ export class BackupClient {
    * returns it. `E_MIG_SNAPSHOT_FAILED` when none appears within `timeoutMs` (default 10 min), or
    * when `requireQuiesced` and the point is not quiesced.
    */
-  async waitForRestorePoint(runId: string, opts: { timeoutMs?: number; pollMs?: number; requireQuiesced?: boolean; signal?: AbortSignal } = {}): Promise<RestorePoint> {
+  async waitForRestorePoint(
+    runId: string,
+    opts: { timeoutMs?: number; pollMs?: number; requireQuiesced?: boolean; signal?: AbortSignal } = {},
+  ): Promise<RestorePoint> {
     const deadline = Date.now() + (opts.timeoutMs ?? 600_000)
     for (;;) {
       if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled while waiting for the restore point')
       const point = (await this.listRestorePoints()).find((p) => p.run_id === runId)
       if (point) {
-        if (opts.requireQuiesced && !point.quiesced) throw new MigError('E_MIG_SNAPSHOT_FAILED', `restore point ${point.id} of run ${runId} is not quiesced, and the plan requires it`)
+        if (opts.requireQuiesced && !point.quiesced)
+          throw new MigError('E_MIG_SNAPSHOT_FAILED', `restore point ${point.id} of run ${runId} is not quiesced, and the plan requires it`)
         return point
       }
-      if (Date.now() >= deadline) throw new MigError('E_MIG_SNAPSHOT_FAILED', `backup run ${runId} registered no restore point within ${Math.round((opts.timeoutMs ?? 600_000) / 1000)} s`)
+      if (Date.now() >= deadline)
+        throw new MigError(
+          'E_MIG_SNAPSHOT_FAILED',
+          `backup run ${runId} registered no restore point within ${Math.round((opts.timeoutMs ?? 600_000) / 1000)} s`,
+        )
       await new Promise((r) => setTimeout(r, Math.min(opts.pollMs ?? 2000, Math.max(0, deadline - Date.now()))))
     }
   }

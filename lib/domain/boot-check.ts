@@ -69,7 +69,10 @@ const FAILURES: Array<[RegExp, (m: RegExpExecArray, text: string) => string]> = 
   [/dracut-initqueue\[\d+\]: Warning: Could not boot/, () => 'dracut could not find the root device'],
   [/Could not boot\.|dracut Warning: Could not boot/, () => 'dracut could not find the root device'],
   [/VFS: Unable to mount root fs/, () => 'the kernel could not mount its root file system'],
-  [/You are in emergency mode|Entering emergency mode|Give root password for maintenance/, () => 'the guest entered systemd emergency mode (a file system in fstab could not be mounted)'],
+  [
+    /You are in emergency mode|Entering emergency mode|Give root password for maintenance/,
+    () => 'the guest entered systemd emergency mode (a file system in fstab could not be mounted)',
+  ],
   [/^\(initramfs\)\s*$/m, () => 'the guest dropped to the initramfs shell'],
   [/grub rescue>|error: (?:no such device|unknown filesystem|file `[^']*' not found)/, () => 'GRUB could not load the kernel (grub rescue)'],
   [/No bootable device|Boot failed: not a bootable disk|No bootable option or device was found/, () => 'the firmware found no bootable disk'],
@@ -119,7 +122,10 @@ async function readTail(file: string, maxBytes: number): Promise<string> {
 export async function serialTail(file: string | undefined, count = 20): Promise<string[]> {
   if (!file) return []
   const text = await readTail(file, TAIL_WINDOW)
-  const lines = text.replace(/\r\n?/g, '\n').split('\n').map((l) => l.replace(/[\x00-\x08\x0b-\x1f\x7f]/g, ''))
+  const lines = text
+    .replace(/\r\n?/g, '\n')
+    .split('\n')
+    .map((l) => l.replace(/[\x00-\x08\x0b-\x1f\x7f]/g, ''))
   while (lines.length && lines[lines.length - 1] === '') lines.pop()
   return lines.slice(-count)
 }
@@ -165,7 +171,8 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
     const waited = ((Date.now() - t0) / 1000).toFixed(1)
     throw new MigError(
       'E_MIG_GUEST_BOOT_FAILED',
-      `domain ${name} did not boot: ${why}; state ${st} after ${waited} s` + (tail.length ? `; serial log (last ${tail.length} lines):\n${tail.join('\n')}` : '; serial log empty'),
+      `domain ${name} did not boot: ${why}; state ${st} after ${waited} s` +
+        (tail.length ? `; serial log (last ${tail.length} lines):\n${tail.join('\n')}` : '; serial log empty'),
       { details: { domain: name, state: state?.state ?? null, reason: state?.reason ?? null, serial_tail: tail, why, waited_seconds: Number(waited) } },
     )
   }

@@ -71,7 +71,8 @@ const NICS: Array<[HardwareRecord['nic_model'], string[]]> = [
 /** The job record's name of a libvirt bus (and SCSI controller model). */
 export function recordOfBus(bus: DiskBus, scsiModel: ScsiModel | null): HardwareRecord['disk_bus'] {
   if (bus === 'virtio') return 'virtio-blk'
-  if (bus === 'scsi') return scsiModel === 'vmpvscsi' ? 'pvscsi' : scsiModel === 'lsisas1068' ? 'lsisas1068' : scsiModel === 'lsilogic' ? 'lsilogic' : 'virtio-scsi'
+  if (bus === 'scsi')
+    return scsiModel === 'vmpvscsi' ? 'pvscsi' : scsiModel === 'lsisas1068' ? 'lsisas1068' : scsiModel === 'lsilogic' ? 'lsilogic' : 'virtio-scsi'
   return bus
 }
 
@@ -88,7 +89,11 @@ export function nameFamily(spec: string | null | undefined): 'vd' | 'sd' | 'hd' 
  * - `family`: the effective guest family (plan override or detection).
  * - `firmware`: `plan.firmware` (wins) and the manifest's.
  */
-export function chooseHardware(inspection: GuestInspection | null, family: GuestFamily, firmware: { plan?: 'bios' | 'efi'; manifest: 'bios' | 'efi' }): HardwareChoice {
+export function chooseHardware(
+  inspection: GuestInspection | null,
+  family: GuestFamily,
+  firmware: { plan?: 'bios' | 'efi'; manifest: 'bios' | 'efi' },
+): HardwareChoice {
   let fw: 'bios' | 'efi' = firmware.plan ?? firmware.manifest
   const fwNotes: string[] = []
   const layout = inspection?.layout
@@ -120,7 +125,8 @@ export function chooseHardware(inspection: GuestInspection | null, family: Guest
     return { ...d, serialConsole: !!layout && (layout.partitioned || layout.filesystem) }
   }
   if (!inspection.os) return defaults(`libguestfs found no operating system: defaults of guest family ${family}`)
-  if (inspection.os.type !== 'linux') return defaults(`${inspection.os.type} guest (${inspection.os.product || inspection.os.distro}): defaults of guest family ${family}`)
+  if (inspection.os.type !== 'linux')
+    return defaults(`${inspection.os.type} guest (${inspection.os.product || inspection.os.distro}): defaults of guest family ${family}`)
 
   const serialConsole = /(?:^|\s)console=ttyS\d/.test(inspection.kernelCmdline ?? '')
   const what = inspection.initramfs ? `initramfs ${inspection.initramfs}` : `kernel ${inspection.kernelVersion ?? '(unknown)'} (no initramfs)`
@@ -132,7 +138,10 @@ export function chooseHardware(inspection: GuestInspection | null, family: Guest
   const names = nameFamily(inspection.rootSpec) ?? nameFamily(rootFstab)
   const ok = CANDIDATES.filter((c) => c.needs.every((m) => boot.has(m)) && (names === null || names === c.names))
   const nic = NICS.find(([, mods]) => inspection.installedModules.length === 0 || mods.some((m) => installed.has(m)))?.[0] ?? 'virtio'
-  const nicWhy = inspection.installedModules.length === 0 ? 'NIC virtio (module list unknown)' : `NIC ${nic} (guest has ${NICS.find(([n]) => n === nic)![1].find((m) => installed.has(m))})`
+  const nicWhy =
+    inspection.installedModules.length === 0
+      ? 'NIC virtio (module list unknown)'
+      : `NIC ${nic} (guest has ${NICS.find(([n]) => n === nic)![1].find((m) => installed.has(m))})`
   const chosen = ok[0]
   if (!chosen) {
     const wanted = CANDIDATES.filter((c) => names === null || names === c.names)

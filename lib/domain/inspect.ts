@@ -223,7 +223,8 @@ export function parseFstab(text: string): GuestInspection['fstab'] {
  */
 export async function inspectGuest(disks: string[], opts: InspectOptions): Promise<GuestInspection> {
   const layout = await probeDiskLayout(disks[0]!)
-  if (!layout.partitioned && !layout.filesystem) return empty('the boot disk has no partition table nor file system (nothing for libguestfs to inspect)', layout)
+  if (!layout.partitioned && !layout.filesystem)
+    return empty('the boot disk has no partition table nor file system (nothing for libguestfs to inspect)', layout)
   const t0 = Date.now()
   const env: NodeJS.ProcessEnv = { ...process.env, LC_ALL: 'C', LIBGUESTFS_BACKEND: process.env.LIBGUESTFS_BACKEND || 'direct' }
   if (opts.tcg) env.LIBGUESTFS_BACKEND_SETTINGS = 'force_tcg'
@@ -238,7 +239,10 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
     const result = empty('', layout)
     result.inspected = true
     result.skipped = null
-    const fsList = (await fish.run(['list-filesystems'])).split('\n').map((l) => /^(\S+):\s*(\S+)/.exec(l)).filter((m): m is RegExpExecArray => !!m)
+    const fsList = (await fish.run(['list-filesystems']))
+      .split('\n')
+      .map((l) => /^(\S+):\s*(\S+)/.exec(l))
+      .filter((m): m is RegExpExecArray => !!m)
     for (const [, device, type] of fsList) {
       if (type === 'unknown' || type === 'swap') continue
       const uuid = ((await fish.tryRun(['vfs-uuid', device!])) ?? '').trim()
@@ -246,7 +250,10 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
       result.filesystems.push({ device: device!, type: type!, uuid, label })
       if (type === 'vfat') result.esp = true
     }
-    const roots = (await fish.run(['inspect-os'])).split('\n').map((s) => s.trim()).filter(Boolean)
+    const roots = (await fish.run(['inspect-os']))
+      .split('\n')
+      .map((s) => s.trim())
+      .filter(Boolean)
     if (roots.length === 0) {
       result.seconds = (Date.now() - t0) / 1000
       return result
@@ -272,8 +279,18 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
       const cfg = await cat(p)
       if (cfg && (entry = grubDefaultEntry(cfg))) break
     }
-    const boot = ((await fish.tryRun(['ls', '/boot'])) ?? '').split('\n').map((s) => s.trim()).filter(Boolean)
-    result.kernelVersion = entry?.version ?? boot.filter((f) => f.startsWith('vmlinuz-')).map((f) => f.slice(8)).sort().pop() ?? null
+    const boot = ((await fish.tryRun(['ls', '/boot'])) ?? '')
+      .split('\n')
+      .map((s) => s.trim())
+      .filter(Boolean)
+    result.kernelVersion =
+      entry?.version ??
+      boot
+        .filter((f) => f.startsWith('vmlinuz-'))
+        .map((f) => f.slice(8))
+        .sort()
+        .pop() ??
+      null
     result.kernelCmdline = entry?.cmdline ?? null
     result.rootSpec = (entry && rootOfCmdline(entry.cmdline)) ?? result.fstab.find((f) => f.mountpoint === '/')?.spec ?? null
     const ver = result.kernelVersion

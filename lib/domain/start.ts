@@ -23,7 +23,16 @@ import { checkBoot, type BootCheckResult } from './boot-check.ts'
 import { chooseHardware, recordOfBus, type HardwareChoice } from './hardware.ts'
 import { inspectGuest, type GuestInspection } from './inspect.ts'
 import type { Virsh } from './virsh.ts'
-import { buildDomainXml, debianOvmf, effectiveGuestFamily, sanitizeDomainName, type DomainPlanOverrides, type DomainVolume, type NicModel, type OvmfPaths } from './xml.ts'
+import {
+  buildDomainXml,
+  debianOvmf,
+  effectiveGuestFamily,
+  sanitizeDomainName,
+  type DomainPlanOverrides,
+  type DomainVolume,
+  type NicModel,
+  type OvmfPaths,
+} from './xml.ts'
 
 /** Boot check parameters (see `checkBoot`); seconds. */
 export interface StartBootCheck {
@@ -129,14 +138,26 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   const probed = await probeVolumes(input.volumes)
   const family = effectiveGuestFamily(manifest, plan)
   const inspectOpt = input.inspect ?? { tcg: input.domainType === 'qemu' }
-  const inspection = family === 'windows' || inspectOpt === false ? null : await (input.inspectGuest ?? inspectGuest)(probed.map((v) => v.path), { tcg: inspectOpt.tcg, signal: input.signal })
+  const inspection =
+    family === 'windows' || inspectOpt === false
+      ? null
+      : await (input.inspectGuest ?? inspectGuest)(
+          probed.map((v) => v.path),
+          { tcg: inspectOpt.tcg, signal: input.signal },
+        )
   if (input.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled during the guest inspection')
   let choice = chooseHardware(inspection, family, { plan: plan?.firmware, manifest: manifest.firmware })
   const forced = probed[0]?.bus
   if (forced && forced !== choice.bus) {
     // The caller's bus (e.g. virtio after V2V) wins; the record says what the domain really has.
     const scsiModel = forced === 'scsi' ? 'virtio-scsi' : null
-    choice = { ...choice, bus: forced, scsiModel, disk_bus: recordOfBus(forced, scsiModel), reason: `disk bus ${recordOfBus(forced, scsiModel)} set by the caller (the inspection chose ${choice.disk_bus}); ${choice.reason}` }
+    choice = {
+      ...choice,
+      bus: forced,
+      scsiModel,
+      disk_bus: recordOfBus(forced, scsiModel),
+      reason: `disk bus ${recordOfBus(forced, scsiModel)} set by the caller (the inspection chose ${choice.disk_bus}); ${choice.reason}`,
+    }
   }
   const volumes = probed.map((v) => ({ ...v, bus: v.bus ?? choice.bus }))
   const firmware = choice.firmware
@@ -191,15 +212,28 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       signal: input.signal,
     })
     const verdict = { verified: boot.verified, evidence: boot.evidence }
-    return { name, uuid, xml, started: true, boot, hardware: { ...hardware, boot: verdict }, inspection, notice: boot.verified ? null : `boot not verified: ${boot.evidence}` }
+    return {
+      name,
+      uuid,
+      xml,
+      started: true,
+      boot,
+      hardware: { ...hardware, boot: verdict },
+      inspection,
+      notice: boot.verified ? null : `boot not verified: ${boot.evidence}`,
+    }
   } catch (e) {
     await virsh.destroy(name).catch(() => undefined)
     if (e instanceof MigError && e.code === 'E_MIG_GUEST_BOOT_FAILED') {
       const why = typeof e.details?.why === 'string' ? e.details.why : e.message
-      throw new MigError(e.code, `${e.message}\nhardware: disk bus ${hardware.disk_bus}, NIC ${hardware.nic_model}, ${hardware.firmware} (${hardware.reason})`, {
-        details: { ...e.details, hardware: { ...hardware, boot: { verified: false, evidence: why } } },
-        cause: e,
-      })
+      throw new MigError(
+        e.code,
+        `${e.message}\nhardware: disk bus ${hardware.disk_bus}, NIC ${hardware.nic_model}, ${hardware.firmware} (${hardware.reason})`,
+        {
+          details: { ...e.details, hardware: { ...hardware, boot: { verified: false, evidence: why } } },
+          cause: e,
+        },
+      )
     }
     throw e
   }

@@ -43,7 +43,11 @@ const MAX_OUTPUT = 8 << 20
 /** The libvirt error text of a failed call: its `error:` lines, else its stderr, else its stdout. */
 export function libvirtMessage(r: VirshResult): string {
   const text = (r.stderr || r.stdout).trim()
-  const errs = text.split('\n').map((l) => l.trim()).filter((l) => l.startsWith('error:')).map((l) => l.slice(6).trim())
+  const errs = text
+    .split('\n')
+    .map((l) => l.trim())
+    .filter((l) => l.startsWith('error:'))
+    .map((l) => l.slice(6).trim())
   const msg = errs.length ? errs.join('; ') : text || `exit status ${r.code}`
   return (r.timedOut ? 'timed out; ' : '') + msg.slice(0, 4000)
 }
@@ -62,7 +66,12 @@ export class Virsh {
 
   /** Runs `virsh -c <uri> <args...>`; never throws (a spawn failure is code -1 with the reason in stderr). */
   async run(args: string[], timeoutMs = 30_000): Promise<VirshResult> {
-    const r = await exec(this.binary, ['-c', this.uri, ...args], { timeoutMs: this.timeoutMs ?? timeoutMs, maxStdout: MAX_OUTPUT, stderrTail: MAX_OUTPUT, env: { ...process.env, LC_ALL: 'C' } })
+    const r = await exec(this.binary, ['-c', this.uri, ...args], {
+      timeoutMs: this.timeoutMs ?? timeoutMs,
+      maxStdout: MAX_OUTPUT,
+      stderrTail: MAX_OUTPUT,
+      env: { ...process.env, LC_ALL: 'C' },
+    })
     const errText = r.spawnError ? `${this.binary}: ${r.spawnError.message}` : r.overflow ? `${this.binary}: output over ${MAX_OUTPUT} bytes` : ''
     return { code: r.code ?? -1, stdout: r.stdout, stderr: (r.spawnError ? '' : r.stderr) || errText, timedOut: r.timedOut }
   }
@@ -137,7 +146,10 @@ export class Virsh {
   /** Names of all domains (running or not). Throws `E_MIG_DOMAIN_DEFINE_FAILED`. */
   async list(): Promise<string[]> {
     const r = await this.must('E_MIG_DOMAIN_DEFINE_FAILED', 'virsh list failed', ['list', '--all', '--name'])
-    return r.stdout.split('\n').map((s) => s.trim()).filter((s) => s !== '')
+    return r.stdout
+      .split('\n')
+      .map((s) => s.trim())
+      .filter((s) => s !== '')
   }
 
   /**

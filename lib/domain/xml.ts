@@ -132,7 +132,11 @@ export function xmlSafeText(s: string, maxLen = 4096): string {
  * would read as a domain id (all digits) or UUID get a `vm-` prefix.
  */
 export function sanitizeDomainName(s: string): string {
-  let n = s.replace(/[^A-Za-z0-9_.-]+/g, '_').replace(/^[._-]+/, '').slice(0, 63).replace(/[._-]+$/, '')
+  let n = s
+    .replace(/[^A-Za-z0-9_.-]+/g, '_')
+    .replace(/^[._-]+/, '')
+    .slice(0, 63)
+    .replace(/[._-]+$/, '')
   if (n === '') n = 'vm'
   if (/^[0-9]+$/.test(n) || /^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$/i.test(n)) n = `vm-${n}`.slice(0, 63)
   return n
@@ -207,7 +211,8 @@ export function buildDomainXml(input: DomainXmlInput): string {
   if (volumes.length === 0) fail('the VM has no disk')
   if (volumes.length > MAX_DISKS) fail(`too many disks (${volumes.length} > ${MAX_DISKS})`)
   if (manifest.nics.length > MAX_NICS) fail(`too many NICs (${manifest.nics.length} > ${MAX_NICS})`)
-  if (!/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(input.uuid)) fail(`invalid domain uuid ${JSON.stringify(input.uuid.slice(0, 64))}`)
+  if (!/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(input.uuid))
+    fail(`invalid domain uuid ${JSON.stringify(input.uuid.slice(0, 64))}`)
 
   const name = sanitizeDomainName(plan?.name ?? manifest.name)
   const family = effectiveGuestFamily(manifest, plan)

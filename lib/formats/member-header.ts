@@ -38,8 +38,10 @@ export async function checkMemberHeader(format: DiskFormat, file: string, offset
     const sectors = Math.floor(length / SECTOR)
     if (h.grainSize < 8) throw bad(member, 'grainSize', `${h.grainSize} sectors, less than the 8 a sparse extent needs`)
     if (h.truncated) throw bad(member, 'gdOffset', `the grain directory or the stream footer lies past the member's end (${length} bytes)`)
-    if (h.gdOffset !== null && h.gdOffset + Math.ceil((h.gdEntries * 4) / SECTOR) > sectors) throw bad(member, 'gdOffset', `grain directory at sector ${h.gdOffset} (${h.gdEntries} entries) is past the member's ${sectors} sectors`)
-    if (h.redundantGrainTable && h.rgdOffset + Math.ceil((h.gdEntries * 4) / SECTOR) > sectors) throw bad(member, 'rgdOffset', `redundant grain directory at sector ${h.rgdOffset} is past the member's ${sectors} sectors`)
+    if (h.gdOffset !== null && h.gdOffset + Math.ceil((h.gdEntries * 4) / SECTOR) > sectors)
+      throw bad(member, 'gdOffset', `grain directory at sector ${h.gdOffset} (${h.gdEntries} entries) is past the member's ${sectors} sectors`)
+    if (h.redundantGrainTable && h.rgdOffset + Math.ceil((h.gdEntries * 4) / SECTOR) > sectors)
+      throw bad(member, 'rgdOffset', `redundant grain directory at sector ${h.rgdOffset} is past the member's ${sectors} sectors`)
     if (h.overHead > sectors) throw bad(member, 'overHead', `${h.overHead} sectors, more than the member's ${sectors}`)
     return
   }
@@ -52,7 +54,9 @@ export async function checkMemberHeader(format: DiskFormat, file: string, offset
     const l1Size = head.readUInt32BE(36)
     const l1Offset = Number(head.readBigUInt64BE(40))
     const refcountOffset = Number(head.readBigUInt64BE(48))
-    if (!Number.isSafeInteger(l1Offset) || l1Offset + l1Size * 8 > length) throw bad(member, 'l1_table_offset', `L1 table of ${l1Size} entries at byte ${head.readBigUInt64BE(40)} is past the member's ${length} bytes`)
-    if (!Number.isSafeInteger(refcountOffset) || refcountOffset >= length) throw bad(member, 'refcount_table_offset', `byte ${head.readBigUInt64BE(48)} is past the member's ${length} bytes`)
+    if (!Number.isSafeInteger(l1Offset) || l1Offset + l1Size * 8 > length)
+      throw bad(member, 'l1_table_offset', `L1 table of ${l1Size} entries at byte ${head.readBigUInt64BE(40)} is past the member's ${length} bytes`)
+    if (!Number.isSafeInteger(refcountOffset) || refcountOffset >= length)
+      throw bad(member, 'refcount_table_offset', `byte ${head.readBigUInt64BE(48)} is past the member's ${length} bytes`)
   }
 }

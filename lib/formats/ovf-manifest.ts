@@ -45,11 +45,19 @@ export function parseOvfManifest(text: string, label: string): OvfManifestEntry[
     const line = lines[i]!.trim()
     if (line === '') continue
     const m = /^(SHA1|SHA256|SHA512)\s*\((.+)\)\s*=\s*([0-9A-Fa-f]+)$/i.exec(line)
-    if (!m) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: line ${i + 1} is not "<SHA1|SHA256|SHA512>(<file>)= <hex>": ${JSON.stringify(line.slice(0, 80))}`)
+    if (!m)
+      throw new MigError(
+        'E_MIG_MALFORMED_ARCHIVE',
+        `${label}: line ${i + 1} is not "<SHA1|SHA256|SHA512>(<file>)= <hex>": ${JSON.stringify(line.slice(0, 80))}`,
+      )
     const algorithm = m[1]!.toLowerCase() as HashAlgorithm
     const name = m[2]!.trim()
     const hex = m[3]!.toLowerCase()
-    if (hex.length !== HEX_LEN[algorithm]) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: line ${i + 1}: ${algorithm.toUpperCase()} digest of ${name} has ${hex.length} hex digits, expected ${HEX_LEN[algorithm]}`)
+    if (hex.length !== HEX_LEN[algorithm])
+      throw new MigError(
+        'E_MIG_MALFORMED_ARCHIVE',
+        `${label}: line ${i + 1}: ${algorithm.toUpperCase()} digest of ${name} has ${hex.length} hex digits, expected ${HEX_LEN[algorithm]}`,
+      )
     if (name === '' || name.includes('\0')) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: line ${i + 1}: empty file name`)
     const key = `${normalizeManifestName(name)}`
     const prev = seen.get(key)
@@ -110,16 +118,21 @@ export async function verifyOvfManifest(
   for (const e of entries) {
     const name = normalizeManifestName(e.name)
     const target = lookup(name)
-    if (!target) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${opts.label}: manifest lists ${e.name}, which is not in the package`, { details: { file: e.name } })
+    if (!target)
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${opts.label}: manifest lists ${e.name}, which is not in the package`, { details: { file: e.name } })
     if (target.size > limit && name !== opts.descriptor) {
       deferred.set(name, { algorithm: e.algorithm, hex: e.hex })
       continue
     }
     const actual = await target.digest(e.algorithm)
     if (actual !== e.hex) {
-      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${e.name}: ${e.algorithm.toUpperCase()} digest mismatch: manifest ${opts.label} says ${e.hex}, file has ${actual}`, {
-        details: { file: e.name, algorithm: e.algorithm, expected: e.hex, actual },
-      })
+      throw new MigError(
+        'E_MIG_MALFORMED_ARCHIVE',
+        `${e.name}: ${e.algorithm.toUpperCase()} digest mismatch: manifest ${opts.label} says ${e.hex}, file has ${actual}`,
+        {
+          details: { file: e.name, algorithm: e.algorithm, expected: e.hex, actual },
+        },
+      )
     }
     verified.push(name)
   }

@@ -5,12 +5,29 @@
  */
 import { MigError } from '../errors.ts'
 import { normalizeMac } from '../mac.ts'
-import { guestFamilyOf, type ControllerBus, type DiskFormat, type DiskSource, type GuestFamily, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
+import {
+  guestFamilyOf,
+  type ControllerBus,
+  type DiskFormat,
+  type DiskSource,
+  type GuestFamily,
+  type ManifestDisk,
+  type ManifestNic,
+  type VmManifest,
+} from '../manifest.ts'
 import { cimOsType } from './cim-os.ts'
 import { malformed } from './io.ts'
 import {
-  allocationUnitsMultiplier, bytesOf, checkHref, parseCount, pickHardwareSection,
-  type OvfDisk, type OvfEnvelope, type OvfFile, type OvfHardwareSection, type OvfItem,
+  allocationUnitsMultiplier,
+  bytesOf,
+  checkHref,
+  parseCount,
+  pickHardwareSection,
+  type OvfDisk,
+  type OvfEnvelope,
+  type OvfFile,
+  type OvfHardwareSection,
+  type OvfItem,
 } from './ovf.ts'
 import type { ManifestVerification } from './ovf-manifest.ts'
 
@@ -167,7 +184,8 @@ export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmM
   const label = opts.label ?? 'OVF'
   const section = opts.section ?? pickHardwareSection(env)
   const warnings = [...(opts.warnings ?? []), ...env.warnings]
-  if (env.virtualSystem.hardwareSections.length > 1) warnings.push(`${env.virtualSystem.hardwareSections.length} VirtualHardwareSections; using the one of type ${section.systemTypes.join(' ') || '(none)'}`)
+  if (env.virtualSystem.hardwareSections.length > 1)
+    warnings.push(`${env.virtualSystem.hardwareSections.length} VirtualHardwareSections; using the one of type ${section.systemTypes.join(' ') || '(none)'}`)
   const items = section.items.filter((it) => itemApplies(env, it))
   const byId = new Map<string, OvfItem>()
   for (const it of items) if (it.instanceId !== '' && !byId.has(it.instanceId)) byId.set(it.instanceId, it)
@@ -249,8 +267,15 @@ export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmM
       // The destination volume is sized from the DiskSection: an image larger than that does not
       // fit, and one smaller would silently become a much larger volume (issue 12 item 5: a
       // 16 MiB image under a 1 TiB ovf:capacity); the descriptor and the image must agree.
-      const why = resolved.capacity_bytes > r.disk.capacity ? 'the data does not fit the declared capacity' : "the descriptor and the image disagree; fix ovf:capacity to the image's size"
-      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${lbl}: DiskSection ovf:capacity is ${r.disk.capacity} bytes but ${r.file.href} holds a ${resolved.capacity_bytes}-byte image: ${why}`, { details: { file: r.file.href, declared: r.disk.capacity, image: resolved.capacity_bytes } })
+      const why =
+        resolved.capacity_bytes > r.disk.capacity
+          ? 'the data does not fit the declared capacity'
+          : "the descriptor and the image disagree; fix ovf:capacity to the image's size"
+      throw new MigError(
+        'E_MIG_MALFORMED_ARCHIVE',
+        `${label}: ${lbl}: DiskSection ovf:capacity is ${r.disk.capacity} bytes but ${r.file.href} holds a ${resolved.capacity_bytes}-byte image: ${why}`,
+        { details: { file: r.file.href, declared: r.disk.capacity, image: resolved.capacity_bytes } },
+      )
     }
     const d: ManifestDisk = {
       label: lbl,

@@ -162,16 +162,31 @@ export interface OvfEnvelope {
 export function parseCount(s: string | null, label: string, what: string): number | null {
   if (s === null) return null
   const t = s.trim()
-  if (!/^[0-9]{1,16}$/.test(t) || Number(t) > Number.MAX_SAFE_INTEGER) throw malformed(label, `${what}: not a non-negative integer: ${JSON.stringify(t.slice(0, 40))}`)
+  if (!/^[0-9]{1,16}$/.test(t) || Number(t) > Number.MAX_SAFE_INTEGER)
+    throw malformed(label, `${what}: not a non-negative integer: ${JSON.stringify(t.slice(0, 40))}`)
   return Number(t)
 }
 
 const UNIT_WORDS: Record<string, number> = Object.assign(Object.create(null), {
-  byte: 1, bytes: 1, b: 1,
-  kilobyte: 2 ** 10, kilobytes: 2 ** 10, kb: 2 ** 10, kib: 2 ** 10,
-  megabyte: 2 ** 20, megabytes: 2 ** 20, mb: 2 ** 20, mib: 2 ** 20,
-  gigabyte: 2 ** 30, gigabytes: 2 ** 30, gb: 2 ** 30, gib: 2 ** 30,
-  terabyte: 2 ** 40, terabytes: 2 ** 40, tb: 2 ** 40, tib: 2 ** 40,
+  byte: 1,
+  bytes: 1,
+  b: 1,
+  kilobyte: 2 ** 10,
+  kilobytes: 2 ** 10,
+  kb: 2 ** 10,
+  kib: 2 ** 10,
+  megabyte: 2 ** 20,
+  megabytes: 2 ** 20,
+  mb: 2 ** 20,
+  mib: 2 ** 20,
+  gigabyte: 2 ** 30,
+  gigabytes: 2 ** 30,
+  gb: 2 ** 30,
+  gib: 2 ** 30,
+  terabyte: 2 ** 40,
+  terabytes: 2 ** 40,
+  tb: 2 ** 40,
+  tib: 2 ** 40,
 })
 
 /**
@@ -216,7 +231,11 @@ function parseItem(el: XEl, label: string): OvfItem | null {
     }
     return null
   }
-  const all = (local: string): string[] => el.children.filter((c) => c.local === local && CIM_ITEM_NS.includes(c.ns)).map((c) => c.text).filter((t) => t !== '')
+  const all = (local: string): string[] =>
+    el.children
+      .filter((c) => c.local === local && CIM_ITEM_NS.includes(c.ns))
+      .map((c) => c.text)
+      .filter((t) => t !== '')
   const rt = textOf(p('ResourceType'))
   if (rt === null) return null
   const resourceType = Number(rt)
@@ -347,7 +366,8 @@ export function parseOvfEnvelope(xml: string, label: string): OvfEnvelope {
       const comp = attr(f, OVF_NS, 'compression')
       let compression: 'gzip' | null = null
       if (comp === 'gzip') compression = 'gzip'
-      else if (comp !== null && comp !== 'identity' && comp !== '') throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: File ${href}: compression ${JSON.stringify(comp)} is not supported`)
+      else if (comp !== null && comp !== 'identity' && comp !== '')
+        throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: File ${href}: compression ${JSON.stringify(comp)} is not supported`)
       const chunk = parseCount(attr(f, OVF_NS, 'chunkSize'), label, `File ${href} ovf:chunkSize`)
       if (chunk === 0) throw malformed(label, `File ${href}: ovf:chunkSize is 0`)
       files.push({ id, href, size: parseCount(attr(f, OVF_NS, 'size'), label, `File ${href} ovf:size`), compression, chunkSize: chunk })
@@ -391,7 +411,9 @@ export function parseOvfEnvelope(xml: string, label: string): OvfEnvelope {
       })
     }
   }
-  for (const d of disks) if (d.fileRef !== null && !fileIds.has(d.fileRef)) throw malformed(label, `Disk ${d.diskId}: ovf:fileRef ${JSON.stringify(d.fileRef)} names no References/File`)
+  for (const d of disks)
+    if (d.fileRef !== null && !fileIds.has(d.fileRef))
+      throw malformed(label, `Disk ${d.diskId}: ovf:fileRef ${JSON.stringify(d.fileRef)} names no References/File`)
 
   const networks: OvfNetwork[] = []
   for (const ns of kids(root, OVF_NS, 'NetworkSection')) {
@@ -496,7 +518,8 @@ export function diskFormatFromUri(uri: string | null): DiskFormat | null {
  * @throws E_MIG_HOST_PATH_REJECTED naming the href and `label`.
  */
 export function checkHref(href: string, label: string): string {
-  const reject = (why: string) => new MigError('E_MIG_HOST_PATH_REJECTED', `${label}: href ${JSON.stringify(href.slice(0, 200))} rejected: ${why}`, { details: { href: href.slice(0, 200) } })
+  const reject = (why: string) =>
+    new MigError('E_MIG_HOST_PATH_REJECTED', `${label}: href ${JSON.stringify(href.slice(0, 200))} rejected: ${why}`, { details: { href: href.slice(0, 200) } })
   if (href === '' || href.includes('\0')) throw reject('empty or NUL')
   if (/^[A-Za-z][A-Za-z0-9+.-]*:/.test(href)) throw reject('URL scheme or drive letter')
   if (href.includes('\\')) throw reject('backslash')
@@ -544,11 +567,14 @@ export function chooseDiskFormat(p: { uri: string | null; head: Uint8Array; tail
   const declared = diskFormatFromUri(p.uri)
   const sniffed = sniffDiskFormat(p.head, p.tail)
   if (sniffed) {
-    if (declared && declared !== sniffed && declared !== 'raw') p.warnings.push(`${p.name}: DiskSection format says ${declared} but the data is ${sniffed}; using ${sniffed}`)
+    if (declared && declared !== sniffed && declared !== 'raw')
+      p.warnings.push(`${p.name}: DiskSection format says ${declared} but the data is ${sniffed}; using ${sniffed}`)
     return sniffed
   }
   if (declared && declared !== 'raw') {
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${p.name}: DiskSection format is ${declared} but the data has no ${declared} signature`, { details: { file: p.name } })
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${p.name}: DiskSection format is ${declared} but the data has no ${declared} signature`, {
+      details: { file: p.name },
+    })
   }
   if (!declared) p.warnings.push(`${p.name}: format not declared and not recognized; reading it as raw`)
   return 'raw'

@@ -149,15 +149,18 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
   if (l1_size < needL1) throw malformed(file, `L1 table of ${l1_size} entries cannot map ${virtual_size} bytes (needs ${needL1})`)
   if (l1_size > 0) {
     if (l1Off % cluster_size !== 0) throw malformed(file, `L1 table offset ${l1Off} is not cluster aligned`)
-    if (l1Off < cluster_size || l1Off + l1_size * 8 > fileSize) throw malformed(file, `L1 table (${l1_size} entries at offset ${l1Off}) lies outside the file of ${fileSize} bytes`)
+    if (l1Off < cluster_size || l1Off + l1_size * 8 > fileSize)
+      throw malformed(file, `L1 table (${l1_size} entries at offset ${l1Off}) lies outside the file of ${fileSize} bytes`)
   }
 
   // Refcount table: aligned, bounded (qemu: 8 MiB), inside the file.
   const rtOff = u64be(buf, 48)
   const refcount_table_clusters = buf.readUInt32BE(56)
   if (rtOff === null || rtOff % cluster_size !== 0 || rtOff === 0) throw malformed(file, `bad refcount table offset ${rtOff ?? 'over 2^53'}`)
-  if (refcount_table_clusters === 0 || refcount_table_clusters * cluster_size > 8 * 1024 * 1024) throw malformed(file, `bad refcount table size ${refcount_table_clusters} clusters`)
-  if (rtOff + refcount_table_clusters * cluster_size > fileSize) throw malformed(file, `refcount table at offset ${rtOff} lies outside the file of ${fileSize} bytes`)
+  if (refcount_table_clusters === 0 || refcount_table_clusters * cluster_size > 8 * 1024 * 1024)
+    throw malformed(file, `bad refcount table size ${refcount_table_clusters} clusters`)
+  if (rtOff + refcount_table_clusters * cluster_size > fileSize)
+    throw malformed(file, `refcount table at offset ${rtOff} lies outside the file of ${fileSize} bytes`)
 
   // Snapshot table: bounded count (qemu QCOW_MAX_SNAPSHOTS), aligned, inside the file.
   const nb_snapshots = buf.readUInt32BE(60)
@@ -174,7 +177,8 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
   if (bfOff !== 0) {
     if (bfSize === 0) throw malformed(file, 'backing file offset set with an empty name')
     if (bfSize > QCOW2_MAX_BACKING_NAME) throw malformed(file, `backing file name of ${bfSize} bytes exceeds ${QCOW2_MAX_BACKING_NAME}`)
-    if (bfOff < header_length || bfOff + bfSize > cluster_size) throw malformed(file, `backing file name at offset ${bfOff} (+${bfSize}) lies outside the header cluster`)
+    if (bfOff < header_length || bfOff + bfSize > cluster_size)
+      throw malformed(file, `backing file name at offset ${bfOff} (+${bfSize}) lies outside the header cluster`)
     if (bfOff + bfSize > buf.length) throw malformed(file, `backing file name at offset ${bfOff} (+${bfSize}) is cut short by the end of the file`)
     const raw = buf.subarray(bfOff, bfOff + bfSize)
     if (raw.includes(0)) throw malformed(file, 'backing file name contains a NUL byte')
@@ -193,7 +197,10 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
     if (dataEnd > extEnd) throw malformed(file, `header extension 0x${type.toString(16)} at offset ${at} (${len} bytes) overruns the header area`)
     if (type === EXT_BACKING_FORMAT) {
       if (len === 0 || len > 16) throw malformed(file, `backing format extension of ${len} bytes`)
-      const f = buf.subarray(at + 8, dataEnd).toString('latin1').replace(/\0+$/, '')
+      const f = buf
+        .subarray(at + 8, dataEnd)
+        .toString('latin1')
+        .replace(/\0+$/, '')
       if (!/^[a-z0-9_+.-]+$/i.test(f)) throw malformed(file, `backing format ${JSON.stringify(f)} is not a driver name`)
       backing_format = f
     } else if (type === EXT_DATA_FILE) {
@@ -312,7 +319,11 @@ export async function resolveQcow2BackingChain(file: string, ctx: InspectContext
     let plain = name
     if (plain.startsWith('file:')) plain = plain.slice(5)
     if (isProtocolName(plain)) {
-      throw new MigError('E_MIG_HOST_PATH_REJECTED', `${cur}: backing file ${JSON.stringify(name)} is a qemu protocol or json: name, not a file in the import root`, { details: { path: name } })
+      throw new MigError(
+        'E_MIG_HOST_PATH_REJECTED',
+        `${cur}: backing file ${JSON.stringify(name)} is a qemu protocol or json: name, not a file in the import root`,
+        { details: { path: name } },
+      )
     }
     const abs = resolveInRoot(ctx.importRoot, plain, { base: nodePath.dirname(cur), allowUploads: ctx.allowUploads })
     if (seen.has(abs)) throw malformed(cur, `backing chain loops back to ${abs}`)

@@ -133,7 +133,11 @@ async function runBounded(bin: string, args: string[], label: string, timeoutMs:
 
 /** First meaningful line of qemu-img's stderr, without the `qemu-img: ` prefix. */
 function firstErrorLine(stderr: string): string {
-  const line = stderr.split('\n').map((l) => l.trim()).find((l) => l.length > 0) ?? 'failed without a message'
+  const line =
+    stderr
+      .split('\n')
+      .map((l) => l.trim())
+      .find((l) => l.length > 0) ?? 'failed without a message'
   return line.replace(/^qemu-img:\s*/, '').slice(0, 500)
 }
 
@@ -165,7 +169,8 @@ export async function qemuImgInfo(path: string, opts: QemuImgInfoOptions = {}): 
   if (opts.backingChain) {
     if (!Array.isArray(parsed)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info --backing-chain did not print an array`)
     const chain = parsed.map(toInfo)
-    if (chain.length === 0 || chain.some((c) => c === null)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info printed an entry without format or virtual-size`)
+    if (chain.length === 0 || chain.some((c) => c === null))
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: qemu-img info printed an entry without format or virtual-size`)
     return chain as QemuImgInfo[]
   }
   const info = toInfo(parsed)
@@ -206,7 +211,14 @@ export async function qemuImgCheck(path: string, format: DiskFormat, opts: { tim
   const file = childFile(path, fds)
   // Inside an input scope the image is the pinned descriptor, and only it: `backing: null`.
   const image = fds.length > 0 ? `json:${JSON.stringify({ driver: format, backing: null, file: { driver: 'file', filename: file } })}` : path
-  const res = await runBounded(opts.qemuImg ?? 'qemu-img', fds.length > 0 ? ['check', '--output=json', '-U', image] : ['check', '--output=json', '-U', '-f', format, path], path, opts.timeoutMs ?? 600_000, 'qemu-img check', fds)
+  const res = await runBounded(
+    opts.qemuImg ?? 'qemu-img',
+    fds.length > 0 ? ['check', '--output=json', '-U', image] : ['check', '--output=json', '-U', '-f', format, path],
+    path,
+    opts.timeoutMs ?? 600_000,
+    'qemu-img check',
+    fds,
+  )
   if (res.code === 63) return { checked: false, corruptions: 0, leaks: 0, check_errors: 0, image_end_offset: null }
   if (res.code !== 0 && res.code !== 2 && res.code !== 3) {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: qemu-img check could not complete: ${firstErrorLine(res.stderr)}`)
@@ -218,5 +230,11 @@ export async function qemuImgCheck(path: string, format: DiskFormat, opts: { tim
     throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${path}: qemu-img check printed invalid JSON`)
   }
   const n = (k: string) => (typeof r[k] === 'number' && Number.isSafeInteger(r[k]) ? (r[k] as number) : 0)
-  return { checked: true, corruptions: n('corruptions'), leaks: n('leaks'), check_errors: n('check-errors'), image_end_offset: typeof r['image-end-offset'] === 'number' ? (r['image-end-offset'] as number) : null }
+  return {
+    checked: true,
+    corruptions: n('corruptions'),
+    leaks: n('leaks'),
+    check_errors: n('check-errors'),
+    image_end_offset: typeof r['image-end-offset'] === 'number' ? (r['image-end-offset'] as number) : null,
+  }
 }

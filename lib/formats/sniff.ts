@@ -23,8 +23,23 @@ import { hasVhdCookie } from './vhd.ts'
  * `unknown` (recognised non-disk files such as PNG, or nothing recognisable).
  */
 export type ProbeFormat =
-  | 'qcow2' | 'qcow' | 'vhdx' | 'vhd' | 'vmdk_sparse' | 'vmdk_cowd' | 'vmdk_descriptor' | 'vdi'
-  | 'tar' | 'gzip' | 'bzip2' | 'xz' | 'zstd' | 'zip' | 'xml' | 'raw' | 'unknown'
+  | 'qcow2'
+  | 'qcow'
+  | 'vhdx'
+  | 'vhd'
+  | 'vmdk_sparse'
+  | 'vmdk_cowd'
+  | 'vmdk_descriptor'
+  | 'vdi'
+  | 'tar'
+  | 'gzip'
+  | 'bzip2'
+  | 'xz'
+  | 'zstd'
+  | 'zip'
+  | 'xml'
+  | 'raw'
+  | 'unknown'
 
 /**
  * Result of {@link probeFile}.
@@ -93,8 +108,14 @@ function textStart(head: Buffer): string {
  * fewer) and `size`. Pure; returns null when no magic matched (then qemu-img is asked).
  */
 export function probeMagic(head: Buffer, tail: Buffer, size: number): ProbeResult | null {
-  const r = (format: ProbeFormat, disk_format: DiskFormat | null, description: string, version?: number): ProbeResult =>
-    ({ format, disk_format, description, source: 'magic', size, ...(version !== undefined ? { version } : {}) })
+  const r = (format: ProbeFormat, disk_format: DiskFormat | null, description: string, version?: number): ProbeResult => ({
+    format,
+    disk_format,
+    description,
+    source: 'magic',
+    size,
+    ...(version !== undefined ? { version } : {}),
+  })
   if (size === 0) return r('unknown', null, 'empty file')
   const at = (off: number, s: string): boolean => head.length >= off + s.length && head.toString('latin1', off, off + s.length) === s
   if (at(0, 'QFI\xfb')) {

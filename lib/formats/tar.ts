@@ -217,7 +217,8 @@ export async function listTarMembers(path: string, opts: { offset?: number; maxM
       if (typeflag === 'L' || typeflag === 'K' || typeflag === 'x' || typeflag === 'g' || typeflag === 'X') {
         const what = typeflag === 'L' ? 'GNU long name' : typeflag === 'K' ? 'GNU long link name' : 'PAX header'
         if (rawSize > MAX_META_RECORD) throw malformed(path, `${what} at offset ${pos} declares ${rawSize} bytes (limit ${MAX_META_RECORD})`, { offset: pos })
-        if (dataOffset + rawSize > fileSize) throw malformed(path, `truncated member ${what}: declares ${rawSize} bytes, archive holds ${Math.max(0, fileSize - dataOffset)}`)
+        if (dataOffset + rawSize > fileSize)
+          throw malformed(path, `truncated member ${what}: declares ${rawSize} bytes, archive holds ${Math.max(0, fileSize - dataOffset)}`)
         const data = await readAt(fh, path, rawSize, dataOffset)
         if (typeflag === 'L') longName = cstr(data, 0, data.length)
         else if (typeflag === 'K') longLink = cstr(data, 0, data.length)
@@ -243,18 +244,32 @@ export async function listTarMembers(path: string, opts: { offset?: number; maxM
 
       let type: TarMemberType
       switch (typeflag) {
-        case '0': case '7': type = name.endsWith('/') ? 'directory' : 'file'; break
-        case '1': type = 'hardlink'; break
-        case '2': type = 'symlink'; break
-        case '5': type = 'directory'; break
-        default: type = 'other'
+        case '0':
+        case '7':
+          type = name.endsWith('/') ? 'directory' : 'file'
+          break
+        case '1':
+          type = 'hardlink'
+          break
+        case '2':
+          type = 'symlink'
+          break
+        case '5':
+          type = 'directory'
+          break
+        default:
+          type = 'other'
       }
       // Data blocks follow regular files and unknown types (POSIX: size is 0 for links, devices,
       // FIFOs and directories; GNU sparse `S` and vendor types carry data).
       const carriesData = !(typeflag === '1' || typeflag === '2' || typeflag === '3' || typeflag === '4' || typeflag === '5' || typeflag === '6')
       const dataSize = carriesData ? size : 0
       if (dataOffset + dataSize > fileSize) {
-        throw malformed(path, `truncated member ${name}: declares ${dataSize} bytes, archive holds ${Math.max(0, fileSize - dataOffset)}`, { member: name, declared: dataSize, held: Math.max(0, fileSize - dataOffset) })
+        throw malformed(path, `truncated member ${name}: declares ${dataSize} bytes, archive holds ${Math.max(0, fileSize - dataOffset)}`, {
+          member: name,
+          declared: dataSize,
+          held: Math.max(0, fileSize - dataOffset),
+        })
       }
       if (members.length >= maxMembers) throw malformed(path, `more than ${maxMembers} members`)
       const m: TarMember = { name, size: dataSize, offset: dataOffset, type }
@@ -294,10 +309,18 @@ export function unsafeMemberReason(name: string): string | null {
 export function assertSafeMemberNames(members: readonly TarMember[], label: string): void {
   for (const m of members) {
     const why = unsafeMemberReason(m.name)
-    if (why) throw new MigError('E_MIG_HOST_PATH_REJECTED', `${label}: member ${JSON.stringify(m.name.slice(0, 200))} rejected: ${why} (outside the archive)`, { details: { member: m.name.slice(0, 200) } })
+    if (why)
+      throw new MigError('E_MIG_HOST_PATH_REJECTED', `${label}: member ${JSON.stringify(m.name.slice(0, 200))} rejected: ${why} (outside the archive)`, {
+        details: { member: m.name.slice(0, 200) },
+      })
     if (m.linkname !== undefined) {
       const lw = unsafeMemberReason(m.linkname)
-      if (lw) throw new MigError('E_MIG_HOST_PATH_REJECTED', `${label}: ${m.type} member ${JSON.stringify(m.name.slice(0, 200))} points to ${JSON.stringify(m.linkname.slice(0, 200))}: ${lw} (outside the archive)`, { details: { member: m.name.slice(0, 200) } })
+      if (lw)
+        throw new MigError(
+          'E_MIG_HOST_PATH_REJECTED',
+          `${label}: ${m.type} member ${JSON.stringify(m.name.slice(0, 200))} points to ${JSON.stringify(m.linkname.slice(0, 200))}: ${lw} (outside the archive)`,
+          { details: { member: m.name.slice(0, 200) } },
+        )
     }
   }
 }
@@ -310,11 +333,13 @@ export function assertSafeMemberNames(members: readonly TarMember[], label: stri
  * @throws E_MIG_DISK_READ_FAILED the archive cannot be read.
  */
 export async function readTarMember(path: string, member: TarMember, maxBytes: number): Promise<Buffer> {
-  if (member.size > maxBytes) throw malformed(path, `member ${member.name} is ${member.size} bytes, larger than the ${maxBytes}-byte limit`, { member: member.name })
+  if (member.size > maxBytes)
+    throw malformed(path, `member ${member.name} is ${member.size} bytes, larger than the ${maxBytes}-byte limit`, { member: member.name })
   const fh = await openRead(path)
   try {
     const buf = await readAt(fh, path, member.size, member.offset)
-    if (buf.length < member.size) throw malformed(path, `truncated member ${member.name}: declares ${member.size} bytes, archive holds ${buf.length}`, { member: member.name })
+    if (buf.length < member.size)
+      throw malformed(path, `truncated member ${member.name}: declares ${member.size} bytes, archive holds ${buf.length}`, { member: member.name })
     return buf
   } finally {
     await fh.close()

@@ -140,7 +140,16 @@ const NIC_MODEL: Record<string, string> = Object.assign(Object.create(null), {
   virtio: 'virtio',
 })
 
-const ATTACHMENT_KINDS = ['NAT', 'BridgedInterface', 'InternalNetwork', 'HostOnlyInterface', 'GenericInterface', 'NATNetwork', 'CloudNetwork', 'HostOnlyNetwork']
+const ATTACHMENT_KINDS = [
+  'NAT',
+  'BridgedInterface',
+  'InternalNetwork',
+  'HostOnlyInterface',
+  'GenericInterface',
+  'NATNetwork',
+  'CloudNetwork',
+  'HostOnlyNetwork',
+]
 
 /** `{8-4-4-4-12}` (braces optional) to lower-case without braces; null when not a UUID. */
 export function normalizeVboxUuid(s: string | undefined | null): string | null {
@@ -232,7 +241,8 @@ function readAdapters(network: XmlNode | null, label: string, warnings: string[]
     let mac: string | null = null
     if (rawMac !== undefined) {
       mac = normalizeMac(rawMac)
-      if (mac === null) warnings.push(`Adapter slot ${slot}: MACAddress ${JSON.stringify(rawMac.slice(0, 40))} is not a unicast MAC address: a new MAC is generated`)
+      if (mac === null)
+        warnings.push(`Adapter slot ${slot}: MACAddress ${JSON.stringify(rawMac.slice(0, 40))} is not a unicast MAC address: a new MAC is generated`)
     }
     const type = a.attrs.get('type') ?? 'Am79C973'
     let model = NIC_MODEL[type]
@@ -393,7 +403,8 @@ export async function vboxToManifest(m: VboxMachine, opts: VboxManifestOptions):
     return abs
   }
   m.controllers.forEach((c) => {
-    if (c.bus === 'unknown' && c.attachments.length > 0) warnings.push(`StorageController ${JSON.stringify(c.name)} (${c.type}): its disks are attached to a default bus on the destination`)
+    if (c.bus === 'unknown' && c.attachments.length > 0)
+      warnings.push(`StorageController ${JSON.stringify(c.name)} (${c.type}): its disks are attached to a default bus on the destination`)
   })
   checkDestinationLimits(m.label, { disks: m.controllers.reduce((n, c) => n + c.attachments.length, 0) })
   for (let ci = 0; ci < m.controllers.length; ci++) {
@@ -424,7 +435,8 @@ export async function vboxToManifest(m: VboxMachine, opts: VboxManifestOptions):
       let label = stem
       for (let k = 2; labels.has(label); k++) label = `${stem}_${k}`
       labels.add(label)
-      if (chain.length > 1) warnings.push(`${label}: attached image {${top.uuid}} is a differencing image over ${chain.length - 1} parent(s); the chain is flattened on import`)
+      if (chain.length > 1)
+        warnings.push(`${label}: attached image {${top.uuid}} is a differencing image over ${chain.length - 1} parent(s); the chain is flattened on import`)
       disks.push({
         label,
         capacity_bytes: capacity,
@@ -438,9 +450,7 @@ export async function vboxToManifest(m: VboxMachine, opts: VboxManifestOptions):
     }
   }
   if (disks.length === 0) warnings.push('the current state attaches no hard disk')
-  const nics: ManifestNic[] = m.adapters
-    .filter((a) => a.enabled)
-    .map((a) => ({ label: `nic${a.slot}`, mac: a.mac, model: a.model, network: a.network }))
+  const nics: ManifestNic[] = m.adapters.filter((a) => a.enabled).map((a) => ({ label: `nic${a.slot}`, mac: a.mac, model: a.model, network: a.network }))
   const fw = m.firmware.toUpperCase()
   const firmware: 'bios' | 'efi' = fw.startsWith('EFI') ? 'efi' : 'bios'
   if (fw !== 'BIOS' && !fw.startsWith('EFI')) warnings.push(`Firmware type ${JSON.stringify(m.firmware)} is unknown: using bios`)

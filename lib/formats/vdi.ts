@@ -37,7 +37,10 @@ export interface VdiInfo {
 
 /** An RTUUID (little-endian first three fields) as lower-case text. */
 function uuidAt(buf: Buffer, at: number): string {
-  const le = (a: number, n: number): string => Buffer.from(buf.subarray(at + a, at + a + n)).reverse().toString('hex')
+  const le = (a: number, n: number): string =>
+    Buffer.from(buf.subarray(at + a, at + a + n))
+      .reverse()
+      .toString('hex')
   const h = (a: number, b: number): string => buf.subarray(at + a, at + b).toString('hex')
   return `${le(0, 4)}-${le(4, 2)}-${le(6, 2)}-${h(8, 10)}-${h(10, 16)}`
 }
@@ -52,9 +55,11 @@ const NIL = '00000000-0000-0000-0000-000000000000'
  *   outside the file; more allocated blocks than blocks; a differencing image without parent.
  */
 export function parseVdiHeader(buf: Buffer, fileSize: number, file: string): VdiInfo {
-  if (buf.length < 0x48 || buf.readUInt32LE(0x40) !== VDI_SIGNATURE) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VDI image (no 0xbeda107f signature)`)
+  if (buf.length < 0x48 || buf.readUInt32LE(0x40) !== VDI_SIGNATURE)
+    throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VDI image (no 0xbeda107f signature)`)
   const version = buf.readUInt32LE(0x44)
-  if (version !== 0x00010001) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VDI version ${version >>> 16}.${version & 0xffff} is not supported (1.1)`)
+  if (version !== 0x00010001)
+    throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VDI version ${version >>> 16}.${version & 0xffff} is not supported (1.1)`)
   if (buf.length < HEADER_END) throw malformed(file, `VDI header cut short (${buf.length} of ${HEADER_END} bytes)`)
   const cbHeader = buf.readUInt32LE(0x48)
   if (cbHeader < HEADER_END - 0x48) throw malformed(file, `VDI header size ${cbHeader} too small`)
@@ -67,12 +72,14 @@ export function parseVdiHeader(buf: Buffer, fileSize: number, file: string): Vdi
   if (sizeBig > BigInt(VDI_MAX_DISK_SIZE)) throw malformed(file, `disk size ${sizeBig} bytes exceeds 64 TiB`)
   const virtual_size = Number(sizeBig)
   const block_size = buf.readUInt32LE(0x178)
-  if (block_size < 512 || block_size > 256 * 1024 * 1024 || (block_size & (block_size - 1)) !== 0) throw malformed(file, `block size ${block_size} is not a power of two in 512 B..256 MiB`)
+  if (block_size < 512 || block_size > 256 * 1024 * 1024 || (block_size & (block_size - 1)) !== 0)
+    throw malformed(file, `block size ${block_size} is not a power of two in 512 B..256 MiB`)
   const blocks = buf.readUInt32LE(0x180)
   const blocks_allocated = buf.readUInt32LE(0x184)
   if (blocks * block_size < virtual_size) throw malformed(file, `${blocks} blocks of ${block_size} bytes cannot hold ${virtual_size} bytes`)
   if (blocks_allocated > blocks) throw malformed(file, `${blocks_allocated} allocated blocks of ${blocks}`)
-  if (offBlocks < HEADER_END || offBlocks + blocks * 4 > fileSize) throw malformed(file, `block map at offset ${offBlocks} (${blocks} entries) lies outside the file of ${fileSize} bytes`)
+  if (offBlocks < HEADER_END || offBlocks + blocks * 4 > fileSize)
+    throw malformed(file, `block map at offset ${offBlocks} (${blocks} entries) lies outside the file of ${fileSize} bytes`)
   if (offData < offBlocks || offData > fileSize) throw malformed(file, `data offset ${offData} invalid`)
   // Allocated blocks are stored back to back from the data offset (each with its extra bytes,
   // 0x17C); a shorter file is truncated, and qemu would read the missing blocks as zeros.

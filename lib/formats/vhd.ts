@@ -72,8 +72,10 @@ function footerOk(buf: Buffer): boolean {
 
 /** True when the last 512 (or 511) bytes of a file hold a `conectix` cookie (no checksum check). */
 export function hasVhdCookie(tail: Buffer): boolean {
-  return (tail.length >= 512 && tail.toString('latin1', tail.length - 512, tail.length - 504) === 'conectix') ||
+  return (
+    (tail.length >= 512 && tail.toString('latin1', tail.length - 512, tail.length - 504) === 'conectix') ||
     (tail.length >= 511 && tail.toString('latin1', tail.length - 511, tail.length - 503) === 'conectix')
+  )
 }
 
 /**
@@ -133,11 +135,24 @@ export async function readVhdInfo(file: string): Promise<VhdInfo> {
     if (disk_type === 'fixed') {
       if (footerOffset === 0) throw malformed(file, 'fixed VHD has no footer at its end')
       if (virtual_size > footerOffset) throw malformed(file, `fixed VHD declares ${virtual_size} bytes but holds ${footerOffset}`)
-      return { disk_type, virtual_size, current_size, geometry, parent_name: null, parent_locators: [], block_size: null, creator_app, footer_offset: footerOffset, unique_id, parent_unique_id: null }
+      return {
+        disk_type,
+        virtual_size,
+        current_size,
+        geometry,
+        parent_name: null,
+        parent_locators: [],
+        block_size: null,
+        creator_app,
+        footer_offset: footerOffset,
+        unique_id,
+        parent_unique_id: null,
+      }
     }
 
     // Dynamic disk header.
-    if (dataOffset === NO_OFFSET || dataOffset + 1024n > BigInt(fileSize)) throw malformed(file, `dynamic disk header offset ${dataOffset} lies outside the file`)
+    if (dataOffset === NO_OFFSET || dataOffset + 1024n > BigInt(fileSize))
+      throw malformed(file, `dynamic disk header offset ${dataOffset} lies outside the file`)
     const dhOff = Number(dataOffset)
     const dh = await readAt(fh, file, 1024, dhOff)
     if (dh.toString('latin1', 0, 8) !== 'cxsparse') throw malformed(file, `no cxsparse dynamic disk header at offset ${dhOff}`)
@@ -145,9 +160,11 @@ export async function readVhdInfo(file: string): Promise<VhdInfo> {
     const batOffset = dh.readBigUInt64BE(16)
     const maxEntries = dh.readUInt32BE(28)
     const block_size = dh.readUInt32BE(32)
-    if (block_size < 512 || block_size > 256 * 1024 * 1024 || (block_size & (block_size - 1)) !== 0) throw malformed(file, `block size ${block_size} is not a power of two in 512 B..256 MiB`)
+    if (block_size < 512 || block_size > 256 * 1024 * 1024 || (block_size & (block_size - 1)) !== 0)
+      throw malformed(file, `block size ${block_size} is not a power of two in 512 B..256 MiB`)
     if (maxEntries * block_size < virtual_size) throw malformed(file, `BAT of ${maxEntries} entries of ${block_size} bytes cannot map ${virtual_size} bytes`)
-    if (batOffset + BigInt(maxEntries) * 4n > BigInt(fileSize)) throw malformed(file, `BAT at offset ${batOffset} (${maxEntries} entries) lies outside the file`)
+    if (batOffset + BigInt(maxEntries) * 4n > BigInt(fileSize))
+      throw malformed(file, `BAT at offset ${batOffset} (${maxEntries} entries) lies outside the file`)
 
     let parent_name: string | null = null
     let parent_unique_id: string | null = null
@@ -176,7 +193,19 @@ export async function readVhdInfo(file: string): Promise<VhdInfo> {
       }
       if (!parent_name && parent_locators.length === 0) throw malformed(file, 'differencing VHD names no parent')
     }
-    return { disk_type, virtual_size, current_size, geometry, parent_name, parent_locators, block_size, creator_app, footer_offset: footerOffset, unique_id, parent_unique_id }
+    return {
+      disk_type,
+      virtual_size,
+      current_size,
+      geometry,
+      parent_name,
+      parent_locators,
+      block_size,
+      creator_app,
+      footer_offset: footerOffset,
+      unique_id,
+      parent_unique_id,
+    }
   } finally {
     await fh.close()
   }

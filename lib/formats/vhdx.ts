@@ -30,7 +30,14 @@ const ITEM_PHYSICAL_SECTOR_SIZE = 'CDA348C7-445D-4471-9CC9-E9885251C556'
 const ITEM_PARENT_LOCATOR = 'A8D35F2D-B30B-454D-ABF7-D3D84834AB0C'
 /** Locator type of a VHDX parent (MS-VHDX 2.6.2.6). */
 const LOCATOR_TYPE_VHDX = 'B04AEFB7-D19E-4A81-B789-25B8E9445913'
-const KNOWN_ITEMS = new Set([ITEM_FILE_PARAMETERS, ITEM_VIRTUAL_DISK_SIZE, ITEM_VIRTUAL_DISK_ID, ITEM_LOGICAL_SECTOR_SIZE, ITEM_PHYSICAL_SECTOR_SIZE, ITEM_PARENT_LOCATOR])
+const KNOWN_ITEMS = new Set([
+  ITEM_FILE_PARAMETERS,
+  ITEM_VIRTUAL_DISK_SIZE,
+  ITEM_VIRTUAL_DISK_ID,
+  ITEM_LOGICAL_SECTOR_SIZE,
+  ITEM_PHYSICAL_SECTOR_SIZE,
+  ITEM_PARENT_LOCATOR,
+])
 
 /**
  * What a VHDX says about itself. Sizes are bytes.
@@ -91,7 +98,10 @@ function checksumOk(block: Buffer, at: number): boolean {
 /** A Microsoft GUID (mixed-endian: Data1-3 little-endian, Data4 bytes) as upper-case text. */
 export function guidAt(buf: Buffer, at: number): string {
   const h = (a: number, b: number): string => buf.subarray(at + a, at + b).toString('hex')
-  const le = (a: number, n: number): string => Buffer.from(buf.subarray(at + a, at + a + n)).reverse().toString('hex')
+  const le = (a: number, n: number): string =>
+    Buffer.from(buf.subarray(at + a, at + a + n))
+      .reverse()
+      .toString('hex')
   return `${le(0, 4)}-${le(4, 2)}-${le(6, 2)}-${h(8, 10)}-${h(10, 16)}`.toUpperCase()
 }
 
@@ -139,7 +149,8 @@ export async function readVhdxInfo(file: string): Promise<VhdxInfo> {
   try {
     const fileSize = (await fh.stat()).size
     const head = await readAt(fh, file, Math.min(fileSize, 320 * KiB), 0)
-    if (head.length < 8 || head.toString('latin1', 0, 8) !== 'vhdxfile') throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHDX image (no vhdxfile identifier)`)
+    if (head.length < 8 || head.toString('latin1', 0, 8) !== 'vhdxfile')
+      throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHDX image (no vhdxfile identifier)`)
     if (head.length < 320 * KiB) throw malformed(file, `VHDX cut short: ${fileSize} bytes, the headers and region tables need ${320 * KiB}`)
     const creator = utf16z(head.subarray(8, 8 + 512))
 
@@ -168,10 +179,13 @@ export async function readVhdxInfo(file: string): Promise<VhdxInfo> {
       const offset = table.readBigUInt64LE(at + 16)
       const length = table.readUInt32LE(at + 24)
       const required = (table.readUInt32LE(at + 28) & 1) === 1
-      if (offset % BigInt(MiB) !== 0n || offset < BigInt(MiB) || length % MiB !== 0 || length === 0) throw malformed(file, `region ${guid} at ${offset} (+${length}) is not 1 MiB aligned`)
-      if (offset + BigInt(length) > BigInt(fileSize)) throw malformed(file, `region ${guid} at ${offset} (+${length}) lies outside the file of ${fileSize} bytes`)
+      if (offset % BigInt(MiB) !== 0n || offset < BigInt(MiB) || length % MiB !== 0 || length === 0)
+        throw malformed(file, `region ${guid} at ${offset} (+${length}) is not 1 MiB aligned`)
+      if (offset + BigInt(length) > BigInt(fileSize))
+        throw malformed(file, `region ${guid} at ${offset} (+${length}) lies outside the file of ${fileSize} bytes`)
       if (regions.has(guid)) throw malformed(file, `region ${guid} listed twice`)
-      if (guid !== VHDX_REGION_BAT && guid !== VHDX_REGION_METADATA && required) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown required VHDX region ${guid}`)
+      if (guid !== VHDX_REGION_BAT && guid !== VHDX_REGION_METADATA && required)
+        throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown required VHDX region ${guid}`)
       regions.set(guid, { offset: Number(offset), length })
     }
     const bat = regions.get(VHDX_REGION_BAT)
@@ -197,7 +211,8 @@ export async function readVhdxInfo(file: string): Promise<VhdxInfo> {
         continue
       }
       if (items.has(id)) throw malformed(file, `metadata item ${id} listed twice`)
-      if (length === 0 || length > MiB || offset < 64 * KiB || offset + length > meta.length) throw malformed(file, `metadata item ${id} at ${offset} (+${length}) lies outside the metadata region`)
+      if (length === 0 || length > MiB || offset < 64 * KiB || offset + length > meta.length)
+        throw malformed(file, `metadata item ${id} at ${offset} (+${length}) lies outside the metadata region`)
       items.set(id, { offset, length })
     }
     const readItem = async (id: string, name: string, min: number): Promise<Buffer> => {
@@ -212,7 +227,8 @@ export async function readVhdxInfo(file: string): Promise<VhdxInfo> {
     const fp = await readItem(ITEM_FILE_PARAMETERS, 'File Parameters', 8)
     const block_size = fp.readUInt32LE(0)
     const flags = fp.readUInt32LE(4)
-    if (block_size < MiB || block_size > 256 * MiB || (block_size & (block_size - 1)) !== 0) throw malformed(file, `block size ${block_size} is not a power of two in 1..256 MiB`)
+    if (block_size < MiB || block_size > 256 * MiB || (block_size & (block_size - 1)) !== 0)
+      throw malformed(file, `block size ${block_size} is not a power of two in 1..256 MiB`)
     const fixed = (flags & 1) !== 0
     const has_parent = (flags & 2) !== 0
 
@@ -223,15 +239,14 @@ export async function readVhdxInfo(file: string): Promise<VhdxInfo> {
     if (physical_sector_size !== 512 && physical_sector_size !== 4096) throw malformed(file, `physical sector size ${physical_sector_size} (512 or 4096)`)
     if (vs === 0n || vs > BigInt(VHDX_MAX_VIRTUAL_SIZE)) throw malformed(file, `virtual disk size ${vs} outside 1 byte..64 TiB`)
     const virtual_size = Number(vs)
-    if (virtual_size % logical_sector_size !== 0) throw malformed(file, `virtual disk size ${virtual_size} is not a multiple of the ${logical_sector_size}-byte logical sector`)
+    if (virtual_size % logical_sector_size !== 0)
+      throw malformed(file, `virtual disk size ${virtual_size} is not a multiple of the ${logical_sector_size}-byte logical sector`)
     const virtual_disk_id = items.has(ITEM_VIRTUAL_DISK_ID) ? guidAt(await readItem(ITEM_VIRTUAL_DISK_ID, 'Virtual Disk ID', 16), 0) : null
 
     // BAT size (2.5): payload blocks plus interleaved sector bitmap blocks, one per chunk.
     const chunkRatio = (2 ** 23 * logical_sector_size) / block_size
     const dataBlocks = Math.ceil(virtual_size / block_size)
-    const batEntries = has_parent
-      ? Math.ceil(dataBlocks / chunkRatio) * (chunkRatio + 1)
-      : dataBlocks + Math.floor((dataBlocks - 1) / chunkRatio)
+    const batEntries = has_parent ? Math.ceil(dataBlocks / chunkRatio) * (chunkRatio + 1) : dataBlocks + Math.floor((dataBlocks - 1) / chunkRatio)
     if (batEntries * 8 > bat.length) throw malformed(file, `BAT region of ${bat.length} bytes cannot hold the ${batEntries} entries the virtual size needs`)
 
     let parent_locator: Record<string, string> | null = null
@@ -273,7 +288,8 @@ export function parseParentLocator(item: Buffer, file: string): Record<string, s
   if (20 + n * 12 > item.length) throw malformed(file, `parent locator declares ${n} entries, its item holds ${Math.floor((item.length - 20) / 12)}`)
   const out: Record<string, string> = Object.create(null)
   const str = (off: number, len: number, what: string): string => {
-    if (len === 0 || len % 2 !== 0 || off + len > item.length || off < 20 + n * 12) throw malformed(file, `parent locator ${what} at ${off} (+${len}) is invalid`)
+    if (len === 0 || len % 2 !== 0 || off + len > item.length || off < 20 + n * 12)
+      throw malformed(file, `parent locator ${what} at ${off} (+${len}) is invalid`)
     return item.subarray(off, off + len).toString('utf16le')
   }
   for (let i = 0; i < n; i++) {

@@ -159,12 +159,17 @@ function readObjectTable(buf: Buffer, at: number, label: string): ObjectEntry[] 
   const out: ObjectEntry[] = []
   for (let i = 0; i < n; i++) {
     const e = at + 8 + i * OBJECT_ENTRY_SIZE
-    if (crcWithZeroedField(buf, e, OBJECT_ENTRY_SIZE, 1) !== buf.readUInt32LE(e + 1)) throw malformed(label, `object table entry ${i} at ${hex(e)}: checksum mismatch`)
+    if (crcWithZeroedField(buf, e, OBJECT_ENTRY_SIZE, 1) !== buf.readUInt32LE(e + 1))
+      throw malformed(label, `object table entry ${i} at ${hex(e)}: checksum mismatch`)
     if (buf[e + 17] === 0) continue
     const type = buf[e]!
     const offset = u64le(buf, e + 5)
     const size = buf.readUInt32LE(e + 13)
-    if (offset === null || offset + size > buf.length) throw malformed(label, `object table entry ${i} (type ${type}) points at ${offset === null ? 'an offset over 2^53' : hex(offset)}+${hex(size)}, outside the file`)
+    if (offset === null || offset + size > buf.length)
+      throw malformed(
+        label,
+        `object table entry ${i} (type ${type}) points at ${offset === null ? 'an offset over 2^53' : hex(offset)}+${hex(size)}, outside the file`,
+      )
     if (offset < OBJECT_TABLE_OFFSET && type !== 4) throw malformed(label, `object table entry ${i} (type ${type}) points into the headers (${hex(offset)})`)
     out.push({ type, offset, size })
   }
@@ -190,7 +195,16 @@ interface KeyTable {
   size: number
 }
 
-function decodeValue(buf: Buffer, type: number, flags: number, v: number, entryEnd: number, files: Map<number, ObjectEntry>, where: string, label: string): { value: VmcxValue | null; size: number } {
+function decodeValue(
+  buf: Buffer,
+  type: number,
+  flags: number,
+  v: number,
+  entryEnd: number,
+  files: Map<number, ObjectEntry>,
+  where: string,
+  label: string,
+): { value: VmcxValue | null; size: number } {
   const need = (n: number): void => {
     if (v + n > entryEnd) throw malformed(label, `${where}: value of ${n} bytes overruns the entry`)
   }
@@ -277,9 +291,19 @@ function readKeyEntries(buf: Buffer, t: KeyTable, files: Map<number, ObjectEntry
     const keyBytes = buf.subarray(keyStart, keyStart + dataOffset - 1)
     if (keyBytes.includes(0)) throw malformed(label, `${where}: key contains a NUL byte`)
     const key = keyBytes.toString('utf8')
-    const { value, size: valueSize } = decodeValue(buf, type, flags, keyStart + dataOffset, e + size, files, `${where} (${JSON.stringify(key.slice(0, 64))})`, label)
+    const { value, size: valueSize } = decodeValue(
+      buf,
+      type,
+      flags,
+      keyStart + dataOffset,
+      e + size,
+      files,
+      `${where} (${JSON.stringify(key.slice(0, 64))})`,
+      label,
+    )
     const covered = KEY_ENTRY_HEADER_SIZE + dataOffset + valueSize
-    if (crcWithZeroedField(buf, e, covered, 12) !== buf.readUInt32LE(e + 12)) throw malformed(label, `${where} (${JSON.stringify(key.slice(0, 64))}): checksum mismatch`)
+    if (crcWithZeroedField(buf, e, covered, 12) !== buf.readUInt32LE(e + 12))
+      throw malformed(label, `${where} (${JSON.stringify(key.slice(0, 64))}): checksum mismatch`)
     out.push({
       table: t.index,
       offset: p,
@@ -320,13 +344,16 @@ export function parseVmcx(buf: Buffer, label: string): VmcxConfig {
   if (buf.length > MAX_VMCX_BYTES) throw malformed(label, `configuration file larger than ${MAX_VMCX_BYTES} bytes (${buf.length})`)
   const warnings: string[] = []
   const h = HEADER_OFFSETS.map((at) => readHeader(buf, at))
-  if (!h.some((x) => x.signature)) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: not a Hyper-V configuration file (no HyperVStorage header signature)`)
+  if (!h.some((x) => x.signature))
+    throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: not a Hyper-V configuration file (no HyperVStorage header signature)`)
   const valid = h.map((x) => x.header).filter((x): x is StorageHeader => x !== null)
   if (valid.length === 0) throw malformed(label, 'both storage headers fail their checksum')
   if (valid.length < 2) warnings.push('one of the two storage headers is damaged; the other one is used')
   const header = valid.reduce((a, b) => (b.sequence > a.sequence ? b : a))
-  if (header.version !== VMCX_VERSION) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: HyperVStorage format version ${hex(header.version)} is not supported (only ${hex(VMCX_VERSION)})`)
-  if (header.alignment === 0 || header.alignment > 0x10000 || (header.alignment & (header.alignment - 1)) !== 0) throw malformed(label, `data alignment ${hex(header.alignment)} is not a power of two up to 0x10000`)
+  if (header.version !== VMCX_VERSION)
+    throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: HyperVStorage format version ${hex(header.version)} is not supported (only ${hex(VMCX_VERSION)})`)
+  if (header.alignment === 0 || header.alignment > 0x10000 || (header.alignment & (header.alignment - 1)) !== 0)
+    throw malformed(label, `data alignment ${hex(header.alignment)} is not a power of two up to 0x10000`)
   if (buf.length < OBJECT_TABLE_OFFSET + 8) throw malformed(label, `file of ${buf.length} bytes is shorter than its fixed structures`)
 
   // Replay log: a journal of writes; outstanding entries mean the file was not closed cleanly.
@@ -369,8 +396,10 @@ export function parseVmcx(buf: Buffer, label: string): VmcxConfig {
     if (o.type !== 2) continue
     if (++keyTableCount > VMCX_LIMITS.keyTables) throw malformed(label, `more than ${VMCX_LIMITS.keyTables} key tables`)
     if (o.size < KEY_TABLE_HEADER_SIZE || o.size > VMCX_LIMITS.keyTableBytes) throw malformed(label, `key table at ${hex(o.offset)} has size ${o.size}`)
-    if (buf.readUInt16LE(o.offset) !== KEY_TABLE_SIGNATURE) throw malformed(label, `key table at ${hex(o.offset)}: bad signature ${hex(buf.readUInt16LE(o.offset))}`)
-    if (crcWithZeroedField(buf, o.offset, KEY_TABLE_HEADER_SIZE, 6) !== buf.readUInt32LE(o.offset + 6)) throw malformed(label, `key table at ${hex(o.offset)}: header checksum mismatch`)
+    if (buf.readUInt16LE(o.offset) !== KEY_TABLE_SIGNATURE)
+      throw malformed(label, `key table at ${hex(o.offset)}: bad signature ${hex(buf.readUInt16LE(o.offset))}`)
+    if (crcWithZeroedField(buf, o.offset, KEY_TABLE_HEADER_SIZE, 6) !== buf.readUInt32LE(o.offset + 6))
+      throw malformed(label, `key table at ${hex(o.offset)}: header checksum mismatch`)
     const t: KeyTable = { index: buf.readUInt16LE(o.offset + 2), sequence: buf.readUInt16LE(o.offset + 4), at: o.offset, size: o.size }
     if (t.index === 0) throw malformed(label, `key table at ${hex(o.offset)} has index 0`)
     const prev = active.get(t.index)

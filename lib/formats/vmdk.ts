@@ -625,7 +625,9 @@ async function inspectLayer(file: string, ctx: InspectContext, chain: ChainState
       createType: 'vmfsSparse',
       descriptor: null,
       header,
-      extents: [{ access: 'RW', sectors: header.capacity, type: 'VMFSSPARSE', file: path.basename(abs), offset: 0, line: 0, path: abs, fileBytes: st.size, header }],
+      extents: [
+        { access: 'RW', sectors: header.capacity, type: 'VMFSSPARSE', file: path.basename(abs), offset: 0, line: 0, path: abs, fileBytes: st.size, header },
+      ],
       capacity_bytes: header.capacity * SECTOR,
       allocated_bytes: st.size,
       disk_format: 'vmdk',
@@ -660,7 +662,10 @@ async function inspectSparseFile(abs: string, st: Stats, ctx: InspectContext, wa
     return inspectDescriptor(abs, descriptor, ctx, warnings, st.size)
   }
   if (header.truncated) {
-    throw malformed(abs, header.gdAtEnd ? 'stream-optimized extent is truncated: no footer/end-of-stream marker' : 'sparse extent is truncated: metadata past the end of the file')
+    throw malformed(
+      abs,
+      header.gdAtEnd ? 'stream-optimized extent is truncated: no footer/end-of-stream marker' : 'sparse extent is truncated: metadata past the end of the file',
+    )
   }
   if (descriptor) {
     const total = descriptor.extents.reduce((a, e) => a + e.sectors, 0)
@@ -676,7 +681,19 @@ async function inspectSparseFile(abs: string, st: Stats, ctx: InspectContext, wa
     createType,
     descriptor,
     header,
-    extents: [{ access: descriptor?.extents[0]?.access ?? 'RW', sectors: header.capacity, type: 'SPARSE', file: path.basename(abs), offset: 0, line: descriptor?.extents[0]?.line ?? 0, path: abs, fileBytes: st.size, header }],
+    extents: [
+      {
+        access: descriptor?.extents[0]?.access ?? 'RW',
+        sectors: header.capacity,
+        type: 'SPARSE',
+        file: path.basename(abs),
+        offset: 0,
+        line: descriptor?.extents[0]?.line ?? 0,
+        path: abs,
+        fileBytes: st.size,
+        header,
+      },
+    ],
     capacity_bytes: header.capacity * SECTOR,
     allocated_bytes: st.size,
     disk_format: 'vmdk',
@@ -688,7 +705,8 @@ async function inspectSparseFile(abs: string, st: Stats, ctx: InspectContext, wa
 }
 
 async function inspectDescriptor(abs: string, d: VmdkDescriptor, ctx: InspectContext, warnings: string[], descriptorBytes: number): Promise<VmdkInfo> {
-  if (DEVICE_CREATE_TYPES.has(d.createType)) throw unsupported(abs, `createType ${d.createType} maps a host device (raw device mapping), which cannot be imported`)
+  if (DEVICE_CREATE_TYPES.has(d.createType))
+    throw unsupported(abs, `createType ${d.createType} maps a host device (raw device mapping), which cannot be imported`)
   const base = path.dirname(abs)
   const extents: VmdkExtentInfo[] = []
   const sizes = new Map<string, number>()
@@ -708,7 +726,9 @@ async function inspectDescriptor(abs: string, d: VmdkDescriptor, ctx: InspectCon
     const extPath = resolveInRoot(ctx.importRoot, e.file as string, { base, allowUploads: ctx.allowUploads })
     const st = await statOrNull(extPath)
     if (!st) {
-      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${abs}: extent file ${JSON.stringify(e.file)} does not exist`, { details: { descriptor: abs, extent: e.file } })
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${abs}: extent file ${JSON.stringify(e.file)} does not exist`, {
+        details: { descriptor: abs, extent: e.file },
+      })
     }
     if (!st.isFile()) throw malformed(abs, `extent file ${JSON.stringify(e.file)} is not a regular file`, { descriptor: abs, extent: e.file })
     sizes.set(extPath, st.size)
@@ -716,7 +736,9 @@ async function inspectDescriptor(abs: string, d: VmdkDescriptor, ctx: InspectCon
     if (e.type === 'FLAT' || e.type === 'VMFS') {
       const need = (e.offset + e.sectors) * SECTOR
       if (st.size < need) {
-        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${abs}: flat extent ${JSON.stringify(e.file)} holds ${st.size} bytes, the descriptor needs ${need}`, { details: { descriptor: abs, extent: e.file } })
+        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${abs}: flat extent ${JSON.stringify(e.file)} holds ${st.size} bytes, the descriptor needs ${need}`, {
+          details: { descriptor: abs, extent: e.file },
+        })
       }
     } else if (e.type === 'SESPARSE') {
       const h = await readFileRange(extPath, 0, 24)
@@ -726,7 +748,10 @@ async function inspectDescriptor(abs: string, d: VmdkDescriptor, ctx: InspectCon
     } else {
       header = await readVmdkSparseHeader(extPath)
       if (header.capacity !== e.sectors) {
-        throw malformed(abs, `sparse extent ${JSON.stringify(e.file)} header capacity ${header.capacity} sectors, extent line says ${e.sectors}`, { descriptor: abs, extent: e.file })
+        throw malformed(abs, `sparse extent ${JSON.stringify(e.file)} header capacity ${header.capacity} sectors, extent line says ${e.sectors}`, {
+          descriptor: abs,
+          extent: e.file,
+        })
       }
       if (header.truncated) throw malformed(abs, `sparse extent ${JSON.stringify(e.file)} is truncated`, { descriptor: abs, extent: e.file })
     }
@@ -737,7 +762,9 @@ async function inspectDescriptor(abs: string, d: VmdkDescriptor, ctx: InspectCon
   const single = extents.length === 1 ? extents[0] : null
   const flat = single && (single.type === 'FLAT' || single.type === 'VMFS') && !d.parentFileNameHint && single.path
   if (!flat && !QEMU_DESCRIPTOR_CREATE_TYPES.has(d.createType)) {
-    warnings.push(`${abs}: createType ${d.createType} in a descriptor file is not opened by qemu's vmdk driver (it takes ${[...QEMU_DESCRIPTOR_CREATE_TYPES].join(', ')})`)
+    warnings.push(
+      `${abs}: createType ${d.createType} in a descriptor file is not opened by qemu's vmdk driver (it takes ${[...QEMU_DESCRIPTOR_CREATE_TYPES].join(', ')})`,
+    )
   }
   if (!flat && extents.some((e) => e.access !== 'RW' && e.type !== 'ZERO')) {
     warnings.push(`${abs}: descriptor has non-RW extents; qemu's vmdk driver reads only RW extents of a descriptor file`)
@@ -766,7 +793,9 @@ async function followParent(info: VmdkInfo, ctx: InspectContext, chain: ChainSta
   if (chain.depth + 1 > MAX_CHAIN_DEPTH) throw malformed(info.path, `parent chain deeper than ${MAX_CHAIN_DEPTH}`)
   const parentPath = resolveInRoot(ctx.importRoot, hint, { base: path.dirname(info.path), allowUploads: ctx.allowUploads })
   if (!(await statOrNull(parentPath))) {
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${info.path}: parent disk ${JSON.stringify(hint)} (parentFileNameHint) does not exist`, { details: { descriptor: info.path, parent: hint } })
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${info.path}: parent disk ${JSON.stringify(hint)} (parentFileNameHint) does not exist`, {
+      details: { descriptor: info.path, parent: hint },
+    })
   }
   const parent = await inspectLayer(parentPath, ctx, { seen: chain.seen, depth: chain.depth + 1 })
   if (parent.capacity_bytes !== info.capacity_bytes) {

@@ -32,7 +32,6 @@ export function countXmlElements(xml: string): number {
   return n
 }
 
-
 /**
  * One XML element: `name` is the local name (namespace prefix dropped), `attrs` a null-prototype
  * map of local attribute names to decoded values, `children` the child elements in document order,
@@ -49,7 +48,13 @@ export interface XmlNode {
 export const UNSAFE_NAMES: ReadonlySet<string> = new Set(['__proto__', 'constructor', 'prototype'])
 /** Prefix {@link parseOrderedXml} puts before an unsafe name; tree builders skip such names. */
 export const UNSAFE_MARK = '#unsafe:'
-const PREDEFINED_ENTITIES = new Map([['amp', '&'], ['lt', '<'], ['gt', '>'], ['quot', '"'], ['apos', "'"]])
+const PREDEFINED_ENTITIES = new Map([
+  ['amp', '&'],
+  ['lt', '<'],
+  ['gt', '>'],
+  ['quot', '"'],
+  ['apos', "'"],
+])
 
 /**
  * Decodes XML's five predefined entities and character references in attribute values and text
@@ -187,10 +192,19 @@ export function xmlChild(n: XmlNode | null, name: string): XmlNode | null {
 export const XML_NAMESPACE = 'http://www.w3.org/XML/1998/namespace'
 
 /** An attribute of a {@link XEl}: namespace URI (`''` when unqualified), local name, decoded value. */
-export interface XAttr { ns: string; local: string; value: string }
+export interface XAttr {
+  ns: string
+  local: string
+  value: string
+}
 /** An element with its namespace URI resolved: local name, attributes, child elements, trimmed text (text and CDATA). */
-export interface XEl { ns: string; local: string; attrs: XAttr[]; children: XEl[]; text: string }
-
+export interface XEl {
+  ns: string
+  local: string
+  attrs: XAttr[]
+  children: XEl[]
+  text: string
+}
 
 function splitQName(q: string): [string | null, string] {
   const i = q.indexOf(':')
@@ -243,7 +257,8 @@ function buildTree(nodes: unknown[], scope: Map<string, string>, label: string, 
           const t = (k as Record<string, unknown>)['#text']
           if (typeof t === 'string' || typeof t === 'number') text += decodeXmlText(String(t), label)
           const c = (k as Record<string, unknown>)['#cdata']
-          if (Array.isArray(c)) for (const ct of c) if (ct && typeof (ct as Record<string, unknown>)['#text'] === 'string') text += (ct as Record<string, string>)['#text']
+          if (Array.isArray(c))
+            for (const ct of c) if (ct && typeof (ct as Record<string, unknown>)['#text'] === 'string') text += (ct as Record<string, string>)['#text']
         }
       }
       children.push(...buildTree(kids, local, label, depth + 1))

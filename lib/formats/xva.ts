@@ -192,7 +192,8 @@ function boolField(s: XmlRpcStruct, k: string): boolean {
 function intField(s: XmlRpcStruct, k: string, label: string, what: string, max: number): number {
   const v = s.get(k)
   const str = typeof v === 'number' ? String(v) : typeof v === 'string' ? v.trim() : ''
-  if (!/^[0-9]{1,16}$/.test(str)) throw malformed(label, `${what}: ${k} = ${JSON.stringify(typeof v === 'string' ? v.slice(0, 40) : v ?? null)} is not a non-negative integer`)
+  if (!/^[0-9]{1,16}$/.test(str))
+    throw malformed(label, `${what}: ${k} = ${JSON.stringify(typeof v === 'string' ? v.slice(0, 40) : (v ?? null))} is not a non-negative integer`)
   const n = Number(str)
   if (!Number.isSafeInteger(n) || n > max) throw malformed(label, `${what}: ${k} = ${str} is out of range`)
   return n
@@ -283,7 +284,11 @@ export function parseOvaXml(input: string | Uint8Array, label: string): XvaDescr
     const v = osv.get('name') ?? osv.get('distro')
     if (v) [os_hint, os_hint_source] = [v, 'VM_guest_metrics.os_version']
   }
-  for (const [k, src] of [[other_config.get('base_template_name'), 'other_config:base_template_name'], [other_config.get('install-distro'), 'other_config:install-distro'], [sget(f, 'reference_label'), 'reference_label']] as const) {
+  for (const [k, src] of [
+    [other_config.get('base_template_name'), 'other_config:base_template_name'],
+    [other_config.get('install-distro'), 'other_config:install-distro'],
+    [sget(f, 'reference_label'), 'reference_label'],
+  ] as const) {
     if (os_hint === null && k) [os_hint, os_hint_source] = [k, src]
   }
 
@@ -330,7 +335,23 @@ export function parseOvaXml(input: string | Uint8Array, label: string): XvaDescr
   return {
     version: stringMap(top.get('version')),
     objects,
-    vm: { id: vmObj.id, name_label, memory_static_max, vcpus_max, cores_per_socket: cps, firmware, secure_boot, hvm, os_hint, os_hint_source, platform, other_config, vbds, vdis, vifs },
+    vm: {
+      id: vmObj.id,
+      name_label,
+      memory_static_max,
+      vcpus_max,
+      cores_per_socket: cps,
+      firmware,
+      secure_boot,
+      hvm,
+      os_hint,
+      os_hint_source,
+      platform,
+      other_config,
+      vbds,
+      vdis,
+      vifs,
+    },
     warnings,
   }
 }
@@ -497,17 +518,27 @@ export async function verifyXvaBlocks(path: string, members: TarMember[], opts: 
         continue
       }
       const want = (await readExact(b.checksum.member.offset, b.checksum.member.size, b.checksum.member.name)).toString('latin1').trim().toLowerCase()
-      if (!/^[0-9a-f]{40}$/.test(want)) throw malformed(path, `checksum member ${b.checksum.member.name} does not hold a SHA-1 hex digest`, { member: b.checksum.member.name })
-      const got = createHash('sha1').update(await readExact(b.member.offset, b.member.size, b.member.name)).digest('hex')
-      if (got !== want) throw malformed(path, `block ${b.member.name}: SHA-1 ${got} does not match its .checksum ${want}`, { member: b.member.name, expected: want, actual: got })
+      if (!/^[0-9a-f]{40}$/.test(want))
+        throw malformed(path, `checksum member ${b.checksum.member.name} does not hold a SHA-1 hex digest`, { member: b.checksum.member.name })
+      const got = createHash('sha1')
+        .update(await readExact(b.member.offset, b.member.size, b.member.name))
+        .digest('hex')
+      if (got !== want)
+        throw malformed(path, `block ${b.member.name}: SHA-1 ${got} does not match its .checksum ${want}`, {
+          member: b.member.name,
+          expected: want,
+          actual: got,
+        })
       res.verified++
       res.verifiedBytes += b.member.size
     }
   } finally {
     await fh.close()
   }
-  if (res.deferred.length > 0) res.warnings.push(`${res.deferred.length} blocks with a SHA-1 checksum are verified while the data is copied (inspect verified ${res.verified})`)
-  if (res.unverifiable.length > 0) res.warnings.push(`${res.unverifiable.length} blocks carry XXH64 (.xxhash) checksums, which cannot be verified here: unverified`)
+  if (res.deferred.length > 0)
+    res.warnings.push(`${res.deferred.length} blocks with a SHA-1 checksum are verified while the data is copied (inspect verified ${res.verified})`)
+  if (res.unverifiable.length > 0)
+    res.warnings.push(`${res.unverifiable.length} blocks carry XXH64 (.xxhash) checksums, which cannot be verified here: unverified`)
   if (res.unchecked.length > 0) res.warnings.push(`${res.unchecked.length} blocks have no checksum companion`)
   return res
 }

@@ -67,7 +67,12 @@ export const WARN_FREE = 10 * GiB
 
 /** The executable `name` resolves to in `searchPath` (a name with a `/` is taken as a path), or null. */
 export function findBinary(name: string, searchPath = process.env.PATH ?? ''): string | null {
-  const candidates = name.includes('/') ? [name] : searchPath.split(':').filter(Boolean).map((d) => path.join(d, name))
+  const candidates = name.includes('/')
+    ? [name]
+    : searchPath
+        .split(':')
+        .filter(Boolean)
+        .map((d) => path.join(d, name))
   for (const c of candidates) {
     try {
       if (statSync(c).isFile()) {
@@ -83,7 +88,11 @@ export function findBinary(name: string, searchPath = process.env.PATH ?? ''): s
  * Runs `cmd args` (no shell) with `input` on stdin; resolves with its exit code (a signal's name
  * when killed, -1 when it cannot start) and output tails. Killed after `timeoutMs` (default 15 s).
  */
-export function run(cmd: string, args: string[], opts: { input?: string; timeoutMs?: number } = {}): Promise<{ code: number | string; stdout: string; stderr: string }> {
+export function run(
+  cmd: string,
+  args: string[],
+  opts: { input?: string; timeoutMs?: number } = {},
+): Promise<{ code: number | string; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
     let stdout = ''
     let stderr = ''
@@ -113,12 +122,24 @@ export function binaryChecks(s: DoctorSettings): Check[] {
     ['virt-v2v-in-place', s.v2vBinary, 'warn', 'injects virtio drivers into Windows guests'],
     ['virt-v2v', s.fullImportBinary, 'warn', 'imports Hyper-V (vmcx_export) VMs'],
   ]
-  const pkg: Record<string, string> = { zfs: 'zfsutils-linux', blkdiscard: 'util-linux', 'qemu-img': 'qemu-utils', 'qemu-nbd': 'qemu-utils', 'virt-v2v-in-place': 'virt-v2v', 'virt-v2v': 'virt-v2v' }
+  const pkg: Record<string, string> = {
+    zfs: 'zfsutils-linux',
+    blkdiscard: 'util-linux',
+    'qemu-img': 'qemu-utils',
+    'qemu-nbd': 'qemu-utils',
+    'virt-v2v-in-place': 'virt-v2v',
+    'virt-v2v': 'virt-v2v',
+  }
   return list.map(([id, bin, severity, why]) => {
     const at = findBinary(bin, s.searchPath)
     return at
       ? { id: `binary:${id}`, status: 'ok', found: `${at} (${why})`, fix: null }
-      : { id: `binary:${id}`, status: severity, found: `${bin} not found on PATH (${why})`, fix: `apt-get install ${pkg[id]}${bin !== id ? `, or point the variable at it (now ${bin})` : ''}` }
+      : {
+          id: `binary:${id}`,
+          status: severity,
+          found: `${bin} not found on PATH (${why})`,
+          fix: `apt-get install ${pkg[id]}${bin !== id ? `, or point the variable at it (now ${bin})` : ''}`,
+        }
   })
 }
 
@@ -141,9 +162,19 @@ export async function zfsPoolCheck(s: DoctorSettings): Promise<Check | null> {
   if (r.code === 0 && name === s.zfsPool && /^\d+$/.test(avail ?? '')) {
     const free = Number(avail)
     const status = free < FAIL_FREE ? 'fail' : free < WARN_FREE ? 'warn' : 'ok'
-    return { id: 'zfs-pool', status, found: `pool ${s.zfsPool}: ${gib(free)} available`, fix: status === 'ok' ? null : `free space in ${s.zfsPool} or choose another pool (MIGRATOR_ZFS_POOL, plan destination.pool)` }
+    return {
+      id: 'zfs-pool',
+      status,
+      found: `pool ${s.zfsPool}: ${gib(free)} available`,
+      fix: status === 'ok' ? null : `free space in ${s.zfsPool} or choose another pool (MIGRATOR_ZFS_POOL, plan destination.pool)`,
+    }
   }
-  return { id: 'zfs-pool', status: 'fail', found: `pool ${s.zfsPool} is not usable: ${lastLine(r.stderr) || `zfs exited ${r.code}`}`, fix: `create or import the pool (zpool import ${s.zfsPool}), or set MIGRATOR_ZFS_POOL to an existing pool` }
+  return {
+    id: 'zfs-pool',
+    status: 'fail',
+    found: `pool ${s.zfsPool} is not usable: ${lastLine(r.stderr) || `zfs exited ${r.code}`}`,
+    fix: `create or import the pool (zpool import ${s.zfsPool}), or set MIGRATOR_ZFS_POOL to an existing pool`,
+  }
 }
 
 /** `libvirt`: `virsh version` answers on the configured URI. */
@@ -154,7 +185,12 @@ export async function libvirtCheck(s: DoctorSettings): Promise<Check> {
     const hv = /Running hypervisor: (.+)/.exec(r.stdout)?.[1]
     return { id: 'libvirt', status: 'ok', found: `${s.libvirtUri}: libvirt ${lib ?? '?'}, ${hv ?? 'hypervisor ?'}`, fix: null }
   }
-  return { id: 'libvirt', status: 'fail', found: `${s.libvirtUri} does not answer: ${lastLine(r.stderr) || `virsh exited ${r.code}`}`, fix: 'start libvirtd and virtlogd (systemctl start libvirtd virtlogd), or set MIGRATOR_LIBVIRT_URI' }
+  return {
+    id: 'libvirt',
+    status: 'fail',
+    found: `${s.libvirtUri} does not answer: ${lastLine(r.stderr) || `virsh exited ${r.code}`}`,
+    fix: 'start libvirtd and virtlogd (systemctl start libvirtd virtlogd), or set MIGRATOR_LIBVIRT_URI',
+  }
 }
 
 /**
@@ -178,10 +214,20 @@ export async function domainTypeCheck(s: DoctorSettings): Promise<Check> {
   if (s.domainType === 'kvm') {
     return kvm.usable
       ? { id: 'domain-type', status: 'ok', found: `KVM usable: ${kvm.why}; domains run with type kvm`, fix: null }
-      : { id: 'domain-type', status: 'fail', found: `MIGRATOR_DOMAIN_TYPE is kvm but KVM is not usable here: ${kvm.why}; only TCG works`, fix: 'set MIGRATOR_DOMAIN_TYPE=qemu (TCG, slow), or enable (nested) virtualization for this host' }
+      : {
+          id: 'domain-type',
+          status: 'fail',
+          found: `MIGRATOR_DOMAIN_TYPE is kvm but KVM is not usable here: ${kvm.why}; only TCG works`,
+          fix: 'set MIGRATOR_DOMAIN_TYPE=qemu (TCG, slow), or enable (nested) virtualization for this host',
+        }
   }
   return kvm.usable
-    ? { id: 'domain-type', status: 'warn', found: `domains run under TCG (MIGRATOR_DOMAIN_TYPE=qemu) although KVM is usable: ${kvm.why}`, fix: 'set MIGRATOR_DOMAIN_TYPE=kvm (or leave it unset) for guests at native speed' }
+    ? {
+        id: 'domain-type',
+        status: 'warn',
+        found: `domains run under TCG (MIGRATOR_DOMAIN_TYPE=qemu) although KVM is usable: ${kvm.why}`,
+        fix: 'set MIGRATOR_DOMAIN_TYPE=kvm (or leave it unset) for guests at native speed',
+      }
     : { id: 'domain-type', status: 'ok', found: `TCG only (${kvm.why}); domains run with type qemu`, fix: null }
 }
 
@@ -190,7 +236,12 @@ export function accessChecks(s: DoctorSettings, qemu: QemuUser = readQemuUser(s.
   const who = `${qemu.user}:${qemu.group}${qemu.source ? ` (${qemu.source})` : ' (defaults; no qemu.conf)'}`
   const out: Check[] = []
   if (qemu.uid === null || qemu.gid === null) {
-    out.push({ id: 'qemu-access:volumes', status: 'fail', found: `qemu runs as ${who}, which does not resolve on this host`, fix: `create the user and group, or fix user/group in ${s.qemuConf}` })
+    out.push({
+      id: 'qemu-access:volumes',
+      status: 'fail',
+      found: `qemu runs as ${who}, which does not resolve on this host`,
+      fix: `create the user and group, or fix user/group in ${s.qemuConf}`,
+    })
     return out
   }
   const dirs: Array<[string, string, 'fail' | 'warn', string]> = [
@@ -204,18 +255,38 @@ export function accessChecks(s: DoctorSettings, qemu: QemuUser = readQemuUser(s.
       continue
     }
     const r = qemuCanReach(dir, qemu)
-    const how = r.method === 'as-user' ? `checked as ${qemu.user} with setpriv` : r.method === 'root' ? 'qemu runs as root' : 'judged from modes and owners (not root: ACLs not read)'
+    const how =
+      r.method === 'as-user'
+        ? `checked as ${qemu.user} with setpriv`
+        : r.method === 'root'
+          ? 'qemu runs as root'
+          : 'judged from modes and owners (not root: ACLs not read)'
     out.push(
       r.ok
-        ? { id: `qemu-access:${id}`, status: r.method === 'modes' ? 'warn' : 'ok', found: `${qemu.user} can reach ${dir} (${how}; ${why})`, fix: r.method === 'modes' ? 'run the doctor as root to check as the qemu user' : null }
-        : { id: `qemu-access:${id}`, status: severity, found: `${qemu.user} cannot search ${r.blockedAt}, so it cannot reach ${dir} (${how}; ${why})`, fix: reachFix(r.blockedAt!, qemu) },
+        ? {
+            id: `qemu-access:${id}`,
+            status: r.method === 'modes' ? 'warn' : 'ok',
+            found: `${qemu.user} can reach ${dir} (${how}; ${why})`,
+            fix: r.method === 'modes' ? 'run the doctor as root to check as the qemu user' : null,
+          }
+        : {
+            id: `qemu-access:${id}`,
+            status: severity,
+            found: `${qemu.user} cannot search ${r.blockedAt}, so it cannot reach ${dir} (${how}; ${why})`,
+            fix: reachFix(r.blockedAt!, qemu),
+          },
     )
   }
   if (s.sink === 'file') {
     out.push(
       qemu.dynamicOwnership || qemu.uid === 0
         ? { id: 'dynamic-ownership', status: 'ok', found: `libvirt hands each image to ${qemu.user} (dynamic_ownership)`, fix: null }
-        : { id: 'dynamic-ownership', status: 'fail', found: `dynamic_ownership = 0 in ${s.qemuConf}: images stay root-owned 0640 and ${qemu.user} cannot open them`, fix: `set dynamic_ownership = 1 in ${s.qemuConf} and restart libvirtd` },
+        : {
+            id: 'dynamic-ownership',
+            status: 'fail',
+            found: `dynamic_ownership = 0 in ${s.qemuConf}: images stay root-owned 0640 and ${qemu.user} cannot open them`,
+            fix: `set dynamic_ownership = 1 in ${s.qemuConf} and restart libvirtd`,
+          },
     )
   }
   return out
@@ -224,25 +295,33 @@ export function accessChecks(s: DoctorSettings, qemu: QemuUser = readQemuUser(s.
 /** `key-file`: 32 bytes, no group/other permission. */
 export function keyFileCheck(s: DoctorSettings): Check {
   const id = 'key-file'
-  if (!existsSync(s.keyFile)) return { id, status: 'warn', found: `${s.keyFile} does not exist yet`, fix: 'start the server once: it creates a 32-byte key, mode 0600' }
+  if (!existsSync(s.keyFile))
+    return { id, status: 'warn', found: `${s.keyFile} does not exist yet`, fix: 'start the server once: it creates a 32-byte key, mode 0600' }
   const st = statSync(s.keyFile)
   const problems: string[] = []
   if (!st.isFile()) problems.push('not a regular file')
   if (st.size !== 32) problems.push(`${st.size} bytes instead of 32`)
   if (st.mode & 0o077) problems.push(`mode ${octal(st.mode)} gives group/other access`)
   if (problems.length === 0) return { id, status: 'ok', found: `${s.keyFile}: 32 bytes, mode ${octal(st.mode)}`, fix: null }
-  return { id, status: 'fail', found: `${s.keyFile}: ${problems.join(', ')} (the server refuses to start)`, fix: st.size !== 32 ? `restore the original key from a backup (a new key cannot open the sealed source passwords)` : `chmod 0600 ${s.keyFile}` }
+  return {
+    id,
+    status: 'fail',
+    found: `${s.keyFile}: ${problems.join(', ')} (the server refuses to start)`,
+    fix: st.size !== 32 ? `restore the original key from a backup (a new key cannot open the sealed source passwords)` : `chmod 0600 ${s.keyFile}`,
+  }
 }
 
 /** `import-root`: mode 0750, owned by the daemon user (spec 1.5). */
 export function importRootCheck(s: DoctorSettings): Check {
   const id = 'import-root'
-  if (!existsSync(s.importRoot)) return { id, status: 'warn', found: `${s.importRoot} does not exist yet`, fix: 'start the server once: it creates it, mode 0750' }
+  if (!existsSync(s.importRoot))
+    return { id, status: 'warn', found: `${s.importRoot} does not exist yet`, fix: 'start the server once: it creates it, mode 0750' }
   const st = statSync(s.importRoot)
   if (!st.isDirectory()) return { id, status: 'fail', found: `${s.importRoot} is not a directory`, fix: `move it away, or set MIGRATOR_IMPORT_ROOT` }
   const uid = process.getuid?.() ?? st.uid
   const mode = st.mode & 0o777
-  if (mode & 0o002) return { id, status: 'fail', found: `${s.importRoot}: mode ${octal(mode)} is world-writable: anyone may place exports`, fix: `chmod 0750 ${s.importRoot}` }
+  if (mode & 0o002)
+    return { id, status: 'fail', found: `${s.importRoot}: mode ${octal(mode)} is world-writable: anyone may place exports`, fix: `chmod 0750 ${s.importRoot}` }
   const problems: string[] = []
   if (mode !== 0o750) problems.push(`mode ${octal(mode)} (spec 1.5: 0750)`)
   if (st.uid !== uid) problems.push(`owner uid ${st.uid}, not the daemon's (${uid})`)
@@ -277,7 +356,12 @@ export function bridgeCheck(s: DoctorSettings): Check | null {
   const ok = existsSync(path.join(s.netDir ?? '/sys/class/net', s.defaultBridge))
   return ok
     ? { id: 'default-bridge', status: 'ok', found: `${s.defaultBridge} exists`, fix: null }
-    : { id: 'default-bridge', status: 'fail', found: `MIGRATOR_DEFAULT_BRIDGE=${s.defaultBridge}: no such interface`, fix: `create the bridge (ip link add ${s.defaultBridge} type bridge), or unset MIGRATOR_DEFAULT_BRIDGE for user-mode networking` }
+    : {
+        id: 'default-bridge',
+        status: 'fail',
+        found: `MIGRATOR_DEFAULT_BRIDGE=${s.defaultBridge}: no such interface`,
+        fix: `create the bridge (ip link add ${s.defaultBridge} type bridge), or unset MIGRATOR_DEFAULT_BRIDGE for user-mode networking`,
+      }
 }
 
 /** `go-shim`: spec 1.5's variable, accepted and reported (always ok: there is no shim). */

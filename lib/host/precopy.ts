@@ -63,9 +63,13 @@ export function missingBridges(bridges: PreCopyInput['bridges'], netDir = '/sys/
   const missing = bridges.filter((b) => !existsSync(path.join(netDir, b.name)))
   if (missing.length === 0) return null
   const list = missing.map((b) => `${b.name} (${b.from})`).join(', ')
-  return new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `no such bridge on this host: ${list}; create it (ip link add <name> type bridge) or map the network to an existing bridge in plan.networks`, {
-    details: { bridges: missing.map((b) => b.name) },
-  })
+  return new MigError(
+    'E_MIG_DOMAIN_DEFINE_FAILED',
+    `no such bridge on this host: ${list}; create it (ip link add <name> type bridge) or map the network to an existing bridge in plan.networks`,
+    {
+      details: { bridges: missing.map((b) => b.name) },
+    },
+  )
 }
 
 /**
@@ -81,12 +85,19 @@ export async function checkBeforeCopy(input: PreCopyInput): Promise<void> {
     if (input.qemu.uid !== 0) {
       const reach = qemuCanReach(volumesDir, input.qemu)
       if (!reach.ok) {
-        throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `qemu (user ${input.qemu.user}) cannot search ${reach.blockedAt}, so the domain could not open its disks under ${volumesDir}; ${reachFix(reach.blockedAt!, input.qemu)}`, {
-          details: { blocked_at: reach.blockedAt, volumes: volumesDir },
-        })
+        throw new MigError(
+          'E_MIG_DOMAIN_DEFINE_FAILED',
+          `qemu (user ${input.qemu.user}) cannot search ${reach.blockedAt}, so the domain could not open its disks under ${volumesDir}; ${reachFix(reach.blockedAt!, input.qemu)}`,
+          {
+            details: { blocked_at: reach.blockedAt, volumes: volumesDir },
+          },
+        )
       }
       if (!input.qemu.dynamicOwnership) {
-        throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `libvirt's dynamic_ownership is off (${input.qemu.source}): qemu (user ${input.qemu.user}) could not open the images; set dynamic_ownership = 1 and restart libvirtd`)
+        throw new MigError(
+          'E_MIG_DOMAIN_DEFINE_FAILED',
+          `libvirt's dynamic_ownership is off (${input.qemu.source}): qemu (user ${input.qemu.user}) could not open the images; set dynamic_ownership = 1 and restart libvirtd`,
+        )
       }
     }
     const need = input.disks.reduce((s, d) => s + d.capacity_bytes, 0) - allocatedBelow(jobDir)
@@ -103,16 +114,23 @@ export async function checkBeforeCopy(input: PreCopyInput): Promise<void> {
     const { pool, jobDataset, zfsBinary = 'zfs' } = input.zvol
     const avail = await run(zfsBinary, ['list', '-H', '-p', '-o', 'avail', pool])
     if (avail.code !== 0 || !/^\d+$/.test(avail.stdout.trim())) {
-      throw new MigError('E_MIG_DISK_WRITE_FAILED', `pool ${pool} is not usable: ${avail.stderr.trim().split('\n').pop() || `zfs exited ${avail.code}`}; import or create the pool, or choose another (MIGRATOR_ZFS_POOL, plan destination.pool)`)
+      throw new MigError(
+        'E_MIG_DISK_WRITE_FAILED',
+        `pool ${pool} is not usable: ${avail.stderr.trim().split('\n').pop() || `zfs exited ${avail.code}`}; import or create the pool, or choose another (MIGRATOR_ZFS_POOL, plan destination.pool)`,
+      )
     }
     const held = await run(zfsBinary, ['list', '-H', '-p', '-o', 'used', jobDataset])
     const already = held.code === 0 && /^\d+$/.test(held.stdout.trim()) ? Number(held.stdout.trim()) : 0
     const need = input.disks.reduce((s, d) => s + (d.allocated_bytes ?? d.capacity_bytes), 0) - already
     const free = Number(avail.stdout.trim())
     if (need > free) {
-      throw new MigError('E_MIG_DISK_WRITE_FAILED', `not enough space in pool ${pool}: ${gib(free)} available, ${gib(need)} of data to write; free space in the pool or choose another (MIGRATOR_ZFS_POOL, plan destination.pool)`, {
-        details: { free_bytes: free, needed_bytes: need, pool },
-      })
+      throw new MigError(
+        'E_MIG_DISK_WRITE_FAILED',
+        `not enough space in pool ${pool}: ${gib(free)} available, ${gib(need)} of data to write; free space in the pool or choose another (MIGRATOR_ZFS_POOL, plan destination.pool)`,
+        {
+          details: { free_bytes: free, needed_bytes: need, pool },
+        },
+      )
     }
   }
 }

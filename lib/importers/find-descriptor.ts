@@ -40,7 +40,9 @@ export async function findDescriptor(inputPath: string, ext: string): Promise<st
   }
   if (found.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${inputPath}: the folder holds no ${ext} file`)
   if (found.length > 1) {
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${inputPath}: the folder holds several ${ext} files: ${found.join(', ')}`, { details: { [`${ext.slice(1)}_files`]: found } })
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${inputPath}: the folder holds several ${ext} files: ${found.join(', ')}`, {
+      details: { [`${ext.slice(1)}_files`]: found },
+    })
   }
   return path.join(inputPath, found[0]!)
 }

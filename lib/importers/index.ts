@@ -54,7 +54,8 @@ async function inspectPinned(absPath: string, ctx: InspectContext, kind?: Import
   const manifest = await (await importerFor(detected)).inspect(absPath, ctx)
   const checked = VmManifest.safeParse(manifest)
   if (!checked.success) throw new MigError('E_MIG_INTERNAL', `${detected} importer produced an invalid manifest: ${checked.error.message}`)
-  if (checked.data.disks.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${checked.data.name}: the source has no disks to migrate`, { details: { disks: 0 } })
+  if (checked.data.disks.length === 0)
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${checked.data.name}: the source has no disks to migrate`, { details: { disks: 0 } })
   checkDestinationLimits(checked.data.name, { disks: checked.data.disks.length, nics: checked.data.nics.length })
   return { detected_kind: detected, manifest: checked.data }
 }

@@ -13,14 +13,22 @@ import { readFileRange } from '../formats/io.ts'
 import { checkMemberHeader } from '../formats/member-header.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { assertSafeMemberNames, hashRange, listTarMembers, readTarMember, sniffCompression, type TarMember } from '../formats/tar.ts'
-import { MAX_DESCRIPTOR_BYTES, capacityFromHeader, checkHref, chooseDiskFormat, decodeDescriptor, parseOvfEnvelope, pickHardwareSection, type OvfFile } from '../formats/ovf.ts'
+import {
+  MAX_DESCRIPTOR_BYTES,
+  capacityFromHeader,
+  checkHref,
+  chooseDiskFormat,
+  decodeDescriptor,
+  parseOvfEnvelope,
+  pickHardwareSection,
+  type OvfFile,
+} from '../formats/ovf.ts'
 import { attachManifestDigests, ovfDiskRefs, ovfToManifest, type ResolvedOvfFile } from '../formats/ovf-to-vm-manifest.ts'
 import { inflateHead } from '../formats/gzip-head.ts'
 import { MAX_MANIFEST_BYTES, normalizeManifestName, parseOvfManifest, verifyOvfManifest, type ManifestTarget } from '../formats/ovf-manifest.ts'
 import type { Importer, InspectContext } from './types.ts'
 
 const HEAD_BYTES = 64 * 1024
-
 
 /** Normalized archive path of a member name (`./a//b` -> `a/b`); a disk source's `member` is one. */
 export function memberKey(name: string): string {
@@ -59,14 +67,27 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   const byName = new Map<string, TarMember>()
   for (const m of members) if (m.type === 'file') byName.set(memberKey(m.name), m) // later members win, as on extraction
   const ovfs = members.filter((m) => m.type === 'file' && /\.ovf$/i.test(m.name))
-  if (ovfs.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: no .ovf descriptor in the archive (members: ${members.slice(0, 8).map((m) => m.name).join(', ') || 'none'})`)
-  if (ovfs.length > 1) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: several .ovf descriptors: ${ovfs.map((m) => m.name).join(', ')}`, { details: { descriptors: ovfs.map((m) => m.name) } })
+  if (ovfs.length === 0)
+    throw new MigError(
+      'E_MIG_MALFORMED_ARCHIVE',
+      `${arcName}: no .ovf descriptor in the archive (members: ${
+        members
+          .slice(0, 8)
+          .map((m) => m.name)
+          .join(', ') || 'none'
+      })`,
+    )
+  if (ovfs.length > 1)
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: several .ovf descriptors: ${ovfs.map((m) => m.name).join(', ')}`, {
+      details: { descriptors: ovfs.map((m) => m.name) },
+    })
   const ovfMember = ovfs[0]!
   const firstFile = members.find((m) => m.type === 'file')
   if (firstFile !== ovfMember) warnings.push(`${arcName}: the descriptor ${ovfMember.name} is not the first member (DSP0243 5.3 wants it first)`)
 
   const label = `${arcName}:${ovfMember.name}`
-  if (ovfMember.size > MAX_DESCRIPTOR_BYTES) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: descriptor is ${ovfMember.size} bytes, larger than the ${MAX_DESCRIPTOR_BYTES}-byte limit`)
+  if (ovfMember.size > MAX_DESCRIPTOR_BYTES)
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: descriptor is ${ovfMember.size} bytes, larger than the ${MAX_DESCRIPTOR_BYTES}-byte limit`)
   const ovfBytes = await readTarMember(archive, ovfMember, MAX_DESCRIPTOR_BYTES)
   const env = parseOvfEnvelope(decodeDescriptor(ovfBytes), label)
   const baseDir = posix.dirname(memberKey(ovfMember.name))
@@ -126,7 +147,9 @@ async function resolveFile(
       const m = byName.get(name)
       if (!m) {
         if (expected === null && i > 0) break
-        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: chunk member ${name} of File ${file.href} (ovf:id ${file.id}) is missing`, { details: { member: name } })
+        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: chunk member ${name} of File ${file.href} (ovf:id ${file.id}) is missing`, {
+          details: { member: name },
+        })
       }
       chunks.push(m)
     }
@@ -134,23 +157,37 @@ async function resolveFile(
     chunks.forEach((c, i) => {
       const last = i === chunks.length - 1
       if ((!last && c.size !== file.chunkSize) || (last && (c.size > file.chunkSize! || c.size === 0))) {
-        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: chunk member ${c.name} is ${c.size} bytes; ovf:chunkSize is ${file.chunkSize}`, { details: { member: c.name } })
+        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: chunk member ${c.name} is ${c.size} bytes; ovf:chunkSize is ${file.chunkSize}`, {
+          details: { member: c.name },
+        })
       }
       total += c.size
     })
-    if (file.size !== null && total !== file.size) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: chunks of ${file.href} hold ${total} bytes, ovf:size declares ${file.size}`, { details: { member: key } })
+    if (file.size !== null && total !== file.size)
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: chunks of ${file.href} hold ${total} bytes, ovf:size declares ${file.size}`, {
+        details: { member: key },
+      })
     const first = chunks[0]!
     let headBytes = await readFileRange(archive, first.offset, Math.min(HEAD_BYTES, first.size))
     if (file.compression === 'gzip') headBytes = inflateHead(headBytes)
     const source: DiskSource = { path: archive, member: key, length: total, layout: 'ovf_chunks' }
     if (file.compression) source.compression = file.compression
     const disk_format = chooseDiskFormat({ uri: formatUri, head: headBytes, name: key, warnings })
-    return { source, disk_format, capacity_bytes: capacityFromHeader(disk_format, headBytes) ?? (disk_format === 'raw' && !file.compression ? total : undefined) }
+    return {
+      source,
+      disk_format,
+      capacity_bytes: capacityFromHeader(disk_format, headBytes) ?? (disk_format === 'raw' && !file.compression ? total : undefined),
+    }
   }
   const m = byName.get(key)
-  if (!m) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: member ${key} (File ${file.href}, ovf:id ${file.id}) is not in the archive`, { details: { member: key } })
+  if (!m)
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: member ${key} (File ${file.href}, ovf:id ${file.id}) is not in the archive`, {
+      details: { member: key },
+    })
   if (file.size !== null && m.size < file.size) {
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: truncated member ${m.name}: ovf:size declares ${file.size} bytes, archive holds ${m.size}`, { details: { member: m.name, declared: file.size, held: m.size } })
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${arcName}: truncated member ${m.name}: ovf:size declares ${file.size} bytes, archive holds ${m.size}`, {
+      details: { member: m.name, declared: file.size, held: m.size },
+    })
   }
   if (file.size !== null && m.size > file.size) warnings.push(`${m.name}: member is ${m.size} bytes, ovf:size says ${file.size}`)
   let headBytes = await readFileRange(archive, m.offset, Math.min(HEAD_BYTES, m.size))
@@ -161,7 +198,11 @@ async function resolveFile(
   if (file.compression) source.compression = file.compression
   const disk_format = chooseDiskFormat({ uri: formatUri, head: headBytes, tail, name: m.name, warnings })
   if (!file.compression) await checkMemberHeader(disk_format, archive, m.offset, m.size, headBytes, m.name)
-  return { source, disk_format, capacity_bytes: capacityFromHeader(disk_format, headBytes) ?? (disk_format === 'raw' && !file.compression ? m.size : undefined) }
+  return {
+    source,
+    disk_format,
+    capacity_bytes: capacityFromHeader(disk_format, headBytes) ?? (disk_format === 'raw' && !file.compression ? m.size : undefined),
+  }
 }
 
 /** The `ova_archive` importer (spec 1.1). */

@@ -13,7 +13,16 @@ import { checkMemberHeader } from '../formats/member-header.ts'
 import { currentInputScope, resolveInRoot } from '../hostpath.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { hashRange } from '../formats/tar.ts'
-import { MAX_DESCRIPTOR_BYTES, capacityFromHeader, checkHref, chooseDiskFormat, decodeDescriptor, parseOvfEnvelope, pickHardwareSection, type OvfFile } from '../formats/ovf.ts'
+import {
+  MAX_DESCRIPTOR_BYTES,
+  capacityFromHeader,
+  checkHref,
+  chooseDiskFormat,
+  decodeDescriptor,
+  parseOvfEnvelope,
+  pickHardwareSection,
+  type OvfFile,
+} from '../formats/ovf.ts'
 import { attachManifestDigests, ovfDiskRefs, ovfToManifest, type ResolvedOvfFile } from '../formats/ovf-to-vm-manifest.ts'
 import { inflateHead } from '../formats/gzip-head.ts'
 import { MAX_MANIFEST_BYTES, normalizeManifestName, parseOvfManifest, verifyOvfManifest, type ManifestTarget } from '../formats/ovf-manifest.ts'
@@ -21,7 +30,6 @@ import type { Importer, InspectContext } from './types.ts'
 
 const HEAD_BYTES = 64 * 1024
 const MAX_DIR_ENTRIES = 10_000
-
 
 /** Size of a regular file, or null when it does not exist (other errors: `E_MIG_DISK_READ_FAILED`). */
 function fileSize(abs: string): number | null {
@@ -48,7 +56,8 @@ async function findDescriptor(inputPath: string): Promise<string> {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${inputPath}: ${(e as Error).message}`, { cause: e })
   }
   if (st.isFile()) {
-    if (!/\.ovf$/i.test(inputPath)) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${path.basename(inputPath)}: an OVF folder input is a folder or its .ovf descriptor`)
+    if (!/\.ovf$/i.test(inputPath))
+      throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${path.basename(inputPath)}: an OVF folder input is a folder or its .ovf descriptor`)
     return inputPath
   }
   if (!st.isDirectory()) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${inputPath}: neither a folder nor an .ovf file`)
@@ -65,7 +74,10 @@ async function findDescriptor(inputPath: string): Promise<string> {
   }
   names.sort()
   if (names.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${path.basename(inputPath)}: no .ovf descriptor in the folder`)
-  if (names.length > 1) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${path.basename(inputPath)}: several .ovf descriptors: ${names.join(', ')}`, { details: { descriptors: names } })
+  if (names.length > 1)
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${path.basename(inputPath)}: several .ovf descriptors: ${names.join(', ')}`, {
+      details: { descriptors: names },
+    })
   return path.join(inputPath, names[0]!)
 }
 
@@ -88,7 +100,8 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   const label = path.basename(descriptor)
   const size = fileSize(descriptor)
   if (size === null) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: descriptor is not a regular file`)
-  if (size > MAX_DESCRIPTOR_BYTES) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: descriptor is ${size} bytes, larger than the ${MAX_DESCRIPTOR_BYTES}-byte limit`)
+  if (size > MAX_DESCRIPTOR_BYTES)
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: descriptor is ${size} bytes, larger than the ${MAX_DESCRIPTOR_BYTES}-byte limit`)
   const ovfBytes = await readFileRange(descriptor, 0, size)
   const env = parseOvfEnvelope(decodeDescriptor(ovfBytes), label)
 
@@ -135,15 +148,20 @@ async function resolveFile(abs: string, label: string, file: OvfFile, formatUri:
       const sz = fileSize(chunk)
       if (sz === null) {
         if (expected === null && i > 0) break
-        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(chunk)} of File ${file.href} is missing`, { details: { file: path.basename(chunk) } })
+        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(chunk)} of File ${file.href} is missing`, {
+          details: { file: path.basename(chunk) },
+        })
       }
-      if (sz > file.chunkSize || sz === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(chunk)} is ${sz} bytes; ovf:chunkSize is ${file.chunkSize}`)
-      if (sz < file.chunkSize && (expected === null ? false : i < expected - 1)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(chunk)} is ${sz} bytes; ovf:chunkSize is ${file.chunkSize}`)
+      if (sz > file.chunkSize || sz === 0)
+        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(chunk)} is ${sz} bytes; ovf:chunkSize is ${file.chunkSize}`)
+      if (sz < file.chunkSize && (expected === null ? false : i < expected - 1))
+        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(chunk)} is ${sz} bytes; ovf:chunkSize is ${file.chunkSize}`)
       first ??= chunk
       total += sz
       if (expected === null && sz < file.chunkSize) break
     }
-    if (file.size !== null && total !== file.size) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunks of ${file.href} hold ${total} bytes, ovf:size declares ${file.size}`)
+    if (file.size !== null && total !== file.size)
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunks of ${file.href} hold ${total} bytes, ovf:size declares ${file.size}`)
     let head = await readFileRange(first!, 0, HEAD_BYTES)
     if (file.compression === 'gzip') head = inflateHead(head)
     const source: DiskSource = { path: abs, member: file.href, length: total, layout: 'ovf_chunks' }
@@ -152,8 +170,12 @@ async function resolveFile(abs: string, label: string, file: OvfFile, formatUri:
     return { source, disk_format, capacity_bytes: capacityFromHeader(disk_format, head) ?? (disk_format === 'raw' && !file.compression ? total : undefined) }
   }
   const sz = fileSize(abs)
-  if (sz === null) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: File ${file.href} (ovf:id ${file.id}) is not in the folder`, { details: { file: file.href } })
-  if (file.size !== null && sz < file.size) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: truncated file ${file.href}: ovf:size declares ${file.size} bytes, file holds ${sz}`, { details: { file: file.href } })
+  if (sz === null)
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: File ${file.href} (ovf:id ${file.id}) is not in the folder`, { details: { file: file.href } })
+  if (file.size !== null && sz < file.size)
+    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: truncated file ${file.href}: ovf:size declares ${file.size} bytes, file holds ${sz}`, {
+      details: { file: file.href },
+    })
   if (file.size !== null && sz > file.size) warnings.push(`${file.href}: file is ${sz} bytes, ovf:size says ${file.size}`)
   let head = await readFileRange(abs, 0, Math.min(HEAD_BYTES, sz))
   let tail: Buffer | undefined

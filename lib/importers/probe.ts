@@ -29,9 +29,23 @@ export async function probeFile(path: string, opts: { qemuImg?: string } = {}): 
   if (hit) return hit
   try {
     const info = await qemuImgInfo(path, { qemuImg: opts.qemuImg, timeoutMs: 10_000 })
-    const known: Record<string, [ProbeFormat, DiskFormat]> = { qcow2: ['qcow2', 'qcow2'], vhdx: ['vhdx', 'vhdx'], vpc: ['vhd', 'vpc'], vmdk: ['vmdk_sparse', 'vmdk'], vdi: ['vdi', 'vdi'], raw: ['raw', 'raw'] }
+    const known: Record<string, [ProbeFormat, DiskFormat]> = {
+      qcow2: ['qcow2', 'qcow2'],
+      vhdx: ['vhdx', 'vhdx'],
+      vpc: ['vhd', 'vpc'],
+      vmdk: ['vmdk_sparse', 'vmdk'],
+      vdi: ['vdi', 'vdi'],
+      raw: ['raw', 'raw'],
+    }
     const k = known[info.format]
-    if (k) return { format: k[0], disk_format: k[1], description: info.format === 'raw' ? 'raw data (no known image format)' : `${info.format} image`, source: 'qemu-img', size }
+    if (k)
+      return {
+        format: k[0],
+        disk_format: k[1],
+        description: info.format === 'raw' ? 'raw data (no known image format)' : `${info.format} image`,
+        source: 'qemu-img',
+        size,
+      }
     return { format: 'unknown', disk_format: null, description: `${info.format} image (qemu-img)`, source: 'qemu-img', size }
   } catch (e) {
     if (!isMigError(e)) throw e
@@ -64,7 +78,11 @@ async function listDir(dir: string): Promise<Array<{ name: string; isDir: boolea
 const ext = (name: string): string => nodePath.extname(name).toLowerCase()
 
 /** Folder kinds by descriptor extension, in precedence order. */
-const FOLDER_KINDS: Array<[string, ImporterKind]> = [['.ovf', 'ovf_folder'], ['.vmx', 'vmx_folder'], ['.vbox', 'vbox_folder']]
+const FOLDER_KINDS: Array<[string, ImporterKind]> = [
+  ['.ovf', 'ovf_folder'],
+  ['.vmx', 'vmx_folder'],
+  ['.vbox', 'vbox_folder'],
+]
 
 async function detectFolder(dir: string): Promise<ImporterKind> {
   const entries = await listDir(dir)
@@ -92,7 +110,10 @@ async function detectTar(file: string): Promise<ImporterKind> {
   const base = (n: string): string => n.replace(/^(\.\/)+/, '')
   if (members.length > 0 && base(members[0]!.name) === 'ova.xml') return 'xva_archive'
   if (members.some((m) => m.type === 'file' && ext(m.name) === '.ovf')) return 'ova_archive'
-  const names = members.slice(0, 5).map((m) => m.name).join(', ')
+  const names = members
+    .slice(0, 5)
+    .map((m) => m.name)
+    .join(', ')
   throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: tar archive holds neither an .ovf descriptor nor ova.xml (members: ${names || 'none'})`)
 }
 

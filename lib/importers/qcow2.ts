@@ -84,7 +84,15 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   if (header.dirty) warnings.push(`${nodePath.basename(file)}: image is marked dirty (lazy refcounts); qemu repairs refcounts on open, data is unaffected`)
   const foreign = chain.filter((c) => c.format !== 'qcow2')
   for (const c of foreign) warnings.push(`backing file ${c.name} is ${c.format ?? 'of unknown format'}; qemu reads it through the chain`)
-  return singleDiskManifest({ kind: 'qcow2', file, format: 'qcow2', capacity: header.virtual_size, allocated: info.actual_size, chain: chain.map((c) => c.path), warnings })
+  return singleDiskManifest({
+    kind: 'qcow2',
+    file,
+    format: 'qcow2',
+    capacity: header.virtual_size,
+    allocated: info.actual_size,
+    chain: chain.map((c) => c.path),
+    warnings,
+  })
 }
 
 /** The `qcow2` importer. */

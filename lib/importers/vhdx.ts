@@ -109,20 +109,31 @@ export async function resolveDifferencingChain(file: string, top: Image, ctx: In
         break
       }
     }
-    if (!found) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${cur}: parent disk not found (tried ${candidates.map((c) => JSON.stringify(c)).join(', ') || 'no locator'})`)
+    if (!found)
+      throw new MigError(
+        'E_MIG_MALFORMED_ARCHIVE',
+        `${cur}: parent disk not found (tried ${candidates.map((c) => JSON.stringify(c)).join(', ') || 'no locator'})`,
+      )
     if (seen.has(found)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${cur}: differencing chain loops back to ${found}`)
     seen.add(found)
     const parent = await readImage(found)
-    if (parent.kind !== img.kind) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${cur}: parent ${found} is not a ${img.kind === 'vhdx' ? 'VHDX' : 'VHD'} image`)
+    if (parent.kind !== img.kind)
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${cur}: parent ${found} is not a ${img.kind === 'vhdx' ? 'VHDX' : 'VHD'} image`)
     if (img.kind === 'vhd' && parent.kind === 'vhd' && img.info.parent_unique_id !== parent.info.unique_id) {
-      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${cur}: parent ${found} has unique id ${parent.info.unique_id}, the child expects ${img.info.parent_unique_id} (not its parent)`)
+      throw new MigError(
+        'E_MIG_MALFORMED_ARCHIVE',
+        `${cur}: parent ${found} has unique id ${parent.info.unique_id}, the child expects ${img.info.parent_unique_id} (not its parent)`,
+      )
     }
     if (img.kind === 'vhdx' && parent.kind === 'vhdx') {
       const loc = img.info.parent_locator ?? {}
       const links = [loc['parent_linkage'], loc['parent_linkage2']].filter((x): x is string => !!x).map(normGuid)
       if (links.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${cur}: parent locator has no parent_linkage`)
       if (!links.includes(parent.info.data_write_guid)) {
-        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${cur}: parent ${found} has DataWriteGuid ${parent.info.data_write_guid}, the child expects ${links.join(' or ')} (parent modified after the child was created)`)
+        throw new MigError(
+          'E_MIG_MALFORMED_ARCHIVE',
+          `${cur}: parent ${found} has DataWriteGuid ${parent.info.data_write_guid}, the child expects ${links.join(' or ')} (parent modified after the child was created)`,
+        )
       }
     }
     chain.push(found)
@@ -146,7 +157,10 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   const format = img.kind === 'vhdx' ? 'vhdx' : 'vpc'
   const warnings: string[] = []
   if (img.kind === 'vhdx' && img.info.needs_log_replay) {
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${file}: VHDX log was not replayed (unclean shutdown); attach it once in Hyper-V or run qemu-img check -r all on a copy`)
+    throw new MigError(
+      'E_MIG_MALFORMED_ARCHIVE',
+      `${file}: VHDX log was not replayed (unclean shutdown); attach it once in Hyper-V or run qemu-img check -r all on a copy`,
+    )
   }
   const chain = await resolveDifferencingChain(file, img, ctx)
   let allocated: number | null = null
@@ -157,8 +171,13 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
     }
     allocated = info.actual_size
   } else {
-    const why = format === 'vhdx' ? "qemu's vhdx driver refuses images with a parent" : "qemu's vpc driver ignores a differencing VHD's parent (its unallocated blocks would read as zeros)"
-    warnings.push(`${nodePath.basename(file)} is a differencing disk and ${why}: merge it into its parent at the source (Hyper-V Edit Disk / Merge-VHD) before copying`)
+    const why =
+      format === 'vhdx'
+        ? "qemu's vhdx driver refuses images with a parent"
+        : "qemu's vpc driver ignores a differencing VHD's parent (its unallocated blocks would read as zeros)"
+    warnings.push(
+      `${nodePath.basename(file)} is a differencing disk and ${why}: merge it into its parent at the source (Hyper-V Edit Disk / Merge-VHD) before copying`,
+    )
   }
   return singleDiskManifest({ kind: 'vhdx', file, format, capacity: img.info.virtual_size, allocated, chain, warnings })
 }

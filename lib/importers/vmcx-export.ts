@@ -78,7 +78,11 @@ export async function findVmcx(inputPath: string): Promise<{ vmcx: string; expor
     const s = await stat(path.join(vmDir, n)).catch(() => null)
     if (s?.isFile()) found.push(n)
   }
-  if (found.length === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', sub ? `${vmDir}: no .vmcx file` : `${inputPath}: not a Hyper-V export (no "${VM_DIR}" folder and no .vmcx file)`)
+  if (found.length === 0)
+    throw new MigError(
+      'E_MIG_MALFORMED_ARCHIVE',
+      sub ? `${vmDir}: no .vmcx file` : `${inputPath}: not a Hyper-V export (no "${VM_DIR}" folder and no .vmcx file)`,
+    )
   if (found.length > 1) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${vmDir}: several .vmcx files: ${found.join(', ')}`, { details: { vmcx_files: found } })
   return { vmcx: path.join(vmDir, found[0]!), exportDir }
 }
@@ -180,7 +184,11 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
       if (h.parentHints.length === 0) return chain
       const hit = h.parentHints.map((p) => available.get(baseNameAny(p).toLowerCase())).find((x) => x !== undefined)
       if (!hit) {
-        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${cur}: parent disk ${JSON.stringify(baseNameAny(h.parentHints[0]!))} is not in the export's "${VHD_DIR}" folder`, { details: { disk: cur, parent: h.parentHints[0] } })
+        throw new MigError(
+          'E_MIG_MALFORMED_ARCHIVE',
+          `${cur}: parent disk ${JSON.stringify(baseNameAny(h.parentHints[0]!))} is not in the export's "${VHD_DIR}" folder`,
+          { details: { disk: cur, parent: h.parentHints[0] } },
+        )
       }
       if (seen.has(hit.toLowerCase())) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${name}: differencing chain loops back to ${hit}`)
       seen.add(hit.toLowerCase())
@@ -198,18 +206,27 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
     picks = mapped.map((m) => ({ name: m.name!, bus: m.d.bus, address: m.d.address }))
   } else if (mapped.length > 0 && missing.length < mapped.length) {
     const names = missing.map((m) => baseNameAny(m.d.pathname))
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${path.basename(vmcx)}: disk(s) ${names.map((n) => JSON.stringify(n)).join(', ')} named by the VMCX are not in the export's "${VHD_DIR}" folder`, { details: { missing: names } })
+    throw new MigError(
+      'E_MIG_MALFORMED_ARCHIVE',
+      `${path.basename(vmcx)}: disk(s) ${names.map((n) => JSON.stringify(n)).join(', ')} named by the VMCX are not in the export's "${VHD_DIR}" folder`,
+      { details: { missing: names } },
+    )
   } else if (available.size > 0) {
     // None of the VMCX paths is in the folder (or the VMCX names none): take the folder's top disks.
     const parents = new Set<string>()
     for (const n of available.values()) for (const p of await parentsOf(n)) parents.add(p)
     const tops = [...available.values()].filter((n) => !parents.has(n))
     picks = tops.map((n, i) => ({ name: n, bus: 'unknown', address: `0:${i}` }))
-    warnings.push(mapped.length === 0
-      ? `the VMCX attaches no hard disk: every disk of "${VHD_DIR}" is imported (${tops.join(', ')})`
-      : `no disk path of the VMCX (${mapped.map((m) => JSON.stringify(baseNameAny(m.d.pathname))).join(', ')}) is in "${VHD_DIR}": every disk of that folder is imported (${tops.join(', ')})`)
+    warnings.push(
+      mapped.length === 0
+        ? `the VMCX attaches no hard disk: every disk of "${VHD_DIR}" is imported (${tops.join(', ')})`
+        : `no disk path of the VMCX (${mapped.map((m) => JSON.stringify(baseNameAny(m.d.pathname))).join(', ')}) is in "${VHD_DIR}": every disk of that folder is imported (${tops.join(', ')})`,
+    )
   } else if (mapped.length > 0) {
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${exportDir}: the export has no "${VHD_DIR}" disks, but the VMCX attaches ${mapped.map((m) => JSON.stringify(baseNameAny(m.d.pathname))).join(', ')}`)
+    throw new MigError(
+      'E_MIG_MALFORMED_ARCHIVE',
+      `${exportDir}: the export has no "${VHD_DIR}" disks, but the VMCX attaches ${mapped.map((m) => JSON.stringify(baseNameAny(m.d.pathname))).join(', ')}`,
+    )
   }
 
   const disks: ManifestDisk[] = []

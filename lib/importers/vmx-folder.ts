@@ -48,7 +48,9 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
       const abs = resolveInRoot(ctx.importRoot, fileName, { base: folder, allowUploads: ctx.allowUploads })
       const s = await statPath(abs).catch(() => null)
       if (!s) {
-        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${path.basename(vmxPath)}: ${key} = ${JSON.stringify(fileName)}: disk file does not exist`, { details: { key, file: fileName } })
+        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${path.basename(vmxPath)}: ${key} = ${JSON.stringify(fileName)}: disk file does not exist`, {
+          details: { key, file: fileName },
+        })
       }
       const info = await inspectVmdk(abs, ctx)
       const label = sanitizeLabel(path.basename(fileName.replace(/\\/g, '/')).replace(/\.vmdk$/i, ''))

@@ -101,7 +101,15 @@ export function bulkPlanView(row: BulkPlanRow, jobs: Job[]): BulkPlanView {
     max_per_source: row.max_per_source,
     cutover_requested_at: row.cutover_requested_at,
     counts,
-    vms: jobs.map((j) => ({ key: j.bulk_key ?? j.id, job_id: j.id, name: j.plan.name ?? null, state: j.state, status: j.status, depends_on: j.depends_on.map((d) => keyOf.get(d) ?? d), blocked_by: j.blocked_by.map((d) => keyOf.get(d) ?? d) })),
+    vms: jobs.map((j) => ({
+      key: j.bulk_key ?? j.id,
+      job_id: j.id,
+      name: j.plan.name ?? null,
+      state: j.state,
+      status: j.status,
+      depends_on: j.depends_on.map((d) => keyOf.get(d) ?? d),
+      blocked_by: j.blocked_by.map((d) => keyOf.get(d) ?? d),
+    })),
     created_at: row.created_at,
     updated_at: row.updated_at,
   }
@@ -120,7 +128,13 @@ export async function loadBulkPlan(store: Store, id: string): Promise<BulkPlanVi
  * the codes of {@link checkPlanRefs} for each VM, and `E_MIG_PERSIST_FAILED`. Returns the plan
  * resource and the created jobs.
  */
-export async function submitBulkPlan(body: unknown, store: Store, importRoot: string, now: Date, opts: SubmitOptions = {}): Promise<{ plan: BulkPlanView; jobs: Job[] }> {
+export async function submitBulkPlan(
+  body: unknown,
+  store: Store,
+  importRoot: string,
+  now: Date,
+  opts: SubmitOptions = {},
+): Promise<{ plan: BulkPlanView; jobs: Job[] }> {
   const r = BulkPlanBody.safeParse(body)
   if (!r.success) throw invalid(issuesOf(r.error))
   const b = r.data
@@ -177,7 +191,12 @@ export async function submitBulkPlan(body: unknown, store: Store, importRoot: st
   const jobs: Job[] = []
   for (const i of order) {
     const vm = b.vms[i]
-    const job = await createJob(plans[i], store, now, opts, { bulk_plan_id: id, key: vm.key, depends_on: (vm.depends_on ?? []).map((d) => jobIds.get(d)!), source_limit: b.max_per_source ?? null })
+    const job = await createJob(plans[i], store, now, opts, {
+      bulk_plan_id: id,
+      key: vm.key,
+      depends_on: (vm.depends_on ?? []).map((d) => jobIds.get(d)!),
+      source_limit: b.max_per_source ?? null,
+    })
     jobIds.set(vm.key, job.id)
     jobs.push(job)
   }
@@ -195,6 +214,9 @@ export async function cutoverBulkPlan(store: Store, id: string, now: Date): Prom
   const jobs = (await store.jobs.list(id)).filter(waitsForCutover)
   if (jobs.length === 0) throw new MigError('E_MIG_CONFLICT', `plan ${id} has no warm migration waiting for a cutover`)
   await store.bulkPlans.markCutover(id, now.toISOString())
-  await store.jobs.markCutover(jobs.map((j) => j.id), now.toISOString())
+  await store.jobs.markCutover(
+    jobs.map((j) => j.id),
+    now.toISOString(),
+  )
   return jobs.map((j) => j.id)
 }

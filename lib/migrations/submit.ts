@@ -31,7 +31,9 @@ export async function checkPlanRefs(plan: Plan, store: Store, importRoot: string
   } else if (ref.kind === 'offline_host_path') {
     const abs = resolveInRoot(importRoot, ref.path)
     if (path.relative(resolveInRoot(importRoot, '.'), abs) === '') {
-      throw new MigError('E_MIG_HOST_PATH_REJECTED', 'plan.source_ref.path is the import root itself; name the export file or folder inside it', { details: { path: ref.path } })
+      throw new MigError('E_MIG_HOST_PATH_REJECTED', 'plan.source_ref.path is the import root itself; name the export file or folder inside it', {
+        details: { path: ref.path },
+      })
     }
     if (!existsSync(abs)) throw new MigError('E_MIG_NOT_FOUND', `plan.source_ref.path ${JSON.stringify(ref.path)} does not exist in the import root`)
   } else {
@@ -46,7 +48,14 @@ export async function checkPlanRefs(plan: Plan, store: Store, importRoot: string
  */
 export function checkPlanBridges(plan: Plan, netDir = '/sys/class/net'): void {
   const issues = (plan.networks ?? []).flatMap((m, i) =>
-    existsSync(path.join(netDir, m.bridge)) ? [] : [{ path: `plan.networks.${i}.bridge`, message: `no bridge ${m.bridge} on this host: create it (ip link add ${m.bridge} type bridge) or map ${JSON.stringify(m.source)} to an existing bridge` }],
+    existsSync(path.join(netDir, m.bridge))
+      ? []
+      : [
+          {
+            path: `plan.networks.${i}.bridge`,
+            message: `no bridge ${m.bridge} on this host: create it (ip link add ${m.bridge} type bridge) or map ${JSON.stringify(m.source)} to an existing bridge`,
+          },
+        ],
   )
   if (issues.length) throw new MigError('E_MIG_INVALID_PLAN', issues.map((x) => `${x.path}: ${x.message}`).join('; '), { details: { issues } })
 }
@@ -73,5 +82,13 @@ export interface SubmitOptions {
 export function createJob(plan: Plan, store: Store, now: Date, opts: SubmitOptions = {}, placement?: JobPlacement): Promise<Job> {
   const strategy = strategyOf(plan)
   const cutover = initialCutover(plan, strategy, opts.precopyIntervalSeconds ?? 300)
-  return store.jobs.create({ id: randomUUID(), plan, strategy, effective_mode: strategy === 'live' ? plan.mode : 'Cold', now: now.toISOString(), cutover, placement })
+  return store.jobs.create({
+    id: randomUUID(),
+    plan,
+    strategy,
+    effective_mode: strategy === 'live' ? plan.mode : 'Cold',
+    now: now.toISOString(),
+    cutover,
+    placement,
+  })
 }

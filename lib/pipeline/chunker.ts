@@ -83,7 +83,8 @@ export async function* chunkExtents(extents: AsyncIterable<DiskExtent>, opts: Ch
     if (!Number.isSafeInteger(x.offset) || !Number.isSafeInteger(x.length) || x.offset < 0 || x.length < 0) {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${opts.label ?? 'disk'}: reader yielded an invalid extent at offset ${x.offset}`)
     }
-    if (x.offset < prevEnd) throw new MigError('E_MIG_DISK_READ_FAILED', `${opts.label ?? 'disk'}: reader yielded overlapping or unordered extents at offset ${x.offset}`)
+    if (x.offset < prevEnd)
+      throw new MigError('E_MIG_DISK_READ_FAILED', `${opts.label ?? 'disk'}: reader yielded overlapping or unordered extents at offset ${x.offset}`)
     prevEnd = x.offset + x.length
     const start = Math.max(x.offset, opts.from)
     const stop = Math.min(x.offset + x.length, opts.size)

@@ -93,7 +93,11 @@ export function usesQemuImg(reader: DiskReader, volume: SinkVolume, opts: Pick<C
   const engine = opts.engine ?? 'auto'
   if (engine === 'node') return false
   const able = !!reader.qemuNode && !!volume.qemuTarget && reader.size % 512 === 0 && !opts.digest
-  if (engine === 'qemu-img' && !able) throw new MigError('E_MIG_INTERNAL', `${volume.path}: the qemu-img copy engine needs a qemu source node, a qemu target, a size multiple of 512 bytes and no digest`)
+  if (engine === 'qemu-img' && !able)
+    throw new MigError(
+      'E_MIG_INTERNAL',
+      `${volume.path}: the qemu-img copy engine needs a qemu source node, a qemu target, a size multiple of 512 bytes and no digest`,
+    )
   return able
 }
 
@@ -209,7 +213,11 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
   }
   const settle = async () => {
     // Let reads and writes in flight finish (their errors are already observed) before returning.
-    await Promise.allSettled([...(queue.map((q) => q.read).filter(Boolean) as Promise<Buffer>[]), ...writes.map((w) => w.done), ...(checkpoint ? [checkpoint] : [])])
+    await Promise.allSettled([
+      ...(queue.map((q) => q.read).filter(Boolean) as Promise<Buffer>[]),
+      ...writes.map((w) => w.done),
+      ...(checkpoint ? [checkpoint] : []),
+    ])
     if (filling) await filling.catch(() => {})
     await it.return?.(undefined).catch(() => {})
   }
@@ -242,7 +250,8 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
         const data = await item.read!
         inFlight--
         next = fill()
-        if (data.length !== c.length) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: reader returned ${data.length} bytes for ${c.length} at offset ${c.offset}`)
+        if (data.length !== c.length)
+          throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: reader returned ${data.length} bytes for ${c.length} at offset ${c.offset}`)
         for (const piece of c.pieces ?? [c]) res.bytes_read += piece.length
         if (hash) {
           if (c.pieces) zeroGaps(data, c)
@@ -305,7 +314,10 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
     if (hashPos < size) hashZeros(hash, size - hashPos)
     const actual = hash.digest('hex')
     if (actual !== opts.digest.hex.toLowerCase()) {
-      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${opts.digest.algorithm.toUpperCase()} digest mismatch: expected ${opts.digest.hex.toLowerCase()}, data has ${actual}`)
+      throw new MigError(
+        'E_MIG_MALFORMED_ARCHIVE',
+        `${label}: ${opts.digest.algorithm.toUpperCase()} digest mismatch: expected ${opts.digest.hex.toLowerCase()}, data has ${actual}`,
+      )
     }
   }
   return res
@@ -334,7 +346,8 @@ async function readChunk(reader: DiskReader, c: Chunk, buf: Buffer): Promise<Buf
       const at = piece.offset - c.offset
       const into = view.subarray(at, at + piece.length)
       const got = await reader.read(piece.offset, piece.length, into)
-      if (got.length !== piece.length) throw new MigError('E_MIG_DISK_READ_FAILED', `reader returned ${got.length} bytes for ${piece.length} at offset ${piece.offset}`)
+      if (got.length !== piece.length)
+        throw new MigError('E_MIG_DISK_READ_FAILED', `reader returned ${got.length} bytes for ${piece.length} at offset ${piece.offset}`)
       if (got.buffer !== into.buffer || got.byteOffset !== into.byteOffset) got.copy(into)
     }),
   )

@@ -288,7 +288,8 @@ export class NbdClient {
     const err = typeof reason === 'string' ? new MigError('E_MIG_DISK_READ_FAILED', `${this.label}: ${this.closed ? 'NBD connection closed' : reason}`) : reason
     this.dead = err
     this.q.fail(err)
-    for (const p of this.pending.values()) p.reject(new MigError('E_MIG_DISK_READ_FAILED', `${err.message} (request at offset ${p.offset}, ${p.length} bytes)`, { cause: err }))
+    for (const p of this.pending.values())
+      p.reject(new MigError('E_MIG_DISK_READ_FAILED', `${err.message} (request at offset ${p.offset}, ${p.length} bytes)`, { cause: err }))
     this.pending.clear()
     this.sock.destroy()
   }
@@ -361,7 +362,10 @@ export class NbdClient {
       const r = await this.optionReply(OPT_GO)
       if (r.type === REP_ACK) break
       if (r.type & REP_FLAG_ERROR) {
-        throw new MigError('E_MIG_DISK_READ_FAILED', `${this.label}: NBD server refused export "${exportName}": error ${r.type - REP_FLAG_ERROR}${r.data.length ? `: ${r.data.toString('utf8')}` : ''}`)
+        throw new MigError(
+          'E_MIG_DISK_READ_FAILED',
+          `${this.label}: NBD server refused export "${exportName}": error ${r.type - REP_FLAG_ERROR}${r.data.length ? `: ${r.data.toString('utf8')}` : ''}`,
+        )
       }
       if (r.type !== REP_INFO) throw this.violation(`unexpected reply ${r.type} to NBD_OPT_GO`)
       if (r.data.length < 2) throw this.violation('short NBD_REP_INFO')
@@ -426,7 +430,11 @@ export class NbdClient {
     if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length <= 0 || offset + length > this.size) {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${this.label}: ${what} of ${length} bytes at offset ${offset} is outside the export (${this.size} bytes)`)
     }
-    if (length > this.maxRequest) throw new MigError('E_MIG_DISK_READ_FAILED', `${this.label}: ${what} of ${length} bytes at offset ${offset} exceeds the ${this.maxRequest}-byte request bound`)
+    if (length > this.maxRequest)
+      throw new MigError(
+        'E_MIG_DISK_READ_FAILED',
+        `${this.label}: ${what} of ${length} bytes at offset ${offset} exceeds the ${this.maxRequest}-byte request bound`,
+      )
   }
 
   /**
@@ -458,7 +466,9 @@ export class NbdClient {
     const len = Math.min(length, 0x40000000, this.size - offset) // at most 1 GiB per request
     if (this.dead) return Promise.reject(new MigError('E_MIG_DISK_READ_FAILED', `${this.dead.message} (block status at offset ${offset})`))
     if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || len <= 0) {
-      return Promise.reject(new MigError('E_MIG_DISK_READ_FAILED', `${this.label}: block status at offset ${offset} is outside the export (${this.size} bytes)`))
+      return Promise.reject(
+        new MigError('E_MIG_DISK_READ_FAILED', `${this.label}: block status at offset ${offset} is outside the export (${this.size} bytes)`),
+      )
     }
     if (!this.baseAllocation) return Promise.resolve([{ offset, length: len, flags: 0 }])
     return new Promise((resolve, reject) => {
@@ -506,7 +516,12 @@ export class NbdClient {
     const p = this.take(handle)
     if (err !== 0) {
       this.pending.delete(handle)
-      p.reject(new MigError('E_MIG_DISK_READ_FAILED', `${this.label}: NBD server error ${ERRNO[err] ?? err} for ${p.kind === 'read' ? 'read' : 'block status'} of ${p.length} bytes at offset ${p.offset}`))
+      p.reject(
+        new MigError(
+          'E_MIG_DISK_READ_FAILED',
+          `${this.label}: NBD server error ${ERRNO[err] ?? err} for ${p.kind === 'read' ? 'read' : 'block status'} of ${p.length} bytes at offset ${p.offset}`,
+        ),
+      )
       return this.startReply()
     }
     if (p.kind !== 'read' || this.structured) throw this.violation(`simple reply with data for a ${p.kind} request at offset ${p.offset}`)
@@ -595,7 +610,8 @@ export class NbdClient {
 
   /** Records that a content chunk covers [off, off+n) of request `p`; rejects overlaps and strays. */
   private claim(p: Pending, off: number, n: number): void {
-    if (off < p.offset || off + n > p.offset + p.length) throw this.violation(`content chunk [${off}, ${off + n}) outside the read of ${p.length} bytes at offset ${p.offset}`)
+    if (off < p.offset || off + n > p.offset + p.length)
+      throw this.violation(`content chunk [${off}, ${off + n}) outside the read of ${p.length} bytes at offset ${p.offset}`)
     for (const [s, e] of p.ranges!) if (off < e && s < off + n) throw this.violation(`overlapping content chunks at offset ${off}`)
     if (p.ranges!.length > 65536) throw this.violation(`too many content chunks for the read at offset ${p.offset}`)
     p.ranges!.push([off, off + n])

@@ -39,7 +39,12 @@ export interface StartOutcome {
 /** What the source side provides once the plan is resolved. */
 export type PreparedSource =
   | { strategy: 'offline'; manifest: VmManifest; openReader(disk: ManifestDisk): Promise<DiskReader>; close(): Promise<void> }
-  | { strategy: 'passthrough'; manifest: VmManifest; runFullImport(volumes: SinkVolume[], onBytes: (label: string, bytesDone: number) => void, signal: AbortSignal): Promise<void>; close(): Promise<void> }
+  | {
+      strategy: 'passthrough'
+      manifest: VmManifest
+      runFullImport(volumes: SinkVolume[], onBytes: (label: string, bytesDone: number) => void, signal: AbortSignal): Promise<void>
+      close(): Promise<void>
+    }
   | { strategy: 'live'; manifest: VmManifest; session: LiveSession; vmId: string; close(): Promise<void> }
 
 /** Result of copying one disk (bytes). */
@@ -187,7 +192,8 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
       job = await jobs.get(jobId) // published with the next state change
     }
     if (job.plan.restore_point && job.restore_point === null) {
-      if (!deps.takeRestorePoint) throw new MigError('E_MIG_SNAPSHOT_FAILED', 'the plan asks for a restore point but no backup API is configured (MIGRATOR_BACKUP_URL)')
+      if (!deps.takeRestorePoint)
+        throw new MigError('E_MIG_SNAPSHOT_FAILED', 'the plan asks for a restore point but no backup API is configured (MIGRATOR_BACKUP_URL)')
       const point = await deps.takeRestorePoint(job, signal)
       job = await jobs.update(jobId, { restore_point: point }, iso())
       deps.onJob(job)
@@ -213,7 +219,9 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
       } else {
         const warm = job.effective_mode === 'Warm'
         if (warm && (!source.session.supportsWarm() || !manifest.cbt_available)) {
-          const why = !source.session.supportsWarm() ? 'the source adapter does not support warm migration' : 'changed block tracking is not available on this VM'
+          const why = !source.session.supportsWarm()
+            ? 'the source adapter does not support warm migration'
+            : 'changed block tracking is not available on this VM'
           notice = { code: 'E_MIG_CBT_UNSUPPORTED', message: `warm migration downgraded to cold: ${why}`, fatal: false }
           job = await jobs.update(jobId, { effective_mode: 'Cold', last_error: notice }, iso())
           deps.onJob(job)
@@ -239,7 +247,13 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
       notice = { code: 'E_MIG_GUEST_BOOT_FAILED', message: `${outcome.notice}${earlier}`, fatal: false }
     }
     destinationRunning = job.plan.start !== false
-    await setState('Completed', { domain: outcome.domain, hardware: outcome.hardware ?? undefined, finished_at: iso(), last_error: notice, progress: tracker.snapshot() })
+    await setState('Completed', {
+      domain: outcome.domain,
+      hardware: outcome.hardware ?? undefined,
+      finished_at: iso(),
+      last_error: notice,
+      progress: tracker.snapshot(),
+    })
     return job
   } catch (e) {
     const err = signal.aborted ? cancelled() : asMigError(e, 'E_MIG_INTERNAL', 'job')
@@ -266,7 +280,12 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
       // A name only reserved (nothing defined) is released.
       const domain = typeof err.details?.domain === 'string' ? err.details.domain : null
       const hardware = err.details?.hardware && typeof err.details.hardware === 'object' ? (err.details.hardware as HardwareRecord) : undefined
-      await setState('Failed', { domain, hardware, finished_at: iso(), last_error: { code: err.code, message: `${deps.redact ? deps.redact(err.message) : err.message}${sourceNote}`, fatal: true } })
+      await setState('Failed', {
+        domain,
+        hardware,
+        finished_at: iso(),
+        last_error: { code: err.code, message: `${deps.redact ? deps.redact(err.message) : err.message}${sourceNote}`, fatal: true },
+      })
     }
     return job
   } finally {
@@ -298,7 +317,15 @@ async function copyOffline(
   }
 }
 
-async function copyOne(deps: OrchestratorDeps, reader: DiskReader, volume: SinkVolume, disk: ManifestDisk, from: number, tracker: ProgressTracker, emit: (force?: boolean) => void): Promise<void> {
+async function copyOne(
+  deps: OrchestratorDeps,
+  reader: DiskReader,
+  volume: SinkVolume,
+  disk: ManifestDisk,
+  from: number,
+  tracker: ProgressTracker,
+  emit: (force?: boolean) => void,
+): Promise<void> {
   let zeroSeen = 0
   const res = await deps.copyDisk(reader, volume, {
     from,
@@ -318,7 +345,11 @@ async function copyOne(deps: OrchestratorDeps, reader: DiskReader, volume: SinkV
   })
   tracker.setRead(disk.label, res.bytes_read)
   tracker.finish(disk.label)
-  await deps.watermarks.set(deps.jobId, { disk_label: disk.label, watermark_bytes: disk.capacity_bytes, capacity_bytes: disk.capacity_bytes }, deps.now().toISOString())
+  await deps.watermarks.set(
+    deps.jobId,
+    { disk_label: disk.label, watermark_bytes: disk.capacity_bytes, capacity_bytes: disk.capacity_bytes },
+    deps.now().toISOString(),
+  )
 }
 
 /** A reader that yields only `areas` (changed extents) of `inner`, in order. */
@@ -502,7 +533,14 @@ async function copyLive(
       const copy_s = copyMs / 1000
       const passRate = changed > 0 && copy_s > 0 ? changed / copy_s : 0
       if (passRate > 0) rate = passRate
-      return { pass: n, started_at: startedAt.toISOString(), duration_s: Math.round(deps.now().getTime() - startedAt.getTime()) / 1000, changed_bytes: changed, copy_s, rate_bytes_per_s: Math.round(passRate) }
+      return {
+        pass: n,
+        started_at: startedAt.toISOString(),
+        duration_s: Math.round(deps.now().getTime() - startedAt.getTime()) / 1000,
+        changed_bytes: changed,
+        copy_s,
+        rate_bytes_per_s: Math.round(passRate),
+      }
     }
     /** Runs pass `n` and records it (and the projected downtime) on the job. */
     const recordedPass = async (n: number): Promise<DeltaPassRecord> => {

@@ -54,7 +54,10 @@ export async function verifyPackedDigest(disk: ManifestDisk): Promise<void> {
   const got = await hashRange(path, offset, length, d.algorithm)
   if (got !== d.hex.toLowerCase()) {
     const name = disk.source.member ?? path
-    throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${name}: ${d.algorithm.toUpperCase()} digest mismatch with the manifest (.mf): expected ${d.hex.toLowerCase()}, the file has ${got}`)
+    throw new MigError(
+      'E_MIG_MALFORMED_ARCHIVE',
+      `${name}: ${d.algorithm.toUpperCase()} digest mismatch with the manifest (.mf): expected ${d.hex.toLowerCase()}, the file has ${got}`,
+    )
   }
 }
 
@@ -78,7 +81,19 @@ export interface FullImportSettings {
  * `<stagingDir>/staging/<job id>` (default `<import root>/../tmp`). Live: opens a session and
  * inspects the VM.
  */
-export async function prepareSource(job: Job, deps: { store: Store; sealer: Sealer; paths: SourcePaths; now(): Date; fullImport?: FullImportSettings; guestShutdownTimeoutSeconds?: number; stagingDir?: string; signal?: AbortSignal }): Promise<PreparedSource> {
+export async function prepareSource(
+  job: Job,
+  deps: {
+    store: Store
+    sealer: Sealer
+    paths: SourcePaths
+    now(): Date
+    fullImport?: FullImportSettings
+    guestShutdownTimeoutSeconds?: number
+    stagingDir?: string
+    signal?: AbortSignal
+  },
+): Promise<PreparedSource> {
   const source = job.plan.source
   if ('Offline' in source) {
     const kind = source.Offline as ImporterKind
@@ -120,16 +135,19 @@ export async function prepareSource(job: Job, deps: { store: Store; sealer: Seal
     return {
       strategy: 'offline',
       manifest,
-      openReader: (disk) => scope.run(async () => {
-        await verifyPackedDigest(disk)
-        return openDiskReader(disk, { stagingDir, signal: deps.signal })
-      }),
+      openReader: (disk) =>
+        scope.run(async () => {
+          await verifyPackedDigest(disk)
+          return openDiskReader(disk, { stagingDir, signal: deps.signal })
+        }),
       close: async () => scope.close(),
     }
   }
   const ref = job.plan.source_ref
   if (ref.kind !== 'live_vm') throw new MigError('E_MIG_INVALID_PLAN', 'a live plan needs a live_vm source_ref')
-  const session = await openSourceSession(deps.store.sources, deps.sealer, ref.source_id, { guestShutdownTimeoutMs: deps.guestShutdownTimeoutSeconds === undefined ? undefined : deps.guestShutdownTimeoutSeconds * 1000 })
+  const session = await openSourceSession(deps.store.sources, deps.sealer, ref.source_id, {
+    guestShutdownTimeoutMs: deps.guestShutdownTimeoutSeconds === undefined ? undefined : deps.guestShutdownTimeoutSeconds * 1000,
+  })
   if (!isLiveSession(session)) {
     await session.close()
     throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${source.Live}: this adapter has no data plane`)

@@ -26,7 +26,11 @@ export class ProgressTracker {
   private readonly samples: Sample[] = []
 
   /** `disks`: label and capacity of every disk, in copy order; `resumed` watermarks by label. */
-  constructor(disks: Array<{ label: string; capacity_bytes: number }>, resumed: Map<string, number> = new Map(), private readonly clock: () => number = () => Date.now()) {
+  constructor(
+    disks: Array<{ label: string; capacity_bytes: number }>,
+    resumed: Map<string, number> = new Map(),
+    private readonly clock: () => number = () => Date.now(),
+  ) {
     this.disks = disks.map((d) => {
       const w = Math.min(resumed.get(d.label) ?? 0, d.capacity_bytes)
       return { label: d.label, capacity_bytes: d.capacity_bytes, bytes_done: w, bytes_zero: 0, watermark: w, bytes_read: 0, samples: [] }

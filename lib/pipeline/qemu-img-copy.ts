@@ -91,8 +91,11 @@ export function qemuImgCopyRange(o: QemuImgCopyRangeOptions): Promise<void> {
       o.signal.removeEventListener('abort', onAbort)
       if (o.signal.aborted) return reject(new MigError('E_MIG_CANCELLED', `${o.label}: copy cancelled at offset ${o.offset}`))
       if (code === 0) return resolve()
-      const why = spawnError ? `cannot run qemu-img: ${(spawnError as Error).message}` : `qemu-img ${sig ? `killed by ${sig}` : `exit code ${code}`}${err.trim() ? `: ${err.trim()}` : ''}`
-      const code2 = /error while writing|write|No space|ENOSPC/i.test(err) && !/error while reading/i.test(err) ? 'E_MIG_DISK_WRITE_FAILED' : 'E_MIG_DISK_READ_FAILED'
+      const why = spawnError
+        ? `cannot run qemu-img: ${(spawnError as Error).message}`
+        : `qemu-img ${sig ? `killed by ${sig}` : `exit code ${code}`}${err.trim() ? `: ${err.trim()}` : ''}`
+      const code2 =
+        /error while writing|write|No space|ENOSPC/i.test(err) && !/error while reading/i.test(err) ? 'E_MIG_DISK_WRITE_FAILED' : 'E_MIG_DISK_READ_FAILED'
       reject(new MigError(code2, `${at} failed: ${why}`, { details: { offset: o.offset } }))
     })
   })

@@ -76,7 +76,15 @@ export class FileSink implements Sink {
     }
     const discard: Discarder = async (offset, length) => {
       if (this.punchBroken) return false
-      const r = await exec(this.opts.fallocatePath ?? 'fallocate', ['--punch-hole', '--keep-size', '--offset', String(offset), '--length', String(length), path])
+      const r = await exec(this.opts.fallocatePath ?? 'fallocate', [
+        '--punch-hole',
+        '--keep-size',
+        '--offset',
+        String(offset),
+        '--length',
+        String(length),
+        path,
+      ])
       if (r.code !== 0) this.punchBroken = true
       return r.code === 0
     }

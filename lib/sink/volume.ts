@@ -67,9 +67,13 @@ export class HandleVolume implements SinkVolume {
   private check(what: string, offset: number, length: number): void {
     if (this.closed) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${this.path}: ${what} at offset ${offset} after close`)
     if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length < 0 || offset + length > this.capacity) {
-      throw new MigError('E_MIG_DISK_WRITE_FAILED', `${this.path}: ${what} of ${length} bytes at offset ${offset} is outside the volume (${this.capacity} bytes)`, {
-        details: { volume: this.path, offset },
-      })
+      throw new MigError(
+        'E_MIG_DISK_WRITE_FAILED',
+        `${this.path}: ${what} of ${length} bytes at offset ${offset} is outside the volume (${this.capacity} bytes)`,
+        {
+          details: { volume: this.path, offset },
+        },
+      )
     }
   }
 

@@ -85,15 +85,28 @@ export class ZvolSink implements Sink {
   async create(jobId: string, label: string, capacityBytes: number): Promise<SinkVolume> {
     const dataset = this.volumeDataset(jobId, label)
     const dev = this.devicePath(dataset)
-    if (!Number.isSafeInteger(capacityBytes) || capacityBytes < 0) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: invalid capacity ${capacityBytes}`)
+    if (!Number.isSafeInteger(capacityBytes) || capacityBytes < 0)
+      throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: invalid capacity ${capacityBytes}`)
     const volsize = Math.max(ZVOL_BLOCK, Math.ceil(capacityBytes / ZVOL_BLOCK) * ZVOL_BLOCK)
     let fresh = true
     if (await exists(dev)) fresh = false
     else {
-      const r = await exec(this.opts.zfsPath ?? 'zfs', ['create', '-p', '-s', '-V', String(volsize), '-o', 'volblocksize=64K', '-o', 'compression=lz4', dataset])
+      const r = await exec(this.opts.zfsPath ?? 'zfs', [
+        'create',
+        '-p',
+        '-s',
+        '-V',
+        String(volsize),
+        '-o',
+        'volblocksize=64K',
+        '-o',
+        'compression=lz4',
+        dataset,
+      ])
       if (r.code !== 0) {
         if (/already exists/i.test(r.stderr)) fresh = false
-        else throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs create failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
+        else
+          throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs create failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
       }
     }
     const deadline = Date.now() + (this.opts.deviceTimeoutMs ?? 30_000)
@@ -110,7 +123,9 @@ export class ZvolSink implements Sink {
     const devSize = await blockDeviceSize(dev)
     if (devSize !== null && devSize < capacityBytes) {
       await fh.close().catch(() => {})
-      throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dev}: device holds ${devSize} bytes, less than the capacity of ${capacityBytes} bytes`, { details: { volume: dev } })
+      throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dev}: device holds ${devSize} bytes, less than the capacity of ${capacityBytes} bytes`, {
+        details: { volume: dev },
+      })
     }
     const discard: Discarder = async (offset, length) => {
       if (this.discardBroken) return false
@@ -118,7 +133,10 @@ export class ZvolSink implements Sink {
       if (r.code !== 0) this.discardBroken = true
       return r.code === 0
     }
-    const isBlock = await fh.stat().then((st) => st.isBlockDevice(), () => false)
+    const isBlock = await fh.stat().then(
+      (st) => st.isBlockDevice(),
+      () => false,
+    )
     return new HandleVolume(fh, dev, devSize ?? volsize, ZVOL_BLOCK, { fresh, discard, discardAlign: ZVOL_BLOCK, qemuDriver: isBlock ? 'host_device' : 'file' })
   }
 
@@ -131,7 +149,10 @@ export class ZvolSink implements Sink {
     const dataset = this.jobDataset(jobId)
     const zfs = async (args: string[]) => {
       const r = await exec(this.opts.zfsPath ?? 'zfs', args)
-      if (r.code !== 0) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs ${args[0]} failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
+      if (r.code !== 0)
+        throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs ${args[0]} failed (exit ${r.code}): ${r.stderr.trim()}`, {
+          details: { volume: dataset },
+        })
       return r.stdout
     }
     return {

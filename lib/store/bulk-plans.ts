@@ -37,6 +37,13 @@ export class BulkPlansRepo {
 
   /** Records the shared cutover command (first one wins). */
   async markCutover(id: string, now: string): Promise<void> {
-    await persist('request bulk plan cutover', () => this.db.updateTable('bulk_plans').set({ cutover_requested_at: now, updated_at: now }).where('id', '=', id).where('cutover_requested_at', 'is', null).execute())
+    await persist('request bulk plan cutover', () =>
+      this.db
+        .updateTable('bulk_plans')
+        .set({ cutover_requested_at: now, updated_at: now })
+        .where('id', '=', id)
+        .where('cutover_requested_at', 'is', null)
+        .execute(),
+    )
   }
 }

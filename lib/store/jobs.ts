@@ -3,7 +3,19 @@
  */
 import { sql, type Kysely, type Selectable } from 'kysely'
 import { MigError } from '../errors.ts'
-import { emptyProgress, jobStatusOf, TERMINAL_STATES, type CutoverStatus, type HardwareRecord, type Job, type JobState, type LastError, type Progress, type RestorePointRecord, type SourceVmRecord } from '../job.ts'
+import {
+  emptyProgress,
+  jobStatusOf,
+  TERMINAL_STATES,
+  type CutoverStatus,
+  type HardwareRecord,
+  type Job,
+  type JobState,
+  type LastError,
+  type Progress,
+  type RestorePointRecord,
+  type SourceVmRecord,
+} from '../job.ts'
 import { cutoverModeOf, type Plan, type Strategy } from '../plan.ts'
 import { persist } from './persist.ts'
 import type { Database, JobsTable } from './schema.ts'
@@ -103,7 +115,15 @@ export class JobsRepo {
   constructor(private readonly db: Kysely<Database>) {}
 
   /** Persists a new `Queued` job. */
-  create(j: { id: string; plan: Plan; strategy: Strategy; effective_mode: Job['effective_mode']; now: string; cutover?: CutoverStatus | null; placement?: JobPlacement }): Promise<Job> {
+  create(j: {
+    id: string
+    plan: Plan
+    strategy: Strategy
+    effective_mode: Job['effective_mode']
+    now: string
+    cutover?: CutoverStatus | null
+    placement?: JobPlacement
+  }): Promise<Job> {
     const row: Selectable<JobsTable> = {
       id: j.id,
       plan: JSON.stringify(j.plan),
@@ -151,7 +171,13 @@ export class JobsRepo {
   list(bulkPlanId?: string): Promise<Job[]> {
     return persist('list jobs', async () => {
       let q = this.db.selectFrom('jobs').selectAll()
-      q = bulkPlanId === undefined ? q.orderBy('created_at', 'desc').orderBy('id', 'desc') : q.where('bulk_plan_id', '=', bulkPlanId).orderBy('created_at').orderBy('rowid' as never)
+      q =
+        bulkPlanId === undefined
+          ? q.orderBy('created_at', 'desc').orderBy('id', 'desc')
+          : q
+              .where('bulk_plan_id', '=', bulkPlanId)
+              .orderBy('created_at')
+              .orderBy('rowid' as never)
       return this.withBlockers(await q.execute())
     })
   }
@@ -172,7 +198,12 @@ export class JobsRepo {
     const job = await this.get(id)
     const waits = job.state === 'DeltaSyncing' && job.cutover !== null && job.cutover.mode !== 'auto'
     if (!waits) {
-      const why = job.cutover === null ? 'it is not a warm live migration' : job.cutover.mode === 'auto' ? 'its plan cuts over automatically when the deltas converge' : `it is ${job.state}, not DeltaSyncing`
+      const why =
+        job.cutover === null
+          ? 'it is not a warm live migration'
+          : job.cutover.mode === 'auto'
+            ? 'its plan cuts over automatically when the deltas converge'
+            : `it is ${job.state}, not DeltaSyncing`
       throw new MigError('E_MIG_CONFLICT', `migration ${id} is not waiting for a cutover: ${why}`)
     }
     if (job.cutover!.requested_at !== null) return job
@@ -182,7 +213,14 @@ export class JobsRepo {
   /** Sets the cutover command time on jobs `ids` that have none yet (a bulk plan's shared cutover). */
   async markCutover(ids: string[], now: string): Promise<void> {
     if (ids.length === 0) return
-    await persist('request cutover', () => this.db.updateTable('jobs').set({ cutover_requested_at: now, updated_at: now }).where('id', 'in', ids).where('cutover_requested_at', 'is', null).execute())
+    await persist('request cutover', () =>
+      this.db
+        .updateTable('jobs')
+        .set({ cutover_requested_at: now, updated_at: now })
+        .where('id', 'in', ids)
+        .where('cutover_requested_at', 'is', null)
+        .execute(),
+    )
   }
 
   /** When the operator asked job `id` to cut over, or null. */
@@ -262,14 +300,9 @@ export class JobsRepo {
   activeUsing(ref: { uploadId?: string; sourceId?: string }): Promise<string[]> {
     const [key, value] = ref.uploadId !== undefined ? ['$.source_ref.upload_id', ref.uploadId] : ['$.source_ref.source_id', ref.sourceId ?? '']
     return persist('find jobs using a resource', async () =>
-      (
-        await this.db
-          .selectFrom('jobs')
-          .select('id')
-          .where('status', 'in', ACTIVE)
-          .where(sql<string>`json_extract(plan, ${key})`, '=', value)
-          .execute()
-      ).map((r) => r.id),
+      (await this.db.selectFrom('jobs').select('id').where('status', 'in', ACTIVE).where(sql<string>`json_extract(plan, ${key})`, '=', value).execute()).map(
+        (r) => r.id,
+      ),
     )
   }
 
@@ -322,7 +355,14 @@ export class JobsRepo {
   /** Extends the lease of `id` held by `owner`; false when another owner holds it now. */
   renewLease(id: string, owner: string, leaseSeconds: number, now: Date): Promise<boolean> {
     const until = new Date(now.getTime() + leaseSeconds * 1000).toISOString()
-    return persist('renew job lease', async () => Number((await this.db.updateTable('jobs').set({ lease_expires_at: until }).where('id', '=', id).where('lease_owner', '=', owner).executeTakeFirst()).numUpdatedRows) > 0)
+    return persist(
+      'renew job lease',
+      async () =>
+        Number(
+          (await this.db.updateTable('jobs').set({ lease_expires_at: until }).where('id', '=', id).where('lease_owner', '=', owner).executeTakeFirst())
+            .numUpdatedRows,
+        ) > 0,
+    )
   }
 
   /** Drops the lease of `id` so any supervisor may claim it at once (a retry). */
@@ -335,10 +375,13 @@ export class JobsRepo {
   /** Counts one more worker attempt at `id`; returns the new count. */
   addAttempt(id: string): Promise<number> {
     return persist('count job attempt', async () => {
-      await this.db.updateTable('jobs').set((eb) => ({ attempts: eb('attempts', '+', 1) })).where('id', '=', id).execute()
+      await this.db
+        .updateTable('jobs')
+        .set((eb) => ({ attempts: eb('attempts', '+', 1) }))
+        .where('id', '=', id)
+        .execute()
       const r = await this.db.selectFrom('jobs').select('attempts').where('id', '=', id).executeTakeFirstOrThrow()
       return r.attempts
     })
   }
 }
-

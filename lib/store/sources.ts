@@ -8,7 +8,6 @@ import { persist } from './persist.ts'
 import type { Database, SourcesTable } from './schema.ts'
 import type { SourceTls } from '../contracts/source-tls.ts'
 
-
 /** A source as the API returns it: never the password or its ciphertext. */
 export interface Source {
   id: string
@@ -71,11 +70,30 @@ export class SourcesRepo {
   }
 
   /** Inserts a source; `E_MIG_CONFLICT` when the name is taken. */
-  async create(s: { id: string; name: string; kind: string; endpoint: string; username: string; secret: string; tls: SourceTls; now: string }): Promise<SourceWithTls> {
+  async create(s: {
+    id: string
+    name: string
+    kind: string
+    endpoint: string
+    username: string
+    secret: string
+    tls: SourceTls
+    now: string
+  }): Promise<SourceWithTls> {
     return persist('create source', async () => {
       const taken = await this.db.selectFrom('sources').select('id').where('name', '=', s.name).executeTakeFirst()
       if (taken) throw new MigError('E_MIG_CONFLICT', `a source named ${JSON.stringify(s.name)} already exists (${taken.id})`)
-      const row = { id: s.id, name: s.name, kind: s.kind, endpoint: s.endpoint, username: s.username, secret: s.secret, tls: JSON.stringify(s.tls), created_at: s.now, updated_at: s.now }
+      const row = {
+        id: s.id,
+        name: s.name,
+        kind: s.kind,
+        endpoint: s.endpoint,
+        username: s.username,
+        secret: s.secret,
+        tls: JSON.stringify(s.tls),
+        created_at: s.now,
+        updated_at: s.now,
+      }
       await this.db.insertInto('sources').values(row).execute()
       return toSource(row)
     })

@@ -29,14 +29,21 @@ export class UploadsRepo {
   /** Records an upload that starts streaming. */
   begin(u: { id: string; filename: string; now: string; expires_at: string }): Promise<void> {
     return persist('record upload', async () => {
-      await this.db.insertInto('uploads').values({ id: u.id, filename: u.filename, size_bytes: 0, sha256: null, status: 'receiving', created_at: u.now, expires_at: u.expires_at }).execute()
+      await this.db
+        .insertInto('uploads')
+        .values({ id: u.id, filename: u.filename, size_bytes: 0, sha256: null, status: 'receiving', created_at: u.now, expires_at: u.expires_at })
+        .execute()
     })
   }
 
   /** Marks an upload complete with its size (bytes), digest and client file name (cut to 255 characters). */
   finish(id: string, size: number, sha256: string, filename: string): Promise<Upload> {
     return persist('complete upload', async () => {
-      await this.db.updateTable('uploads').set({ filename: filename.slice(0, 255), size_bytes: size, sha256, status: 'ready' }).where('id', '=', id).execute()
+      await this.db
+        .updateTable('uploads')
+        .set({ filename: filename.slice(0, 255), size_bytes: size, sha256, status: 'ready' })
+        .where('id', '=', id)
+        .execute()
       return toUpload(await this.db.selectFrom('uploads').selectAll().where('id', '=', id).executeTakeFirstOrThrow())
     })
   }
@@ -44,7 +51,16 @@ export class UploadsRepo {
   /** Ready uploads not yet expired at `now`, oldest first. */
   list(now: string): Promise<Upload[]> {
     return persist('list uploads', async () =>
-      (await this.db.selectFrom('uploads').selectAll().where('status', '=', 'ready').where('expires_at', '>', now).orderBy('created_at').orderBy('id').execute()).map(toUpload),
+      (
+        await this.db
+          .selectFrom('uploads')
+          .selectAll()
+          .where('status', '=', 'ready')
+          .where('expires_at', '>', now)
+          .orderBy('created_at')
+          .orderBy('id')
+          .execute()
+      ).map(toUpload),
     )
   }
 

@@ -23,14 +23,18 @@ export class WatermarksRepo {
       await this.db
         .insertInto('watermarks')
         .values({ job_id: jobId, ...w, updated_at: now })
-        .onConflict((oc) => oc.columns(['job_id', 'disk_label']).doUpdateSet({ watermark_bytes: w.watermark_bytes, capacity_bytes: w.capacity_bytes, updated_at: now }))
+        .onConflict((oc) =>
+          oc.columns(['job_id', 'disk_label']).doUpdateSet({ watermark_bytes: w.watermark_bytes, capacity_bytes: w.capacity_bytes, updated_at: now }),
+        )
         .execute()
     })
   }
 
   /** All watermarks of a job. */
   list(jobId: string): Promise<Watermark[]> {
-    return persist('read watermarks', () => this.db.selectFrom('watermarks').select(['disk_label', 'watermark_bytes', 'capacity_bytes']).where('job_id', '=', jobId).execute())
+    return persist('read watermarks', () =>
+      this.db.selectFrom('watermarks').select(['disk_label', 'watermark_bytes', 'capacity_bytes']).where('job_id', '=', jobId).execute(),
+    )
   }
 
   /** Removes a job's watermarks (after cancel cleanup). */

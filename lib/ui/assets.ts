@@ -48,7 +48,9 @@ export interface ConsoleAsset {
  */
 export async function readConsoleAsset(dir: string, rel: string): Promise<ConsoleAsset> {
   if (!existsSync(path.join(dir, 'index.html'))) {
-    throw new MigError('E_MIG_NOT_FOUND', 'the web console is not built: run `bash .ci/install` or `npm run build:ui` in the migrator directory, then reload', { status: 503 })
+    throw new MigError('E_MIG_NOT_FOUND', 'the web console is not built: run `bash .ci/install` or `npm run build:ui` in the migrator directory, then reload', {
+      status: 503,
+    })
   }
   const name = rel === '' ? 'index.html' : rel
   const full = path.resolve(dir, name)

@@ -81,7 +81,11 @@ export async function receiveUpload(opts: ReceiveOptions): Promise<ReceivedUploa
   let bb: busboy.Busboy
   try {
     // defParamCharset utf8: browsers and curl send the filename parameter's bytes as UTF-8.
-    bb = busboy({ headers: { 'content-type': opts.contentType }, defParamCharset: 'utf8', limits: { files: 1, fields: 8, fieldSize: 1024, parts: 16, headerPairs: 64 } })
+    bb = busboy({
+      headers: { 'content-type': opts.contentType },
+      defParamCharset: 'utf8',
+      limits: { files: 1, fields: 8, fieldSize: 1024, parts: 16, headerPairs: 64 },
+    })
   } catch (e) {
     throw new MigError('E_MIG_BAD_REQUEST', `malformed multipart body: ${(e as Error).message}`)
   }

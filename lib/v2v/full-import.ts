@@ -119,7 +119,14 @@ export interface FullImportResult {
   warnings: string[]
 }
 
-const xmlBuilder = new XMLBuilder({ ignoreAttributes: false, attributeNamePrefix: '@_', textNodeName: '#text', format: true, suppressEmptyNode: true, processEntities: true })
+const xmlBuilder = new XMLBuilder({
+  ignoreAttributes: false,
+  attributeNamePrefix: '@_',
+  textNodeName: '#text',
+  format: true,
+  suppressEmptyNode: true,
+  processEntities: true,
+})
 
 function fail(msg: string, details?: Record<string, unknown>): never {
   throw new MigError('E_MIG_V2V_FAILED', msg, details ? { details } : {})
@@ -183,7 +190,11 @@ export function fullImportInputXml(manifest: VmManifest): string {
  * The exact command line, environment and files of an import whose private run directory is
  * `runDir` (see the module comment). `virtioWinIso`: the ISO to pass as `VIRTIO_WIN`, or null.
  */
-export function fullImportCommand(manifest: VmManifest, runDir: string, opts: { binary?: string; env?: Record<string, string>; virtioWinIso?: string | null } = {}): FullImportCommand {
+export function fullImportCommand(
+  manifest: VmManifest,
+  runDir: string,
+  opts: { binary?: string; env?: Record<string, string>; virtioWinIso?: string | null } = {},
+): FullImportCommand {
   const outputDir = path.join(runDir, 'out')
   const tmpDir = path.join(runDir, 'tmp')
   const inputXmlPath = path.join(runDir, 'input.xml')
@@ -199,11 +210,21 @@ export function fullImportCommand(manifest: VmManifest, runDir: string, opts: { 
   }
   const argv = [
     opts.binary ?? DEFAULT_FULL_IMPORT_BINARY,
-    '-i', 'libvirtxml', inputXmlPath,
-    '-o', 'local', '-os', outputDir,
-    '-of', 'raw', '-oa', 'sparse',
-    '-on', outputName,
-    '--root', 'first',
+    '-i',
+    'libvirtxml',
+    inputXmlPath,
+    '-o',
+    'local',
+    '-os',
+    outputDir,
+    '-of',
+    'raw',
+    '-oa',
+    'sparse',
+    '-on',
+    outputName,
+    '--root',
+    'first',
     '--machine-readable',
   ]
   return {
@@ -241,7 +262,11 @@ async function preflight(manifest: VmManifest, volumes: FullImportVolume[]): Pro
   for (let i = 0; i < volumes.length; i++) {
     const d = manifest.disks[i]!
     const v = volumes[i]!
-    if (v.label !== d.label) throw new MigError('E_MIG_INTERNAL', `VMCX import: volume ${i} is for disk ${JSON.stringify(v.label)}, the manifest's disk ${i} is ${JSON.stringify(d.label)}`)
+    if (v.label !== d.label)
+      throw new MigError(
+        'E_MIG_INTERNAL',
+        `VMCX import: volume ${i} is for disk ${JSON.stringify(v.label)}, the manifest's disk ${i} is ${JSON.stringify(d.label)}`,
+      )
     if (!path.isAbsolute(v.path) || /[\x00-\x1f]/.test(v.path)) fail(`VMCX import: volume ${v.label}: ${JSON.stringify(v.path)} is not an absolute path`)
     const src = d.source.path
     if (!path.isAbsolute(src) || /[\x00-\x1f]/.test(src)) fail(`VMCX import: disk ${d.label}: source ${JSON.stringify(src)} is not an absolute path`)
@@ -329,8 +354,14 @@ async function copyInto(from: string, v: FullImportVolume, size: number, block: 
     await reader.close()
     throw new MigError('E_MIG_DISK_WRITE_FAILED', `${v.path}: cannot open: ${(e as Error).message}`, { details: { volume: v.path } })
   }
-  const discard: Discarder | undefined = block ? async (offset, length) => (await exec('blkdiscard', ['--offset', String(offset), '--length', String(length), v.path])).code === 0 : undefined
-  const vol = new HandleVolume(fh, v.path, block ? ((await blockDeviceSize(v.path)) ?? size) : size, block ? 64 * 1024 : 4096, { fresh: !block, discard, discardAlign: 64 * 1024 })
+  const discard: Discarder | undefined = block
+    ? async (offset, length) => (await exec('blkdiscard', ['--offset', String(offset), '--length', String(length), v.path])).code === 0
+    : undefined
+  const vol = new HandleVolume(fh, v.path, block ? ((await blockDeviceSize(v.path)) ?? size) : size, block ? 64 * 1024 : 4096, {
+    fresh: !block,
+    discard,
+    discardAlign: 64 * 1024,
+  })
   try {
     await copyDisk(reader, vol, { from: 0, signal, label: v.label, onProgress: () => {}, onWatermark: async () => {} })
   } finally {
@@ -366,7 +397,10 @@ export async function runV2vFullImport(opts: FullImportOptions): Promise<FullImp
       fail(`VMCX import: virtio-win driver ISO ${opts.virtioWinIso} not found`, { missing: opts.virtioWinIso })
     }
   } else if (opts.virtioWinIso === undefined) {
-    iso = await stat(DEFAULT_VIRTIO_WIN_ISO).then(() => DEFAULT_VIRTIO_WIN_ISO, () => null)
+    iso = await stat(DEFAULT_VIRTIO_WIN_ISO).then(
+      () => DEFAULT_VIRTIO_WIN_ISO,
+      () => null,
+    )
   }
 
   const probe = fullImportCommand(manifest, '/nonexistent', { binary, env: opts.env, virtioWinIso: iso })
@@ -427,7 +461,11 @@ export async function runV2vFullImport(opts: FullImportOptions): Promise<FullImp
         const target = await readlink(out)
         if (target !== v.path) fail(`VMCX import: ${path.basename(out)} points to ${target}, not to volume ${v.path}`, { disk: v.label })
         if (info.block ? info.size < cap : info.size !== cap) {
-          fail(`VMCX import: converted disk ${v.label} in ${v.path} holds ${info.size} bytes, the disk has ${cap}`, { disk: v.label, size: info.size, capacity: cap })
+          fail(`VMCX import: converted disk ${v.label} in ${v.path} holds ${info.size} bytes, the disk has ${cap}`, {
+            disk: v.label,
+            size: info.size,
+            capacity: cap,
+          })
         }
         const fh = await open(v.path, info.block ? C.O_RDONLY : C.O_RDWR)
         try {
@@ -438,8 +476,10 @@ export async function runV2vFullImport(opts: FullImportOptions): Promise<FullImp
         placement.push('in_place')
         continue
       }
-      if (!lst.isFile()) fail(`VMCX import: virt-v2v's output ${path.basename(out)} for disk ${v.label} is neither the volume link nor a file`, { disk: v.label })
-      if (lst.size !== cap) fail(`VMCX import: converted disk ${v.label} holds ${lst.size} bytes, the disk has ${cap}`, { disk: v.label, size: lst.size, capacity: cap })
+      if (!lst.isFile())
+        fail(`VMCX import: virt-v2v's output ${path.basename(out)} for disk ${v.label} is neither the volume link nor a file`, { disk: v.label })
+      if (lst.size !== cap)
+        fail(`VMCX import: converted disk ${v.label} holds ${lst.size} bytes, the disk has ${cap}`, { disk: v.label, size: lst.size, capacity: cap })
       if (!info.block && lst.dev === info.dev) {
         await chmod(out, info.mode & 0o7777)
         if (process.getuid?.() === 0) await chown(out, info.uid, info.gid)

@@ -88,7 +88,14 @@ export interface V2vPreparerOptions {
   env?: Record<string, string>
 }
 
-const xmlBuilder = new XMLBuilder({ ignoreAttributes: false, attributeNamePrefix: '@_', textNodeName: '#text', format: true, suppressEmptyNode: true, processEntities: true })
+const xmlBuilder = new XMLBuilder({
+  ignoreAttributes: false,
+  attributeNamePrefix: '@_',
+  textNodeName: '#text',
+  format: true,
+  suppressEmptyNode: true,
+  processEntities: true,
+})
 
 function v2vFail(msg: string, details?: Record<string, unknown>): never {
   throw new MigError('E_MIG_V2V_FAILED', msg, details ? { details } : {})
@@ -200,9 +207,21 @@ export class V2vPreparer {
       }
       let outcome: ToolOutcome
       try {
-        outcome = await runV2vTool(bin, cmd.argv.slice(1), cmd.env, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 4 * 3600_000, onProgress: opts.onProgress })
+        outcome = await runV2vTool(bin, cmd.argv.slice(1), cmd.env, {
+          signal: opts.signal,
+          timeoutMs: opts.timeoutMs ?? 4 * 3600_000,
+          onProgress: opts.onProgress,
+        })
       } catch (e) {
-        outcome = { kind: 'failed', code: null, signal: null, lastLines: [`spawn failed: ${(e as Error).message}`], messages: [], lastFraction: null, warnings: [] }
+        outcome = {
+          kind: 'failed',
+          code: null,
+          signal: null,
+          lastLines: [`spawn failed: ${(e as Error).message}`],
+          messages: [],
+          lastFraction: null,
+          warnings: [],
+        }
       }
       if (outcome.kind === 'ok') {
         const warnings = [...outcome.warnings]

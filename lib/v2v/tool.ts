@@ -62,7 +62,12 @@ const KEEP_MESSAGES = 200
  * when it is missing or not an executable regular file. Never throws.
  */
 export async function resolveBinary(binary: string, pathEnv: string): Promise<string | null> {
-  const candidates = binary.includes('/') ? [binary] : pathEnv.split(':').filter((d) => d.startsWith('/')).map((d) => path.join(d, binary))
+  const candidates = binary.includes('/')
+    ? [binary]
+    : pathEnv
+        .split(':')
+        .filter((d) => d.startsWith('/'))
+        .map((d) => path.join(d, binary))
   for (const c of candidates) {
     try {
       const st = await stat(c)
@@ -96,7 +101,10 @@ export function lineSplitter(onLine: (line: string) => void): { push(chunk: Buff
 
 /** A line without ANSI escape sequences, control characters and trailing blanks. */
 export function cleanLine(l: string): string {
-  return l.replace(/\x1b\[[0-9;]*[A-Za-z]/g, '').replace(/[\x00-\x08\x0b-\x1f\x7f]/g, '').trimEnd()
+  return l
+    .replace(/\x1b\[[0-9;]*[A-Za-z]/g, '')
+    .replace(/[\x00-\x08\x0b-\x1f\x7f]/g, '')
+    .trimEnd()
 }
 
 /**
@@ -205,5 +213,10 @@ export function describeFailure(o: ToolOutcome): string {
 
 /** A guest name safe for virt-v2v's `-on`, output file names and input XML: `[A-Za-z0-9_.-]`, at most 63, never starting with `.`/`_`/`-`; `guest` when nothing is left. */
 export function v2vOutputName(name: string): string {
-  return name.replace(/[^A-Za-z0-9_.-]+/g, '_').replace(/^[._-]+/, '').slice(0, 63) || 'guest'
+  return (
+    name
+      .replace(/[^A-Za-z0-9_.-]+/g, '_')
+      .replace(/^[._-]+/, '')
+      .slice(0, 63) || 'guest'
+  )
 }

@@ -34,7 +34,14 @@ const RULES: Record<StubKind, { good: [string, string][]; bad: string[] }> = {
       ['qemu+ssh://root@kvm1/system', 'qemu+ssh://root@kvm1:22/system'],
       ['qemu+tcp://kvm1:16509/session', 'qemu+tcp://kvm1:16509/session'],
     ],
-    bad: ['https://kvm1/system', 'qemu+ssh://kvm1/', 'qemu+ssh://kvm1/other', 'qemu+tls://user@kvm1/system', 'qemu:///system', 'qemu+ssh://root;rm@kvm1/system'],
+    bad: [
+      'https://kvm1/system',
+      'qemu+ssh://kvm1/',
+      'qemu+ssh://kvm1/other',
+      'qemu+tls://user@kvm1/system',
+      'qemu:///system',
+      'qemu+ssh://root;rm@kvm1/system',
+    ],
   },
   xen_api: {
     good: [
@@ -79,7 +86,8 @@ describe('stub adapters: reachability and the failing data plane', () => {
     await new Promise((r) => srv.close(() => r(null)))
   })
 
-  const endpoint = (kind: StubKind, p: number) => (kind === 'libvirt_remote' ? `qemu+tcp://127.0.0.1:${p}/system` : kind === 'xen_api' ? `https://127.0.0.1:${p}/` : `127.0.0.1:${p}`)
+  const endpoint = (kind: StubKind, p: number) =>
+    kind === 'libvirt_remote' ? `qemu+tcp://127.0.0.1:${p}/system` : kind === 'xen_api' ? `https://127.0.0.1:${p}/` : `127.0.0.1:${p}`
 
   for (const kind of STUB_KINDS) {
     test(`${kind}: nothing listening -> E_MIG_SOURCE_UNREACHABLE; a listener -> a session whose every data-plane method fails`, async () => {

@@ -25,7 +25,13 @@ let linuxVm = ''
 let windowsVm = ''
 
 const adapter = createVimAdapter({ requestTimeoutMs: 10_000 })
-const conn = (over: Partial<{ endpoint: string; username: string; password: string; tls: any }> = {}) => ({ endpoint: v.url, username: v.username, password: v.password, tls: { ca_pem: v.certPem }, ...over })
+const conn = (over: Partial<{ endpoint: string; username: string; password: string; tls: any }> = {}) => ({
+  endpoint: v.url,
+  username: v.username,
+  password: v.password,
+  tls: { ca_pem: v.certPem },
+  ...over,
+})
 
 beforeAll(async () => {
   v = await startVcsim()
@@ -33,9 +39,33 @@ beforeAll(async () => {
   writeFileSync(path.join(t.dir, 'b.raw'), Buffer.alloc(2 * MiB))
   const a = await putVmdk(v, 'web01', 'web01', path.join(t.dir, 'a.raw'), 'flat')
   const b = await putVmdk(v, 'web01', 'web01_1', path.join(t.dir, 'b.raw'), 'sparse')
-  linuxVm = await v.createVm({ name: 'web01', guest_id: 'ubuntu64Guest', firmware: 'efi', num_cpu: 4, cores_per_socket: 2, memory_mb: 2048, cbt: true, power_on: true, disks: [{ file: a, capacity_bytes: 3 * MiB }, { file: b, capacity_bytes: 2 * MiB }], nics: [{ mac: '00:50:56:AA:00:01' }, { mac: '00:50:56:aa:00:02' }] })
+  linuxVm = await v.createVm({
+    name: 'web01',
+    guest_id: 'ubuntu64Guest',
+    firmware: 'efi',
+    num_cpu: 4,
+    cores_per_socket: 2,
+    memory_mb: 2048,
+    cbt: true,
+    power_on: true,
+    disks: [
+      { file: a, capacity_bytes: 3 * MiB },
+      { file: b, capacity_bytes: 2 * MiB },
+    ],
+    nics: [{ mac: '00:50:56:AA:00:01' }, { mac: '00:50:56:aa:00:02' }],
+  })
   const c = await putVmdk(v, 'sql01', 'sql01', path.join(t.dir, 'b.raw'), 'flat')
-  windowsVm = await v.createVm({ name: 'sql01', guest_id: 'windows9Server64Guest', firmware: 'bios', num_cpu: 2, memory_mb: 4096, cbt: false, power_on: false, disks: [{ file: c, capacity_bytes: 2 * MiB }], nics: [] })
+  windowsVm = await v.createVm({
+    name: 'sql01',
+    guest_id: 'windows9Server64Guest',
+    firmware: 'bios',
+    num_cpu: 2,
+    memory_mb: 4096,
+    cbt: false,
+    power_on: false,
+    disks: [{ file: c, capacity_bytes: 2 * MiB }],
+    nics: [],
+  })
 }, 120_000)
 
 afterAll(async () => {
@@ -116,8 +146,22 @@ describe('vim_api inventory', () => {
       cpu: { count: 4, cores_per_socket: 2 },
       memory_bytes: 2048 * MiB,
       disks: [
-        { label: 'web01', capacity_bytes: 3 * MiB, disk_format: 'vmdk', source: { path: '[LocalDS_0] web01/web01.vmdk', device_key: 2000 }, controller: 'scsi', address: 'scsi0:0' },
-        { label: 'web01_1', capacity_bytes: 2 * MiB, disk_format: 'vmdk', source: { path: '[LocalDS_0] web01/web01_1.vmdk', device_key: 2001 }, controller: 'scsi', address: 'scsi0:1' },
+        {
+          label: 'web01',
+          capacity_bytes: 3 * MiB,
+          disk_format: 'vmdk',
+          source: { path: '[LocalDS_0] web01/web01.vmdk', device_key: 2000 },
+          controller: 'scsi',
+          address: 'scsi0:0',
+        },
+        {
+          label: 'web01_1',
+          capacity_bytes: 2 * MiB,
+          disk_format: 'vmdk',
+          source: { path: '[LocalDS_0] web01/web01_1.vmdk', device_key: 2001 },
+          controller: 'scsi',
+          address: 'scsi0:1',
+        },
       ],
       nics: [
         { label: expect.any(String), mac: '00:50:56:aa:00:01', model: 'vmxnet3', network: 'VM Network' },
@@ -127,7 +171,14 @@ describe('vim_api inventory', () => {
       warnings: [],
     })
     const w = await s.inspect(windowsVm)
-    expect([w.guest_os.family, w.firmware, w.cbt_available, w.disks.length, w.nics.length, w.memory_bytes]).toEqual(['windows', 'bios', false, 1, 0, 4096 * MiB])
+    expect([w.guest_os.family, w.firmware, w.cbt_available, w.disks.length, w.nics.length, w.memory_bytes]).toEqual([
+      'windows',
+      'bios',
+      false,
+      1,
+      0,
+      4096 * MiB,
+    ])
   })
 
   test('unknown VM: E_MIG_VM_NOT_FOUND (also for ids that are no managed object id)', async () => {
@@ -169,7 +220,14 @@ describe('SOAP client against hostile peers (plain HTTP servers standing in for 
       ['404', (res) => res.writeHead(404).end('nope'), /HTTP 404/],
       ['doctype', (res) => res.writeHead(200).end('<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]><x>&a;</x>'), /DOCTYPE/],
       ['huge', (res) => res.writeHead(200).end('<a>' + 'x'.repeat(200_000) + '</a>'), /exceeds/],
-      ['deep', (res) => res.writeHead(200).end('<soapenv:Envelope xmlns:soapenv="s"><soapenv:Body>' + '<a>'.repeat(500) + '</a>'.repeat(500) + '</soapenv:Body></soapenv:Envelope>'), /well-formed|not a SOAP/],
+      [
+        'deep',
+        (res) =>
+          res
+            .writeHead(200)
+            .end('<soapenv:Envelope xmlns:soapenv="s"><soapenv:Body>' + '<a>'.repeat(500) + '</a>'.repeat(500) + '</soapenv:Body></soapenv:Envelope>'),
+        /well-formed|not a SOAP/,
+      ],
       ['silent', () => {}, /RetrieveServiceContent/],
     ]
     for (const [name, fn, msg] of cases) {
@@ -190,7 +248,11 @@ for (const runtime of RUNTIMES) {
     const d = tempDir(`mig-vim-http-${runtime}-`)
     let srv: RunningServer
     const call = async (method: string, p: string, body?: unknown) => {
-      const res = await fetch(srv.base + p, { method, headers: body ? { 'content-type': 'application/json' } : {}, body: body ? JSON.stringify(body) : undefined })
+      const res = await fetch(srv.base + p, {
+        method,
+        headers: body ? { 'content-type': 'application/json' } : {},
+        body: body ? JSON.stringify(body) : undefined,
+      })
       const text = await res.text()
       return { status: res.status, body: text ? JSON.parse(text) : null }
     }
@@ -203,7 +265,14 @@ for (const runtime of RUNTIMES) {
     })
 
     test('POST /sources, test, list VMs, inspect, unknown VM 404, wrong password 502 E_MIG_AUTH_FAILED, closed port 502', async () => {
-      const c = await call('POST', '/sources', { name: 'vcsim', kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { ca_pem: v.certPem } })
+      const c = await call('POST', '/sources', {
+        name: 'vcsim',
+        kind: 'vim_api',
+        endpoint: v.url,
+        username: v.username,
+        password: v.password,
+        tls: { ca_pem: v.certPem },
+      })
       expect(c.status).toBe(201)
       const id = c.body.id
       const probe = await call('POST', `/sources/${id}/test`)
@@ -212,15 +281,36 @@ for (const runtime of RUNTIMES) {
       expect(list.status).toBe(200)
       expect(list.body.items.find((m: any) => m.vm_id === linuxVm)?.name).toBe('web01')
       const one = await call('GET', `/sources/${id}/vms/${linuxVm}`)
-      expect([one.status, one.body.disks.map((x: any) => [x.label, x.capacity_bytes]), one.body.cbt_available]).toEqual([200, [['web01', 3 * MiB], ['web01_1', 2 * MiB]], true])
+      expect([one.status, one.body.disks.map((x: any) => [x.label, x.capacity_bytes]), one.body.cbt_available]).toEqual([
+        200,
+        [
+          ['web01', 3 * MiB],
+          ['web01_1', 2 * MiB],
+        ],
+        true,
+      ])
       const missing = await call('GET', `/sources/${id}/vms/vm-424242`)
       expect([missing.status, missing.body.error.code]).toEqual([404, 'E_MIG_VM_NOT_FOUND'])
 
-      const bad = await call('POST', '/sources', { name: 'vcsim-badpw', kind: 'vim_api', endpoint: v.url, username: v.username, password: 'not-it', tls: { thumbprint: v.thumbprint } })
+      const bad = await call('POST', '/sources', {
+        name: 'vcsim-badpw',
+        kind: 'vim_api',
+        endpoint: v.url,
+        username: v.username,
+        password: 'not-it',
+        tls: { thumbprint: v.thumbprint },
+      })
       const auth = await call('POST', `/sources/${bad.body.id}/test`)
-      expect([auth.status, auth.body.error.code]).toEqual([502, "E_MIG_AUTH_FAILED"])
+      expect([auth.status, auth.body.error.code]).toEqual([502, 'E_MIG_AUTH_FAILED'])
       const port = await freePort()
-      const gone = await call('POST', '/sources', { name: 'vcsim-gone', kind: 'vim_api', endpoint: `127.0.0.1:${port}`, username: 'u', password: 'p', tls: { insecure: true } })
+      const gone = await call('POST', '/sources', {
+        name: 'vcsim-gone',
+        kind: 'vim_api',
+        endpoint: `127.0.0.1:${port}`,
+        username: 'u',
+        password: 'p',
+        tls: { insecure: true },
+      })
       const unreachable = await call('GET', `/sources/${gone.body.id}/vms`)
       expect([unreachable.status, unreachable.body.error.code]).toEqual([502, 'E_MIG_SOURCE_UNREACHABLE'])
     })

@@ -36,8 +36,19 @@ beforeAll(async () => {
     await qemuImg('convert', '-f', 'raw', '-O', 'vmdk', '-o', `subformat=${sub}`, raws[i], path.join(v.datastore.dir, rel))
     files.push(rel)
   }
-  vmId = await v.createVm({ name: 'data01', guest_id: 'centos7_64Guest', cbt: true, power_on: true, disks: files.map((file) => ({ file, capacity_bytes: 6 * MiB })) })
-  s = (await createVimAdapter({ shutdownTimeoutMs: 2000, pollMs: 100 }).connect({ endpoint: v.url, username: v.username, password: v.password, tls: { ca_pem: v.certPem } })) as VimSession
+  vmId = await v.createVm({
+    name: 'data01',
+    guest_id: 'centos7_64Guest',
+    cbt: true,
+    power_on: true,
+    disks: files.map((file) => ({ file, capacity_bytes: 6 * MiB })),
+  })
+  s = (await createVimAdapter({ shutdownTimeoutMs: 2000, pollMs: 100 }).connect({
+    endpoint: v.url,
+    username: v.username,
+    password: v.password,
+    tls: { ca_pem: v.certPem },
+  })) as VimSession
   manifest = await s.inspect(vmId)
 }, 120_000)
 
@@ -73,7 +84,11 @@ describe('vim_api data plane', () => {
     const disk = manifest.disks[1]
     const before = await s.createSnapshot(vmId, 'migrator-cbt-1')
     // the guest writes three areas in different 1 MiB answer windows
-    for (const [off, len] of [[64 * 1024, 4096], [2 * MiB + 128 * 1024, 200 * 1024], [6 * MiB - 64 * 1024, 64 * 1024]]) {
+    for (const [off, len] of [
+      [64 * 1024, 4096],
+      [2 * MiB + 128 * 1024, 200 * 1024],
+      [6 * MiB - 64 * 1024, 64 * 1024],
+    ]) {
       execFileSync('qemu-io', ['-f', 'vmdk', '-c', `write -P 0x5a ${off} ${len}`, path.join(v.datastore.dir, 'data01/disk1.vmdk')])
     }
     const after = await s.createSnapshot(vmId, 'migrator-cbt-2')

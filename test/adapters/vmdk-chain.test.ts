@@ -96,7 +96,17 @@ describe('VMDK snapshot delta chains', () => {
     const cowd = new Map<number, DeltaGrain>()
     for (const g of [0, 1, 7, 4095, 4096, 4097, 20000]) cowd.set(g, Buffer.alloc(512, 0x40 + (g % 50)))
     writeCowd(path.join(d, 'vm-000001-delta.vmdk'), size, 1, cowd)
-    writeFileSync(path.join(d, 'vm-000001.vmdk'), deltaDescriptor({ createType: 'vmfsSparse', extent: 'vm-000001-delta.vmdk', capacityBytes: size, cid: 'aaaa0001', parentCid: baseCid, parentHint: 'vm.vmdk' }))
+    writeFileSync(
+      path.join(d, 'vm-000001.vmdk'),
+      deltaDescriptor({
+        createType: 'vmfsSparse',
+        extent: 'vm-000001-delta.vmdk',
+        capacityBytes: size,
+        cid: 'aaaa0001',
+        parentCid: baseCid,
+        parentHint: 'vm.vmdk',
+      }),
+    )
     // snapshot 2: a seSparse delta with 4 KiB grains over three grain tables, one zeroed over the vmfsSparse data
     const se = new Map<number, DeltaGrain>()
     se.set(0, 'zero')
@@ -109,7 +119,17 @@ describe('VMDK snapshot delta chains', () => {
     for (const g of [2, 3, 4095, 4999]) se.set(g, seGrain(g))
     for (let g = 5000; g < 9300; g++) se.set(g, seGrain(g))
     writeSeSparse(path.join(d, 'vm-000002-sesparse.vmdk'), size, se)
-    writeFileSync(path.join(d, 'vm-000002.vmdk'), deltaDescriptor({ createType: 'seSparse', extent: 'vm-000002-sesparse.vmdk', capacityBytes: size, cid: 'aaaa0002', parentCid: 'aaaa0001', parentHint: 'vm-000001.vmdk' }))
+    writeFileSync(
+      path.join(d, 'vm-000002.vmdk'),
+      deltaDescriptor({
+        createType: 'seSparse',
+        extent: 'vm-000002-sesparse.vmdk',
+        capacityBytes: size,
+        cid: 'aaaa0002',
+        parentCid: 'aaaa0001',
+        parentHint: 'vm-000001.vmdk',
+      }),
+    )
 
     const expected = readFileSync(path.join(d, 'src.raw'))
     for (const [g, b] of cowd) (b as Buffer).copy(expected, g * 512)
@@ -140,7 +160,8 @@ describe('VMDK snapshot delta chains', () => {
     const baseCid = makeFlatBase(d, makeRawImage(path.join(d, 'src.raw'), size, 3))
     const one = new Map<number, DeltaGrain>([[5, Buffer.alloc(4096, 1)]])
     writeSeSparse(path.join(d, 'ok-sesparse.vmdk'), size, one)
-    const desc = (cid: string, parentCid: string, hint: string, extent = 'ok-sesparse.vmdk') => deltaDescriptor({ createType: 'seSparse', extent, capacityBytes: size, cid, parentCid, parentHint: hint })
+    const desc = (cid: string, parentCid: string, hint: string, extent = 'ok-sesparse.vmdk') =>
+      deltaDescriptor({ createType: 'seSparse', extent, capacityBytes: size, cid, parentCid, parentHint: hint })
 
     // the parent's CID is not the one the child was made against
     writeFileSync(path.join(d, 'cid.vmdk'), desc('00000001', '12345678', 'vm.vmdk'))
@@ -159,20 +180,38 @@ describe('VMDK snapshot delta chains', () => {
     expect((await thrown(() => open(d, 'nohint.vmdk'))).code).toBe('E_MIG_DISK_READ_FAILED')
     // a seSparse file whose journal was never replayed
     writeSeSparse(path.join(d, 'dirty-sesparse.vmdk'), size, one, { dirty: true })
-    writeFileSync(path.join(d, 'dirty.vmdk'), desc('00000004', 'ffffffff', 'vm.vmdk', 'dirty-sesparse.vmdk').replace('parentCID=ffffffff', `parentCID=${baseCid}`))
+    writeFileSync(
+      path.join(d, 'dirty.vmdk'),
+      desc('00000004', 'ffffffff', 'vm.vmdk', 'dirty-sesparse.vmdk').replace('parentCID=ffffffff', `parentCID=${baseCid}`),
+    )
     expect((await thrown(() => open(d, 'dirty.vmdk'))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
     // a grain directory entry that is not an allocated table
     const corrupt = readFileSync(path.join(d, 'ok-sesparse.vmdk'))
     corrupt.writeBigUInt64LE(0x7000000000000000n, 2 * 512)
     writeFileSync(path.join(d, 'corrupt-sesparse.vmdk'), corrupt)
-    writeFileSync(path.join(d, 'corrupt.vmdk'), desc('00000005', 'ffffffff', 'vm.vmdk', 'corrupt-sesparse.vmdk').replace(/^parentCID=.*$/m, 'parentCID=ffffffff').replace(/^parentFileNameHint=.*$/m, ''))
+    writeFileSync(
+      path.join(d, 'corrupt.vmdk'),
+      desc('00000005', 'ffffffff', 'vm.vmdk', 'corrupt-sesparse.vmdk')
+        .replace(/^parentCID=.*$/m, 'parentCID=ffffffff')
+        .replace(/^parentFileNameHint=.*$/m, ''),
+    )
     e = await thrown(() => open(d, 'corrupt.vmdk'))
     expect([e.code, /corrupt-sesparse\.vmdk: grain directory entry 0/.test(e.message)]).toEqual(['E_MIG_DISK_READ_FAILED', true])
     // a vmfsSparse extent cut short: the grain lies beyond the end of the file
     writeCowd(path.join(d, 'cut-delta.vmdk'), size, 1, new Map([[3, Buffer.alloc(512, 9)]]))
     const whole = readFileSync(path.join(d, 'cut-delta.vmdk'))
     writeFileSync(path.join(d, 'cut-delta.vmdk'), whole.subarray(0, whole.length - 512))
-    writeFileSync(path.join(d, 'cut.vmdk'), deltaDescriptor({ createType: 'vmfsSparse', extent: 'cut-delta.vmdk', capacityBytes: size, cid: '00000006', parentCid: 'ffffffff', parentHint: 'vm.vmdk' }).replace(/^parentFileNameHint=.*$/m, ''))
+    writeFileSync(
+      path.join(d, 'cut.vmdk'),
+      deltaDescriptor({
+        createType: 'vmfsSparse',
+        extent: 'cut-delta.vmdk',
+        capacityBytes: size,
+        cid: '00000006',
+        parentCid: 'ffffffff',
+        parentHint: 'vm.vmdk',
+      }).replace(/^parentFileNameHint=.*$/m, ''),
+    )
     e = await thrown(async () => readAll(await open(d, 'cut.vmdk')))
     expect([e.code, /outside the file/.test(e.message)]).toEqual(['E_MIG_DISK_READ_FAILED', true])
   })
@@ -181,7 +220,8 @@ describe('VMDK snapshot delta chains', () => {
     const d = path.join(t.dir, 'plain')
     execFileSync('mkdir', ['-p', d])
     makeRawImage(path.join(d, 'src.raw'), 6 * MiB, 4)
-    const desc = (extent: string) => `# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="monolithicFlat"\nRW 2048 FLAT "${extent}" 0\n`
+    const desc = (extent: string) =>
+      `# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="monolithicFlat"\nRW 2048 FLAT "${extent}" 0\n`
     writeFileSync(path.join(d, 'esc.vmdk'), desc('../../etc/passwd'))
     expect((await thrown(() => open(d, 'esc.vmdk', MiB))).code).toBe('E_MIG_DISK_READ_FAILED')
     writeFileSync(path.join(d, 'short-flat.vmdk'), Buffer.alloc(1000))

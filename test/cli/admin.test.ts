@@ -85,7 +85,9 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
     expect(JSON.parse(fromFlags.stdout)).toEqual([])
 
     // Flags win over the environment.
-    const flagsOverEnv = await runCli(['--url', base, '--user', 'operator', '--password', 'Op3rator!pw', 'jobs'], { env: { MIGRATOR_URL: 'http://127.0.0.1:1/api/v1/migrator', MIGRATOR_USER: 'x', MIGRATOR_PASSWORD: 'y' } })
+    const flagsOverEnv = await runCli(['--url', base, '--user', 'operator', '--password', 'Op3rator!pw', 'jobs'], {
+      env: { MIGRATOR_URL: 'http://127.0.0.1:1/api/v1/migrator', MIGRATOR_USER: 'x', MIGRATOR_PASSWORD: 'y' },
+    })
     expect(flagsOverEnv.code).toBe(0)
 
     const none = await runCli(['jobs'], { env: { MIGRATOR_URL: base } })
@@ -104,11 +106,19 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
   }, 30_000)
 
   test('sources add|list|test|vms: registered (password never shown), listed; test and vms fail with E_MIG_SOURCE_UNREACHABLE', async () => {
-    const add = await cli(['sources', 'add', 'vc-lab', 'vim_api', 'https://127.0.0.1:1/sdk', '--username', 'administrator@vsphere.local', '--insecure'], { env: { MIGRATOR_SOURCE_PASSWORD: 'S0urce!pw' } })
+    const add = await cli(['sources', 'add', 'vc-lab', 'vim_api', 'https://127.0.0.1:1/sdk', '--username', 'administrator@vsphere.local', '--insecure'], {
+      env: { MIGRATOR_SOURCE_PASSWORD: 'S0urce!pw' },
+    })
     expect(add.stderr).toBe('')
     expect(add.code).toBe(0)
     const source = JSON.parse(add.stdout)
-    expect(source).toMatchObject({ name: 'vc-lab', kind: 'vim_api', endpoint: 'https://127.0.0.1:1/sdk', username: 'administrator@vsphere.local', tls: { insecure: true } })
+    expect(source).toMatchObject({
+      name: 'vc-lab',
+      kind: 'vim_api',
+      endpoint: 'https://127.0.0.1:1/sdk',
+      username: 'administrator@vsphere.local',
+      tls: { insecure: true },
+    })
     expect(add.stdout).not.toContain('S0urce!pw')
 
     const dup = await cli(['sources', 'add', 'vc-lab', 'vim_api', 'https://127.0.0.1:1/sdk', '--username', 'a'], { env: { MIGRATOR_SOURCE_PASSWORD: 'x' } })
@@ -119,7 +129,9 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
     expect(list.code).toBe(0)
     expect(JSON.parse(list.stdout)).toEqual([source])
     const table = await cli(['sources', 'list'])
-    expect(table.stdout.split('\n')[1]).toMatch(new RegExp(`^${source.id}\\s+vc-lab\\s+vim_api\\s+https://127\\.0\\.0\\.1:1/sdk\\s+administrator@vsphere\\.local$`))
+    expect(table.stdout.split('\n')[1]).toMatch(
+      new RegExp(`^${source.id}\\s+vc-lab\\s+vim_api\\s+https://127\\.0\\.0\\.1:1/sdk\\s+administrator@vsphere\\.local$`),
+    )
 
     for (const sub of ['test', 'vms']) {
       const r = await cli(['sources', sub, source.id])
@@ -173,7 +185,12 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
     expect(table.code).toBe(0)
     const rows = table.stdout.trimEnd().split('\n')
     expect(rows[0]).toMatch(/^TYPE\s+SIZE\s+MODIFIED\s+PATH$/)
-    expect(rows.slice(1).map((l) => l.split(/\s+/)[0] + ' ' + l.split(/\s+/).at(-1)).sort()).toEqual(['directory exports/vm1', 'file exports/notes.txt'])
+    expect(
+      rows
+        .slice(1)
+        .map((l) => l.split(/\s+/)[0] + ' ' + l.split(/\s+/).at(-1))
+        .sort(),
+    ).toEqual(['directory exports/vm1', 'file exports/notes.txt'])
 
     // import of a path relative to the import root (not a local file here): inspected in place on the server.
     const inRoot = await cli(['import', 'exports/vm1/disk.qcow2'])
@@ -191,7 +208,10 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
 
   test('plan submit of an invalid plan: E_MIG_INVALID_PLAN with the failing fields; watch of an unknown job: E_MIG_NOT_FOUND', async () => {
     const planFile = path.join(t.dir, 'bad-plan.json')
-    writeFileSync(planFile, JSON.stringify({ plan: { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'x.ova' }, mode: 'Lukewarm' } }))
+    writeFileSync(
+      planFile,
+      JSON.stringify({ plan: { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'x.ova' }, mode: 'Lukewarm' } }),
+    )
     const r = await cli(['plan', 'submit', planFile])
     expect(r.code).toBe(1)
     expect(r.stderr).toStartWith('E_MIG_INVALID_PLAN: ')
@@ -210,7 +230,12 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
     expect(double.runs.map((r) => r.job_id)).toEqual([BACKUP_JOB])
 
     // Environment only, trusting the self-signed certificate by its pinned fingerprint.
-    const env = { MIGRATOR_BACKUP_URL: double.url, MIGRATOR_BACKUP_USER: 'hostadmin', MIGRATOR_BACKUP_PASSWORD: 'B4ckup!pw', MIGRATOR_BACKUP_FINGERPRINT: double.fingerprint256 }
+    const env = {
+      MIGRATOR_BACKUP_URL: double.url,
+      MIGRATOR_BACKUP_USER: 'hostadmin',
+      MIGRATOR_BACKUP_PASSWORD: 'B4ckup!pw',
+      MIGRATOR_BACKUP_FINGERPRINT: double.fingerprint256,
+    }
     const runJson = await runCli(['--json', 'backup', 'run', BACKUP_JOB, '--wait', '--timeout', '10'], { env })
     expect(runJson.code).toBe(0)
     const out = ndjson(runJson.stdout)
@@ -219,7 +244,9 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
 
     const points = await runCli(['--json', 'backup', 'restore-points'], { env: { ...env, MIGRATOR_BACKUP_FINGERPRINT: '', MIGRATOR_BACKUP_INSECURE: '1' } })
     expect(points.code).toBe(0)
-    expect(JSON.parse(points.stdout)).toEqual(double.points.map((p) => ({ id: p.id, run_id: p.run_id, job_id: p.job_id, created_at: p.created_at, quiesced: true })))
+    expect(JSON.parse(points.stdout)).toEqual(
+      double.points.map((p) => ({ id: p.id, run_id: p.run_id, job_id: p.job_id, created_at: p.created_at, quiesced: true })),
+    )
     const table = await runCli(['backup', ...flags, 'restore-points'])
     expect(table.stdout.trimEnd().split('\n')).toEqual([
       expect.stringMatching(/^ID\s+RUN\s+JOB\s+QUIESCED\s+CREATED$/),
@@ -240,7 +267,18 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
     expect(creds.stderr).toStartWith('E_MIG_AUTH_FAILED: ')
 
     // The global --user/--password are the backup API's credentials when no --backup-user is given.
-    const globalCreds = await runCli(['--user', 'hostadmin', '--password', 'B4ckup!pw', '--json', 'backup', '--backup-url', double.url, '--backup-insecure', 'restore-points'])
+    const globalCreds = await runCli([
+      '--user',
+      'hostadmin',
+      '--password',
+      'B4ckup!pw',
+      '--json',
+      'backup',
+      '--backup-url',
+      double.url,
+      '--backup-insecure',
+      'restore-points',
+    ])
     expect(globalCreds.code).toBe(0)
     expect(JSON.parse(globalCreds.stdout)).toHaveLength(double.points.length)
 

@@ -42,7 +42,10 @@ describe('migrator doctor and --url', () => {
   test('the server logs the failing check at start-up, with its fix', async () => {
     const deadline = Date.now() + 60_000
     while (!srv.stdout().includes('pre-flight check default-bridge failed') && Date.now() < deadline) await Bun.sleep(200)
-    const lines = srv.stdout().split('\n').filter((l) => l.includes('pre-flight check default-bridge failed'))
+    const lines = srv
+      .stdout()
+      .split('\n')
+      .filter((l) => l.includes('pre-flight check default-bridge failed'))
     expect(lines.length).toBe(1)
     expect(JSON.parse(lines[0])).toMatchObject({ level: 50, check: 'default-bridge', fix: expect.stringContaining('ip link add i13-nobr9 type bridge') })
   }, 70_000)

@@ -92,7 +92,10 @@ describe('migrator CLI: import, watch, cancel against a real server and libvirt'
     const states = lines.filter((l) => l.startsWith('state: ')).map((l) => l.slice(7))
     expect(states.at(-1)).toBe('Completed')
     expect(states).toContain('Starting')
-    for (let i = 1; i < states.length; i++) expect(['Queued', 'CopyingFull', 'Starting', 'Completed'].indexOf(states[i]!)).toBeGreaterThan(['Queued', 'CopyingFull', 'Starting', 'Completed'].indexOf(states[i - 1]!))
+    for (let i = 1; i < states.length; i++)
+      expect(['Queued', 'CopyingFull', 'Starting', 'Completed'].indexOf(states[i]!)).toBeGreaterThan(
+        ['Queued', 'CopyingFull', 'Starting', 'Completed'].indexOf(states[i - 1]!),
+      )
     expect(lines).toContain(`migration ${id} Completed`)
 
     const job = (await call(srv.base, 'GET', `/migrations/${id}`)).body

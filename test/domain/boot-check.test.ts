@@ -40,7 +40,9 @@ describe('checkBoot', () => {
     const err = await thrown(() => checkBoot({ virsh: v, name: 'vm2', graceSeconds: 5, timeoutSeconds: 5, pollMs: 20, serialLogPath: log }))
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
-    expect(err.message).toContain('domain vm2 did not boot: the domain crashed (a guest kernel panic reported by its pvpanic device, or qemu died); state shut off (crashed)')
+    expect(err.message).toContain(
+      'domain vm2 did not boot: the domain crashed (a guest kernel panic reported by its pvpanic device, or qemu died); state shut off (crashed)',
+    )
     expect(err.details.state).toBe('shut off')
     expect(err.details.reason).toBe('crashed')
     expect(err.details.serial_tail).toEqual(Array.from({ length: 20 }, (_, i) => `line ${i + 11}`))
@@ -51,13 +53,31 @@ describe('checkBoot', () => {
     const log = path.join(tmp.dir, 'marker.log')
     writeFileSync(log, 'SeaBIOS\n')
     setTimeout(() => appendFileSync(log, 'BOOT-MARKER-7\n'), 200)
-    const ok = await checkBoot({ virsh: scripted([RUNNING]), name: 'vm3', graceSeconds: 0, timeoutSeconds: 5, pollMs: 25, serialLogPath: log, expectSerial: /BOOT-MARKER-7/g })
+    const ok = await checkBoot({
+      virsh: scripted([RUNNING]),
+      name: 'vm3',
+      graceSeconds: 0,
+      timeoutSeconds: 5,
+      pollMs: 25,
+      serialLogPath: log,
+      expectSerial: /BOOT-MARKER-7/g,
+    })
     expect(ok.serialMatched).toBe(true)
 
     const silent = path.join(tmp.dir, 'silent.log')
     writeFileSync(silent, 'Booting from Hard Disk...\n')
     const t0 = Date.now()
-    const err = await thrown(() => checkBoot({ virsh: scripted([RUNNING]), name: 'vm4', graceSeconds: 0.1, timeoutSeconds: 0.4, pollMs: 25, serialLogPath: silent, expectSerial: /BOOT-MARKER-7/ }))
+    const err = await thrown(() =>
+      checkBoot({
+        virsh: scripted([RUNNING]),
+        name: 'vm4',
+        graceSeconds: 0.1,
+        timeoutSeconds: 0.4,
+        pollMs: 25,
+        serialLogPath: silent,
+        expectSerial: /BOOT-MARKER-7/,
+      }),
+    )
     expect(Date.now() - t0).toBeGreaterThanOrEqual(400)
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
@@ -67,9 +87,14 @@ describe('checkBoot', () => {
 
   test('evidence: a failure on the serial console fails at once, with its reason, long before the timeout', async () => {
     const log = path.join(tmp.dir, 'initramfs.log')
-    writeFileSync(log, 'Begin: Running /scripts/local-block ... done.\r\nGave up waiting for root file system device.\r\nALERT!  UUID=1234 does not exist.  Dropping to a shell!\r\n(initramfs) ')
+    writeFileSync(
+      log,
+      'Begin: Running /scripts/local-block ... done.\r\nGave up waiting for root file system device.\r\nALERT!  UUID=1234 does not exist.  Dropping to a shell!\r\n(initramfs) ',
+    )
     const t0 = Date.now()
-    const err = await thrown(() => checkBoot({ virsh: scripted([RUNNING]), name: 'vm6', graceSeconds: 1, timeoutSeconds: 30, pollMs: 25, serialLogPath: log, expectEvidence: true }))
+    const err = await thrown(() =>
+      checkBoot({ virsh: scripted([RUNNING]), name: 'vm6', graceSeconds: 1, timeoutSeconds: 30, pollMs: 25, serialLogPath: log, expectEvidence: true }),
+    )
     expect(Date.now() - t0).toBeLessThan(1000)
     expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
     expect(err.details.why).toBe('the kernel could not find its root device UUID=1234 (initramfs gave up waiting for it)')
@@ -78,7 +103,15 @@ describe('checkBoot', () => {
   test('evidence: a login prompt verifies the boot; silence ends unverified (grace only, or the timeout when the guest is known to use the serial console)', async () => {
     const log = path.join(tmp.dir, 'login.log')
     writeFileSync(log, 'Debian GNU/Linux 12 guest ttyS0\r\n\r\nguest login: ')
-    const ok = await checkBoot({ virsh: scripted([RUNNING]), name: 'vm7', graceSeconds: 0.1, timeoutSeconds: 30, pollMs: 25, serialLogPath: log, expectEvidence: true })
+    const ok = await checkBoot({
+      virsh: scripted([RUNNING]),
+      name: 'vm7',
+      graceSeconds: 0.1,
+      timeoutSeconds: 30,
+      pollMs: 25,
+      serialLogPath: log,
+      expectEvidence: true,
+    })
     expect([ok.verified, ok.evidence]).toEqual([true, 'a login prompt on the serial console'])
 
     const quiet = path.join(tmp.dir, 'quiet.log')
@@ -89,7 +122,15 @@ describe('checkBoot', () => {
     expect(grace.verified).toBe(false)
     expect(grace.evidence).toContain('no boot evidence the migrator can read')
     t0 = Date.now()
-    const waited = await checkBoot({ virsh: scripted([RUNNING]), name: 'vm9', graceSeconds: 0.1, timeoutSeconds: 0.5, pollMs: 25, serialLogPath: quiet, expectEvidence: true })
+    const waited = await checkBoot({
+      virsh: scripted([RUNNING]),
+      name: 'vm9',
+      graceSeconds: 0.1,
+      timeoutSeconds: 0.5,
+      pollMs: 25,
+      serialLogPath: quiet,
+      expectEvidence: true,
+    })
     expect(Date.now() - t0).toBeGreaterThanOrEqual(500)
     expect(waited.verified).toBe(false)
     expect(waited.evidence).toContain('its serial console showed neither a boot nor a failure')

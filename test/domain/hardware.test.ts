@@ -90,7 +90,16 @@ describe('chooseHardware', () => {
   })
 
   test('not inspected, no OS, Windows: the family defaults, no serial evidence expected', () => {
-    const skipped = chooseHardware({ ...linux(), inspected: false, skipped: 'the boot disk has no partition table nor file system', layout: { partitioned: false, filesystem: false, biosBootCode: true } }, 'linux', BIOS)
+    const skipped = chooseHardware(
+      {
+        ...linux(),
+        inspected: false,
+        skipped: 'the boot disk has no partition table nor file system',
+        layout: { partitioned: false, filesystem: false, biosBootCode: true },
+      },
+      'linux',
+      BIOS,
+    )
     expect([skipped.disk_bus, skipped.nic_model, skipped.serialConsole]).toEqual(['virtio-blk', 'virtio', false])
     expect(skipped.reason).toContain('not inspected (the boot disk has no partition table nor file system)')
     expect(chooseHardware(null, 'unknown', BIOS).disk_bus).toBe('sata')
@@ -115,15 +124,23 @@ describe('classifySerial', () => {
       'BusyBox v1.35.0 (Debian 1:1.35.0-4+b3) built-in shell (ash)',
       '(initramfs) ',
     ].join('\r\n')
-    expect(classifySerial(initramfs)).toEqual({ verdict: 'failed', why: 'the kernel could not find its root device UUID=00000000-dead-beef-0000-000000000000 (initramfs gave up waiting for it)' })
+    expect(classifySerial(initramfs)).toEqual({
+      verdict: 'failed',
+      why: 'the kernel could not find its root device UUID=00000000-dead-beef-0000-000000000000 (initramfs gave up waiting for it)',
+    })
     expect(classifySerial('BusyBox\n(initramfs) ')!.why).toBe('the guest dropped to the initramfs shell')
-    expect(classifySerial('[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n')!.why).toBe('the guest kernel panicked: VFS: Unable to mount root fs on unknown-block(0,0)')
+    expect(classifySerial('[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n')!.why).toBe(
+      'the guest kernel panicked: VFS: Unable to mount root fs on unknown-block(0,0)',
+    )
     expect(classifySerial('You are in emergency mode. After logging in, type "journalctl -xb"')!.verdict).toBe('failed')
     expect(classifySerial('No bootable device.\n')!.why).toBe('the firmware found no bootable disk')
   })
 
   test('successes: a login prompt, systemd multi-user target; nothing recognizable is null', () => {
-    expect(classifySerial('Debian GNU/Linux 12 migrator-guest ttyS0\r\n\r\nmigrator-guest login: ')).toEqual({ verdict: 'booted', why: 'a login prompt on the serial console' })
+    expect(classifySerial('Debian GNU/Linux 12 migrator-guest ttyS0\r\n\r\nmigrator-guest login: ')).toEqual({
+      verdict: 'booted',
+      why: 'a login prompt on the serial console',
+    })
     expect(classifySerial('[  OK  ] Reached target \x1b[0;1;39mmulti-user.target\x1b[0m - Multi-User System.')!.verdict).toBe('booted')
     expect(classifySerial('SeaBIOS (version 1.16.2-debian-1.16.2-1)\nBooting from Hard Disk...\nMIGRATOR-E2E-BOOT\n')).toBeNull()
     // A failure wins over a later-looking success line.
@@ -154,12 +171,25 @@ describe('inspection helpers', () => {
       '}',
       "menuentry 'old' { linux /boot/vmlinuz-6.1.0-40-amd64 root=/dev/sda1 }",
     ].join('\n')
-    expect(grubDefaultEntry(cfg)).toEqual({ kernel: '/boot/vmlinuz-6.1.0-50-amd64', version: '6.1.0-50-amd64', cmdline: `root=UUID=${ROOT_UUID} ro console=ttyS0,115200n8`, initrd: '/boot/initrd.img-6.1.0-50-amd64' })
+    expect(grubDefaultEntry(cfg)).toEqual({
+      kernel: '/boot/vmlinuz-6.1.0-50-amd64',
+      version: '6.1.0-50-amd64',
+      cmdline: `root=UUID=${ROOT_UUID} ro console=ttyS0,115200n8`,
+      initrd: '/boot/initrd.img-6.1.0-50-amd64',
+    })
     expect(grubDefaultEntry('set timeout=5\n')).toBeNull()
     expect(parseFstab('# comment\nUUID=x / ext4 errors=remount-ro 0 1\n\n/dev/sdb1\t/data xfs defaults 0 2\n')).toEqual([
       { spec: 'UUID=x', mountpoint: '/', type: 'ext4' },
       { spec: '/dev/sdb1', mountpoint: '/data', type: 'xfs' },
     ])
-    expect(moduleNames(['usr/lib/modules/6.1.0/kernel/drivers/scsi/vmw_pvscsi.ko', 'kernel/drivers/ata/ahci.ko.xz: kernel/drivers/ata/libahci.ko.xz', 'kernel/fs/ext4/ext4.ko.zst', 'etc/modprobe.d', 'kernel/drivers/net/virtio-net.ko'])).toEqual(['ahci', 'ext4', 'virtio_net', 'vmw_pvscsi'])
+    expect(
+      moduleNames([
+        'usr/lib/modules/6.1.0/kernel/drivers/scsi/vmw_pvscsi.ko',
+        'kernel/drivers/ata/ahci.ko.xz: kernel/drivers/ata/libahci.ko.xz',
+        'kernel/fs/ext4/ext4.ko.zst',
+        'etc/modprobe.d',
+        'kernel/drivers/net/virtio-net.ko',
+      ]),
+    ).toEqual(['ahci', 'ext4', 'virtio_net', 'vmw_pvscsi'])
   })
 })

@@ -33,7 +33,14 @@ afterAll(async () => {
 
 /** A one-disk BIOS Linux manifest named `<PREFIX><suffix>`, 64 MiB of memory, one NIC on user networking. */
 function vm(suffix: string, over = {}) {
-  return manifest({ name: PREFIX + suffix, memory_bytes: 64 << 20, cpu: { count: 1, cores_per_socket: 1 }, disks: [disk('boot', 8 << 20)], nics: [{ label: 'n', mac: '52:54:00:ab:cd:01', model: 'virtio', network: 'VM Network' }], ...over })
+  return manifest({
+    name: PREFIX + suffix,
+    memory_bytes: 64 << 20,
+    cpu: { count: 1, cores_per_socket: 1 },
+    disks: [disk('boot', 8 << 20)],
+    nics: [{ label: 'n', mac: '52:54:00:ab:cd:01', model: 'virtio', network: 'VM Network' }],
+    ...over,
+  })
 }
 
 async function dispose(name: string): Promise<void> {
@@ -98,7 +105,15 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     makePowerOffBootDisk(img, 'MIG-GOING-DOWN', 8 << 20)
     const serial = path.join(tmp.dir, 'off.serial.log')
     const err = await thrown(() =>
-      defineAndStart({ virsh, manifest: vm('off'), volumes: [{ label: 'boot', path: img }], domainType: 'qemu', defaultBridge: null, serialLogPath: serial, bootCheck: { graceSeconds: 5, timeoutSeconds: 5 } }),
+      defineAndStart({
+        virsh,
+        manifest: vm('off'),
+        volumes: [{ label: 'boot', path: img }],
+        domainType: 'qemu',
+        defaultBridge: null,
+        serialLogPath: serial,
+        bootCheck: { graceSeconds: 5, timeoutSeconds: 5 },
+      }),
     )
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
@@ -115,7 +130,15 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     makeBootDisk(img, 'MIG-DUP', 8 << 20)
     const names: string[] = []
     for (let i = 0; i < 3; i++) {
-      const r = await defineAndStart({ virsh, manifest: vm('x'), plan: { name: `${PREFIX}dup`, start: false }, volumes: [{ label: 'boot', path: img }], domainType: 'qemu', defaultBridge: null, serialLogPath: path.join(tmp.dir, 'dup.log') })
+      const r = await defineAndStart({
+        virsh,
+        manifest: vm('x'),
+        plan: { name: `${PREFIX}dup`, start: false },
+        volumes: [{ label: 'boot', path: img }],
+        domainType: 'qemu',
+        defaultBridge: null,
+        serialLogPath: path.join(tmp.dir, 'dup.log'),
+      })
       expect(r.started).toBe(false)
       expect(r.boot).toBeNull()
       names.push(r.name)
@@ -135,7 +158,15 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     // Same name, another UUID: libvirt refuses to redefine.
     const img = path.join(tmp.dir, 'rej.img')
     makeBootDisk(img, 'MIG-REJ', 8 << 20)
-    const first = await defineAndStart({ virsh, manifest: vm('rej'), plan: { start: false }, volumes: [{ label: 'boot', path: img }], domainType: 'qemu', defaultBridge: null, serialLogPath: path.join(tmp.dir, 'rej.log') })
+    const first = await defineAndStart({
+      virsh,
+      manifest: vm('rej'),
+      plan: { start: false },
+      volumes: [{ label: 'boot', path: img }],
+      domainType: 'qemu',
+      defaultBridge: null,
+      serialLogPath: path.join(tmp.dir, 'rej.log'),
+    })
     const dumped = (await virsh.run(['dumpxml', '--domain', first.name])).stdout
     const clash = await thrown(() => virsh.define(dumped.replace(first.uuid, '00000000-1111-4222-8333-444444444444')))
     expect(clash).toBeInstanceOf(MigError)
@@ -144,7 +175,16 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     await dispose(first.name)
 
     // A volume that does not exist never reaches libvirt.
-    const missing = await thrown(() => defineAndStart({ virsh, manifest: vm('gone'), volumes: [{ label: 'boot', path: path.join(tmp.dir, 'nope.img') }], domainType: 'qemu', defaultBridge: null, serialLogPath: path.join(tmp.dir, 'g.log') }))
+    const missing = await thrown(() =>
+      defineAndStart({
+        virsh,
+        manifest: vm('gone'),
+        volumes: [{ label: 'boot', path: path.join(tmp.dir, 'nope.img') }],
+        domainType: 'qemu',
+        defaultBridge: null,
+        serialLogPath: path.join(tmp.dir, 'g.log'),
+      }),
+    )
     expect(missing).toBeInstanceOf(MigError)
     expect(missing.code).toBe('E_MIG_DOMAIN_DEFINE_FAILED')
     expect(await virsh.exists(`${PREFIX}gone`)).toBe(false)
@@ -154,7 +194,15 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     const img = path.join(tmp.dir, 'vanish.img')
     makeBootDisk(img, 'MIG-VANISH', 8 << 20)
     const serial = path.join(tmp.dir, 'vanish.log')
-    const r = await defineAndStart({ virsh, manifest: vm('vanish'), plan: { start: false }, volumes: [{ label: 'boot', path: img }], domainType: 'qemu', defaultBridge: null, serialLogPath: serial })
+    const r = await defineAndStart({
+      virsh,
+      manifest: vm('vanish'),
+      plan: { start: false },
+      volumes: [{ label: 'boot', path: img }],
+      domainType: 'qemu',
+      defaultBridge: null,
+      serialLogPath: serial,
+    })
     const { rmSync } = await import('node:fs')
     rmSync(img)
     const err = await thrown(() => virsh.start(r.name))

@@ -44,7 +44,13 @@ describe('boot check on a real guest stuck in its initramfs', () => {
       const err = await thrown(() =>
         defineAndStart({
           virsh,
-          manifest: manifest({ name: `${PREFIX}virtio`, memory_bytes: 768 << 20, cpu: { count: 1, cores_per_socket: 1 }, disks: [disk('boot', 2 << 30)], nics: [] }),
+          manifest: manifest({
+            name: `${PREFIX}virtio`,
+            memory_bytes: 768 << 20,
+            cpu: { count: 1, cores_per_socket: 1 },
+            disks: [disk('boot', 2 << 30)],
+            nics: [],
+          }),
           volumes: [{ label: 'boot', path: img, bus: 'virtio' }],
           domainType: 'qemu',
           defaultBridge: null,

@@ -40,7 +40,12 @@ function build(over: Partial<DomainXmlInput> = {}): { xml: string; dom: any } {
   expect(r.error?.message ?? null).toBeNull()
   expect(`${r.stdout}${r.stderr}`.trim()).toBe(`${f} validates`)
   expect(r.status).toBe(0)
-  const dom = new XMLParser({ ignoreAttributes: false, attributeNamePrefix: '', isArray: (name) => ['disk', 'interface'].includes(name), processEntities: true }).parse(xml).domain
+  const dom = new XMLParser({
+    ignoreAttributes: false,
+    attributeNamePrefix: '',
+    isArray: (name) => ['disk', 'interface'].includes(name),
+    processEntities: true,
+  }).parse(xml).domain
   return { xml, dom }
 }
 
@@ -141,9 +146,15 @@ describe('buildDomainXml', () => {
 
   test('Windows guest: SATA disks, e1000 NICs, localtime clock, Hyper-V enlightenments only under KVM', () => {
     const m = manifest({ guest_os: { family: 'windows', id: 'windows2019srv_64Guest' }, disks: [disk('C'), disk('D')] })
-    const vols = [{ label: 'C', path: '/dev/zvol/t/C' }, { label: 'D', path: '/dev/zvol/t/D' }]
+    const vols = [
+      { label: 'C', path: '/dev/zvol/t/C' },
+      { label: 'D', path: '/dev/zvol/t/D' },
+    ]
     const tcg = build({ manifest: m, volumes: vols }).dom
-    expect(tcg.devices.disk.map((d: any) => d.target)).toEqual([{ dev: 'sda', bus: 'sata' }, { dev: 'sdb', bus: 'sata' }])
+    expect(tcg.devices.disk.map((d: any) => d.target)).toEqual([
+      { dev: 'sda', bus: 'sata' },
+      { dev: 'sdb', bus: 'sata' },
+    ])
     expect(tcg.devices.interface[0].model.type).toBe('e1000')
     expect(tcg.clock.offset).toBe('localtime')
     expect(tcg.features.hyperv).toBeUndefined()
@@ -175,9 +186,24 @@ describe('buildDomainXml', () => {
     })
     const d = dom.devices.disk
     expect(d.map((x: any) => x.type)).toEqual(['block', 'file', 'file', 'block'])
-    expect(d.map((x: any) => x.source)).toEqual([{ dev: '/dev/zvol/t/boot' }, { file: '/var/lib/mig/volumes/j1/data.img' }, { file: '/var/lib/mig/volumes/j1/logs.img' }, { dev: '/dev/loop7' }])
-    expect(d.map((x: any) => x.target)).toEqual([{ dev: 'vda', bus: 'virtio' }, { dev: 'vdb', bus: 'virtio' }, { dev: 'vdc', bus: 'virtio' }, { dev: 'sda', bus: 'scsi' }])
-    expect(d.map((x: any) => [x.driver.cache, x.driver.io])).toEqual([['none', 'native'], ['writeback', 'threads'], ['none', 'native'], ['none', 'native']])
+    expect(d.map((x: any) => x.source)).toEqual([
+      { dev: '/dev/zvol/t/boot' },
+      { file: '/var/lib/mig/volumes/j1/data.img' },
+      { file: '/var/lib/mig/volumes/j1/logs.img' },
+      { dev: '/dev/loop7' },
+    ])
+    expect(d.map((x: any) => x.target)).toEqual([
+      { dev: 'vda', bus: 'virtio' },
+      { dev: 'vdb', bus: 'virtio' },
+      { dev: 'vdc', bus: 'virtio' },
+      { dev: 'sda', bus: 'scsi' },
+    ])
+    expect(d.map((x: any) => [x.driver.cache, x.driver.io])).toEqual([
+      ['none', 'native'],
+      ['writeback', 'threads'],
+      ['none', 'native'],
+      ['none', 'native'],
+    ])
     expect(d.map((x: any) => x.boot?.order ?? null)).toEqual(['1', null, null, null])
     expect(dom.devices.controller).toEqual({ type: 'scsi', index: '0', model: 'virtio-scsi' })
   })
@@ -192,7 +218,12 @@ describe('buildDomainXml', () => {
         { label: 'e', mac: '00:50:56:aa:bb:01', model: 'e1000', network: 'Prod' }, // duplicate: dropped
       ],
     })
-    const plan = { networks: [{ source: 'Prod', bridge: 'br-prod' }, { source: 'Prod', bridge: 'br-other' }] }
+    const plan = {
+      networks: [
+        { source: 'Prod', bridge: 'br-prod' },
+        { source: 'Prod', bridge: 'br-other' },
+      ],
+    }
     const withDefault = build({ manifest: m, plan, defaultBridge: 'vmbr0' }).dom.devices.interface
     expect(withDefault.map((i: any) => [i.type, i.source?.bridge ?? null, i.mac?.address ?? null])).toEqual([
       ['bridge', 'br-prod', '00:50:56:aa:bb:01'],
@@ -245,9 +276,18 @@ describe('buildDomainXml', () => {
 
   test('IDE override selects the i440FX machine (q35 has no IDE)', () => {
     const m = manifest({ guest_os: { family: 'other', id: 'dos' }, disks: [disk('a'), disk('b')] })
-    const { dom } = build({ manifest: m, volumes: [{ label: 'a', path: '/dev/zvol/t/a', bus: 'ide' }, { label: 'b', path: '/dev/zvol/t/b', bus: 'ide' }] })
+    const { dom } = build({
+      manifest: m,
+      volumes: [
+        { label: 'a', path: '/dev/zvol/t/a', bus: 'ide' },
+        { label: 'b', path: '/dev/zvol/t/b', bus: 'ide' },
+      ],
+    })
     expect(dom.os.type.machine).toBe('pc')
-    expect(dom.devices.disk.map((d: any) => d.target)).toEqual([{ dev: 'hda', bus: 'ide' }, { dev: 'hdb', bus: 'ide' }])
+    expect(dom.devices.disk.map((d: any) => d.target)).toEqual([
+      { dev: 'hda', bus: 'ide' },
+      { dev: 'hdb', bus: 'ide' },
+    ])
   })
 
   test('invalid inputs: E_MIG_DOMAIN_DEFINE_FAILED', async () => {
@@ -257,9 +297,18 @@ describe('buildDomainXml', () => {
       [{ volumes: [{ label: 'x', path: '/var/../etc/x' }] }, /not a clean absolute path/],
       [{ serialLogPath: '/tmp/a\nb' }, /serial log: not a clean absolute path/],
       [{ uuid: 'not-a-uuid' }, /invalid domain uuid/],
-      [{ manifest: manifest({ firmware: 'efi', secure_boot: true }), volumes: [{ label: 'x', path: '/dev/x', bus: 'ide' }] }, /secure boot needs the q35 machine/],
+      [
+        { manifest: manifest({ firmware: 'efi', secure_boot: true }), volumes: [{ label: 'x', path: '/dev/x', bus: 'ide' }] },
+        /secure boot needs the q35 machine/,
+      ],
       [{ defaultBridge: 'br0 ; rm' }, /invalid bridge name/],
-      [{ manifest: manifest({ disks: Array.from({ length: 65 }, (_, i) => disk(`d${i}`)) }), volumes: Array.from({ length: 65 }, (_, i) => ({ label: `d${i}`, path: `/dev/d${i}` })) }, /too many disks/],
+      [
+        {
+          manifest: manifest({ disks: Array.from({ length: 65 }, (_, i) => disk(`d${i}`)) }),
+          volumes: Array.from({ length: 65 }, (_, i) => ({ label: `d${i}`, path: `/dev/d${i}` })),
+        },
+        /too many disks/,
+      ],
     ]
     for (const [over, re] of cases) {
       const err = await thrown(() => build(over))
@@ -272,7 +321,17 @@ describe('buildDomainXml', () => {
 
 describe('helpers', () => {
   test('targetDevName spells device names like libvirt', () => {
-    expect([0, 1, 25, 26, 27, 51, 52, 701, 702].map((i) => targetDevName('vd', i))).toEqual(['vda', 'vdb', 'vdz', 'vdaa', 'vdab', 'vdaz', 'vdba', 'vdzz', 'vdaaa'])
+    expect([0, 1, 25, 26, 27, 51, 52, 701, 702].map((i) => targetDevName('vd', i))).toEqual([
+      'vda',
+      'vdb',
+      'vdz',
+      'vdaa',
+      'vdab',
+      'vdaz',
+      'vdba',
+      'vdzz',
+      'vdaaa',
+    ])
     expect(targetDevName('sd', 2)).toBe('sdc')
   })
 

@@ -30,9 +30,27 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
     const boot = makeBootDisk(path.join(t.dir, `${name}-boot.raw`), 'I16-BULK', 16 * MiB).path
     const data = makeRawImage(path.join(t.dir, `${name}-data.raw`), 2 * MiB, name.length)
     const files = [await putVmdk(v, name, name, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
-    return v.createVm({ name, guest_id: 'debian10_64Guest', firmware: 'bios', num_cpu: 1, memory_mb: 128, cbt: true, power_on: true, disks: [{ file: files[0], capacity_bytes: 16 * MiB }, { file: files[1], capacity_bytes: 2 * MiB }] })
+    return v.createVm({
+      name,
+      guest_id: 'debian10_64Guest',
+      firmware: 'bios',
+      num_cpu: 1,
+      memory_mb: 128,
+      cbt: true,
+      power_on: true,
+      disks: [
+        { file: files[0], capacity_bytes: 16 * MiB },
+        { file: files[1], capacity_bytes: 2 * MiB },
+      ],
+    })
   }
-  const live = (vmId: string, name: string, mode: 'Cold' | 'Warm' = 'Cold') => ({ source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId }, mode, name, start: false })
+  const live = (vmId: string, name: string, mode: 'Cold' | 'Warm' = 'Cold') => ({
+    source: { Live: 'vim_api' },
+    source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId },
+    mode,
+    name,
+    start: false,
+  })
 
   async function waitPlan(id: string, pred: (p: any) => boolean, timeoutMs = 150_000): Promise<any> {
     const deadline = Date.now() + timeoutMs
@@ -50,7 +68,12 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
     mkdirSync(path.join(dataDir, 'imports'), { recursive: true })
     v = await startVcsim({ cbtPage: 4 * MiB })
     // the copy is capped so that each live job runs a few seconds and the limit shows
-    srv = await startServer('bun', dataDir, { MIGRATOR_MAX_JOBS: '4', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024), MIGRATOR_DELTA_CONVERGE_BYTES: String(512 * 1024), MIGRATOR_DELTA_MAX_PASSES: '2' })
+    srv = await startServer('bun', dataDir, {
+      MIGRATOR_MAX_JOBS: '4',
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024),
+      MIGRATOR_DELTA_CONVERGE_BYTES: String(512 * 1024),
+      MIGRATOR_DELTA_MAX_PASSES: '2',
+    })
     sourceId = await registerVcsim(srv.base, v)
   }, 300_000)
 
@@ -73,7 +96,17 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
         { key: 'db', plan: live(ids.db, 'i16-db') },
         { key: 'solo', plan: live(ids.solo, 'i16-solo') },
         { key: 'bad', plan: live(ids.bad, 'i16-bad', 'Warm') },
-        { key: 'report', plan: { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: path.relative(path.join(dataDir, 'imports'), report.path) }, mode: 'Cold', name: 'i16-report', start: false }, depends_on: ['bad'] },
+        {
+          key: 'report',
+          plan: {
+            source: { Offline: 'qcow2' },
+            source_ref: { kind: 'offline_host_path', path: path.relative(path.join(dataDir, 'imports'), report.path) },
+            mode: 'Cold',
+            name: 'i16-report',
+            start: false,
+          },
+          depends_on: ['bad'],
+        },
       ],
     }
     const created = await call(srv.base, 'POST', '/plans', body)
@@ -90,7 +123,13 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
     expect(maxLive).toBeLessThanOrEqual(2)
     expect(end.state).toBe('Blocked')
     const byKey = Object.fromEntries(end.vms.map((x: any) => [x.key, x]))
-    expect([byKey.db.state, byKey.app.state, byKey.solo.state, byKey.bad.state, byKey.report.state]).toEqual(['Completed', 'Completed', 'Completed', 'Failed', 'Queued'])
+    expect([byKey.db.state, byKey.app.state, byKey.solo.state, byKey.bad.state, byKey.report.state]).toEqual([
+      'Completed',
+      'Completed',
+      'Completed',
+      'Failed',
+      'Queued',
+    ])
     expect([byKey.report.blocked_by, byKey.app.blocked_by, byKey.report.depends_on]).toEqual([['bad'], [], ['bad']])
     expect(end.counts).toEqual({ queued: 0, running: 0, completed: 3, failed: 1, cancelled: 0, blocked: 1 })
     const job = async (k: string) => (await call(srv.base, 'GET', `/migrations/${byKey[k].job_id}`)).body
@@ -128,7 +167,14 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
   test("shared cutover: the plan's warm VMs wait together and cut over on one POST /plans/:id/cutover", async () => {
     const a = await makeVm('i16-wa')
     const b = await makeVm('i16-wb')
-    const created = await call(srv.base, 'POST', '/plans', { cutover: { mode: 'manual' }, precopy_interval_seconds: 1, vms: [{ key: 'wa', plan: live(a, 'i16-wa', 'Warm') }, { key: 'wb', plan: live(b, 'i16-wb', 'Warm') }] })
+    const created = await call(srv.base, 'POST', '/plans', {
+      cutover: { mode: 'manual' },
+      precopy_interval_seconds: 1,
+      vms: [
+        { key: 'wa', plan: live(a, 'i16-wa', 'Warm') },
+        { key: 'wb', plan: live(b, 'i16-wb', 'Warm') },
+      ],
+    })
     expect(created.status).toBe(201)
     const id = created.body.id
     const early = await call(srv.base, 'POST', `/plans/${id}/cutover`.replace(id, '00000000-0000-4000-8000-000000000000'))
@@ -153,14 +199,34 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
     const vmPlan = live('vm-1', 'x')
     const cases: Array<[unknown, string]> = [
       [{ vms: [{ key: 'a', plan: vmPlan, depends_on: ['zz'] }] }, 'vms.0.depends_on.0'],
-      [{ vms: [{ key: 'a', plan: vmPlan, depends_on: ['b'] }, { key: 'b', plan: vmPlan, depends_on: ['a'] }] }, 'vms.0.depends_on'],
-      [{ vms: [{ key: 'a', plan: vmPlan }, { key: 'a', plan: vmPlan }] }, 'vms.1.key'],
+      [
+        {
+          vms: [
+            { key: 'a', plan: vmPlan, depends_on: ['b'] },
+            { key: 'b', plan: vmPlan, depends_on: ['a'] },
+          ],
+        },
+        'vms.0.depends_on',
+      ],
+      [
+        {
+          vms: [
+            { key: 'a', plan: vmPlan },
+            { key: 'a', plan: vmPlan },
+          ],
+        },
+        'vms.1.key',
+      ],
       [{ vms: [{ key: 'a', plan: { ...vmPlan, mode: 'Hot' } }] }, 'vms.0.plan.mode'],
       [{ vms: [] }, 'vms'],
     ]
     for (const [body, p] of cases) {
       const r = await call(srv.base, 'POST', '/plans', body)
-      expect([r.status, r.body.error.code, r.body.error.details.issues.map((i: any) => i.path)]).toEqual([400, 'E_MIG_INVALID_PLAN', expect.arrayContaining([p])])
+      expect([r.status, r.body.error.code, r.body.error.details.issues.map((i: any) => i.path)]).toEqual([
+        400,
+        'E_MIG_INVALID_PLAN',
+        expect.arrayContaining([p]),
+      ])
     }
     expect((await call(srv.base, 'GET', '/plans')).body.items.every((p: any) => p.vms.length > 0)).toBe(true)
   })

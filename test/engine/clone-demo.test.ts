@@ -40,7 +40,12 @@ describe('a clone in a 0700 directory runs the main job to a booted guest', () =
     symlinkSync(path.join(REPO, 'node_modules'), path.join(clone, 'node_modules'))
     await ensureLibvirt()
 
-    const env: Record<string, string> = { ...(process.env as Record<string, string>), MIGRATOR_APPLIANCE: appliance, MIGRATOR_LISTEN: `127.0.0.1:${await freePort()}`, MIGRATOR_DEMO_NAME: vmName }
+    const env: Record<string, string> = {
+      ...(process.env as Record<string, string>),
+      MIGRATOR_APPLIANCE: appliance,
+      MIGRATOR_LISTEN: `127.0.0.1:${await freePort()}`,
+      MIGRATOR_DEMO_NAME: vmName,
+    }
     for (const k of ['MIGRATOR_DATA_DIR', 'MIGRATOR_IMPORT_ROOT', 'MIGRATOR_BASE_PATH']) delete env[k]
     const child = spawn(path.join(clone, 'node_modules/.bin/bun'), ['demo/main-job.ts'], { cwd: clone, env, stdio: ['ignore', 'pipe', 'pipe'] })
     let out = ''
@@ -52,7 +57,10 @@ describe('a clone in a 0700 directory runs the main job to a booted guest', () =
     expect(out).toContain(`migrator: data in ${dataDir}`)
     expect(out).toMatch(/state: Completed/)
     // The guest the demo reports is running on this host, its disks under /var/lib/<appliance>.
-    const domain = execFileSync('virsh', ['-c', 'qemu:///system', 'list', '--name'], { encoding: 'utf8' }).split('\n').map((s) => s.trim()).find((n) => n.startsWith(vmName))
+    const domain = execFileSync('virsh', ['-c', 'qemu:///system', 'list', '--name'], { encoding: 'utf8' })
+      .split('\n')
+      .map((s) => s.trim())
+      .find((n) => n.startsWith(vmName))
     expect(domain).toBeDefined()
     expect(execFileSync('virsh', ['-c', 'qemu:///system', 'domstate', domain!], { encoding: 'utf8' }).trim()).toBe('running')
     expect(execFileSync('virsh', ['-c', 'qemu:///system', 'domblklist', domain!], { encoding: 'utf8' })).toContain(`${dataDir}/volumes/migrations/`)

@@ -28,7 +28,11 @@ function qemuNbdServing(dir: string, tool = 'qemu-nbd'): number[] {
   // qemu reads its input through a descriptor (/dev/fd/3, /proc/<pid>/fd/N): match by open files.
   let pids: number[]
   try {
-    pids = execFileSync('pgrep', ['-x', tool.split(' ')[0]!], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
+    pids = execFileSync('pgrep', ['-x', tool.split(' ')[0]!], { encoding: 'utf8' })
+      .trim()
+      .split('\n')
+      .filter(Boolean)
+      .map(Number)
   } catch {
     return []
   }
@@ -65,7 +69,6 @@ function randomImage(file: string, size: number, dataBytes: number): string {
   execFileSync('truncate', ['-s', String(size), file])
   return file
 }
-
 
 describe('engine faults (real server, worker processes, file sink)', () => {
   const t = tempDir('mig-faults-')
@@ -144,7 +147,11 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     for (let i = 1; i < 20; i++) copyFileSync(first.path, path.join(importRoot, 'many', `many-${i}.qcow2`))
     const stream = openStream(srv.base)
     await stream.ready
-    const jobs = await Promise.all(Array.from({ length: 20 }, (_, i) => submit(srv.base, offlinePlan('qcow2', i ? `many/many-${i}.qcow2` : 'many/many.qcow2', { name: `${PREFIX}many-${i}`, start: false }))))
+    const jobs = await Promise.all(
+      Array.from({ length: 20 }, (_, i) =>
+        submit(srv.base, offlinePlan('qcow2', i ? `many/many-${i}.qcow2` : 'many/many.qcow2', { name: `${PREFIX}many-${i}`, start: false })),
+      ),
+    )
     const done = await Promise.all(jobs.map((j) => waitJob(srv.base, j.id, undefined, 110_000)))
     stream.close()
     expect(done.map((j) => j.state)).toEqual(Array(20).fill('Completed'))
@@ -194,7 +201,7 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot })
     try {
       const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}full`, start: false }))
-      await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' || j.status !== 'running' && j.status !== 'queued', 60_000)
+      await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' || (j.status !== 'running' && j.status !== 'queued'), 60_000)
       // Another writer takes every free block while the copy runs (SLOW caps it at 48 MiB/s, and
       // 192 MiB of data are to be written); ext4 keeps what fallocate got when it hits ENOSPC.
       const volumes = path.join(d, 'volumes')

@@ -171,7 +171,12 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
     fd.append('file', new Blob([readFileSync(input.path)]), 'up.ova')
     const up = await (await fetch(`${srv.base}/uploads?sha256=${fileSha256(input.path)}`, { method: 'POST', body: fd })).json()
     expect(up.status).toBe('ready')
-    const job = await submit(srv.base, { source: { Offline: 'ova_archive' }, source_ref: { kind: 'upload', upload_id: up.id }, mode: 'Cold', name: `${PREFIX}upload` })
+    const job = await submit(srv.base, {
+      source: { Offline: 'ova_archive' },
+      source_ref: { kind: 'upload', upload_id: up.id },
+      mode: 'Cold',
+      name: `${PREFIX}upload`,
+    })
     const done = await waitJob(srv.base, job.id)
     expect(done.state).toBe('Completed')
     expect(fileSha256(volumePath(t.dir, job.id, done.progress.disks[0].label))).toBe(fileSha256(boot))

@@ -36,10 +36,29 @@ describe('live paths against the vCenter simulator', () => {
     const a = makeRawImage(path.join(t.dir, `${name}-a.raw`), 4 * MiB, 5)
     const b = makeRawImage(path.join(t.dir, `${name}-b.raw`), 2 * MiB, 6)
     const files = [await putVmdk(v, name, name, a, 'flat'), await putVmdk(v, name, `${name}_1`, b, 'sparse')]
-    const id = await v.createVm({ name, guest_id: guestId, firmware: 'bios', num_cpu: 1, memory_mb: 128, cbt: true, power_on: true, disks: [{ file: files[0], capacity_bytes: 4 * MiB }, { file: files[1], capacity_bytes: 2 * MiB }] })
+    const id = await v.createVm({
+      name,
+      guest_id: guestId,
+      firmware: 'bios',
+      num_cpu: 1,
+      memory_mb: 128,
+      cbt: true,
+      power_on: true,
+      disks: [
+        { file: files[0], capacity_bytes: 4 * MiB },
+        { file: files[1], capacity_bytes: 2 * MiB },
+      ],
+    })
     return { id, files }
   }
-  const plan = (s: RunningServer, vmId: string, name: string, mode: 'Cold' | 'Warm', extra: Record<string, unknown> = {}) => ({ source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: sources.get(s)!, vm_id: vmId }, mode, name, start: false, ...extra })
+  const plan = (s: RunningServer, vmId: string, name: string, mode: 'Cold' | 'Warm', extra: Record<string, unknown> = {}) => ({
+    source: { Live: 'vim_api' },
+    source_ref: { kind: 'live_vm', source_id: sources.get(s)!, vm_id: vmId },
+    mode,
+    name,
+    start: false,
+    ...extra,
+  })
 
   beforeAll(async () => {
     chmodSync(t.dir, 0o755)
@@ -47,11 +66,22 @@ describe('live paths against the vCenter simulator', () => {
     writeFileSync(iso, 'not really an ISO: the test double never opens it')
     const double = path.join(t.dir, 'virt-v2v-in-place-test-double')
     // records its command line and the libvirt XML it was given (the last argument), then succeeds
-    writeFileSync(double, `#!/bin/bash\n# TEST DOUBLE of virt-v2v-in-place: records the call and succeeds.\necho "argv: $*" >> ${JSON.stringify(record)}\ncat "\${@: -1}" >> ${JSON.stringify(record)}\necho "[   1.0] Finishing off"\nexit 0\n`, { mode: 0o755 })
+    writeFileSync(
+      double,
+      `#!/bin/bash\n# TEST DOUBLE of virt-v2v-in-place: records the call and succeeds.\necho "argv: $*" >> ${JSON.stringify(record)}\ncat "\${@: -1}" >> ${JSON.stringify(record)}\necho "[   1.0] Finishing off"\nexit 0\n`,
+      { mode: 0o755 },
+    )
     v = await startVcsim({ cbtPage: 4 * MiB })
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
-    const env = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024), MIGRATOR_V2V_BINARY: double, MIGRATOR_VIRTIO_WIN_ISO: iso, MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB), MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '2' }
+    const env = {
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024),
+      MIGRATOR_V2V_BINARY: double,
+      MIGRATOR_VIRTIO_WIN_ISO: iso,
+      MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB),
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+      MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '2',
+    }
     srv = await startServer('bun', t.dir, env)
     keep = await startServer('bun', path.join(t.dir, 'keep'), { ...env, MIGRATOR_KEEP_ON_CANCEL: '1' })
     for (const s of [srv, keep]) sources.set(s, await registerVcsim(s.base, v))
@@ -138,7 +168,15 @@ describe('live paths against the vCenter simulator', () => {
     stream.close()
     expect([done.status, done.last_error]).toEqual(['completed', null])
     const states = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state)
-    expect(states.filter((s, i) => s !== states[i - 1])).toEqual(['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'V2vProcessing', 'Starting', 'Completed'])
+    expect(states.filter((s, i) => s !== states[i - 1])).toEqual([
+      'Queued',
+      'CopyingFull',
+      'DeltaSyncing',
+      'CuttingOver',
+      'V2vProcessing',
+      'Starting',
+      'Completed',
+    ])
     // the tool ran (once) over the job's volumes after the cutover's final delta
     const calls = readFileSync(record, 'utf8')
     expect(calls.match(/^argv: /gm)?.length).toBe(1)

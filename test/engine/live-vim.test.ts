@@ -43,7 +43,21 @@ describe('live vim_api migrations through the HTTP API', () => {
     const boot = makeBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
     const data = makeRawImage(path.join(t.dir, `${name}-data.raw`), 8 * MiB, name.length)
     const files = [await putVmdk(v, name, `${name}`, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
-    const id = await v.createVm({ name, guest_id: 'debian10_64Guest', firmware: 'bios', num_cpu: 1, memory_mb: 128, cbt, delta_snapshots: deltaSnapshots, power_on: true, disks: [{ file: files[0], capacity_bytes: 16 * MiB }, { file: files[1], capacity_bytes: 8 * MiB }], nics: [{ mac: '00:50:56:01:02:03' }] })
+    const id = await v.createVm({
+      name,
+      guest_id: 'debian10_64Guest',
+      firmware: 'bios',
+      num_cpu: 1,
+      memory_mb: 128,
+      cbt,
+      delta_snapshots: deltaSnapshots,
+      power_on: true,
+      disks: [
+        { file: files[0], capacity_bytes: 16 * MiB },
+        { file: files[1], capacity_bytes: 8 * MiB },
+      ],
+      nics: [{ mac: '00:50:56:01:02:03' }],
+    })
     return { id, files }
   }
 
@@ -55,7 +69,13 @@ describe('live vim_api migrations through the HTTP API', () => {
     }
   }
 
-  const livePlan = (vmId: string, mode: 'Cold' | 'Warm', name: string, start = false) => ({ source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId }, mode, name, start })
+  const livePlan = (vmId: string, mode: 'Cold' | 'Warm', name: string, start = false) => ({
+    source: { Live: 'vim_api' },
+    source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId },
+    mode,
+    name,
+    start,
+  })
 
   beforeAll(async () => {
     chmodSync(t.dir, 0o755)
@@ -67,7 +87,14 @@ describe('live vim_api migrations through the HTTP API', () => {
       MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB),
       MIGRATOR_DELTA_MAX_PASSES: '3',
     })
-    const s = await call(srv.base, 'POST', '/sources', { name: 'vcsim', kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } })
+    const s = await call(srv.base, 'POST', '/sources', {
+      name: 'vcsim',
+      kind: 'vim_api',
+      endpoint: v.url,
+      username: v.username,
+      password: v.password,
+      tls: { thumbprint: v.thumbprint },
+    })
     expect(s.status).toBe(201)
     sourceId = s.body.id
   }, 120_000)
@@ -87,7 +114,7 @@ describe('live vim_api migrations through the HTTP API', () => {
     const done = await waitJob(srv.base, job.id)
     // CBT is on: only the allocated areas (changeId "*") came over the datastore interface, not
     // the 16 MiB flat boot disk whole
-    expect(await v.folderBytes() - servedBefore).toBeLessThan(8 * MiB)
+    expect((await v.folderBytes()) - servedBefore).toBeLessThan(8 * MiB)
     expect([done.status, done.state, done.effective_mode, done.last_error]).toEqual(['completed', 'Completed', 'Cold', null])
     expect(done.domain).toBe('migvim-cold')
     expect(done.progress.bytes_total).toBe(24 * MiB)
@@ -124,7 +151,7 @@ describe('live vim_api migrations through the HTTP API', () => {
       stream.close()
       // the full pass read the allocated areas only, the delta passes the changed ones: far less
       // than the 24 MiB of the two disks
-      expect(await v.folderBytes() - servedBefore).toBeLessThan(12 * MiB)
+      expect((await v.folderBytes()) - servedBefore).toBeLessThan(12 * MiB)
       expect([done.status, done.state, done.effective_mode, done.last_error]).toEqual(['completed', 'Completed', 'Warm', null])
       const states = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state)
       expect(states.filter((s, i) => s !== states[i - 1])).toEqual(['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'Starting', 'Completed'])
@@ -151,7 +178,7 @@ describe('live vim_api migrations through the HTTP API', () => {
     const done = await waitJob(srv.base, job.id)
     expect([done.status, done.effective_mode, done.last_error?.code, done.last_error?.fatal]).toEqual(['completed', 'Cold', 'E_MIG_CBT_UNSUPPORTED', false])
     // without CBT nothing tells the allocated areas: the flat boot disk is read whole
-    expect(await v.folderBytes() - servedBefore).toBeGreaterThanOrEqual(16 * MiB)
+    expect((await v.folderBytes()) - servedBefore).toBeGreaterThanOrEqual(16 * MiB)
     expectBitExact(job.id, vm.files)
     const state = await v.vm(vm.id)
     expect([state.snapshots, state.snapshots_taken, state.power_state]).toEqual([[], 1, 'poweredOff'])
@@ -172,11 +199,27 @@ describe('live vim_api migrations through the HTTP API', () => {
 
   test('a worker killed on its last attempt: the job is given up (E_MIG_INTERNAL) and the supervisor removes its snapshot from the VM', async () => {
     const vm = await makeVm('migvim-crash', true)
-    const s2 = await startServer('bun', path.join(t.dir, 'crash-server'), { MIGRATOR_MAX_ATTEMPTS: '1', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(256 * 1024) })
+    const s2 = await startServer('bun', path.join(t.dir, 'crash-server'), {
+      MIGRATOR_MAX_ATTEMPTS: '1',
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(256 * 1024),
+    })
     try {
-      const src = await call(s2.base, 'POST', '/sources', { name: 'vcsim', kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } })
+      const src = await call(s2.base, 'POST', '/sources', {
+        name: 'vcsim',
+        kind: 'vim_api',
+        endpoint: v.url,
+        username: v.username,
+        password: v.password,
+        tls: { thumbprint: v.thumbprint },
+      })
       expect(src.status).toBe(201)
-      const job = await submit(s2.base, { source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vm.id }, mode: 'Cold', name: 'migvim-crash', start: false })
+      const job = await submit(s2.base, {
+        source: { Live: 'vim_api' },
+        source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vm.id },
+        mode: 'Cold',
+        name: 'migvim-crash',
+        start: false,
+      })
       await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' && j.progress.bytes_done > 0, 60_000)
       expect((await v.vm(vm.id)).snapshots.length).toBe(1)
       process.kill(workerPid(job.id)!, 'SIGKILL')

@@ -72,15 +72,35 @@ describe('jobs under the Node server and Node workers', () => {
     try {
       const raw = makeRawImage(path.join(t.dir, 'live.raw'), 8 * MiB, 11)
       const file = await putVmdk(v, 'nodevm', 'nodevm', raw, 'flat')
-      const vmId = await v.createVm({ name: 'nodevm', guest_id: 'debian10_64Guest', cbt: true, delta_snapshots: true, power_on: true, disks: [{ file, capacity_bytes: 8 * MiB }] })
+      const vmId = await v.createVm({
+        name: 'nodevm',
+        guest_id: 'debian10_64Guest',
+        cbt: true,
+        delta_snapshots: true,
+        power_on: true,
+        disks: [{ file, capacity_bytes: 8 * MiB }],
+      })
       // before the delta pass (below the default 64 MiB threshold: converged), then before the cutover's final snapshot
       await v.scheduleWrites(vmId, [
         { before_snapshot: 1, file, offset: 2 * MiB, length: 2 * MiB, pattern: 0x21 },
         { before_snapshot: 2, file, offset: 64 * 1024, length: 64 * 1024, pattern: 0x31 },
       ])
-      const src = await call(srv.base, 'POST', '/sources', { name: 'vcsim-node', kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } })
+      const src = await call(srv.base, 'POST', '/sources', {
+        name: 'vcsim-node',
+        kind: 'vim_api',
+        endpoint: v.url,
+        username: v.username,
+        password: v.password,
+        tls: { thumbprint: v.thumbprint },
+      })
       expect(src.status).toBe(201)
-      const job = await submit(srv.base, { source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vmId }, mode: 'Warm', name: `${PREFIX}live`, start: false })
+      const job = await submit(srv.base, {
+        source: { Live: 'vim_api' },
+        source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vmId },
+        mode: 'Warm',
+        name: `${PREFIX}live`,
+        start: false,
+      })
       let sawNode = false
       const done = await waitJob(srv.base, job.id, (j) => {
         const pid = workerPid(job.id)
@@ -103,7 +123,11 @@ describe('jobs under the Node server and Node workers', () => {
   test('cancel mid-copy under Node: Cancelled, destination removed, no worker left', async () => {
     const big = makeRawImage(path.join(t.dir, 'big.raw'), 256 * MiB, 9)
     buildInput('qcow2', importRoot, 'slow', [big])
-    const s2 = await startServer('node', path.join(t.dir, 'second'), { MIGRATOR_IMPORT_ROOT: importRoot, MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(MiB) })
+    const s2 = await startServer('node', path.join(t.dir, 'second'), {
+      MIGRATOR_IMPORT_ROOT: importRoot,
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(MiB),
+      MIGRATOR_FLUSH_EVERY_BYTES: String(MiB),
+    })
     try {
       const job = await submit(s2.base, offlinePlan('qcow2', 'slow/slow.qcow2', { name: `${PREFIX}cancel`, start: false }))
       await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' && j.progress.bytes_done > 0, 60_000)

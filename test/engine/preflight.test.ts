@@ -89,7 +89,10 @@ describe('checks before the copy', () => {
     expect(existsSync(path.join(dataDir, 'volumes', 'migrations', job.id))).toBe(false)
     // The doctor says the same at start-up and on GET /doctor.
     const report = await (await app.fetch(req('GET', '/doctor'))).json()
-    expect(report.checks.find((c: any) => c.id === 'qemu-access:volumes')).toMatchObject({ status: 'fail', fix: expect.stringContaining(`chmod o+x ${parent}`) })
+    expect(report.checks.find((c: any) => c.id === 'qemu-access:volumes')).toMatchObject({
+      status: 'fail',
+      fix: expect.stringContaining(`chmod o+x ${parent}`),
+    })
   }, 150_000)
 
   test('a data dir that is itself 0700 (mktemp -d) is made reachable: search bits only', async () => {

@@ -53,7 +53,13 @@ describe('plan restore_point: the host backup runs before any destination write'
     rel = path.relative(importRoot, buildInput('qcow2', importRoot, 'rp-in', [boot]).path)
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
-    const common = { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_BOOT_GRACE_SECONDS: '1', MIGRATOR_BOOT_TIMEOUT_SECONDS: '30', MIGRATOR_BOOT_SERIAL_PATTERN: MARKER, MIGRATOR_BACKUP_URL: double.url }
+    const common = {
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+      MIGRATOR_BOOT_GRACE_SECONDS: '1',
+      MIGRATOR_BOOT_TIMEOUT_SECONDS: '30',
+      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+      MIGRATOR_BACKUP_URL: double.url,
+    }
     srv = await startServer('bun', t.dir, {
       ...common,
       MIGRATOR_BACKUP_USER: 'hostadmin',
@@ -89,7 +95,13 @@ describe('plan restore_point: the host backup runs before any destination write'
     expect(runs[0]!.job_id).toBe(OK_JOB)
     const point = double.points.find((p) => p.run_id === runs[0]!.run_id)!
     expect(point).toBeDefined()
-    expect(done.restore_point).toEqual({ backup_job_id: OK_JOB, run_id: runs[0]!.run_id, restore_point_id: point.id, quiesced: true, created_at: point.created_at })
+    expect(done.restore_point).toEqual({
+      backup_job_id: OK_JOB,
+      run_id: runs[0]!.run_id,
+      restore_point_id: point.id,
+      quiesced: true,
+      created_at: point.created_at,
+    })
     // The run, and the registration of its restore point, happened before the job entered CopyingFull.
     expect(runs[0]!.at).toBeLessThan(Date.parse(done.started_at))
     expect(Date.parse(point.created_at)).toBeLessThanOrEqual(Date.parse(done.started_at))
@@ -126,7 +138,11 @@ describe('plan restore_point: the host backup runs before any destination write'
 
   test('a backup run that fails (HTTP 500): Failed E_MIG_SNAPSHOT_FAILED before any write', async () => {
     const runsBefore = double.runs.length
-    const done = await expectStoppedBeforeWrites(t.dir, srv.base, offlinePlan('qcow2', rel, { name: `${PREFIX}fail`, restore_point: { backup_job_id: FAIL_JOB } }))
+    const done = await expectStoppedBeforeWrites(
+      t.dir,
+      srv.base,
+      offlinePlan('qcow2', rel, { name: `${PREFIX}fail`, restore_point: { backup_job_id: FAIL_JOB } }),
+    )
     expect(done.last_error.code).toBe('E_MIG_SNAPSHOT_FAILED')
     expect(done.last_error.fatal).toBe(true)
     expect(done.last_error.message).toContain(`run backup job ${FAIL_JOB}`)
@@ -137,14 +153,22 @@ describe('plan restore_point: the host backup runs before any destination write'
 
   test('a run that never registers its restore point within MIGRATOR_BACKUP_TIMEOUT_SECONDS: Failed E_MIG_SNAPSHOT_FAILED', async () => {
     const started = Date.now()
-    const done = await expectStoppedBeforeWrites(t.dir, srv.base, offlinePlan('qcow2', rel, { name: `${PREFIX}silent`, restore_point: { backup_job_id: SILENT_JOB } }))
+    const done = await expectStoppedBeforeWrites(
+      t.dir,
+      srv.base,
+      offlinePlan('qcow2', rel, { name: `${PREFIX}silent`, restore_point: { backup_job_id: SILENT_JOB } }),
+    )
     expect(done.last_error.code).toBe('E_MIG_SNAPSHOT_FAILED')
     expect(done.last_error.message).toMatch(/backup run run-\d+ registered no restore point within 2 s/)
     expect(Date.now() - started).toBeGreaterThanOrEqual(2000)
   }, 40_000)
 
   test('require_quiesced with a restore point that is not quiesced: Failed E_MIG_SNAPSHOT_FAILED', async () => {
-    const done = await expectStoppedBeforeWrites(t.dir, srv.base, offlinePlan('qcow2', rel, { name: `${PREFIX}unq`, restore_point: { backup_job_id: UNQUIESCED_JOB, require_quiesced: true } }))
+    const done = await expectStoppedBeforeWrites(
+      t.dir,
+      srv.base,
+      offlinePlan('qcow2', rel, { name: `${PREFIX}unq`, restore_point: { backup_job_id: UNQUIESCED_JOB, require_quiesced: true } }),
+    )
     expect(done.last_error.code).toBe('E_MIG_SNAPSHOT_FAILED')
     expect(done.last_error.message).toMatch(/restore point rp-\d+ of run run-\d+ is not quiesced/)
   }, 40_000)
@@ -160,7 +184,11 @@ describe('plan restore_point: the host backup runs before any destination write'
       MIGRATOR_IMPORT_ROOT: importRoot,
     })
     const unauthorizedBefore = double.unauthorized
-    const done = await expectStoppedBeforeWrites(dir2, badCreds.base, offlinePlan('qcow2', rel, { name: `${PREFIX}creds`, restore_point: { backup_job_id: OK_JOB } }))
+    const done = await expectStoppedBeforeWrites(
+      dir2,
+      badCreds.base,
+      offlinePlan('qcow2', rel, { name: `${PREFIX}creds`, restore_point: { backup_job_id: OK_JOB } }),
+    )
     expect(done.last_error.code).toBe('E_MIG_AUTH_FAILED')
     expect(done.last_error.message).toContain('credentials of hostadmin rejected (401)')
     expect(double.unauthorized).toBe(unauthorizedBefore + 1)

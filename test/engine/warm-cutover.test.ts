@@ -36,10 +36,25 @@ describe('warm cutover on command (vCenter simulator)', () => {
 
   /** A VM with a 16 MiB boot disk (flat; bootable unless `bootable` is false) and a 2 MiB sparse data disk. */
   async function makeVm(name: string, bootable = true): Promise<{ id: string; files: string[] }> {
-    const boot = bootable ? makeBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path : makeRawImage(path.join(t.dir, `${name}-boot.raw`), 16 * MiB, 7)
+    const boot = bootable
+      ? makeBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
+      : makeRawImage(path.join(t.dir, `${name}-boot.raw`), 16 * MiB, 7)
     const data = makeRawImage(path.join(t.dir, `${name}-data.raw`), 2 * MiB, name.length)
     const files = [await putVmdk(v, name, name, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
-    const id = await v.createVm({ name, guest_id: 'debian10_64Guest', firmware: 'bios', num_cpu: 1, memory_mb: 128, cbt: true, power_on: true, disks: [{ file: files[0], capacity_bytes: 16 * MiB }, { file: files[1], capacity_bytes: 2 * MiB }], nics: [{ mac: '00:50:56:01:16:01' }] })
+    const id = await v.createVm({
+      name,
+      guest_id: 'debian10_64Guest',
+      firmware: 'bios',
+      num_cpu: 1,
+      memory_mb: 128,
+      cbt: true,
+      power_on: true,
+      disks: [
+        { file: files[0], capacity_bytes: 16 * MiB },
+        { file: files[1], capacity_bytes: 2 * MiB },
+      ],
+      nics: [{ mac: '00:50:56:01:16:01' }],
+    })
     return { id, files }
   }
 
@@ -50,7 +65,14 @@ describe('warm cutover on command (vCenter simulator)', () => {
     }
   }
 
-  const plan = (s: RunningServer, vmId: string, name: string, extra: Record<string, unknown> = {}) => ({ source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: sourceIds.get(s)!, vm_id: vmId }, mode: 'Warm', name, start: false, ...extra })
+  const plan = (s: RunningServer, vmId: string, name: string, extra: Record<string, unknown> = {}) => ({
+    source: { Live: 'vim_api' },
+    source_ref: { kind: 'live_vm', source_id: sourceIds.get(s)!, vm_id: vmId },
+    mode: 'Warm',
+    name,
+    start: false,
+    ...extra,
+  })
 
   async function waitVm(id: string, pred: (s: Awaited<ReturnType<Vcsim['vm']>>) => boolean, timeoutMs = 30_000) {
     const deadline = Date.now() + timeoutMs
@@ -66,7 +88,13 @@ describe('warm cutover on command (vCenter simulator)', () => {
     v = await startVcsim({ cbtPage: 4 * MiB })
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
-    const boot = { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_BOOT_GRACE_SECONDS: '1', MIGRATOR_BOOT_TIMEOUT_SECONDS: '6', MIGRATOR_BOOT_SERIAL_PATTERN: MARKER, MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5' }
+    const boot = {
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+      MIGRATOR_BOOT_GRACE_SECONDS: '1',
+      MIGRATOR_BOOT_TIMEOUT_SECONDS: '6',
+      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+      MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5',
+    }
     srv = await startServer('bun', t.dir, { ...boot, MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB) })
     slow = await startServer('bun', path.join(t.dir, 'slow'), { ...boot, MIGRATOR_MAX_ATTEMPTS: '1', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024) })
     for (const s of [srv, slow]) sourceIds.set(s, await registerVcsim(s.base, v))
@@ -91,8 +119,17 @@ describe('warm cutover on command (vCenter simulator)', () => {
     const stream = openStream(srv.base)
     await stream.ready
     const job = await submit(srv.base, plan(srv, vm.id, 'i16-manual', { cutover: { mode: 'manual' }, precopy_interval_seconds: 1 }))
-    expect(job.cutover).toEqual({ mode: 'manual', at: null, precopy_interval_seconds: 1, requested_at: null, started_at: null, passes_total: 0, passes: [], projected_downtime: null })
-    const waiting = await waitJob(srv.base, job.id, (j) => j.cutover?.passes_total >= 3 || j.status !== 'running' && j.status !== 'queued', 90_000)
+    expect(job.cutover).toEqual({
+      mode: 'manual',
+      at: null,
+      precopy_interval_seconds: 1,
+      requested_at: null,
+      started_at: null,
+      passes_total: 0,
+      passes: [],
+      projected_downtime: null,
+    })
+    const waiting = await waitJob(srv.base, job.id, (j) => j.cutover?.passes_total >= 3 || (j.status !== 'running' && j.status !== 'queued'), 90_000)
     expect([waiting.state, waiting.status]).toEqual(['DeltaSyncing', 'running'])
     // the guest still runs: no shutdown while waiting
     expect((await v.vm(vm.id)).power_state).toBe('poweredOn')
@@ -166,7 +203,11 @@ describe('warm cutover on command (vCenter simulator)', () => {
    * delta pass copies about 2 s at 512 KiB/s), cut over with `command` after its first pass;
    * resolves once it is CuttingOver with the source shut down (the final delta running).
    */
-  async function inFinalDelta(name: string, pattern: number, command: (jobId: string) => Promise<void>): Promise<{ vm: { id: string; files: string[] }; job: any }> {
+  async function inFinalDelta(
+    name: string,
+    pattern: number,
+    command: (jobId: string) => Promise<void>,
+  ): Promise<{ vm: { id: string; files: string[] }; job: any }> {
     const vm = await makeVm(name)
     await v.scheduleWrites(vm.id, [{ before_snapshot: 1, every: true, file: vm.files[0], offset: 6 * MiB, length: MiB, pattern }])
     const job = await submit(slow.base, plan(slow, vm.id, name, { cutover: { mode: 'manual' }, precopy_interval_seconds: 1 }))
@@ -196,7 +237,9 @@ describe('warm cutover on command (vCenter simulator)', () => {
   }, 120_000)
 
   test('a worker SIGKILLed during the final delta, given up: the supervisor powers the source VM on and removes its snapshots', async () => {
-    const { vm, job } = await inFinalDelta('i16-kill', 0x60, async (id) => expect((await call(slow.base, 'POST', `/migrations/${id}/cutover`)).status).toBe(202))
+    const { vm, job } = await inFinalDelta('i16-kill', 0x60, async (id) =>
+      expect((await call(slow.base, 'POST', `/migrations/${id}/cutover`)).status).toBe(202),
+    )
     process.kill(workerPid(job.id)!, 'SIGKILL')
     const done = await waitJob(slow.base, job.id)
     expect([done.status, done.last_error.code]).toEqual(['failed', 'E_MIG_INTERNAL'])

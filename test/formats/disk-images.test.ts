@@ -313,7 +313,10 @@ describe('VDI (VirtualBox VDICore.h)', () => {
 
 describe('truncated headers (first 100 bytes) are E_MIG_MALFORMED_ARCHIVE', () => {
   test('qcow2', async () => {
-    await expectCode(readQcow2Header(truncatedCopy(path.join(CORPUS, 'vagrant-mutate/kvm-box-disk1.qcow2'), 100, path.join(ROOT, 't.qcow2'))), 'E_MIG_MALFORMED_ARCHIVE')
+    await expectCode(
+      readQcow2Header(truncatedCopy(path.join(CORPUS, 'vagrant-mutate/kvm-box-disk1.qcow2'), 100, path.join(ROOT, 't.qcow2'))),
+      'E_MIG_MALFORMED_ARCHIVE',
+    )
   })
   test('vhdx', async () => {
     await expectCode(readVhdxInfo(truncatedCopy(path.join(ROOT, 'fixed.vhdx'), 100, path.join(ROOT, 't.vhdx'))), 'E_MIG_MALFORMED_ARCHIVE')
@@ -342,7 +345,14 @@ function prng(seed: number): () => number {
  * Mutates 1-4 bytes inside `ranges` of a private copy of `src`, `rounds` times, calling `read`
  * each time; restores the bytes afterwards. Every outcome must be a MigError or pass `sane`.
  */
-async function fuzz(src: string, ranges: Array<[number, number]>, rounds: number, seed: number, read: (f: string) => Promise<unknown>, sane: (v: any) => boolean): Promise<{ ok: number; rejected: number }> {
+async function fuzz(
+  src: string,
+  ranges: Array<[number, number]>,
+  rounds: number,
+  seed: number,
+  read: (f: string) => Promise<unknown>,
+  sane: (v: any) => boolean,
+): Promise<{ ok: number; rejected: number }> {
   const f = path.join(ROOT, `fuzz-${path.basename(src)}`)
   copyFileSync(src, f)
   const rnd = prng(seed)
@@ -382,8 +392,17 @@ const saneSize = (max: number) => (v: any) => Number.isSafeInteger(v.virtual_siz
 
 describe('random header mutations: a MigError or sane values, never anything else', () => {
   test('qcow2 (header cluster of the corpus chain top)', async () => {
-    const r = await fuzz(path.join(ROOT, 'backing-chain-1.qcow2'), [[0, 120], [0x70, 0x240]], 400, 1, readQcow2Header, (v) =>
-      saneSize(QCOW2_MAX_VIRTUAL_SIZE)(v) && v.cluster_bits >= 9 && v.cluster_bits <= 21 && (v.backing_file === null || v.backing_file.length <= 1023))
+    const r = await fuzz(
+      path.join(ROOT, 'backing-chain-1.qcow2'),
+      [
+        [0, 120],
+        [0x70, 0x240],
+      ],
+      400,
+      1,
+      readQcow2Header,
+      (v) => saneSize(QCOW2_MAX_VIRTUAL_SIZE)(v) && v.cluster_bits >= 9 && v.cluster_bits <= 21 && (v.backing_file === null || v.backing_file.length <= 1023),
+    )
     expect(r.ok + r.rejected).toBe(400)
     expect(r.rejected).toBeGreaterThan(0)
   })
@@ -400,8 +419,20 @@ describe('random header mutations: a MigError or sane values, never anything els
     let metaOff = 0
     for (let i = 0; i < rt.readUInt32LE(8); i++) if (rt.readUInt32LE(16 + i * 32) === 0x8b7ca206) metaOff = Number(rt.readBigUInt64LE(16 + i * 32 + 16))
     expect(metaOff).toBeGreaterThan(0)
-    const r = await fuzz(src, [[0, 16], [64 * 1024, 64 * 1024 + 80], [192 * 1024, 192 * 1024 + 80], [metaOff, metaOff + 32 * 6], [metaOff + 64 * 1024, metaOff + 64 * 1024 + 64]], 400, 2, readVhdxInfo, (x) =>
-      saneSize(VHDX_MAX_VIRTUAL_SIZE)(x) && x.block_size >= MiB && x.block_size <= 256 * MiB && [512, 4096].includes(x.logical_sector_size))
+    const r = await fuzz(
+      src,
+      [
+        [0, 16],
+        [64 * 1024, 64 * 1024 + 80],
+        [192 * 1024, 192 * 1024 + 80],
+        [metaOff, metaOff + 32 * 6],
+        [metaOff + 64 * 1024, metaOff + 64 * 1024 + 64],
+      ],
+      400,
+      2,
+      readVhdxInfo,
+      (x) => saneSize(VHDX_MAX_VIRTUAL_SIZE)(x) && x.block_size >= MiB && x.block_size <= 256 * MiB && [512, 4096].includes(x.logical_sector_size),
+    )
     expect(r.ok).toBeGreaterThan(0)
     expect(r.rejected).toBeGreaterThan(0)
   })
@@ -409,8 +440,18 @@ describe('random header mutations: a MigError or sane values, never anything els
   test('vhd (footer copy, dynamic header, footer)', async () => {
     const src = path.join(ROOT, 'dyn.vhd')
     const size = statSync(src).size
-    const r = await fuzz(src, [[0, 512], [512, 1536], [size - 512, size]], 400, 3, readVhdInfo, (x) =>
-      saneSize(VHD_MAX_VIRTUAL_SIZE)(x) && ['fixed', 'dynamic', 'differencing'].includes(x.disk_type))
+    const r = await fuzz(
+      src,
+      [
+        [0, 512],
+        [512, 1536],
+        [size - 512, size],
+      ],
+      400,
+      3,
+      readVhdInfo,
+      (x) => saneSize(VHD_MAX_VIRTUAL_SIZE)(x) && ['fixed', 'dynamic', 'differencing'].includes(x.disk_type),
+    )
     expect(r.ok).toBeGreaterThan(0)
     expect(r.rejected).toBeGreaterThan(0)
   })
@@ -460,12 +501,15 @@ describe('qemu-img info', () => {
     const forced = await qemuImgInfo(wrapped, { offset: 1536, length: size - 100, format: 'qcow2' })
     expect(forced.virtual_size).toBe(4194304)
     expect(qemuInfoArgs(wrapped, { offset: 1536, length: 1000, format: 'qcow2' })).toEqual([
-      'info', '--output=json', '-U', '--image-opts',
+      'info',
+      '--output=json',
+      '-U',
+      '--image-opts',
       `driver=qcow2,file.driver=raw,file.offset=1536,file.size=1024,file.file.driver=file,file.file.filename=${wrapped.replace(',', ',,')}`,
     ])
   })
 
-  test('a failure is E_MIG_MALFORMED_ARCHIVE naming the file and qemu-img\'s first error line', async () => {
+  test("a failure is E_MIG_MALFORMED_ARCHIVE naming the file and qemu-img's first error line", async () => {
     const f = path.join(ROOT, 'no-such-file.qcow2')
     const err = await expectCode(qemuImgInfo(f), 'E_MIG_MALFORMED_ARCHIVE')
     expect(err.message).toStartWith(`${f}: qemu-img info failed: Could not open`)
@@ -483,7 +527,9 @@ describe('qemu-img info', () => {
     writeFileSync(slow, '#!/bin/sh\nexec sleep 30\n')
     chmodSync(slow, 0o755)
     const t0 = Date.now()
-    expect((await expectCode(qemuImgInfo(path.join(ROOT, 'v3.qcow2'), { qemuImg: slow, timeoutMs: 300 }), 'E_MIG_MALFORMED_ARCHIVE')).message).toContain('did not finish')
+    expect((await expectCode(qemuImgInfo(path.join(ROOT, 'v3.qcow2'), { qemuImg: slow, timeoutMs: 300 }), 'E_MIG_MALFORMED_ARCHIVE')).message).toContain(
+      'did not finish',
+    )
     expect(Date.now() - t0).toBeLessThan(5000)
     const chatty = path.join(OUT, 'chatty-qemu-img')
     writeFileSync(chatty, '#!/bin/sh\nexec yes\n')

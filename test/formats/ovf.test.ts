@@ -44,8 +44,12 @@ describe('corpus descriptors', () => {
       systemTypes: ['vmx-08'],
       cimId: 74,
       manifest: {
-        name: 'TestOva', guest_os: { family: 'windows', id: 'windows7_64Guest' }, firmware: 'bios', secure_boot: false,
-        cpu: { count: 1, cores_per_socket: 1 }, memory_bytes: 2 * GiB,
+        name: 'TestOva',
+        guest_os: { family: 'windows', id: 'windows7_64Guest' },
+        firmware: 'bios',
+        secure_boot: false,
+        cpu: { count: 1, cores_per_socket: 1 },
+        memory_bytes: 2 * GiB,
         disks: [{ label: 'Hard Disk 1', capacity_bytes: 32 * GiB, allocated_bytes: 1008926720, controller: 'scsi', address: '0:0' }],
         nics: [{ label: 'Ethernet 1', mac: null, model: 'e1000', network: 'VM Network' }],
       },
@@ -56,8 +60,12 @@ describe('corpus descriptors', () => {
       systemTypes: ['vmx-10'],
       cimId: 103,
       manifest: {
-        name: '2K8R2EESP1_2_Medium', guest_os: { family: 'windows', id: 'windows7Server64Guest' }, firmware: 'efi', secure_boot: false,
-        cpu: { count: 1, cores_per_socket: 1 }, memory_bytes: 1 * GiB,
+        name: '2K8R2EESP1_2_Medium',
+        guest_os: { family: 'windows', id: 'windows7Server64Guest' },
+        firmware: 'efi',
+        secure_boot: false,
+        cpu: { count: 1, cores_per_socket: 1 },
+        memory_bytes: 1 * GiB,
         disks: [{ label: 'Hard disk 1', capacity_bytes: 50 * GiB, allocated_bytes: 18975752192, controller: 'scsi', address: '0:0' }],
         nics: [{ label: 'Network adapter 1', mac: null, model: 'e1000', network: 'PG-VLAN60' }],
       },
@@ -68,8 +76,12 @@ describe('corpus descriptors', () => {
       systemTypes: ['vmx-13'],
       cimId: 101,
       manifest: {
-        name: 'haproxy', guest_os: { family: 'linux', id: 'other3xLinux64Guest' }, firmware: 'bios', secure_boot: false,
-        cpu: { count: 2, cores_per_socket: 2 }, memory_bytes: 4 * GiB,
+        name: 'haproxy',
+        guest_os: { family: 'linux', id: 'other3xLinux64Guest' },
+        firmware: 'bios',
+        secure_boot: false,
+        cpu: { count: 2, cores_per_socket: 2 },
+        memory_bytes: 4 * GiB,
         disks: [{ label: 'Hard Disk 1', capacity_bytes: 20 * GiB, allocated_bytes: 1287454720, controller: 'scsi', address: '0:0' }],
         // the Frontend NIC belongs to the non-default "frontend" deployment option
         nics: [
@@ -84,8 +96,12 @@ describe('corpus descriptors', () => {
       systemTypes: ['virtualbox-2.2'],
       cimId: 99,
       manifest: {
-        name: 'mutate-test', guest_os: { family: 'linux', id: 'Linux26' }, firmware: 'bios', secure_boot: false,
-        cpu: { count: 1, cores_per_socket: 1 }, memory_bytes: 256 * MiB,
+        name: 'mutate-test',
+        guest_os: { family: 'linux', id: 'Linux26' },
+        firmware: 'bios',
+        secure_boot: false,
+        cpu: { count: 1, cores_per_socket: 1 },
+        memory_bytes: 256 * MiB,
         disks: [{ label: 'disk1', capacity_bytes: 4 * MiB, controller: 'sata', address: '0:0' }],
         // MAC of the enabled adapter (slot 0) of the embedded vbox:Machine
         nics: [{ label: "Ethernet adapter on 'NAT'", mac: '08:00:27:55:b8:8d', model: 'e1000', network: 'NAT' }],
@@ -139,7 +155,12 @@ describe('corpus descriptors', () => {
 
   test('test-i-ova-formats.ovf: OperatingSystemSection Description and vmw:Config firmware', () => {
     const env = parseOvfEnvelope(readFileSync(path.join(CORPUS, 'virt-v2v/test-i-ova-formats.ovf'), 'utf8'), 'x')
-    expect(env.virtualSystem.os).toEqual({ cimId: 103, vmwOsType: 'windows7Server64Guest', vboxOsType: null, description: 'Microsoft Windows Server 2008 R2 (64-bit)' })
+    expect(env.virtualSystem.os).toEqual({
+      cimId: 103,
+      vmwOsType: 'windows7Server64Guest',
+      vboxOsType: null,
+      description: 'Microsoft Windows Server 2008 R2 (64-bit)',
+    })
     expect(env.virtualSystem.hardwareSections[0]!.config.get('firmware')).toBe('efi')
     expect(env.networks).toEqual([{ name: 'PG-VLAN60', description: 'The PG-VLAN60 network' }])
   })
@@ -195,7 +216,13 @@ describe('envelope details', () => {
     // ovf:size is in urn:not-ovf, so it is not the OVF size
     expect(env.files).toEqual([{ id: 'f', href: 'x.vmdk', size: null, compression: null, chunkSize: null }])
     const m = manifestOf(env)
-    expect(m).toMatchObject({ name: 'ns-vm', memory_bytes: 3 * GiB, firmware: 'efi', secure_boot: true, guest_os: { family: 'windows', id: 'windows9_64Guest' } })
+    expect(m).toMatchObject({
+      name: 'ns-vm',
+      memory_bytes: 3 * GiB,
+      firmware: 'efi',
+      secure_boot: true,
+      guest_os: { family: 'windows', id: 'windows9_64Guest' },
+    })
     expect(m.disks[0]).toMatchObject({ capacity_bytes: GiB, controller: 'unknown', address: '0:0' })
     expect(m.nics).toEqual([{ label: 'Ethernet 1', mac: '00:50:56:ab:cd:ef', model: 'vmxnet3', network: null }])
   })
@@ -241,9 +268,12 @@ describe('envelope details', () => {
   test('pickHardwareSection prefers vmx over a vendor section it cannot use', () => {
     const xen = `</VirtualHardwareSection><VirtualHardwareSection><Info>x</Info><System><vssd:VirtualSystemType>xen-3.0-x86_64</vssd:VirtualSystemType></System>
       <Item><rasd:InstanceID>1</rasd:InstanceID><rasd:ResourceType>3</rasd:ResourceType><rasd:VirtualQuantity>16</rasd:VirtualQuantity></Item>`
-    const xml = ovf({ extra: xen }).replace('<VirtualHardwareSection><Info>hw</Info>', `<VirtualHardwareSection><Info>x0</Info><System><vssd:VirtualSystemType>hyperv-5</vssd:VirtualSystemType></System>
+    const xml = ovf({ extra: xen }).replace(
+      '<VirtualHardwareSection><Info>hw</Info>',
+      `<VirtualHardwareSection><Info>x0</Info><System><vssd:VirtualSystemType>hyperv-5</vssd:VirtualSystemType></System>
       <Item><rasd:InstanceID>1</rasd:InstanceID><rasd:ResourceType>3</rasd:ResourceType><rasd:VirtualQuantity>8</rasd:VirtualQuantity></Item></VirtualHardwareSection>
-      <VirtualHardwareSection><Info>hw</Info>`)
+      <VirtualHardwareSection><Info>hw</Info>`,
+    )
     const env = parseOvfEnvelope(xml, 'multi.ovf')
     expect(env.virtualSystem.hardwareSections.map((s) => s.systemTypes[0])).toEqual(['hyperv-5', 'vmx-11', 'xen-3.0-x86_64'])
     expect(pickHardwareSection(env).systemTypes).toEqual(['vmx-11'])
@@ -255,8 +285,15 @@ describe('envelope details', () => {
       // biome-ignore lint/suspicious/noTemplateCurlyInString: an OVF property reference, not a JS template
       disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1" ovf:capacity="${disk.size}" ovf:capacityAllocationUnits="byte * 2^30"/>',
       extra: '',
-    }).replace('<VirtualHardwareSection>', '<ProductSection><Info>p</Info><Property ovf:key="disk.size" ovf:type="int" ovf:value="12"/></ProductSection><VirtualHardwareSection>')
-      .replace('<rasd:VirtualQuantity>4</rasd:VirtualQuantity>', '<rasd:VirtualQuantity>4</rasd:VirtualQuantity><vmw:CoresPerSocket ovf:required="false">2</vmw:CoresPerSocket>')
+    })
+      .replace(
+        '<VirtualHardwareSection>',
+        '<ProductSection><Info>p</Info><Property ovf:key="disk.size" ovf:type="int" ovf:value="12"/></ProductSection><VirtualHardwareSection>',
+      )
+      .replace(
+        '<rasd:VirtualQuantity>4</rasd:VirtualQuantity>',
+        '<rasd:VirtualQuantity>4</rasd:VirtualQuantity><vmw:CoresPerSocket ovf:required="false">2</vmw:CoresPerSocket>',
+      )
     const m = manifestOf(parseOvfEnvelope(xml, 'p.ovf'))
     expect(m.disks[0]!.capacity_bytes).toBe(12 * GiB)
     expect(m.cpu).toEqual({ count: 4, cores_per_socket: 2 })
@@ -264,8 +301,15 @@ describe('envelope details', () => {
 
   test('allocation units', () => {
     const table: [string | null, number][] = [
-      ['byte * 2^30', GiB], ['byte*2^20', MiB], ['byte * 1024 * 1024', MiB], ['MegaBytes', MiB], ['GB', GiB],
-      ['byte * 10^9', 1e9], ['byte', 1], [null, 7], ['bytes * 2^10', 1024],
+      ['byte * 2^30', GiB],
+      ['byte*2^20', MiB],
+      ['byte * 1024 * 1024', MiB],
+      ['MegaBytes', MiB],
+      ['GB', GiB],
+      ['byte * 10^9', 1e9],
+      ['byte', 1],
+      [null, 7],
+      ['bytes * 2^10', 1024],
     ]
     for (const [u, v] of table) expect(allocationUnitsMultiplier(u, 7, 'x')).toBe(v)
     for (const u of ['hertz * 10^6', 'byte * 2^99', 'byte / 2', 'percent']) {
@@ -302,7 +346,16 @@ describe('envelope details', () => {
   test('checkHref', async () => {
     expect(checkHref('disk1.vmdk', 'x')).toBe('disk1.vmdk')
     expect(checkHref('./sub//d.vmdk', 'x')).toBe('sub/d.vmdk')
-    for (const bad of ['../../etc/passwd', '/etc/passwd', 'http://evil/x.vmdk', 'file:///etc/shadow', 'C:\\disk.vmdk', 'a/%2e%2e/%2e%2e/b', 'sub/../../x', '']) {
+    for (const bad of [
+      '../../etc/passwd',
+      '/etc/passwd',
+      'http://evil/x.vmdk',
+      'file:///etc/shadow',
+      'C:\\disk.vmdk',
+      'a/%2e%2e/%2e%2e/b',
+      'sub/../../x',
+      '',
+    ]) {
       await expectMig(() => checkHref(bad, 'pkg.ovf'), 'E_MIG_HOST_PATH_REJECTED')
     }
   })
@@ -310,8 +363,11 @@ describe('envelope details', () => {
 
 describe('hostile descriptors', () => {
   test('XML bomb (entity expansion) is refused before parsing', async () => {
-    const bomb = `<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;"><!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">]>` +
-      ovf().replace(/^<\?xml[^>]*>/, '').replace('<Name>vm one</Name>', '<Name>&lol3;</Name>')
+    const bomb =
+      `<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;"><!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">]>` +
+      ovf()
+        .replace(/^<\?xml[^>]*>/, '')
+        .replace('<Name>vm one</Name>', '<Name>&lol3;</Name>')
     await expectMig(() => parseOvfEnvelope(bomb, 'bomb.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'bomb.ovf', 'DOCTYPE')
   })
 
@@ -328,7 +384,8 @@ describe('hostile descriptors', () => {
   test('__proto__ / constructor elements and attributes are ignored, nothing is polluted', () => {
     const xml = ovf({
       attrs: '__proto__="x" constructor="y"',
-      extra: '<__proto__ polluted="yes"><rasd:ResourceType>3</rasd:ResourceType></__proto__><vmw:Config vmw:key="__proto__" vmw:value="bad"/><constructor/><vmw:prototype/>',
+      extra:
+        '<__proto__ polluted="yes"><rasd:ResourceType>3</rasd:ResourceType></__proto__><vmw:Config vmw:key="__proto__" vmw:value="bad"/><constructor/><vmw:prototype/>',
     }).replace('<Name>vm one</Name>', '<Name>vm one</Name><prototype x="1"/>')
     const env = parseOvfEnvelope(xml, 'proto.ovf')
     expect(({} as Record<string, unknown>).polluted).toBeUndefined()
@@ -344,17 +401,55 @@ describe('hostile descriptors', () => {
   })
 
   test('not well-formed, wrong root, missing attributes, bad numbers', async () => {
-    await expectMig(() => parseOvfEnvelope(readFileSync(path.join(CORPUS, 'virt-v2v/test-i-ova.ovf'), 'utf8').slice(0, 3000), 'cut.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'cut.ovf', 'not well-formed')
-    await expectMig(() => parseOvfEnvelope('<?xml version="1.0"?><Foo xmlns="http://schemas.dmtf.org/ovf/envelope/1"/>', 'r.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'not an OVF Envelope')
+    await expectMig(
+      () => parseOvfEnvelope(readFileSync(path.join(CORPUS, 'virt-v2v/test-i-ova.ovf'), 'utf8').slice(0, 3000), 'cut.ovf'),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'cut.ovf',
+      'not well-formed',
+    )
+    await expectMig(
+      () => parseOvfEnvelope('<?xml version="1.0"?><Foo xmlns="http://schemas.dmtf.org/ovf/envelope/1"/>', 'r.ovf'),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'not an OVF Envelope',
+    )
     await expectMig(() => parseOvfEnvelope('<Envelope xmlns="urn:x"/>', 'n.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'namespace')
     await expectMig(() => parseOvfEnvelope('<Envelope xmlns="http://www.vmware.com/schema/ovf/1/envelope"/>', 'old.ovf'), 'E_MIG_UNSUPPORTED_FORMAT', 'OVF 0.9')
-    await expectMig(() => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1"/>' }), 'c.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'Disk d1: no ovf:capacity')
-    await expectMig(() => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1" ovf:capacity="-5"/>' }), 'c.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'not a non-negative integer')
-    await expectMig(() => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="nope" ovf:capacity="5"/>' }), 'c.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'names no References/File')
-    await expectMig(() => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1" ovf:capacity="99999999" ovf:capacityAllocationUnits="byte * 2^40"/>' }), 'c.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'out of range')
-    await expectMig(() => parseOvfEnvelope(ovf({ file: '<File ovf:href="a" ovf:id="f1" ovf:compression="bzip2"/>' }), 'c.ovf'), 'E_MIG_UNSUPPORTED_FORMAT', 'bzip2')
-    await expectMig(() => parseOvfEnvelope(ovf().replace('<rasd:InstanceID>1</rasd:InstanceID>', '<x:InstanceID>1</x:InstanceID>'), 'u.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'undeclared namespace prefix')
-    await expectMig(() => manifestOf(parseOvfEnvelope(ovf().replace('ovf:/disk/d1', 'ovf:/disk/zz'), 'h.ovf')), 'E_MIG_MALFORMED_ARCHIVE', 'names no DiskSection disk')
+    await expectMig(
+      () => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1"/>' }), 'c.ovf'),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'Disk d1: no ovf:capacity',
+    )
+    await expectMig(
+      () => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1" ovf:capacity="-5"/>' }), 'c.ovf'),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'not a non-negative integer',
+    )
+    await expectMig(
+      () => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="nope" ovf:capacity="5"/>' }), 'c.ovf'),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'names no References/File',
+    )
+    await expectMig(
+      () =>
+        parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1" ovf:capacity="99999999" ovf:capacityAllocationUnits="byte * 2^40"/>' }), 'c.ovf'),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'out of range',
+    )
+    await expectMig(
+      () => parseOvfEnvelope(ovf({ file: '<File ovf:href="a" ovf:id="f1" ovf:compression="bzip2"/>' }), 'c.ovf'),
+      'E_MIG_UNSUPPORTED_FORMAT',
+      'bzip2',
+    )
+    await expectMig(
+      () => parseOvfEnvelope(ovf().replace('<rasd:InstanceID>1</rasd:InstanceID>', '<x:InstanceID>1</x:InstanceID>'), 'u.ovf'),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'undeclared namespace prefix',
+    )
+    await expectMig(
+      () => manifestOf(parseOvfEnvelope(ovf().replace('ovf:/disk/d1', 'ovf:/disk/zz'), 'h.ovf')),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'names no DiskSection disk',
+    )
   })
 
   test('deep nesting is bounded', async () => {
@@ -386,13 +481,40 @@ describe('.mf manifest', () => {
   test('verification: match, mismatch, missing file, deferred large file', async () => {
     const files = new Map([
       ['small', { size: 10, digest: async () => h1 }],
-      ['large', { size: 65 * MiB, digest: async (): Promise<string> => { throw new Error('must not hash a large file at inspect') } }],
+      [
+        'large',
+        {
+          size: 65 * MiB,
+          digest: async (): Promise<string> => {
+            throw new Error('must not hash a large file at inspect')
+          },
+        },
+      ],
     ])
-    const res = await verifyOvfManifest([{ name: 'small', algorithm: 'sha1', hex: h1 }, { name: 'large', algorithm: 'sha256', hex: h256.toLowerCase() }], (n) => files.get(n) ?? null, { label: 'x.mf' })
+    const res = await verifyOvfManifest(
+      [
+        { name: 'small', algorithm: 'sha1', hex: h1 },
+        { name: 'large', algorithm: 'sha256', hex: h256.toLowerCase() },
+      ],
+      (n) => files.get(n) ?? null,
+      { label: 'x.mf' },
+    )
     expect(res.verified).toEqual(['small'])
     expect([...res.deferred]).toEqual([['large', { algorithm: 'sha256', hex: h256.toLowerCase() }]])
-    const err = await expectMig(() => verifyOvfManifest([{ name: 'small', algorithm: 'sha1', hex: 'f'.repeat(40) }], (n) => files.get(n) ?? null, { label: 'x.mf' }), 'E_MIG_MALFORMED_ARCHIVE', 'small', 'SHA1', 'f'.repeat(40), h1)
+    const err = await expectMig(
+      () => verifyOvfManifest([{ name: 'small', algorithm: 'sha1', hex: 'f'.repeat(40) }], (n) => files.get(n) ?? null, { label: 'x.mf' }),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'small',
+      'SHA1',
+      'f'.repeat(40),
+      h1,
+    )
     expect(err.details).toEqual({ file: 'small', algorithm: 'sha1', expected: 'f'.repeat(40), actual: h1 })
-    await expectMig(() => verifyOvfManifest([{ name: 'ghost.vmdk', algorithm: 'sha1', hex: h1 }], (n) => files.get(n) ?? null, { label: 'x.mf' }), 'E_MIG_MALFORMED_ARCHIVE', 'ghost.vmdk', 'not in the package')
+    await expectMig(
+      () => verifyOvfManifest([{ name: 'ghost.vmdk', algorithm: 'sha1', hex: h1 }], (n) => files.get(n) ?? null, { label: 'x.mf' }),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'ghost.vmdk',
+      'not in the package',
+    )
   })
 })

@@ -153,7 +153,10 @@ describe('archives written by GNU tar', () => {
   })
 
   test('maxMembers bounds the listing', async () => {
-    const file = build('gnu', ['m1', 'm2', 'm3'].map((n) => `many/${n}`))
+    const file = build(
+      'gnu',
+      ['m1', 'm2', 'm3'].map((n) => `many/${n}`),
+    )
     expect((await listTarMembers(file, { maxMembers: 3 })).length).toBe(3)
     const err = await thrown(() => listTarMembers(file, { maxMembers: 2 }))
     expect(err).toBeInstanceOf(MigError)
@@ -305,11 +308,15 @@ describe('readTarMember and hashRange', () => {
   test('hashRange matches node crypto over a 5 MiB range spanning several reads', async () => {
     const file = path.join(tmp.dir, 'hash.bin')
     const data = Buffer.alloc(6 * 1024 * 1024)
-    for (let i = 0; i < data.length; i += 4096) data.writeUInt32LE(i * 2654435761 >>> 0, i)
+    for (let i = 0; i < data.length; i += 4096) data.writeUInt32LE((i * 2654435761) >>> 0, i)
     writeFileSync(file, data)
     const [off, len] = [12345, 5 * 1024 * 1024 + 77]
     for (const alg of ['sha1', 'sha256', 'sha512'] as const) {
-      expect(await hashRange(file, off, len, alg)).toBe(createHash(alg).update(data.subarray(off, off + len)).digest('hex'))
+      expect(await hashRange(file, off, len, alg)).toBe(
+        createHash(alg)
+          .update(data.subarray(off, off + len))
+          .digest('hex'),
+      )
     }
     expect(await hashRange(file, 0, 0, 'sha256')).toBe(createHash('sha256').digest('hex'))
     const err = await thrown(() => hashRange(file, statSync(file).size - 10, 20, 'sha1'))

@@ -139,13 +139,21 @@ describe('parseVbox on the corpus (GOAD-DC01.vbox, VirtualBox 7.2, settings 1.19
 
   test('media registry: the differencing tree with its hand-added branch', () => {
     expect(m.media.size).toBe(5)
-    expect(m.media.get('0898f36f-01c3-4b43-8aeb-36ba7adaef95')).toEqual({ uuid: '0898f36f-01c3-4b43-8aeb-36ba7adaef95', location: 'WindowsServer2019-disk001.vmdk', format: 'VMDK', type: 'Normal', parent: null })
+    expect(m.media.get('0898f36f-01c3-4b43-8aeb-36ba7adaef95')).toEqual({
+      uuid: '0898f36f-01c3-4b43-8aeb-36ba7adaef95',
+      location: 'WindowsServer2019-disk001.vmdk',
+      format: 'VMDK',
+      type: 'Normal',
+      parent: null,
+    })
     expect(m.media.get('706a96fe-0e11-4985-af32-7561d26612d4')!.parent).toBe('35bf5129-1caa-4117-b20a-d73868d9d5d2')
     expect(m.media.get('35bf5129-1caa-4117-b20a-d73868d9d5d2')!.parent).toBe('0898f36f-01c3-4b43-8aeb-36ba7adaef95')
   })
 
   test('current state attaches the deepest child {e6800503}, chain down to the base (snapshots ignored)', () => {
-    expect(m.controllers).toEqual([{ name: 'IDE Controller', type: 'PIIX4', bus: 'ide', attachments: [{ port: 0, device: 0, imageUuid: 'e6800503-8273-4f16-b584-c7ba2c1df698' }] }])
+    expect(m.controllers).toEqual([
+      { name: 'IDE Controller', type: 'PIIX4', bus: 'ide', attachments: [{ port: 0, device: 0, imageUuid: 'e6800503-8273-4f16-b584-c7ba2c1df698' }] },
+    ])
     expect(vboxMediumChain(m, 'e6800503-8273-4f16-b584-c7ba2c1df698').map((x) => x.location)).toEqual([
       'Snapshots/{e6800503-8273-4f16-b584-c7ba2c1df698}.vmdk',
       'Snapshots/{3c72ec80-dc73-4448-a63e-97970cdd87e5}.vmdk',
@@ -214,7 +222,10 @@ describe('hostile and broken settings', () => {
   }
 
   test('DOCTYPE with entities is refused before parsing', async () => {
-    const err = await inspectWith('doctype', vboxXml({ doctype: '<!DOCTYPE VirtualBox [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;">]>\n' }).replace('name="Gen &amp; Test"', 'name="&b;"'))
+    const err = await inspectWith(
+      'doctype',
+      vboxXml({ doctype: '<!DOCTYPE VirtualBox [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;">]>\n' }).replace('name="Gen &amp; Test"', 'name="&b;"'),
+    )
     expectMig(err, 'E_MIG_MALFORMED_ARCHIVE')
     expect((err as Error).message).toContain('DOCTYPE')
   })
@@ -236,7 +247,10 @@ describe('hostile and broken settings', () => {
   })
 
   test('an attached image absent from the media registry -> E_MIG_MALFORMED_ARCHIVE naming the uuid', async () => {
-    const err = (await inspectWith('unregistered', vboxXml().replace(`<Image uuid="{${U.vdi}}"/>`, '<Image uuid="{99999999-9999-4999-8999-999999999999}"/>'))) as MigError
+    const err = (await inspectWith(
+      'unregistered',
+      vboxXml().replace(`<Image uuid="{${U.vdi}}"/>`, '<Image uuid="{99999999-9999-4999-8999-999999999999}"/>'),
+    )) as MigError
     expectMig(err, 'E_MIG_MALFORMED_ARCHIVE')
     expect(err.message).toContain('{99999999-9999-4999-8999-999999999999}')
   })
@@ -247,7 +261,10 @@ describe('hostile and broken settings', () => {
   })
 
   test('a format qemu cannot read here -> E_MIG_UNSUPPORTED_FORMAT', async () => {
-    expectMig(await inspectWith('parallels', vboxXml().replace('location="base.vdi" format="VDI"', 'location="base.vdi" format="Parallels"')), 'E_MIG_UNSUPPORTED_FORMAT')
+    expectMig(
+      await inspectWith('parallels', vboxXml().replace('location="base.vdi" format="VDI"', 'location="base.vdi" format="Parallels"')),
+      'E_MIG_UNSUPPORTED_FORMAT',
+    )
   })
 
   test('not well-formed, non-numeric RAMSize, bad uuid -> E_MIG_MALFORMED_ARCHIVE', () => {
@@ -278,7 +295,10 @@ describe('hostile and broken settings', () => {
     expectMig(err, 'E_MIG_UNSUPPORTED_FORMAT')
     err = undefined
     try {
-      parseVbox('<VirtualBox version="1.19"><Machine uuid="{aaaaaaaa-0000-4000-8000-000000000001}" name="e" keyId="k" keyStore="AAAA">blob</Machine></VirtualBox>', 'x.vbox')
+      parseVbox(
+        '<VirtualBox version="1.19"><Machine uuid="{aaaaaaaa-0000-4000-8000-000000000001}" name="e" keyId="k" keyStore="AAAA">blob</Machine></VirtualBox>',
+        'x.vbox',
+      )
     } catch (e) {
       err = e
     }

@@ -73,7 +73,9 @@ describe('parseVmcx on the corpus (test.vmcx, Gen 1)', () => {
     expect(vmcxGet(r, 'configuration/settings/vnuma/enabled')).toBe(true)
     expect(vmcxGet(r, 'configuration/_83f8638b-8dca-4152-9eda-2ca8b33039b4_/controller0/drive0/pathname')).toBe(VHDX_PATH)
     expect(vmcxGet(r, 'configuration/_83f8638b-8dca-4152-9eda-2ca8b33039b4_/controller1/drive0/type')).toBe('ISO')
-    expect(vmcxGet(r, 'configuration/_917bd8cb-3bb6-4124-9383-b7d21ac07f79_/StateFilePath')).toBe('C:\\Hyper-V\\EasyToFind\\Virtual Machines\\282874FC-59D6-4F30-BC04-5FDD909C82E0.vmgs')
+    expect(vmcxGet(r, 'configuration/_917bd8cb-3bb6-4124-9383-b7d21ac07f79_/StateFilePath')).toBe(
+      'C:\\Hyper-V\\EasyToFind\\Virtual Machines\\282874FC-59D6-4F30-BC04-5FDD909C82E0.vmgs',
+    )
     expect(vmcxGet(r, 'configuration/_ac6b8dc1-3257-4a70-b1b2-a9c9215659ad_/boot/device1')).toBe('HardDrive')
     expect(isVmcxNode(vmcxGet(r, 'configuration/_ac6b8dc1-3257-4a70-b1b2-a9c9215659ad_/nvram'))).toBe(true)
     expect(vmcxGet(r, 'configuration/nope/nothing')).toBeUndefined()
@@ -82,9 +84,19 @@ describe('parseVmcx on the corpus (test.vmcx, Gen 1)', () => {
   test('device manifest: 37 devices with the firmware, IDE and synthetic SCSI controllers', () => {
     const devs = vmcxDevices(cfg)
     expect(devs.length).toBe(37)
-    expect(devs.find((d) => d.key === 'vdev007')).toEqual({ key: 'vdev007', device: 'ac6b8dc1-3257-4a70-b1b2-a9c9215659ad', instance: 'ac6b8dc1-3257-4a70-b1b2-a9c9215659ad', name: 'Microsoft Virtual BIOS' })
+    expect(devs.find((d) => d.key === 'vdev007')).toEqual({
+      key: 'vdev007',
+      device: 'ac6b8dc1-3257-4a70-b1b2-a9c9215659ad',
+      instance: 'ac6b8dc1-3257-4a70-b1b2-a9c9215659ad',
+      name: 'Microsoft Virtual BIOS',
+    })
     expect(devs.find((d) => d.key === 'vdev021')!.name).toBe('Microsoft Emulated IDE Controller')
-    expect(devs.find((d) => d.key === 'vdev037')).toEqual({ key: 'vdev037', device: 'd422512d-2bf2-4752-809d-7b82b5fcb1b4', instance: '73e0f0c5-c0bc-4e16-a458-0e1c388bfee3', name: 'Synthetic SCSI Controller' })
+    expect(devs.find((d) => d.key === 'vdev037')).toEqual({
+      key: 'vdev037',
+      device: 'd422512d-2bf2-4752-809d-7b82b5fcb1b4',
+      instance: '73e0f0c5-c0bc-4e16-a458-0e1c388bfee3',
+      name: 'Synthetic SCSI Controller',
+    })
   })
 
   test('VM facts: Gen 1 BIOS, 1 vCPU, 1024 MB, the .vhdx on IDE 0:0, one dynamic-MAC NIC', () => {

@@ -41,7 +41,22 @@ function expectMig(err: unknown, code: string): void {
 }
 
 function descriptorText(createType: string, extents: string[], extra: string[] = []): string {
-  return ['# Disk DescriptorFile', 'version=1', 'CID=12345678', 'parentCID=ffffffff', `createType="${createType}"`, ...extra, '', '# Extent description', ...extents, '', '# The Disk Data Base', '#DDB', 'ddb.adapterType = "lsilogic"', ''].join('\n')
+  return [
+    '# Disk DescriptorFile',
+    'version=1',
+    'CID=12345678',
+    'parentCID=ffffffff',
+    `createType="${createType}"`,
+    ...extra,
+    '',
+    '# Extent description',
+    ...extents,
+    '',
+    '# The Disk Data Base',
+    '#DDB',
+    'ddb.adapterType = "lsilogic"',
+    '',
+  ].join('\n')
 }
 
 beforeAll(() => {
@@ -307,7 +322,10 @@ describe('inspectVmdk', () => {
     const dir = path.join(root, 'multi')
     mkdirSync(dir)
     writeFileSync(path.join(dir, 'm-flat.vmdk'), Buffer.alloc(3 * 512 * 1024))
-    writeFileSync(path.join(dir, 'm.vmdk'), descriptorText('monolithicFlat', ['RW 1024 FLAT "m-flat.vmdk" 0', 'RW 1024 FLAT "m-flat.vmdk" 2048', 'RW 2048 ZERO']))
+    writeFileSync(
+      path.join(dir, 'm.vmdk'),
+      descriptorText('monolithicFlat', ['RW 1024 FLAT "m-flat.vmdk" 0', 'RW 1024 FLAT "m-flat.vmdk" 2048', 'RW 2048 ZERO']),
+    )
     const info = await inspectVmdk(path.join(dir, 'm.vmdk'), ctx())
     expect(info.capacity_bytes).toBe(4096 * 512)
     expect(info.disk_format).toBe('vmdk')

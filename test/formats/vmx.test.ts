@@ -21,7 +21,14 @@ function recorder() {
   const calls: Array<[string, ControllerBus, string, string]> = []
   const resolveDisk = async (fileName: string, bus: ControllerBus, address: string, key: string) => {
     calls.push([fileName, bus, address, key])
-    const disk: ManifestDisk = { label: fileName.replace(/\.vmdk$/, ''), capacity_bytes: 1024 * MiB, disk_format: 'vmdk', source: { path: `/root/${fileName}` }, controller: bus, address }
+    const disk: ManifestDisk = {
+      label: fileName.replace(/\.vmdk$/, ''),
+      capacity_bytes: 1024 * MiB,
+      disk_format: 'vmdk',
+      source: { path: `/root/${fileName}` },
+      controller: bus,
+      address,
+    }
     return { disk }
   }
   return { calls, resolveDisk }
@@ -220,7 +227,12 @@ describe('vmxToManifest', () => {
   })
 
   test('encrypted VMX, bad numbers and raw disks are refused', async () => {
-    const enc = await thrown(() => vmxToManifest(vmxOf(['encryption.keySafe = "vmware:key/list/(pair/(null/vmware-null/...))"', 'encryption.data = "abc"']), { ...recorder(), fallbackName: 'e' }))
+    const enc = await thrown(() =>
+      vmxToManifest(vmxOf(['encryption.keySafe = "vmware:key/list/(pair/(null/vmware-null/...))"', 'encryption.data = "abc"']), {
+        ...recorder(),
+        fallbackName: 'e',
+      }),
+    )
     expectMig(enc, 'E_MIG_UNSUPPORTED_FORMAT')
     expect(enc.message).toContain('encrypted VM: decrypt it in VMware first')
     expectMig(await thrown(() => vmxToManifest(vmxOf(['encryption.data = "x"']), { ...recorder(), fallbackName: 'e' })), 'E_MIG_UNSUPPORTED_FORMAT')

@@ -28,40 +28,62 @@ function expectMig(err: unknown, code: MigError['code']): void {
 
 const s = (v: string) => `<value>${v}</value>`
 const member = (name: string, value: string) => `<member><name>${name}</name>${value}</member>`
-const struct = (m: Record<string, string>) => `<value><struct>${Object.entries(m).map(([k, v]) => member(k, v)).join('')}</struct></value>`
+const struct = (m: Record<string, string>) =>
+  `<value><struct>${Object.entries(m)
+    .map(([k, v]) => member(k, v))
+    .join('')}</struct></value>`
 const array = (vals: string[]) => `<value><array><data>${vals.join('')}</data></array></value>`
 const obj = (cls: string, id: string, snap: Record<string, string>) => struct({ class: s(cls), id: s(id), snapshot: struct(snap) })
 
 /** An ova.xml as xapi writes it: two disks (Ref:3 8 MiB, Ref:5 3.5 MiB), a CD, one VIF. */
 function ovaXml(over: { vdi5Size?: string } = {}): string {
-  return `<?xml version="1.0"?>` + struct({
-    version: struct({ hostname: s('xcp1'), date: s('2024-05-01'), product_version: s('8.2.1'), product_brand: s('XCP-ng'), build_number: s('release/yangtze'), xapi_major: `<value><i4>1</i4></value>`, xapi_minor: `<value><i4>20</i4></value>`, export_vsn: `<value><i4>2</i4></value>` }),
-    objects: array([
-      obj('VM', 'Ref:0', {
-        uuid: s('6a3d1c6e-0000-4000-8000-000000000001'),
-        name_label: s('win &amp; data'),
-        is_a_template: `<value><boolean>0</boolean></value>`,
-        is_control_domain: `<value><boolean>0</boolean></value>`,
-        memory_static_max: s('4294967296'),
-        VCPUs_max: s('4'),
-        HVM_boot_policy: s('BIOS order'),
-        HVM_boot_params: struct({ order: s('dc'), firmware: s('uefi') }),
-        platform: struct({ secureboot: s('true'), 'cores-per-socket': s('2'), viridian: s('true'), device_id: s('0002') }),
-        other_config: struct({ base_template_name: s('Windows Server 2019 (64-bit)'), mac_seed: s('x') }),
-        VBDs: array([s('Ref:12'), s('Ref:11'), s('Ref:10')]),
-        VIFs: array([s('Ref:20')]),
-        guest_metrics: s('OpaqueRef:NULL'),
+  return (
+    `<?xml version="1.0"?>` +
+    struct({
+      version: struct({
+        hostname: s('xcp1'),
+        date: s('2024-05-01'),
+        product_version: s('8.2.1'),
+        product_brand: s('XCP-ng'),
+        build_number: s('release/yangtze'),
+        xapi_major: `<value><i4>1</i4></value>`,
+        xapi_minor: `<value><i4>20</i4></value>`,
+        export_vsn: `<value><i4>2</i4></value>`,
       }),
-      obj('VBD', 'Ref:10', { VM: s('Ref:0'), VDI: s('Ref:3'), userdevice: s('0'), type: s('Disk'), bootable: `<value><boolean>1</boolean></value>`, mode: s('RW') }),
-      obj('VBD', 'Ref:11', { VM: s('Ref:0'), VDI: s('OpaqueRef:NULL'), userdevice: s('3'), type: s('CD'), bootable: `<value><boolean>0</boolean></value>` }),
-      obj('VBD', 'Ref:12', { VM: s('Ref:0'), VDI: s('Ref:5'), userdevice: s('1'), type: s('Disk'), bootable: `<value><boolean>0</boolean></value>` }),
-      obj('VDI', 'Ref:3', { name_label: s('system disk'), virtual_size: s(String(8 * MiB)), type: s('system'), SR: s('Ref:40') }),
-      obj('VDI', 'Ref:5', { name_label: s('data'), virtual_size: s(over.vdi5Size ?? String(3.5 * MiB)), type: s('user'), SR: s('Ref:40') }),
-      obj('VIF', 'Ref:20', { device: s('0'), MAC: s('AA:BB:CC:00:11:22'), network: s('Ref:30'), MTU: s('1500') }),
-      obj('network', 'Ref:30', { name_label: s('Pool-wide network associated with eth0'), bridge: s('xenbr0') }),
-      obj('SR', 'Ref:40', { name_label: s('Local storage') }),
-    ]),
-  })
+      objects: array([
+        obj('VM', 'Ref:0', {
+          uuid: s('6a3d1c6e-0000-4000-8000-000000000001'),
+          name_label: s('win &amp; data'),
+          is_a_template: `<value><boolean>0</boolean></value>`,
+          is_control_domain: `<value><boolean>0</boolean></value>`,
+          memory_static_max: s('4294967296'),
+          VCPUs_max: s('4'),
+          HVM_boot_policy: s('BIOS order'),
+          HVM_boot_params: struct({ order: s('dc'), firmware: s('uefi') }),
+          platform: struct({ secureboot: s('true'), 'cores-per-socket': s('2'), viridian: s('true'), device_id: s('0002') }),
+          other_config: struct({ base_template_name: s('Windows Server 2019 (64-bit)'), mac_seed: s('x') }),
+          VBDs: array([s('Ref:12'), s('Ref:11'), s('Ref:10')]),
+          VIFs: array([s('Ref:20')]),
+          guest_metrics: s('OpaqueRef:NULL'),
+        }),
+        obj('VBD', 'Ref:10', {
+          VM: s('Ref:0'),
+          VDI: s('Ref:3'),
+          userdevice: s('0'),
+          type: s('Disk'),
+          bootable: `<value><boolean>1</boolean></value>`,
+          mode: s('RW'),
+        }),
+        obj('VBD', 'Ref:11', { VM: s('Ref:0'), VDI: s('OpaqueRef:NULL'), userdevice: s('3'), type: s('CD'), bootable: `<value><boolean>0</boolean></value>` }),
+        obj('VBD', 'Ref:12', { VM: s('Ref:0'), VDI: s('Ref:5'), userdevice: s('1'), type: s('Disk'), bootable: `<value><boolean>0</boolean></value>` }),
+        obj('VDI', 'Ref:3', { name_label: s('system disk'), virtual_size: s(String(8 * MiB)), type: s('system'), SR: s('Ref:40') }),
+        obj('VDI', 'Ref:5', { name_label: s('data'), virtual_size: s(over.vdi5Size ?? String(3.5 * MiB)), type: s('user'), SR: s('Ref:40') }),
+        obj('VIF', 'Ref:20', { device: s('0'), MAC: s('AA:BB:CC:00:11:22'), network: s('Ref:30'), MTU: s('1500') }),
+        obj('network', 'Ref:30', { name_label: s('Pool-wide network associated with eth0'), bridge: s('xenbr0') }),
+        obj('SR', 'Ref:40', { name_label: s('Local storage') }),
+      ]),
+    })
+  )
 }
 
 /** Block content: a recognisable pattern per (dir, index). */
@@ -93,7 +115,9 @@ function makeXva(name: string, blocks: BlockSpec[], xml = ovaXml()): string {
     order.push(n)
     const c = b.companion ?? 'checksum'
     if (c === 'checksum' || c === 'bad') {
-      const h = createHash('sha1').update(c === 'bad' ? Buffer.from('tampered') : data).digest('hex')
+      const h = createHash('sha1')
+        .update(c === 'bad' ? Buffer.from('tampered') : data)
+        .digest('hex')
       writeFileSync(path.join(stage, `${n}.checksum`), h)
       order.push(`${n}.checksum`)
     } else if (c === 'xxhash') {
@@ -152,7 +176,13 @@ describe('parseOvaXml', () => {
   })
 
   test('XML-RPC scalar types decode', () => {
-    const v = decodeXmlRpcValue(parseXmlDocument('<value><array><data><value><int>-7</int></value><value><boolean>1</boolean></value><value><double>1.5</double></value><value><nil/></value><value>plain</value><value><string>s</string></value></data></array></value>', 't'), 't')
+    const v = decodeXmlRpcValue(
+      parseXmlDocument(
+        '<value><array><data><value><int>-7</int></value><value><boolean>1</boolean></value><value><double>1.5</double></value><value><nil/></value><value>plain</value><value><string>s</string></value></data></array></value>',
+        't',
+      ),
+      't',
+    )
     expect(v).toEqual([-7, true, 1.5, null, 'plain', 's'])
   })
 
@@ -181,7 +211,10 @@ describe('parseOvaXml', () => {
 })
 
 describe('verifyXvaBlocks', () => {
-  const sizes = new Map([['Ref:3', 8 * MiB], ['Ref:5', 3.5 * MiB]])
+  const sizes = new Map([
+    ['Ref:3', 8 * MiB],
+    ['Ref:5', 3.5 * MiB],
+  ])
 
   test('all SHA-1 companions verified; a byte budget defers the rest', async () => {
     const xva = makeXva('verify', GOOD)
@@ -199,7 +232,11 @@ describe('verifyXvaBlocks', () => {
   })
 
   test('.xxhash companions are reported unverified; blocks without a companion unchecked', async () => {
-    const xva = makeXva('xxh', [{ dir: 'Ref:3', index: 0, companion: 'xxhash' }, { dir: 'Ref:3', index: 7, companion: 'none' }, { dir: 'Ref:5', index: 3, size: MiB / 2 }])
+    const xva = makeXva('xxh', [
+      { dir: 'Ref:3', index: 0, companion: 'xxhash' },
+      { dir: 'Ref:3', index: 7, companion: 'none' },
+      { dir: 'Ref:5', index: 3, size: MiB / 2 },
+    ])
     const r = await verifyXvaBlocks(xva, await listTarMembers(xva), { vdiSizes: sizes })
     expect(r.verified).toBe(1)
     expect(r.unverifiable).toEqual(['Ref:3/00000000'])
@@ -207,7 +244,7 @@ describe('verifyXvaBlocks', () => {
     expect(r.warnings.some((w) => w.includes('XXH64'))).toBe(true)
   })
 
-  test("xapi keep-alive: a zero-length chunk and its companion, re-sent in full later, are skipped", async () => {
+  test('xapi keep-alive: a zero-length chunk and its companion, re-sent in full later, are skipped', async () => {
     const xva = makeXva('keepalive', [GOOD[0]!])
     const ka = path.join(root, 'ka.stage')
     mkdirSync(path.join(ka, 'Ref:3'), { recursive: true })
@@ -221,7 +258,10 @@ describe('verifyXvaBlocks', () => {
     const members = await listTarMembers(xva)
     expect(members.filter((m) => m.name === 'Ref:3/00000002').map((m) => m.size)).toEqual([0, MiB])
     const r = await verifyXvaBlocks(xva, members, { vdiSizes: sizes })
-    expect(r.dirs.get('Ref:3')!.blocks.map((b) => [b.index, b.member.size, b.checksum?.algorithm])).toEqual([[0, MiB, 'sha1'], [2, MiB, 'sha1']])
+    expect(r.dirs.get('Ref:3')!.blocks.map((b) => [b.index, b.member.size, b.checksum?.algorithm])).toEqual([
+      [0, MiB, 'sha1'],
+      [2, MiB, 'sha1'],
+    ])
     expect(r.verified).toBe(2)
     expect(r.unverifiable).toEqual([])
   })
@@ -261,8 +301,24 @@ describe('xva_archive importer', () => {
     expect(man.cpu).toEqual({ count: 4, cores_per_socket: 2 })
     expect(man.memory_bytes).toBe(4 * 1024 * MiB)
     expect(man.disks).toEqual([
-      { label: 'system_disk', capacity_bytes: 8 * MiB, allocated_bytes: 3 * MiB, disk_format: 'raw', source: { path: xva, member: 'Ref:3', layout: 'xva_blocks' }, controller: 'xen', address: '0' },
-      { label: 'data', capacity_bytes: 3.5 * MiB, allocated_bytes: 1.5 * MiB, disk_format: 'raw', source: { path: xva, member: 'Ref:5', layout: 'xva_blocks' }, controller: 'xen', address: '1' },
+      {
+        label: 'system_disk',
+        capacity_bytes: 8 * MiB,
+        allocated_bytes: 3 * MiB,
+        disk_format: 'raw',
+        source: { path: xva, member: 'Ref:3', layout: 'xva_blocks' },
+        controller: 'xen',
+        address: '0',
+      },
+      {
+        label: 'data',
+        capacity_bytes: 3.5 * MiB,
+        allocated_bytes: 1.5 * MiB,
+        disk_format: 'raw',
+        source: { path: xva, member: 'Ref:5', layout: 'xva_blocks' },
+        controller: 'xen',
+        address: '1',
+      },
     ])
     expect(man.nics).toEqual([{ label: 'nic0', mac: 'aa:bb:cc:00:11:22', model: 'e1000', network: 'Pool-wide network associated with eth0' }])
     expect(man.cbt_available).toBe(false)

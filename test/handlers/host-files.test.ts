@@ -65,7 +65,8 @@ describe('GET /host-files', () => {
 describe('POST /host-files/inspect (rejections)', () => {
   const call = (body: unknown) => inspect.handle(req('POST', '/host-files/inspect', body), ctx)
   test('escapes, bad bodies, missing files', async () => {
-    for (const p of ['../outside/shadow', '/etc/passwd', 'escape/shadow', '.uploads/someone-elses-upload']) expect((await thrown(() => call({ path: p }))).code).toBe('E_MIG_HOST_PATH_REJECTED')
+    for (const p of ['../outside/shadow', '/etc/passwd', 'escape/shadow', '.uploads/someone-elses-upload'])
+      expect((await thrown(() => call({ path: p }))).code).toBe('E_MIG_HOST_PATH_REJECTED')
     expect((await thrown(() => call({}))).code).toBe('E_MIG_BAD_REQUEST')
     expect((await thrown(() => call({ path: 'big.ova', kind: 'iso' }))).code).toBe('E_MIG_BAD_REQUEST')
     expect((await thrown(() => call({ path: 'missing.ova' }))).code).toBe('E_MIG_NOT_FOUND')

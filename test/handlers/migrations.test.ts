@@ -28,16 +28,31 @@ describe('migrations handlers', () => {
     expect(res.status).toBe(201)
     const job = await res.json()
     jobId = job.id
-    expect(job).toMatchObject({ state: 'Queued', status: 'queued', strategy: 'offline', effective_mode: 'Cold', last_error: null, started_at: null, finished_at: null })
+    expect(job).toMatchObject({
+      state: 'Queued',
+      status: 'queued',
+      strategy: 'offline',
+      effective_mode: 'Cold',
+      last_error: null,
+      started_at: null,
+      finished_at: null,
+    })
     expect(job.progress).toEqual({ bytes_total: 0, bytes_done: 0, bytes_zero: 0, rate_bytes_per_s: 0, eta_s: null, disks: [] })
     const events = await ctx.store.events.since(0, 10, jobId)
     expect(events.map((e) => e.event)).toEqual(['migration'])
   })
 
   test('POST /migrations (live): unknown source 404, kind mismatch 400, known source 201', async () => {
-    const live = (source_id: string, kind = 'vim_api') => ({ plan: { source: { Live: kind }, source_ref: { kind: 'live_vm', source_id, vm_id: 'vm-7' }, mode: 'Warm' } })
+    const live = (source_id: string, kind = 'vim_api') => ({
+      plan: { source: { Live: kind }, source_ref: { kind: 'live_vm', source_id, vm_id: 'vm-7' }, mode: 'Warm' },
+    })
     expect((await thrown(() => create.handle(req('POST', '/migrations', live('00000000-0000-4000-8000-000000000001')), ctx))).code).toBe('E_MIG_NOT_FOUND')
-    const src = await (await sourcesCreate.handle(req('POST', '/sources', { name: 'pve1', kind: 'pve_api', endpoint: 'https://pve1:8006', username: 'root@pam', password: 'pw' }), ctx)).json()
+    const src = await (
+      await sourcesCreate.handle(
+        req('POST', '/sources', { name: 'pve1', kind: 'pve_api', endpoint: 'https://pve1:8006', username: 'root@pam', password: 'pw' }),
+        ctx,
+      )
+    ).json()
     const mismatch = await thrown(() => create.handle(req('POST', '/migrations', live(src.id)), ctx))
     expect(mismatch.code).toBe('E_MIG_INVALID_PLAN')
     const ok = await (await create.handle(req('POST', '/migrations', live(src.id, 'pve_api')), ctx)).json()
@@ -85,7 +100,13 @@ describe('migrations handlers', () => {
   })
 
   test('cancel of a running job flags it for its worker', async () => {
-    const j = await ctx.store.jobs.create({ id: crypto.randomUUID(), plan: offline('exports/web01.ova').plan as any, strategy: 'offline', effective_mode: 'Cold', now: new Date().toISOString() })
+    const j = await ctx.store.jobs.create({
+      id: crypto.randomUUID(),
+      plan: offline('exports/web01.ova').plan as any,
+      strategy: 'offline',
+      effective_mode: 'Cold',
+      now: new Date().toISOString(),
+    })
     await ctx.store.jobs.update(j.id, { state: 'CopyingFull', started_at: new Date().toISOString() }, new Date().toISOString())
     const res = await (await cancel.handle(req('POST', '/x'), ctx, { id: j.id })).json()
     expect(res.state).toBe('CopyingFull')

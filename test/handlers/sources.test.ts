@@ -14,7 +14,14 @@ let cleanup: () => Promise<void>
 beforeAll(async () => ({ ctx, cleanup } = await testCtx()))
 afterAll(() => cleanup())
 
-const body = { name: 'vc01', kind: 'vim_api', endpoint: 'https://vc01.example.test/sdk', username: 'administrator@vsphere.local', password: 'S3cret!pw', tls: { thumbprint: 'AB'.repeat(32) } }
+const body = {
+  name: 'vc01',
+  kind: 'vim_api',
+  endpoint: 'https://vc01.example.test/sdk',
+  username: 'administrator@vsphere.local',
+  password: 'S3cret!pw',
+  tls: { thumbprint: 'AB'.repeat(32) },
+}
 
 describe('sources handlers', () => {
   let id = ''
@@ -25,7 +32,13 @@ describe('sources handlers', () => {
     expect(text).not.toContain('S3cret')
     const s = JSON.parse(text)
     id = s.id
-    expect(s).toMatchObject({ name: 'vc01', kind: 'vim_api', endpoint: body.endpoint, username: body.username, tls: { insecure: false, thumbprint: 'AB'.repeat(32), has_ca: false } })
+    expect(s).toMatchObject({
+      name: 'vc01',
+      kind: 'vim_api',
+      endpoint: body.endpoint,
+      username: body.username,
+      tls: { insecure: false, thumbprint: 'AB'.repeat(32), has_ca: false },
+    })
     expect(s.password).toBeUndefined()
     expect(s.secret).toBeUndefined()
     const row = await ctx.store.db.selectFrom('sources').selectAll().where('id', '=', id).executeTakeFirstOrThrow()
@@ -46,13 +59,18 @@ describe('sources handlers', () => {
     expect(bad.code).toBe('E_MIG_BAD_REQUEST')
     expect(bad.details.issues.map((i: any) => i.path).sort()).toEqual(['endpoint', 'kind', 'password'])
     expect(bad.message).not.toContain('S3cret')
-    expect((await thrown(() => create.handle(req('POST', '/sources', { ...body, endpoint: 'https://user:pw@h/sdk', name: 'x3' }), ctx))).code).toBe('E_MIG_BAD_REQUEST')
+    expect((await thrown(() => create.handle(req('POST', '/sources', { ...body, endpoint: 'https://user:pw@h/sdk', name: 'x3' }), ctx))).code).toBe(
+      'E_MIG_BAD_REQUEST',
+    )
     expect((await thrown(() => create.handle(req('POST', '/sources', '{not json'), ctx))).code).toBe('E_MIG_BAD_REQUEST')
     expect((await thrown(() => create.handle(req('POST', '/sources', body), ctx))).code).toBe('E_MIG_CONFLICT')
   })
 
   test('POST /sources: the endpoint follows the rules of its kind (libvirt URIs with an SSH user, vim_api https /sdk only)', async () => {
-    const ok = await create.handle(req('POST', '/sources', { ...body, name: 'kvm1', kind: 'libvirt_remote', endpoint: 'qemu+ssh://root@kvm1.example.test/system', tls: undefined }), ctx)
+    const ok = await create.handle(
+      req('POST', '/sources', { ...body, name: 'kvm1', kind: 'libvirt_remote', endpoint: 'qemu+ssh://root@kvm1.example.test/system', tls: undefined }),
+      ctx,
+    )
     expect(ok.status).toBe(201)
     expect((await ok.json()).endpoint).toBe('qemu+ssh://root@kvm1.example.test/system')
     for (const [kind, endpoint, why] of [
@@ -68,7 +86,11 @@ describe('sources handlers', () => {
   })
 
   test('control-plane calls: no adapter answers in this build -> E_MIG_SOURCE_UNREACHABLE', async () => {
-    for (const h of [() => probe.handle(req('POST', `/sources/${id}/test`), ctx, { id }), () => vmsList.handle(req('GET', `/sources/${id}/vms`), ctx, { id }), () => vmsGet.handle(req('GET', `/sources/${id}/vms/vm-1`), ctx, { id, vm_id: 'vm-1' })]) {
+    for (const h of [
+      () => probe.handle(req('POST', `/sources/${id}/test`), ctx, { id }),
+      () => vmsList.handle(req('GET', `/sources/${id}/vms`), ctx, { id }),
+      () => vmsGet.handle(req('GET', `/sources/${id}/vms/vm-1`), ctx, { id, vm_id: 'vm-1' }),
+    ]) {
       const e = await thrown(h)
       expect(e.code).toBe('E_MIG_SOURCE_UNREACHABLE')
       expect(e.status).toBe(502)
@@ -83,7 +105,13 @@ describe('sources handlers', () => {
   })
 
   test('DELETE /sources/:id: 409 while an active job uses it, then 204', async () => {
-    const job = await ctx.store.jobs.create({ id: crypto.randomUUID(), plan: { source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: id, vm_id: 'vm-1' }, mode: 'Cold' }, strategy: 'live', effective_mode: 'Cold', now: new Date().toISOString() })
+    const job = await ctx.store.jobs.create({
+      id: crypto.randomUUID(),
+      plan: { source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: id, vm_id: 'vm-1' }, mode: 'Cold' },
+      strategy: 'live',
+      effective_mode: 'Cold',
+      now: new Date().toISOString(),
+    })
     expect((await thrown(() => del.handle(req('DELETE', `/sources/${id}`), ctx, { id }))).code).toBe('E_MIG_CONFLICT')
     await ctx.store.jobs.requestCancel(job.id, new Date().toISOString())
     expect((await del.handle(req('DELETE', `/sources/${id}`), ctx, { id })).status).toBe(204)

@@ -57,7 +57,12 @@ describe('GET /migrations/stream', () => {
     expect(await ctx.hub.publishProgress({ id: 'b', state: 'CopyingFull', progress: { bytes_done: 3 } })).toBe(true)
     await ctx.hub.publishJob(job('a', 'Completed'))
     const frames = (await pending).filter((f) => f.event)
-    expect(frames.map((f) => [f.event, f.data.id])).toEqual([['migration', 'a'], ['progress', 'a'], ['progress', 'b'], ['migration', 'a']])
+    expect(frames.map((f) => [f.event, f.data.id])).toEqual([
+      ['migration', 'a'],
+      ['progress', 'a'],
+      ['progress', 'b'],
+      ['migration', 'a'],
+    ])
     expect(frames.map((f) => f.data.state ?? f.data.progress)).toEqual(['Queued', 'CopyingFull', 'CopyingFull', 'Completed'])
     for (let i = 1; i < frames.length; i++) expect(frames[i].id!).toBeGreaterThan(frames[i - 1].id!)
     expect(ctx.hub.size).toBe(0)
@@ -67,13 +72,23 @@ describe('GET /migrations/stream', () => {
     const first = (await ctx.store.events.since(0, 1))[0].seq
     const res = await stream.handle(req('GET', '/migrations/stream', undefined, { 'last-event-id': String(first) }), ctx)
     const frames = (await readFrames(res, (f) => f.filter((x) => x.event).length >= 3)).filter((f) => f.event)
-    expect(frames.map((f) => [f.event, f.data.id])).toEqual([['progress', 'a'], ['progress', 'b'], ['migration', 'a']])
+    expect(frames.map((f) => [f.event, f.data.id])).toEqual([
+      ['progress', 'a'],
+      ['progress', 'b'],
+      ['migration', 'a'],
+    ])
     const only = await stream.handle(new Request(`http://127.0.0.1/api/v1/migrator/migrations/stream?id=b&last_event_id=0`), ctx).catch((e) => e)
     expect(only.code).toBe('E_MIG_NOT_FOUND')
   })
 
   test('?id=<job> replays only that job; a bad Last-Event-ID is E_MIG_BAD_REQUEST', async () => {
-    const j = await ctx.store.jobs.create({ id: crypto.randomUUID(), plan: {} as any, strategy: 'offline', effective_mode: 'Cold', now: new Date().toISOString() })
+    const j = await ctx.store.jobs.create({
+      id: crypto.randomUUID(),
+      plan: {} as any,
+      strategy: 'offline',
+      effective_mode: 'Cold',
+      now: new Date().toISOString(),
+    })
     await ctx.hub.publishJob(j)
     await ctx.hub.publishJob(job('other', 'Queued'))
     const res = await stream.handle(new Request(`http://127.0.0.1/api/v1/migrator/migrations/stream?id=${j.id}&last_event_id=0`), ctx)

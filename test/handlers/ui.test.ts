@@ -30,7 +30,11 @@ describe('GET /ui/*', () => {
     // relative asset URLs: the console works under any API base path, with nothing from outside
     expect(html).not.toMatch(/(src|href)="(https?:)?\/\//)
     const asset = await app.app.fetch(req('GET', `/ui/${js}`, undefined, auth))
-    expect([asset.status, asset.headers.get('content-type'), asset.headers.get('cache-control')]).toEqual([200, 'text/javascript; charset=utf-8', 'public, max-age=31536000, immutable'])
+    expect([asset.status, asset.headers.get('content-type'), asset.headers.get('cache-control')]).toEqual([
+      200,
+      'text/javascript; charset=utf-8',
+      'public, max-age=31536000, immutable',
+    ])
     expect((await asset.text()).length).toBeGreaterThan(1000)
   })
 
@@ -76,7 +80,13 @@ describe('GET /migrations/:id/serial-log', () => {
   afterAll(() => cleanup())
 
   test('the last lines of the domain serial log, control characters removed; empty before a domain exists', async () => {
-    const job = await ctx.store.jobs.create({ id: crypto.randomUUID(), plan: { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'x.ova' }, mode: 'Cold' }, strategy: 'offline', effective_mode: 'Cold', now: new Date().toISOString() })
+    const job = await ctx.store.jobs.create({
+      id: crypto.randomUUID(),
+      plan: { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'x.ova' }, mode: 'Cold' },
+      strategy: 'offline',
+      effective_mode: 'Cold',
+      now: new Date().toISOString(),
+    })
     const get = async (q = '') => (await serialLog.handle(req('GET', `/migrations/${job.id}/serial-log${q}`), ctx, { id: job.id })).json() as Promise<any>
     expect(await get()).toEqual({ id: job.id, domain: null, lines: [] })
     await ctx.store.jobs.update(job.id, { domain: 'web01' }, new Date().toISOString())

@@ -30,7 +30,9 @@ function upload(bytes: Uint8Array, opts: { sha256Field?: string; query?: string;
 /** A multipart request whose body stream fails after `after` bytes of file data (a client abort). */
 function abortingUpload(after: number): Request {
   const boundary = 'XbOuNdArY'
-  const head = new TextEncoder().encode(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.ova"\r\nContent-Type: application/octet-stream\r\n\r\n`)
+  const head = new TextEncoder().encode(
+    `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.ova"\r\nContent-Type: application/octet-stream\r\n\r\n`,
+  )
   let sent = 0
   const body = new ReadableStream<Uint8Array>({
     pull(c) {
@@ -43,7 +45,12 @@ function abortingUpload(after: number): Request {
       c.enqueue(new Uint8Array(65536).fill(1))
     },
   })
-  return new Request('http://127.0.0.1/api/v1/migrator/uploads', { method: 'POST', body, headers: { 'content-type': `multipart/form-data; boundary=${boundary}` }, duplex: 'half' } as RequestInit)
+  return new Request('http://127.0.0.1/api/v1/migrator/uploads', {
+    method: 'POST',
+    body,
+    headers: { 'content-type': `multipart/form-data; boundary=${boundary}` },
+    duplex: 'half',
+  } as RequestInit)
 }
 
 const uploadFiles = () => readdirSync(ctx.paths.uploads)
@@ -55,7 +62,14 @@ describe('uploads handlers', () => {
     expect(res.status).toBe(201)
     const u = await res.json()
     id = u.id
-    expect(u).toMatchObject({ filename: 'disk.ova', size_bytes: data.length, sha256: sha(data), status: 'ready', created_at: clock.toISOString(), expires_at: new Date(clock.getTime() + 3600_000).toISOString() })
+    expect(u).toMatchObject({
+      filename: 'disk.ova',
+      size_bytes: data.length,
+      sha256: sha(data),
+      status: 'ready',
+      created_at: clock.toISOString(),
+      expires_at: new Date(clock.getTime() + 3600_000).toISOString(),
+    })
     const file = path.join(ctx.paths.uploads, id)
     expect(readFileSync(file).equals(Buffer.from(data))).toBe(true)
     expect(statSync(file).mode & 0o777).toBe(0o640)

@@ -53,7 +53,12 @@ test('uploads left receiving by a crash are removed when the server starts', asy
   const config = testConfig(t.dir)
   const ctx = await createContext(config)
   const id = '0b7c1e52-8f43-4f0e-9d5a-6a1f2b3c4d5e'
-  await ctx.store.uploads.begin({ id, filename: 'half.ova', now: new Date(Date.now() - 1000).toISOString(), expires_at: new Date(Date.now() + 3600_000).toISOString() })
+  await ctx.store.uploads.begin({
+    id,
+    filename: 'half.ova',
+    now: new Date(Date.now() - 1000).toISOString(),
+    expires_at: new Date(Date.now() + 3600_000).toISOString(),
+  })
   writeFileSync(path.join(ctx.paths.uploads, id), 'half a body')
   await ctx.store.close()
   const app = await createApp(config, { runJobs: false })
@@ -69,7 +74,10 @@ test('an offline plan submitted in Warm mode runs cold', async () => {
   const { ctx, cleanup } = await testCtx()
   try {
     writeFileSync(path.join(ctx.config.importRoot, 'w.qcow2'), 'x')
-    const res = await migrationsCreate.handle(req('POST', '/migrations', { plan: { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: 'w.qcow2' }, mode: 'Warm' } }), ctx)
+    const res = await migrationsCreate.handle(
+      req('POST', '/migrations', { plan: { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: 'w.qcow2' }, mode: 'Warm' } }),
+      ctx,
+    )
     expect(res.status).toBe(201)
     const job = (await res.json()) as { plan: { mode: string }; effective_mode: string; strategy: string }
     expect([job.plan.mode, job.effective_mode, job.strategy]).toEqual(['Warm', 'Cold', 'offline'])

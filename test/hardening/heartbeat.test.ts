@@ -20,7 +20,11 @@ beforeAll(async () => {
   writeFileSync(raw, Buffer.alloc(24 << 20, 0x5a))
   execFileSync('qemu-img', ['convert', '-q', '-f', 'raw', '-O', 'qcow2', raw, path.join(t.dir, 'imports', 'hb.qcow2')])
   // 4 MiB/s: the 24 MiB copy lasts about 6 s, long enough to stop the worker in the middle.
-  server = await startServer('bun', t.dir, { MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS: '3', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(4 << 20), MIGRATOR_FLUSH_EVERY_BYTES: String(4 << 20) })
+  server = await startServer('bun', t.dir, {
+    MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS: '3',
+    MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(4 << 20),
+    MIGRATOR_FLUSH_EVERY_BYTES: String(4 << 20),
+  })
 }, 60_000)
 afterAll(async () => {
   await server?.stop()

@@ -37,10 +37,13 @@ describe('destination limits at inspect (lib/limits.ts, shared with lib/domain/x
   test('a VMX with 20,000 scsiN:M.fileName entries is refused before any disk is resolved', async () => {
     const built = buildInput('vmx_folder', root, 'many-vmx', [raw])
     const vmx = path.join(built.path, 'many-vmx.vmx')
-    const lines = readFileSync(vmx, 'utf8').split('\n').filter((l) => !/^scsi0:/.test(l))
+    const lines = readFileSync(vmx, 'utf8')
+      .split('\n')
+      .filter((l) => !/^scsi0:/.test(l))
     for (let n = 0; n < 100; n++) {
       lines.push(`scsi${n}.present = "TRUE"`)
-      for (let m = 0; m < 200; m++) lines.push(`scsi${n}:${m}.present = "TRUE"`, `scsi${n}:${m}.fileName = "many-vmx.vmdk"`, `scsi${n}:${m}.deviceType = "scsi-hardDisk"`)
+      for (let m = 0; m < 200; m++)
+        lines.push(`scsi${n}:${m}.present = "TRUE"`, `scsi${n}:${m}.fileName = "many-vmx.vmdk"`, `scsi${n}:${m}.deviceType = "scsi-hardDisk"`)
     }
     writeFileSync(vmx, lines.join('\n'))
     const t0 = performance.now()
@@ -56,8 +59,16 @@ describe('destination limits at inspect (lib/limits.ts, shared with lib/domain/x
     const text = readFileSync(file, 'utf8')
     const uuid = (i: number) => `0e5b6c1a-2f3d-4e5f-8a9b-${String(i).padStart(12, '0')}`
     const hard = Array.from({ length: 500 }, (_, i) => `<HardDisk uuid="{${uuid(i)}}" location="many-vbox-0.vdi" format="VDI" type="Normal"/>`).join('\n')
-    const att = Array.from({ length: 500 }, (_, i) => `<AttachedDevice type="HardDisk" hotpluggable="false" port="${i}" device="0"><Image uuid="{${uuid(i)}}"/></AttachedDevice>`).join('\n')
-    writeFileSync(file, text.replace(/<HardDisks>[\s\S]*<\/HardDisks>/, `<HardDisks>${hard}</HardDisks>`).replace(/(<StorageController [^>]*PortCount=")\d+("[^>]*>)[\s\S]*?(<\/StorageController>)/, `$1500$2${att}$3`))
+    const att = Array.from(
+      { length: 500 },
+      (_, i) => `<AttachedDevice type="HardDisk" hotpluggable="false" port="${i}" device="0"><Image uuid="{${uuid(i)}}"/></AttachedDevice>`,
+    ).join('\n')
+    writeFileSync(
+      file,
+      text
+        .replace(/<HardDisks>[\s\S]*<\/HardDisks>/, `<HardDisks>${hard}</HardDisks>`)
+        .replace(/(<StorageController [^>]*PortCount=")\d+("[^>]*>)[\s\S]*?(<\/StorageController>)/, `$1500$2${att}$3`),
+    )
     const e = await thrown(() => inspectInput(built.path, ctx, 'vbox_folder'))
     expectMalformed(e, '500 disks', `more than the ${DESTINATION_LIMITS.maxDisks}`)
   })
@@ -68,13 +79,19 @@ describe('disk files against their package (OVF)', () => {
     const built = buildInput('ovf_folder', root, name, [raw])
     for (const f of readdirSync(built.path)) if (f.endsWith('.mf')) rmSync(path.join(built.path, f))
     const files = readdirSync(built.path)
-    return { dir: built.path, ovf: path.join(built.path, files.find((f) => f.endsWith('.ovf'))!), disk: path.join(built.path, files.find((f) => f.endsWith('.vmdk'))!) }
+    return {
+      dir: built.path,
+      ovf: path.join(built.path, files.find((f) => f.endsWith('.ovf'))!),
+      disk: path.join(built.path, files.find((f) => f.endsWith('.vmdk'))!),
+    }
   }
 
   test('ovf:capacity of 1 TiB over a 16 MiB VMDK: refused naming both figures', async () => {
     const { dir, ovf } = ovfFolder('cap-1t')
     const text = readFileSync(ovf, 'utf8')
-    const changed = text.replace(/ovf:capacity="\d+"/, `ovf:capacity="${2 ** 40}"`).replace(/ovf:capacityAllocationUnits="[^"]*"/, 'ovf:capacityAllocationUnits="byte"')
+    const changed = text
+      .replace(/ovf:capacity="\d+"/, `ovf:capacity="${2 ** 40}"`)
+      .replace(/ovf:capacityAllocationUnits="[^"]*"/, 'ovf:capacityAllocationUnits="byte"')
     expect(changed).not.toBe(text)
     writeFileSync(ovf, changed)
     const e = await thrown(() => inspectInput(dir, ctx, 'ovf_folder'))

@@ -22,7 +22,10 @@ function padOvf(dir: string, name: string, elements: number): void {
   const ovf = 'heavy.ovf'
   const text = readFileSync(path.join(dir, ovf), 'utf8')
   const pad = `<Pad>${'<p/>'.repeat(elements)}</Pad>\n`
-  writeFileSync(path.join(dir, name), text.replace(/<\/(\w+:)?Envelope>\s*$/, (m) => pad + m))
+  writeFileSync(
+    path.join(dir, name),
+    text.replace(/<\/(\w+:)?Envelope>\s*$/, (m) => pad + m),
+  )
 }
 
 for (const runtime of RUNTIMES) {
@@ -62,7 +65,11 @@ for (const runtime of RUNTIMES) {
         }
       })()
       const inspects = Array.from({ length: 50 }, async (_, i) => {
-        const r = await fetch(`${server.base}/host-files/inspect`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ path: `heavy/${i % 2 ? 'huge' : 'big'}.ovf`, kind: 'ovf_folder' }) })
+        const r = await fetch(`${server.base}/host-files/inspect`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ path: `heavy/${i % 2 ? 'huge' : 'big'}.ovf`, kind: 'ovf_folder' }),
+        })
         const body = (await r.json()) as any
         statuses[r.status] = (statuses[r.status] ?? 0) + 1
         if (r.status === 503) {
@@ -70,14 +77,16 @@ for (const runtime of RUNTIMES) {
           expect(body.error.code).toBe('E_MIG_CONFLICT')
         } else if (r.status === 422) {
           expect(body.error.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-          expect(i % 2 ? body.error.message : "").toContain(i % 2 ? "XML elements" : "")
+          expect(i % 2 ? body.error.message : '').toContain(i % 2 ? 'XML elements' : '')
         } else expect(r.status).toBe(200)
       })
       await Promise.all(inspects)
       done = true
       await probe
       peak = Math.max(peak, rssBytes(pid))
-      console.log(`${runtime}: RSS ${(before / 2 ** 20).toFixed(0)} -> peak ${(peak / 2 ** 20).toFixed(0)} MiB, slowest GET /migrations ${slowest.toFixed(0)} ms, statuses ${JSON.stringify(statuses)}`)
+      console.log(
+        `${runtime}: RSS ${(before / 2 ** 20).toFixed(0)} -> peak ${(peak / 2 ** 20).toFixed(0)} MiB, slowest GET /migrations ${slowest.toFixed(0)} ms, statuses ${JSON.stringify(statuses)}`,
+      )
       expect(statuses[500]).toBeUndefined()
       expect(statuses[200] ?? 0).toBeGreaterThan(0)
       expect(peak - before).toBeLessThan(200 * 2 ** 20)

@@ -19,7 +19,9 @@ const root = path.join(t.dir, 'imports')
 mkdirSync(root, { recursive: true })
 afterAll(() => t.cleanup())
 
-const plan = (extra: Record<string, unknown> = {}) => ({ plan: { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: 'x.qcow2' }, mode: 'Cold', ...extra } })
+const plan = (extra: Record<string, unknown> = {}) => ({
+  plan: { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: 'x.qcow2' }, mode: 'Cold', ...extra },
+})
 
 describe('JSON bodies', () => {
   test('a duplicate key at any depth is refused with 400 E_MIG_BAD_REQUEST', async () => {
@@ -51,7 +53,9 @@ describe('destination.pool by the ZFS naming rules', () => {
 describe('plan paths', () => {
   test('the import root itself is not a plan path', async () => {
     for (const p of ['.', root, `${root}/`, 'a/..']) {
-      const e = await thrown(() => checkPlanRefs(parseSubmitBody({ plan: { ...plan().plan, source_ref: { kind: 'offline_host_path', path: p } } }), null as never, root, new Date()))
+      const e = await thrown(() =>
+        checkPlanRefs(parseSubmitBody({ plan: { ...plan().plan, source_ref: { kind: 'offline_host_path', path: p } } }), null as never, root, new Date()),
+      )
       expect([p, e.code]).toEqual([p, 'E_MIG_HOST_PATH_REJECTED'])
     }
   })
@@ -64,7 +68,10 @@ describe('inspect', () => {
     for (const f of readdirSync(built.path)) if (f.endsWith('.mf') || f.endsWith('.vmdk')) rmSync(path.join(built.path, f))
     const ovf = path.join(built.path, readdirSync(built.path).find((f) => f.endsWith('.ovf'))!)
     const text = readFileSync(ovf, 'utf8')
-    const stripped = text.replace(/<File [^>]*\/>/g, '').replace(/<Disk [^>]*\/>/g, '').replace(/<Item>(?:(?!<\/Item>)[\s\S])*?<rasd:ResourceType>17<\/rasd:ResourceType>[\s\S]*?<\/Item>/g, '')
+    const stripped = text
+      .replace(/<File [^>]*\/>/g, '')
+      .replace(/<Disk [^>]*\/>/g, '')
+      .replace(/<Item>(?:(?!<\/Item>)[\s\S])*?<rasd:ResourceType>17<\/rasd:ResourceType>[\s\S]*?<\/Item>/g, '')
     expect(stripped).not.toContain('<Disk ')
     writeFileSync(ovf, stripped)
     const e = await thrown(() => inspectInput(built.path, { importRoot: root }, 'ovf_folder'))

@@ -49,7 +49,9 @@ beforeAll(async () => {
       if (i % 2) fs.symlinkSync(outside, tmp); else fs.linkSync(p.join(root, 'inside.qcow2'), tmp)
       fs.renameSync(tmp, p.join(root, 'flip.qcow2'))
     }`
-  flipper = spawn(path.join(REPO, 'node_modules/.bin/bun'), ['-e', script, root, path.join(t.dir, 'outside', 'secret.qcow2'), path.join(t.dir, 'stop')], { stdio: 'ignore' })
+  flipper = spawn(path.join(REPO, 'node_modules/.bin/bun'), ['-e', script, root, path.join(t.dir, 'outside', 'secret.qcow2'), path.join(t.dir, 'stop')], {
+    stdio: 'ignore',
+  })
 }, 60_000)
 
 afterAll(async () => {
@@ -99,7 +101,8 @@ test('a file swapped to an outside symlink is never read: inspects and 40 jobs u
   for (const job of ended) {
     if (job.status === 'completed') completed++
     else {
-      if (!['E_MIG_HOST_PATH_REJECTED', 'E_MIG_NOT_FOUND'].includes(job.last_error.code)) leaks.push(`job ${job.id}: ${job.last_error.code} ${job.last_error.message}`)
+      if (!['E_MIG_HOST_PATH_REJECTED', 'E_MIG_NOT_FOUND'].includes(job.last_error.code))
+        leaks.push(`job ${job.id}: ${job.last_error.code} ${job.last_error.message}`)
       if (job.last_error.message.includes(t.dir)) leaks.push(`absolute path in job error: ${job.last_error.message}`)
     }
     const vol = volumePath(dataDir, job.id, job.progress.disks[0]?.label ?? 'flip')

@@ -17,7 +17,12 @@ afterAll(() => cleanup())
 function multipart(parts: Array<[string, string, string]>): Request {
   const b = 'i12BoUnDaRy'
   const body = Buffer.concat([
-    ...parts.map(([name, filename, data]) => Buffer.from(`--${b}\r\nContent-Disposition: form-data; name="${name}"; filename="${filename}"\r\nContent-Type: application/octet-stream\r\n\r\n${data}\r\n`, 'utf8')),
+    ...parts.map(([name, filename, data]) =>
+      Buffer.from(
+        `--${b}\r\nContent-Disposition: form-data; name="${name}"; filename="${filename}"\r\nContent-Type: application/octet-stream\r\n\r\n${data}\r\n`,
+        'utf8',
+      ),
+    ),
     Buffer.from(`--${b}--\r\n`),
   ])
   return new Request('http://127.0.0.1/api/v1/migrator/uploads', { method: 'POST', headers: { 'content-type': `multipart/form-data; boundary=${b}` }, body })
@@ -25,7 +30,15 @@ function multipart(parts: Array<[string, string, string]>): Request {
 
 test('a second "file" part is 400 E_MIG_BAD_REQUEST and leaves nothing behind', async () => {
   const before = readdirSync(ctx.paths.uploads).length
-  const e = await thrown(() => create.handle(multipart([['file', 'a.ova', 'first'], ['file', 'b.ova', 'second']]), ctx))
+  const e = await thrown(() =>
+    create.handle(
+      multipart([
+        ['file', 'a.ova', 'first'],
+        ['file', 'b.ova', 'second'],
+      ]),
+      ctx,
+    ),
+  )
   expect([e.code, e.status]).toEqual(['E_MIG_BAD_REQUEST', 400])
   expect(e.message).toContain('only one "file" part')
   expect(readdirSync(ctx.paths.uploads).length).toBe(before)

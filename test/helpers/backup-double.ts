@@ -79,10 +79,32 @@ export class HostBackupApiTestDouble {
     const d = new HostBackupApiTestDouble({ user: 'backup', password: 's3cret', delayMs: 150, ...options })
     const key = path.join(options.dir, 'key.pem')
     d.certFile = path.join(options.dir, 'cert.pem')
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', d.certFile, '-days', '1', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1'], { stdio: 'ignore', timeout: 30_000 })
+    execFileSync(
+      'openssl',
+      [
+        'req',
+        '-x509',
+        '-newkey',
+        'rsa:2048',
+        '-nodes',
+        '-keyout',
+        key,
+        '-out',
+        d.certFile,
+        '-days',
+        '1',
+        '-subj',
+        '/CN=127.0.0.1',
+        '-addext',
+        'subjectAltName=IP:127.0.0.1',
+      ],
+      { stdio: 'ignore', timeout: 30_000 },
+    )
     d.certPem = readFileSync(d.certFile, 'utf8')
     d.fingerprint256 = new X509Certificate(d.certPem).fingerprint256
-    d.server = createServer({ key: readFileSync(key), cert: readFileSync(d.certFile) }, (req, res) => d.handle(req.method ?? '', req.url ?? '', req.headers.authorization, res))
+    d.server = createServer({ key: readFileSync(key), cert: readFileSync(d.certFile) }, (req, res) =>
+      d.handle(req.method ?? '', req.url ?? '', req.headers.authorization, res),
+    )
     await new Promise<void>((r) => d.server.listen(0, '127.0.0.1', r))
     d.url = `https://127.0.0.1:${(d.server.address() as { port: number }).port}`
     return d
@@ -120,7 +142,8 @@ export class HostBackupApiTestDouble {
       }
       return void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ run_id: runId }))
     }
-    if (method === 'GET' && url === '/api/v1/backup/restore-points') return void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ items: this.points }))
+    if (method === 'GET' && url === '/api/v1/backup/restore-points')
+      return void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ items: this.points }))
     res.writeHead(404, { 'content-type': 'application/json' }).end('{"error":"not found"}')
   }
 

@@ -65,8 +65,19 @@ export function writeSeSparse(file: string, capacityBytes: number, grains: Map<n
   const grainsAt = tablesAt + Math.max(1, tables.length) * 64
   const head = Buffer.alloc(SECTOR)
   const fields: [number, number][] = [
-    [0, 0xcafebabe], [1, 0x200000001], [2, capacityBytes / SECTOR], [3, 8], [4, 64], [10, 1], [11, 1],
-    [16, gdAt], [17, gdSectors], [18, tablesAt], [19, Math.max(1, tables.length) * 64], [24, grainsAt], [25, grains.size * 8],
+    [0, 0xcafebabe],
+    [1, 0x200000001],
+    [2, capacityBytes / SECTOR],
+    [3, 8],
+    [4, 64],
+    [10, 1],
+    [11, 1],
+    [16, gdAt],
+    [17, gdSectors],
+    [18, tablesAt],
+    [19, Math.max(1, tables.length) * 64],
+    [24, grainsAt],
+    [25, grains.size * 8],
   ]
   for (const [i, v] of fields) head.writeBigUInt64LE(BigInt(v), i * 8)
   const vol = Buffer.alloc(SECTOR)
@@ -102,7 +113,14 @@ export function makeFlatBase(dir: string, raw: string): string {
 }
 
 /** The descriptor of a delta disk: `createType` `vmfsSparse` or `seSparse`, one extent, its parent's CID and name. */
-export function deltaDescriptor(o: { createType: 'vmfsSparse' | 'seSparse'; extent: string; capacityBytes: number; cid: string; parentCid: string; parentHint: string }): string {
+export function deltaDescriptor(o: {
+  createType: 'vmfsSparse' | 'seSparse'
+  extent: string
+  capacityBytes: number
+  cid: string
+  parentCid: string
+  parentHint: string
+}): string {
   const type = o.createType === 'seSparse' ? 'SESPARSE' : 'VMFSSPARSE'
   return [
     '# Disk DescriptorFile',

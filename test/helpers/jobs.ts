@@ -8,7 +8,13 @@ import * as path from 'node:path'
 import { sanitizeLabel } from '../../lib/manifest.ts'
 
 /** A JSON call: status and parsed body (null for an empty body). */
-export async function call(base: string, method: string, p: string, body?: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: any }> {
+export async function call(
+  base: string,
+  method: string,
+  p: string,
+  body?: unknown,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; body: any }> {
   const res = await fetch(base + p, {
     method,
     headers: body === undefined ? headers : { 'content-type': 'application/json', ...headers },
@@ -31,7 +37,12 @@ export function offlinePlan(kind: string, rel: string, extra: Record<string, unk
 }
 
 /** Polls `GET /migrations/:id` every 100 ms until `pred(job)` holds (default: a terminal status). */
-export async function waitJob(base: string, id: string, pred: (job: any) => boolean = (j) => ['completed', 'failed', 'cancelled'].includes(j.status), timeoutMs = 120_000): Promise<any> {
+export async function waitJob(
+  base: string,
+  id: string,
+  pred: (job: any) => boolean = (j) => ['completed', 'failed', 'cancelled'].includes(j.status),
+  timeoutMs = 120_000,
+): Promise<any> {
   const deadline = Date.now() + timeoutMs
   let job: any = null
   while (Date.now() < deadline) {
@@ -60,7 +71,10 @@ export function openStream(base: string, lastEventId?: number): { events: SseEve
   const ready = new Promise<void>((r) => (readyResolve = r))
   void (async () => {
     try {
-      const res = await fetch(`${base}/migrations/stream`, { signal: ac.signal, headers: lastEventId === undefined ? {} : { 'last-event-id': String(lastEventId) } })
+      const res = await fetch(`${base}/migrations/stream`, {
+        signal: ac.signal,
+        headers: lastEventId === undefined ? {} : { 'last-event-id': String(lastEventId) },
+      })
       readyResolve()
       const reader = res.body!.getReader()
       const dec = new TextDecoder()

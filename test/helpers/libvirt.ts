@@ -83,7 +83,10 @@ export async function stopLibvirt(): Promise<void> {
 export async function domainsWithPrefix(prefix: string): Promise<string[]> {
   const r = await run('virsh', ['-c', TEST_LIBVIRT_URI, 'list', '--all', '--name'])
   if (r.code !== 0) throw new Error(`virsh list failed: ${r.stderr.trim()}`)
-  return r.stdout.split('\n').map((s) => s.trim()).filter((s) => s !== '' && s.startsWith(prefix))
+  return r.stdout
+    .split('\n')
+    .map((s) => s.trim())
+    .filter((s) => s !== '' && s.startsWith(prefix))
 }
 
 /** Destroys and undefines (with its NVRAM) every domain whose name starts with `prefix`. */
@@ -101,5 +104,8 @@ export async function cleanupDomains(prefix: string): Promise<string[]> {
 /** Pids of qemu processes whose command line names a domain starting with `prefix` (expected: none). */
 export async function qemuPidsFor(prefix: string): Promise<number[]> {
   const r = await run('pgrep', ['-f', `guest=${prefix}`])
-  return r.stdout.split('\n').map((s) => Number(s.trim())).filter((n) => Number.isInteger(n) && n > 0)
+  return r.stdout
+    .split('\n')
+    .map((s) => Number(s.trim()))
+    .filter((n) => Number.isInteger(n) && n > 0)
 }

@@ -31,7 +31,14 @@ export async function buildVcsim(): Promise<string> {
       ['build', '-o', tmpBin, '.'],
       {
         cwd: SRC_DIR,
-        env: { ...process.env, GO111MODULE: 'off', GOPATH: `${path.join(cache, 'gopath')}:/usr/share/gocode`, GOCACHE: path.join(cache, 'gocache'), GOFLAGS: '', CGO_ENABLED: '0' },
+        env: {
+          ...process.env,
+          GO111MODULE: 'off',
+          GOPATH: `${path.join(cache, 'gopath')}:/usr/share/gocode`,
+          GOCACHE: path.join(cache, 'gocache'),
+          GOFLAGS: '',
+          CGO_ENABLED: '0',
+        },
         timeout: 300_000,
       },
       (err, _out, stderr) => (err ? reject(new Error(`go build of the vcsim harness failed: ${stderr || err.message}`)) : resolve()),
@@ -133,29 +140,36 @@ export async function startVcsim(opts: { password?: string; username?: string; c
     if (err.length < 65536) err += d
   })
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
-  const info = await new Promise<{ url: string; datacenter: string; datastores: { name: string; dir: string }[]; cert_pem: string; thumbprint: string }>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`vcsim did not start within 30 s: ${err}`)), 30_000)
-    child.stdout!.on('data', (d) => {
-      out += d
-      const nl = out.indexOf('\n')
-      if (nl >= 0) {
-        clearTimeout(timer)
-        try {
-          resolve(JSON.parse(out.slice(0, nl)))
-        } catch (e) {
-          reject(e)
+  const info = await new Promise<{ url: string; datacenter: string; datastores: { name: string; dir: string }[]; cert_pem: string; thumbprint: string }>(
+    (resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`vcsim did not start within 30 s: ${err}`)), 30_000)
+      child.stdout!.on('data', (d) => {
+        out += d
+        const nl = out.indexOf('\n')
+        if (nl >= 0) {
+          clearTimeout(timer)
+          try {
+            resolve(JSON.parse(out.slice(0, nl)))
+          } catch (e) {
+            reject(e)
+          }
         }
-      }
-    })
-    child.once('exit', (code) => {
-      clearTimeout(timer)
-      reject(new Error(`vcsim exited with ${code}: ${err}`))
-    })
-  })
+      })
+      child.once('exit', (code) => {
+        clearTimeout(timer)
+        reject(new Error(`vcsim exited with ${code}: ${err}`))
+      })
+    },
+  )
   const url = new URL(info.url)
   const agent = new Agent({ connect: { ca: info.cert_pem } })
   const control = async (method: 'GET' | 'POST', p: string, body?: unknown) => {
-    const r = await request(`${url.origin}/harness/${p}`, { method, dispatcher: agent, headers: { authorization: `Bearer ${password}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) })
+    const r = await request(`${url.origin}/harness/${p}`, {
+      method,
+      dispatcher: agent,
+      headers: { authorization: `Bearer ${password}`, 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    })
     const text = await r.body.text()
     if (r.statusCode !== 200) throw new Error(`vcsim ${method} ${p}: ${r.statusCode} ${text}`)
     return JSON.parse(text)
@@ -196,7 +210,9 @@ export async function startVcsim(opts: { password?: string; username?: string; c
 
 /** Runs `qemu-img` with `args`; rejects with its stderr. */
 export function qemuImg(...args: string[]): Promise<void> {
-  return new Promise((resolve, reject) => execFile('qemu-img', args, (e, _o, stderr) => (e ? reject(new Error(`qemu-img ${args.join(' ')}: ${stderr}`)) : resolve())))
+  return new Promise((resolve, reject) =>
+    execFile('qemu-img', args, (e, _o, stderr) => (e ? reject(new Error(`qemu-img ${args.join(' ')}: ${stderr}`)) : resolve())),
+  )
 }
 
 /**
@@ -207,7 +223,17 @@ export function qemuImg(...args: string[]): Promise<void> {
 export async function putVmdk(v: Vcsim, dir: string, name: string, raw: string, kind: 'flat' | 'sparse'): Promise<string> {
   mkdirSync(path.join(v.datastore.dir, dir), { recursive: true })
   const rel = `${dir}/${name}.vmdk`
-  await qemuImg('convert', '-f', 'raw', '-O', 'vmdk', '-o', `subformat=${kind === 'flat' ? 'monolithicFlat' : 'monolithicSparse'}`, raw, path.join(v.datastore.dir, rel))
+  await qemuImg(
+    'convert',
+    '-f',
+    'raw',
+    '-O',
+    'vmdk',
+    '-o',
+    `subformat=${kind === 'flat' ? 'monolithicFlat' : 'monolithicSparse'}`,
+    raw,
+    path.join(v.datastore.dir, rel),
+  )
   return rel
 }
 
@@ -224,7 +250,11 @@ export function datastoreRaw(v: Vcsim, rel: string, scratchDir: string): Buffer 
 
 /** Registers harness `v` as a `vim_api` source (pinned thumbprint) on the server at `base`; returns the source id. */
 export async function registerVcsim(base: string, v: Vcsim, name = 'vcsim'): Promise<string> {
-  const res = await fetch(`${base}/sources`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ name, kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } }) })
+  const res = await fetch(`${base}/sources`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ name, kind: 'vim_api', endpoint: v.url, username: v.username, password: v.password, tls: { thumbprint: v.thumbprint } }),
+  })
   const body = (await res.json()) as { id?: string }
   if (res.status !== 201 || !body.id) throw new Error(`registering the vcsim source: ${res.status} ${JSON.stringify(body)}`)
   return body.id

@@ -78,17 +78,27 @@ async function check(id: string, over: Partial<DoctorSettings> = {}): Promise<Ch
   const s = settings(over)
   const family = id.split(':')[0]
   const all: Array<Check | null> =
-    family === 'binary' ? binaryChecks(s)
-    : family === 'qemu-access' || id === 'dynamic-ownership' ? accessChecks(s)
-    : id === 'virtio-win-iso' ? [isoCheck(s)]
-    : id === 'zfs-pool' ? [await zfsPoolCheck(s)]
-    : id === 'libvirt' ? [await libvirtCheck(s)]
-    : id === 'domain-type' ? [await domainTypeCheck(s)]
-    : id === 'key-file' ? [keyFileCheck(s)]
-    : id === 'import-root' ? [importRootCheck(s)]
-    : id === 'free-space' ? [freeSpaceCheck(s)]
-    : id === 'default-bridge' ? [bridgeCheck(s)]
-    : [goShimCheck(s)]
+    family === 'binary'
+      ? binaryChecks(s)
+      : family === 'qemu-access' || id === 'dynamic-ownership'
+        ? accessChecks(s)
+        : id === 'virtio-win-iso'
+          ? [isoCheck(s)]
+          : id === 'zfs-pool'
+            ? [await zfsPoolCheck(s)]
+            : id === 'libvirt'
+              ? [await libvirtCheck(s)]
+              : id === 'domain-type'
+                ? [await domainTypeCheck(s)]
+                : id === 'key-file'
+                  ? [keyFileCheck(s)]
+                  : id === 'import-root'
+                    ? [importRootCheck(s)]
+                    : id === 'free-space'
+                      ? [freeSpaceCheck(s)]
+                      : id === 'default-bridge'
+                        ? [bridgeCheck(s)]
+                        : [goShimCheck(s)]
   const c = all.find((x) => x?.id === id)
   if (!c) throw new Error(`no check ${id}`)
   if (c.status !== 'ok') expect(c.fix).toBeTruthy()
@@ -99,9 +109,13 @@ beforeAll(() => {
   chmodSync(root, 0o711)
   mkdirSync(bin)
   // The real tools, linked into a private search path so each can be taken away.
-  for (const b of ['blkdiscard', 'qemu-img', 'qemu-nbd', 'virt-v2v-in-place', 'virt-v2v']) symlinkSync(execFileSync('sh', ['-c', `command -v ${b}`], { encoding: 'utf8' }).trim(), path.join(bin, b))
+  for (const b of ['blkdiscard', 'qemu-img', 'qemu-nbd', 'virt-v2v-in-place', 'virt-v2v'])
+    symlinkSync(execFileSync('sh', ['-c', `command -v ${b}`], { encoding: 'utf8' }).trim(), path.join(bin, b))
   // zfs-test-double: `zfs list -H -p -o name,avail <pool>` answers for pool "tank" only.
-  exe(path.join(bin, 'zfs'), `for last in "$@"; do :; done\n[ "$last" = tank ] || { echo "cannot open '$last': dataset does not exist" >&2; exit 1; }\nprintf 'tank\\t%s\\n' "\${ZFS_AVAIL:-107374182400}"`)
+  exe(
+    path.join(bin, 'zfs'),
+    `for last in "$@"; do :; done\n[ "$last" = tank ] || { echo "cannot open '$last': dataset does not exist" >&2; exit 1; }\nprintf 'tank\\t%s\\n' "\${ZFS_AVAIL:-107374182400}"`,
+  )
   writeFileSync(path.join(root, 'virtio-win.iso'), 'iso')
   writeFileSync(path.join(root, 'qemu.conf'), '# test\nuser = "libvirt-qemu"\ngroup = "libvirt-qemu"\n')
   mkdirSync(path.join(root, 'net', 'br-i13'), { recursive: true })
@@ -124,7 +138,24 @@ describe('pre-flight checks', () => {
     const report = await runDoctor(settings())
     expect(report.checks.filter((c) => c.status === 'fail')).toEqual([])
     expect(report.status).not.toBe('fail')
-    expect(report.checks.map((c) => c.id)).toEqual(expect.arrayContaining(['binary:zfs', 'binary:blkdiscard', 'binary:virt-v2v-in-place', 'binary:virt-v2v', 'binary:qemu-img', 'virtio-win-iso', 'libvirt', 'domain-type', 'qemu-access:volumes', 'qemu-access:logs', 'key-file', 'import-root', 'free-space', 'go-shim']))
+    expect(report.checks.map((c) => c.id)).toEqual(
+      expect.arrayContaining([
+        'binary:zfs',
+        'binary:blkdiscard',
+        'binary:virt-v2v-in-place',
+        'binary:virt-v2v',
+        'binary:qemu-img',
+        'virtio-win-iso',
+        'libvirt',
+        'domain-type',
+        'qemu-access:volumes',
+        'qemu-access:logs',
+        'key-file',
+        'import-root',
+        'free-space',
+        'go-shim',
+      ]),
+    )
     for (const c of report.checks) expect(c.found.length).toBeGreaterThan(0)
   }, 150_000)
 
@@ -165,7 +196,10 @@ describe('pre-flight checks', () => {
     // qemu-kvm-test-double: a qemu that starts and quits cleanly, i.e. a host where KVM works.
     const kvmOk = exe(path.join(root, 'qemu-kvm-test-double'), 'cat >/dev/null; exit 0')
     expect((await check('domain-type', { domainType: 'kvm', qemuBinary: kvmOk })).status).toBe('ok')
-    expect(await check('domain-type', { domainType: 'qemu', qemuBinary: kvmOk })).toMatchObject({ status: 'warn', fix: expect.stringContaining('MIGRATOR_DOMAIN_TYPE=kvm') })
+    expect(await check('domain-type', { domainType: 'qemu', qemuBinary: kvmOk })).toMatchObject({
+      status: 'warn',
+      fix: expect.stringContaining('MIGRATOR_DOMAIN_TYPE=kvm'),
+    })
   }, 60_000)
 
   test("the qemu user's access: a 0700 directory on the way fails, naming it and the fix", async () => {
@@ -248,7 +282,9 @@ describe('pre-flight checks', () => {
 
   test('defaults: as root the data lives in /var/lib/<appliance>, otherwise in ./var', () => {
     expect(loadConfig({ MIGRATOR_APPLIANCE: 'hostd' }).dataDir).toBe(process.getuid!() === 0 ? '/var/lib/hostd' : path.resolve('var'))
-    expect(doctorSettings(loadConfig({ MIGRATOR_APPLIANCE: 'hostd' })).keyFile).toBe(process.getuid!() === 0 ? '/var/lib/hostd/keyring/migrator.key' : path.resolve('var/keyring/migrator.key'))
+    expect(doctorSettings(loadConfig({ MIGRATOR_APPLIANCE: 'hostd' })).keyFile).toBe(
+      process.getuid!() === 0 ? '/var/lib/hostd/keyring/migrator.key' : path.resolve('var/keyring/migrator.key'),
+    )
   })
 
   test('reachability without changing user (not root): judged from modes, and says so', () => {

@@ -20,7 +20,11 @@ import { CORPUS, tempDir } from '../helpers/tmp.ts'
 const MiB = 1024 * 1024
 
 async function call(base: string, method: string, p: string, body?: unknown): Promise<{ status: number; body: any }> {
-  const res = await fetch(base + p, { method, headers: body === undefined ? {} : { 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) })
+  const res = await fetch(base + p, {
+    method,
+    headers: body === undefined ? {} : { 'content-type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  })
   const text = await res.text()
   return { status: res.status, body: text === '' ? null : JSON.parse(text) }
 }
@@ -37,20 +41,39 @@ interface Expected {
 
 // OVF envelope of inputs.ts: 2 vCPU, 512 MiB (byte * 2^20), one VmxNet3 NIC 00:50:56:01:02:03 on
 // "VM Network", otherLinux64Guest, firmware bios; streamOptimized VMDKs.
-const OVF: Omit<Expected, 'disks' | 'formats'> = { guest: 'linux', cpu: [2, 1], memory: 512 * MiB, nics: [{ mac: '00:50:56:01:02:03', model: 'vmxnet3', network: 'VM Network' }] }
+const OVF: Omit<Expected, 'disks' | 'formats'> = {
+  guest: 'linux',
+  cpu: [2, 1],
+  memory: 512 * MiB,
+  nics: [{ mac: '00:50:56:01:02:03', model: 'vmxnet3', network: 'VM Network' }],
+}
 const EXPECTED: Record<string, Expected> = {
   ova_archive: { disks: 2, formats: ['vmdk', 'vmdk'], ...OVF },
   ovf_folder: { disks: 2, formats: ['vmdk', 'vmdk'], ...OVF },
   // VMX: debian10-64, numvcpus 2, coresPerSocket 2, memSize 768, vmxnet3 00:0c:29:aa:bb:cc; disk 1
   // monolithicSparse (vmdk), disk 2 monolithicFlat whose flat extent is read as raw.
-  vmx_folder: { disks: 2, formats: ['vmdk', 'raw'], guest: 'linux', cpu: [2, 2], memory: 768 * MiB, nics: [{ mac: '00:0c:29:aa:bb:cc', model: 'vmxnet3', network: 'VM Network' }] },
+  vmx_folder: {
+    disks: 2,
+    formats: ['vmdk', 'raw'],
+    guest: 'linux',
+    cpu: [2, 2],
+    memory: 768 * MiB,
+    nics: [{ mac: '00:0c:29:aa:bb:cc', model: 'vmxnet3', network: 'VM Network' }],
+  },
   vhdx: { disks: 1, formats: ['vhdx'], guest: 'unknown' },
   qcow2: { disks: 1, formats: ['qcow2'], guest: 'unknown' },
   vmdk: { disks: 1, formats: ['vmdk'], guest: 'unknown' },
   // Hyper-V export: the corpus Gen 1 VMCX (BIOS, 1 vCPU, 1024 MB, no guest OS recorded).
   vmcx_export: { disks: 1, formats: ['vhdx'], guest: 'unknown', cpu: [1, 1], memory: 1024 * MiB },
   // VBOX: Debian_64, CPU count 2, RAMSize 1024, 82540EM NIC 080027123456 on NAT; VDI + VMDK on SATA.
-  vbox_folder: { disks: 2, formats: ['vdi', 'vmdk'], guest: 'linux', cpu: [2, 1], memory: 1024 * MiB, nics: [{ mac: '08:00:27:12:34:56', model: 'e1000', network: 'NAT' }] },
+  vbox_folder: {
+    disks: 2,
+    formats: ['vdi', 'vmdk'],
+    guest: 'linux',
+    cpu: [2, 1],
+    memory: 1024 * MiB,
+    nics: [{ mac: '08:00:27:12:34:56', model: 'e1000', network: 'NAT' }],
+  },
   // XVA ova.xml: VCPUs_max 2, memory_static_max 1 GiB, no VIFs, raw 1 MiB blocks.
   xva_archive: { disks: 2, formats: ['raw', 'raw'], guest: 'unknown', cpu: [2, 1], memory: 1024 * MiB, nics: [] },
 }
@@ -87,7 +110,9 @@ function buildHostile(root: string, built: Map<string, BuiltInput>): { dotdotOva
     const x = path.join(root, '.x-' + path.basename(out))
     mkdirSync(x, { recursive: true })
     execFileSync('tar', ['-xf', archive, '-C', x])
-    const names = execFileSync('tar', ['-tf', archive], { encoding: 'utf8' }).split('\n').filter((n) => n !== '' && !n.endsWith('/'))
+    const names = execFileSync('tar', ['-tf', archive], { encoding: 'utf8' })
+      .split('\n')
+      .filter((n) => n !== '' && !n.endsWith('/'))
     execFileSync('tar', ['--format=ustar', '-cf', path.join(root, out), '-C', x, '--transform=s,^,../,', ...names], { stdio: ['ignore', 'ignore', 'ignore'] })
     rmSync(x, { recursive: true, force: true })
     return out
@@ -108,7 +133,18 @@ function buildHostile(root: string, built: Map<string, BuiltInput>): { dotdotOva
   // A VMX folder whose disk is the host's /etc/passwd.
   const vmx = path.join(root, 'passwd-vmx')
   mkdirSync(vmx, { recursive: true })
-  writeFileSync(path.join(vmx, 'evil.vmx'), ['displayName = "evil"', 'guestOS = "debian10-64"', 'memsize = "512"', 'scsi0.present = "TRUE"', 'scsi0:0.present = "TRUE"', 'scsi0:0.fileName = "/etc/passwd"', ''].join('\n'))
+  writeFileSync(
+    path.join(vmx, 'evil.vmx'),
+    [
+      'displayName = "evil"',
+      'guestOS = "debian10-64"',
+      'memsize = "512"',
+      'scsi0.present = "TRUE"',
+      'scsi0:0.present = "TRUE"',
+      'scsi0:0.fileName = "/etc/passwd"',
+      '',
+    ].join('\n'),
+  )
   return { dotdotOva, dotdotXva, entityOvf: 'entity-ovf', passwdVmx: 'passwd-vmx' }
 }
 
@@ -185,7 +221,11 @@ for (const runtime of RUNTIMES) {
     })
 
     test('hostile: a tar whose members are named ../ (OVA and XVA) -> 403 E_MIG_HOST_PATH_REJECTED', async () => {
-      for (const [p, kind] of [[hostile.dotdotOva, undefined], [hostile.dotdotOva, 'ova_archive'], [hostile.dotdotXva, 'xva_archive']] as const) {
+      for (const [p, kind] of [
+        [hostile.dotdotOva, undefined],
+        [hostile.dotdotOva, 'ova_archive'],
+        [hostile.dotdotXva, 'xva_archive'],
+      ] as const) {
         const r = await call(base, 'POST', '/host-files/inspect', kind ? { path: p, kind } : { path: p })
         expect([p, r.status, r.body.error.code]).toEqual([p, 403, 'E_MIG_HOST_PATH_REJECTED'])
         expect(r.body.error.message).toContain('"../')

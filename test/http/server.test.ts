@@ -13,7 +13,11 @@ import { tempDir } from '../helpers/tmp.ts'
 const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex')
 
 async function call(base: string, method: string, p: string, body?: unknown): Promise<{ status: number; body: any }> {
-  const res = await fetch(base + p, { method, headers: body === undefined ? {} : { 'content-type': 'application/json' }, body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body) })
+  const res = await fetch(base + p, {
+    method,
+    headers: body === undefined ? {} : { 'content-type': 'application/json' },
+    body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
+  })
   const text = await res.text()
   return { status: res.status, body: text === '' ? null : JSON.parse(text) }
 }
@@ -55,7 +59,11 @@ for (const runtime of RUNTIMES) {
       const id = c.body.id
       expect((await call(base, 'GET', '/sources')).body.items.length).toBe(1)
       expect((await call(base, 'GET', `/sources/${id}`)).body.name).toBe('vc')
-      for (const [m, p] of [['POST', `/sources/${id}/test`], ['GET', `/sources/${id}/vms`], ['GET', `/sources/${id}/vms/vm-1`]]) {
+      for (const [m, p] of [
+        ['POST', `/sources/${id}/test`],
+        ['GET', `/sources/${id}/vms`],
+        ['GET', `/sources/${id}/vms/vm-1`],
+      ]) {
         const r = await call(base, m, p)
         expect([p, r.status, r.body.error.code]).toEqual([p, 502, 'E_MIG_SOURCE_UNREACHABLE'])
       }
@@ -70,7 +78,9 @@ for (const runtime of RUNTIMES) {
       expect(res.status).toBe(200)
       expect(res.headers.get('content-type')).toContain('text/event-stream')
       const reader = res.body!.getReader()
-      const c = await call(base, 'POST', '/migrations', { plan: { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'exports/a.ova' }, mode: 'Cold' } })
+      const c = await call(base, 'POST', '/migrations', {
+        plan: { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'exports/a.ova' }, mode: 'Cold' },
+      })
       expect(c.status).toBe(201)
       expect(c.body.state).toBe('Queued')
       let text = ''
@@ -95,7 +105,9 @@ for (const runtime of RUNTIMES) {
       const inv = await call(base, 'POST', '/migrations', { plan: { source: { Offline: 'ova_archive' }, mode: 'Cold' } })
       expect([inv.status, inv.body.error.code]).toEqual([400, 'E_MIG_INVALID_PLAN'])
       expect(inv.body.error.details.issues[0].path).toBe('plan.source_ref')
-      const esc = await call(base, 'POST', '/migrations', { plan: { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: '../../../etc/passwd' }, mode: 'Cold' } })
+      const esc = await call(base, 'POST', '/migrations', {
+        plan: { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: '../../../etc/passwd' }, mode: 'Cold' },
+      })
       expect([esc.status, esc.body.error.code]).toEqual([403, 'E_MIG_HOST_PATH_REJECTED'])
       const br = await call(base, 'GET', '/host-files?path=..%2F..%2Fetc')
       expect([br.status, br.body.error.code]).toEqual([403, 'E_MIG_HOST_PATH_REJECTED'])
@@ -164,7 +176,10 @@ for (const runtime of RUNTIMES) {
       mkdirSync(path.join(t.dir, 'keyring'), { recursive: true })
       writeFileSync(path.join(t.dir, 'keyring', 'migrator.key'), Buffer.alloc(32, 1))
       chmodSync(path.join(t.dir, 'keyring', 'migrator.key'), 0o644)
-      const err = await startServer(runtime, t.dir).then(() => null, (e: Error) => e.message)
+      const err = await startServer(runtime, t.dir).then(
+        () => null,
+        (e: Error) => e.message,
+      )
       t.cleanup()
       expect(err).toContain('exited with 1')
       expect(err).toContain('must not be accessible by group or others')

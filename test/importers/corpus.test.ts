@@ -80,9 +80,13 @@ function retar(rel: string, dir: string, sed: string, absolute: boolean): string
   mkdirSync(x, { recursive: true })
   const plain = gunzip(rel, dir, 'plain.tar')
   execFileSync('tar', ['-xf', plain, '-C', x])
-  const names = execFileSync('tar', ['-tf', plain], { encoding: 'utf8' }).split('\n').filter((n) => n !== '' && !n.endsWith('/'))
+  const names = execFileSync('tar', ['-tf', plain], { encoding: 'utf8' })
+    .split('\n')
+    .filter((n) => n !== '' && !n.endsWith('/'))
   const out = at(dir, 'x.ova')
-  execFileSync('tar', ['--format=ustar', ...(absolute ? ['-P'] : []), `--transform=${sed}`, '-cf', out, '-C', x, ...names], { stdio: ['ignore', 'ignore', 'ignore'] })
+  execFileSync('tar', ['--format=ustar', ...(absolute ? ['-P'] : []), `--transform=${sed}`, '-cf', out, '-C', x, ...names], {
+    stdio: ['ignore', 'ignore', 'ignore'],
+  })
   return out
 }
 
@@ -142,7 +146,14 @@ const inTmp = (p: string) => ({ path: p, root: tmp.dir })
 const inPlace = (rel: string) => ({ path: corpus(rel), root: CORPUS })
 /** The manifest of a lone disk image: CPU, memory, firmware and guest are the documented defaults. */
 const lone = (name: string, disk: ExpDisk): ExpManifest => ({
-  name, guest: ['unknown', null], firmware: 'bios', secure_boot: false, cpu: [1, 1], memory_bytes: 2 * GiB, disks: [disk], nics: [],
+  name,
+  guest: ['unknown', null],
+  firmware: 'bios',
+  secure_boot: false,
+  cpu: [1, 1],
+  memory_bytes: 2 * GiB,
+  disks: [disk],
+  nics: [],
 })
 
 const GOAD_BASE = 'WindowsServer2019-disk001.vmdk'
@@ -161,7 +172,12 @@ const ROWS: Row[] = [
     kind: 'ovf_folder',
     input: () => inTmp(ovfWithPlaceholder('virt-v2v/test-i-ova.ovf', 'v2v-ova', 'test-ova.vmdk', 32 * GiB, 349405696)),
     manifest: {
-      name: 'TestOva', guest: ['windows', 'windows7_64Guest'], firmware: 'bios', secure_boot: false, cpu: [1, 1], memory_bytes: 2048 * MiB,
+      name: 'TestOva',
+      guest: ['windows', 'windows7_64Guest'],
+      firmware: 'bios',
+      secure_boot: false,
+      cpu: [1, 1],
+      memory_bytes: 2048 * MiB,
       disks: [{ label: 'Hard Disk 1', capacity_bytes: 32 * GiB, allocated_bytes: 1008926720, disk_format: 'vmdk', controller: 'scsi', address: '0:0' }],
       nics: [{ mac: null, model: 'e1000', network: 'VM Network' }],
       warnings: ['no test-i-ova.mf manifest'],
@@ -191,7 +207,12 @@ const ROWS: Row[] = [
     kind: 'ovf_folder',
     input: () => inTmp(ovfWithPlaceholder('virt-v2v/test-i-ova-formats.ovf', 'v2v-fmt', 'disk1.vmdk', 50 * GiB, 7804077568)),
     manifest: {
-      name: '2K8R2EESP1_2_Medium', guest: ['windows', 'windows7Server64Guest'], firmware: 'efi', secure_boot: false, cpu: [1, 1], memory_bytes: 1024 * MiB,
+      name: '2K8R2EESP1_2_Medium',
+      guest: ['windows', 'windows7Server64Guest'],
+      firmware: 'efi',
+      secure_boot: false,
+      cpu: [1, 1],
+      memory_bytes: 1024 * MiB,
       disks: [{ label: 'Hard disk 1', capacity_bytes: 50 * GiB, allocated_bytes: 18975752192, disk_format: 'vmdk', controller: 'scsi', address: '0:0' }],
       nics: [{ mac: null, model: 'e1000', network: 'PG-VLAN60' }],
     },
@@ -225,7 +246,12 @@ const ROWS: Row[] = [
       return inTmp(at('vmx3'))
     },
     manifest: {
-      name: 'RHEL 7.1 UEFI', guest: ['linux', 'rhel6-64'], firmware: 'efi', secure_boot: false, cpu: [1, 1], memory_bytes: 2048 * MiB,
+      name: 'RHEL 7.1 UEFI',
+      guest: ['linux', 'rhel6-64'],
+      firmware: 'efi',
+      secure_boot: false,
+      cpu: [1, 1],
+      memory_bytes: 2048 * MiB,
       disks: [{ label: 'RHEL-7.1-UEFI', capacity_bytes: 16 * GiB, disk_format: 'vmdk', controller: 'scsi', address: 'scsi0:0' }],
       nics: [{ mac: '00:0c:29:4b:2b:8c', model: 'vmxnet3', network: 'VM Network' }],
       warnings: ['pvscsi'],
@@ -251,7 +277,12 @@ const ROWS: Row[] = [
       return inTmp(at('vmx5'))
     },
     manifest: {
-      name: 'MSEdge - Win10_preview', guest: ['windows', 'windows9-64'], firmware: 'bios', secure_boot: false, cpu: [1, 1], memory_bytes: 2048 * MiB,
+      name: 'MSEdge - Win10_preview',
+      guest: ['windows', 'windows9-64'],
+      firmware: 'bios',
+      secure_boot: false,
+      cpu: [1, 1],
+      memory_bytes: 2048 * MiB,
       disks: [{ label: 'MSEdge-Win10_preview', capacity_bytes: 40 * GiB, disk_format: 'vmdk', controller: 'scsi', address: 'scsi0:0' }],
       nics: [{ mac: '00:0c:29:bf:e4:5d', model: 'e1000e', network: null }],
     },
@@ -298,7 +329,12 @@ const ROWS: Row[] = [
       return inTmp(at('tty'))
     },
     manifest: {
-      name: 'ttylinux-pc_i486-16.1', guest: ['linux', 'otherLinuxGuest'], firmware: 'efi', secure_boot: false, cpu: [1, 1], memory_bytes: 32 * MiB,
+      name: 'ttylinux-pc_i486-16.1',
+      guest: ['linux', 'otherLinuxGuest'],
+      firmware: 'efi',
+      secure_boot: false,
+      cpu: [1, 1],
+      memory_bytes: 32 * MiB,
       disks: [{ label: 'disk0', capacity_bytes: 30 * MiB, allocated_bytes: 18743296, disk_format: 'vmdk', controller: 'ide', address: '0:0' }],
       nics: [{ mac: null, model: 'e1000', network: 'nat' }],
     },
@@ -313,7 +349,12 @@ const ROWS: Row[] = [
     kind: 'ovf_folder',
     input: () => inTmp(ovfWithPlaceholder('govmomi/configspec.ovf', 'configspec', 'haproxy.ova.vmdk', 20 * GiB, 625911296)),
     manifest: {
-      name: 'haproxy', guest: ['linux', 'other3xLinux64Guest'], firmware: 'bios', secure_boot: false, cpu: [2, 2], memory_bytes: 4096 * MiB,
+      name: 'haproxy',
+      guest: ['linux', 'other3xLinux64Guest'],
+      firmware: 'bios',
+      secure_boot: false,
+      cpu: [2, 2],
+      memory_bytes: 4096 * MiB,
       disks: [{ label: 'Hard Disk 1', capacity_bytes: 20 * GiB, allocated_bytes: 1287454720, disk_format: 'vmdk', controller: 'scsi', address: '0:0' }],
       nics: [
         { mac: null, model: 'vmxnet3', network: 'Management' },
@@ -364,7 +405,12 @@ const ROWS: Row[] = [
     kind: 'ova_archive',
     input: () => inTmp(gunzip('vagrant-mutate/virtualbox-mutate-test.box', 'box', 'mutate-test.ova')),
     manifest: {
-      name: 'mutate-test', guest: ['linux', 'Linux26'], firmware: 'bios', secure_boot: false, cpu: [1, 1], memory_bytes: 256 * MiB,
+      name: 'mutate-test',
+      guest: ['linux', 'Linux26'],
+      firmware: 'bios',
+      secure_boot: false,
+      cpu: [1, 1],
+      memory_bytes: 256 * MiB,
       disks: [{ label: 'disk1', capacity_bytes: 4 * MiB, disk_format: 'vmdk', controller: 'sata', address: '0:0', member: './box-disk1.vmdk' }],
       nics: [{ mac: '08:00:27:55:b8:8d', model: 'e1000', network: 'NAT' }],
       warnings: ['no .mf manifest'],
@@ -398,7 +444,12 @@ const ROWS: Row[] = [
       return inTmp(at('vbox-ovf'))
     },
     manifest: {
-      name: 'mutate-test', guest: ['linux', 'Linux26'], firmware: 'bios', secure_boot: false, cpu: [1, 1], memory_bytes: 256 * MiB,
+      name: 'mutate-test',
+      guest: ['linux', 'Linux26'],
+      firmware: 'bios',
+      secure_boot: false,
+      cpu: [1, 1],
+      memory_bytes: 256 * MiB,
       disks: [{ label: 'disk1', capacity_bytes: 4 * MiB, disk_format: 'vmdk', controller: 'sata', address: '0:0' }],
       nics: [{ mac: '08:00:27:55:b8:8d', model: 'e1000', network: 'NAT' }],
     },
@@ -416,7 +467,13 @@ const ROWS: Row[] = [
     what: 'lone streamOptimized VMDK, ddb.adapterType ide',
     kind: 'vmdk',
     input: () => inPlace('vagrant-mutate/virtualbox-box-disk1.vmdk'),
-    manifest: lone('virtualbox-box-disk1', { label: 'virtualbox-box-disk1', capacity_bytes: 4 * MiB, disk_format: 'vmdk', controller: 'ide', address: 'ide0:0' }),
+    manifest: lone('virtualbox-box-disk1', {
+      label: 'virtualbox-box-disk1',
+      capacity_bytes: 4 * MiB,
+      disk_format: 'vmdk',
+      controller: 'ide',
+      address: 'ide0:0',
+    }),
   },
   // vagrant-mutate kvm-box-disk1.qcow2: qcow2 v3, size field 0x400000 = 4 MiB, no backing file.
   {
@@ -450,7 +507,12 @@ const ROWS: Row[] = [
       return inTmp(at('hyperv'))
     },
     manifest: {
-      name: 'Other Location', guest: ['unknown', null], firmware: 'bios', secure_boot: false, cpu: [1, 1], memory_bytes: 1024 * MiB,
+      name: 'Other Location',
+      guest: ['unknown', null],
+      firmware: 'bios',
+      secure_boot: false,
+      cpu: [1, 1],
+      memory_bytes: 1024 * MiB,
       disks: [{ label: 'Other_Location', capacity_bytes: 8 * GiB, disk_format: 'vhdx', controller: 'ide', address: '0:0' }],
       nics: [{ mac: null, model: 'virtio', network: null }],
       warnings: ['virt-v2v', 'does not record the guest OS'],
@@ -483,8 +545,22 @@ const ROWS: Row[] = [
       return inTmp(at('goad'))
     },
     manifest: {
-      name: 'GOAD-DC01', guest: ['windows', 'Windows2016_64'], firmware: 'bios', secure_boot: false, cpu: [2, 1], memory_bytes: 3000 * MiB,
-      disks: [{ label: 'WindowsServer2019-disk001', capacity_bytes: 50 * GiB, disk_format: 'vmdk', controller: 'ide', address: '0:0:0', backing: [GOAD_SNAP1, GOAD_BASE] }],
+      name: 'GOAD-DC01',
+      guest: ['windows', 'Windows2016_64'],
+      firmware: 'bios',
+      secure_boot: false,
+      cpu: [2, 1],
+      memory_bytes: 3000 * MiB,
+      disks: [
+        {
+          label: 'WindowsServer2019-disk001',
+          capacity_bytes: 50 * GiB,
+          disk_format: 'vmdk',
+          controller: 'ide',
+          address: '0:0:0',
+          backing: [GOAD_SNAP1, GOAD_BASE],
+        },
+      ],
       nics: [
         { mac: '08:00:27:7a:a2:fc', model: 'e1000', network: 'NAT' },
         { mac: '08:00:27:8c:c8:21', model: 'e1000', network: 'vboxnet0' },
@@ -526,7 +602,14 @@ const ROWS: Row[] = [
       for (const i of [1, 2, 3]) gunzip(`dissect.hypervisor/backing-chain-${i}.qcow2.gz`, 'chain', `backing-chain-${i}.qcow2`)
       return inTmp(at('chain', 'backing-chain-1.qcow2'))
     },
-    manifest: lone('backing-chain-1', { label: 'backing-chain-1', capacity_bytes: 512 * MiB, disk_format: 'qcow2', controller: 'virtio', address: '0', backing: ['backing-chain-2.qcow2', 'backing-chain-3.qcow2'] }),
+    manifest: lone('backing-chain-1', {
+      label: 'backing-chain-1',
+      capacity_bytes: 512 * MiB,
+      disk_format: 'qcow2',
+      controller: 'virtio',
+      address: '0',
+      backing: ['backing-chain-2.qcow2', 'backing-chain-3.qcow2'],
+    }),
   },
   {
     source: 'dissect.hypervisor/backing-chain-1.qcow2.gz',
@@ -543,7 +626,14 @@ const ROWS: Row[] = [
       for (const i of [2, 3]) gunzip(`dissect.hypervisor/backing-chain-${i}.qcow2.gz`, 'chain2', `backing-chain-${i}.qcow2`)
       return inTmp(at('chain2', 'backing-chain-2.qcow2'))
     },
-    manifest: lone('backing-chain-2', { label: 'backing-chain-2', capacity_bytes: 512 * MiB, disk_format: 'qcow2', controller: 'virtio', address: '0', backing: ['backing-chain-3.qcow2'] }),
+    manifest: lone('backing-chain-2', {
+      label: 'backing-chain-2',
+      capacity_bytes: 512 * MiB,
+      disk_format: 'qcow2',
+      controller: 'virtio',
+      address: '0',
+      backing: ['backing-chain-3.qcow2'],
+    }),
   },
   {
     source: 'dissect.hypervisor/backing-chain-3.qcow2.gz',
@@ -588,7 +678,9 @@ async function failure(fn: () => Promise<unknown>): Promise<any> {
 
 describe('corpus table: every SOURCES.tsv file inspected, expectations read by hand', () => {
   test('every row of SOURCES.tsv is covered by the table (all of them are VM files)', () => {
-    const lines = readFileSync(corpus('SOURCES.tsv'), 'utf8').split('\n').filter((l) => l.trim() !== '')
+    const lines = readFileSync(corpus('SOURCES.tsv'), 'utf8')
+      .split('\n')
+      .filter((l) => l.trim() !== '')
     expect(lines[0]!.split('\t')[0]).toBe('local_path')
     const listed = lines.slice(1).map((l) => l.split('\t')[0]!)
     expect(listed.length).toBe(20)

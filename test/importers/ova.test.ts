@@ -35,7 +35,12 @@ function bytesAt(file: string, offset: number, n: number): Buffer {
   }
 }
 
-interface FileSpec { href: string; id: string; size: number; extra?: string }
+interface FileSpec {
+  href: string
+  id: string
+  size: number
+  extra?: string
+}
 /** DSP0243 1.0 descriptor of a two-disk VM (disk 1 on SCSI 0 unit 0, disk 2 on IDE 1 unit 1). */
 function descriptor(files: FileSpec[], opts: { disk2Format?: string } = {}): string {
   const [f1, f2] = files
@@ -78,16 +83,22 @@ function descriptor(files: FileSpec[], opts: { disk2Format?: string } = {}): str
  * `mf === null`, the disks) and, unless `noTar`, `<root>/<name>.ova` from `members` (default:
  * ovf, mf, disks). Returns the folder and the archive paths.
  */
-function pkg(name: string, o: {
-  files?: { href: string; src: string; extra?: string; declared?: number }[]
-  ovfText?: (files: FileSpec[]) => string
-  mf?: ((digests: Record<string, string>) => string) | null
-  members?: string[]
-  tarFormat?: string
-} = {}): { dir: string; ova: string } {
+function pkg(
+  name: string,
+  o: {
+    files?: { href: string; src: string; extra?: string; declared?: number }[]
+    ovfText?: (files: FileSpec[]) => string
+    mf?: ((digests: Record<string, string>) => string) | null
+    members?: string[]
+    tarFormat?: string
+  } = {},
+): { dir: string; ova: string } {
   const dir = path.join(root, name)
   mkdirSync(dir, { recursive: true })
-  const files = o.files ?? [{ href: 'd1.vmdk', src: vmdk1 }, { href: 'd2.vmdk', src: vmdk2 }]
+  const files = o.files ?? [
+    { href: 'd1.vmdk', src: vmdk1 },
+    { href: 'd2.vmdk', src: vmdk2 },
+  ]
   const specs: FileSpec[] = []
   const digests: Record<string, string> = {}
   for (const [i, f] of files.entries()) {
@@ -140,24 +151,56 @@ afterAll(() => tmp.cleanup())
 
 describe('corpus OVAs', () => {
   test('ttylinux: disk member truncated to 1 MiB of the declared 10595840 bytes', async () => {
-    await expectMig(() => ova.inspect(path.join(CORPUS, 'govmomi/ttylinux-pc_i486-16.1.ova'), { importRoot: CORPUS }), 'E_MIG_MALFORMED_ARCHIVE',
-      'ttylinux-pc_i486-16.1-disk1.vmdk', 'declares 10595840 bytes, archive holds 1048576')
+    await expectMig(
+      () => ova.inspect(path.join(CORPUS, 'govmomi/ttylinux-pc_i486-16.1.ova'), { importRoot: CORPUS }),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'ttylinux-pc_i486-16.1-disk1.vmdk',
+      'declares 10595840 bytes, archive holds 1048576',
+    )
   })
   test('glance testserver-bad-ovf.ova: descriptor is not well-formed XML', async () => {
-    await expectMig(() => ova.inspect(path.join(CORPUS, 'glance/testserver-bad-ovf.ova'), { importRoot: CORPUS }), 'E_MIG_MALFORMED_ARCHIVE', 'illegal-xml.ovf', 'not well-formed XML')
+    await expectMig(
+      () => ova.inspect(path.join(CORPUS, 'glance/testserver-bad-ovf.ova'), { importRoot: CORPUS }),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'illegal-xml.ovf',
+      'not well-formed XML',
+    )
   })
   test('glance testserver-not-tar.ova: a PNG', async () => {
-    await expectMig(() => ova.inspect(path.join(CORPUS, 'glance/testserver-not-tar.ova'), { importRoot: CORPUS }), 'E_MIG_MALFORMED_ARCHIVE', 'not a tar archive')
+    await expectMig(
+      () => ova.inspect(path.join(CORPUS, 'glance/testserver-not-tar.ova'), { importRoot: CORPUS }),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'not a tar archive',
+    )
   })
   test('Vagrant .box (gzip tar)', async () => {
-    await expectMig(() => ova.inspect(path.join(CORPUS, 'vagrant-mutate/virtualbox-mutate-test.box'), { importRoot: CORPUS }), 'E_MIG_UNSUPPORTED_FORMAT', 'gzip-compressed archive: decompress it first')
+    await expectMig(
+      () => ova.inspect(path.join(CORPUS, 'vagrant-mutate/virtualbox-mutate-test.box'), { importRoot: CORPUS }),
+      'E_MIG_UNSUPPORTED_FORMAT',
+      'gzip-compressed archive: decompress it first',
+    )
   })
   test('the Vagrant box decompressed is a VirtualBox OVA (./-prefixed members)', async () => {
     const gunz = path.join(root, 'box.ova')
     writeFileSync(gunz, execFileSync('gzip', ['-dc', path.join(CORPUS, 'vagrant-mutate/virtualbox-mutate-test.box')]))
     const m = await ova.inspect(gunz, ctx())
-    expect(m).toMatchObject({ name: 'mutate-test', source_format: 'ova_archive', guest_os: { family: 'linux', id: 'Linux26' }, memory_bytes: 256 * MiB, firmware: 'bios' })
-    expect(m.disks).toEqual([{ label: 'disk1', capacity_bytes: 4 * MiB, disk_format: 'vmdk', source: { path: gunz, offset: 13824, length: 68096, member: './box-disk1.vmdk' }, controller: 'sata', address: '0:0' }])
+    expect(m).toMatchObject({
+      name: 'mutate-test',
+      source_format: 'ova_archive',
+      guest_os: { family: 'linux', id: 'Linux26' },
+      memory_bytes: 256 * MiB,
+      firmware: 'bios',
+    })
+    expect(m.disks).toEqual([
+      {
+        label: 'disk1',
+        capacity_bytes: 4 * MiB,
+        disk_format: 'vmdk',
+        source: { path: gunz, offset: 13824, length: 68096, member: './box-disk1.vmdk' },
+        controller: 'sata',
+        address: '0:0',
+      },
+    ])
     expect(bytesAt(gunz, 13824, 4).toString('latin1')).toBe('KDMV')
     expect(m.nics[0]!.mac).toBe('08:00:27:55:b8:8d')
     expect(m.warnings).toContain('box.ova: no .mf manifest; file digests not verified')
@@ -170,8 +213,14 @@ describe('generated OVA', () => {
     const m = await ova.inspect(file, ctx())
     expect(VmManifest.safeParse(m).success).toBe(true)
     expect(m).toMatchObject({
-      name: 'two-disks', source_format: 'ova_archive', guest_os: { family: 'linux', id: 'debian10_64Guest' }, firmware: 'efi', secure_boot: true,
-      cpu: { count: 2, cores_per_socket: 1 }, memory_bytes: 768 * MiB, cbt_available: false,
+      name: 'two-disks',
+      source_format: 'ova_archive',
+      guest_os: { family: 'linux', id: 'debian10_64Guest' },
+      firmware: 'efi',
+      secure_boot: true,
+      cpu: { count: 2, cores_per_socket: 1 },
+      memory_bytes: 768 * MiB,
+      cbt_available: false,
       nics: [{ label: 'Network adapter 1', mac: '00:50:56:9a:bc:01', model: 'vmxnet3', network: 'lan' }],
     })
     expect(m.disks.map((d) => [d.label, d.capacity_bytes, d.disk_format, d.controller, d.address, d.source.member, d.source.length])).toEqual([
@@ -190,7 +239,13 @@ describe('generated OVA', () => {
 
   test('PAX archive with a 150-character disk name', async () => {
     const long = 'x'.repeat(145) + '.vmdk'
-    const { ova: file } = pkg('pax', { files: [{ href: long, src: vmdk1 }, { href: 'd2.vmdk', src: vmdk2 }], tarFormat: 'pax' })
+    const { ova: file } = pkg('pax', {
+      files: [
+        { href: long, src: vmdk1 },
+        { href: 'd2.vmdk', src: vmdk2 },
+      ],
+      tarFormat: 'pax',
+    })
     const m = await ova.inspect(file, ctx())
     expect(m.disks[0]!.source.member).toBe(long)
     expect(sha256(bytesAt(file, m.disks[0]!.source.offset!, m.disks[0]!.source.length!))).toBe(sha256(readFileSync(vmdk1)))
@@ -199,7 +254,12 @@ describe('generated OVA', () => {
   test('GNU archive with a long name in a subfolder, descriptor in the subfolder too', async () => {
     const sub = 'folder/' + 'y'.repeat(120)
     const dir = path.join(root, 'gnusub')
-    pkg('gnusub-src', { files: [{ href: 'long-' + 'z'.repeat(110) + '.vmdk', src: vmdk1 }, { href: 'd2.vmdk', src: vmdk2 }] })
+    pkg('gnusub-src', {
+      files: [
+        { href: 'long-' + 'z'.repeat(110) + '.vmdk', src: vmdk1 },
+        { href: 'd2.vmdk', src: vmdk2 },
+      ],
+    })
     mkdirSync(path.join(dir, sub), { recursive: true })
     run('cp', ['-r', path.join(root, 'gnusub-src') + '/.', path.join(dir, sub)])
     const file = path.join(root, 'gnusub.ova')
@@ -216,7 +276,12 @@ describe('generated OVA', () => {
   })
 
   test('.mf naming a file that is not in the archive', async () => {
-    const { ova: file } = pkg('mfghost', { mf: (d) => `SHA1(vm.ovf)= ${createHash('sha1').update(readFileSync(path.join(root, 'mfghost', 'vm.ovf'))).digest('hex')}\nSHA256(ghost.vmdk)= ${d['d1.vmdk']}\n` })
+    const { ova: file } = pkg('mfghost', {
+      mf: (d) =>
+        `SHA1(vm.ovf)= ${createHash('sha1')
+          .update(readFileSync(path.join(root, 'mfghost', 'vm.ovf')))
+          .digest('hex')}\nSHA256(ghost.vmdk)= ${d['d1.vmdk']}\n`,
+    })
     await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'ghost.vmdk')
   })
 
@@ -226,12 +291,22 @@ describe('generated OVA', () => {
   })
 
   test('a member shorter than ovf:size', async () => {
-    const { ova: file } = pkg('short', { mf: null, files: [{ href: 'd1.vmdk', src: vmdk1 }, { href: 'd2.vmdk', src: vmdk2, declared: statSync(vmdk2).size + 4096 }] })
+    const { ova: file } = pkg('short', {
+      mf: null,
+      files: [
+        { href: 'd1.vmdk', src: vmdk1 },
+        { href: 'd2.vmdk', src: vmdk2, declared: statSync(vmdk2).size + 4096 },
+      ],
+    })
     await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'truncated member d2.vmdk')
   })
 
   test('href ../../etc/passwd, an absolute path or a URL is E_MIG_HOST_PATH_REJECTED', async () => {
-    for (const [n, href] of [['dotdot', '../../etc/passwd'], ['abs', '/etc/passwd'], ['url', 'http://example.com/d2.vmdk']] as const) {
+    for (const [n, href] of [
+      ['dotdot', '../../etc/passwd'],
+      ['abs', '/etc/passwd'],
+      ['url', 'http://example.com/d2.vmdk'],
+    ] as const) {
       const { ova: file } = pkg(`href-${n}`, { mf: null, ovfText: (s) => descriptor([s[0]!, { ...s[1]!, href }]) })
       await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_HOST_PATH_REJECTED', href)
     }
@@ -263,7 +338,10 @@ describe('generated OVA', () => {
     writeFileSync(big, '')
     truncateSync(big, 65 * MiB)
     const { ova: file } = pkg('bigdisk', {
-      files: [{ href: 'd1.vmdk', src: vmdk1 }, { href: 'big.img', src: big }],
+      files: [
+        { href: 'd1.vmdk', src: vmdk1 },
+        { href: 'big.img', src: big },
+      ],
       ovfText: (s) => descriptor(s, { disk2Format: '' }).replace('ovf:capacity="1048576"', `ovf:capacity="${65 * MiB}"`),
     })
     const m = await ova.inspect(file, ctx())
@@ -286,14 +364,21 @@ describe('generated OVA', () => {
       names.push(nm)
     }
     copyFileSync(vmdk2, path.join(dir, 'd2.vmdk'))
-    writeFileSync(path.join(dir, 'vm.ovf'), descriptor([
-      { href: 'd1.vmdk', id: 'file1', size, extra: `ovf:chunkSize="${chunk}"` },
-      { href: 'd2.vmdk', id: 'file2', size: statSync(vmdk2).size },
-    ]))
+    writeFileSync(
+      path.join(dir, 'vm.ovf'),
+      descriptor([
+        { href: 'd1.vmdk', id: 'file1', size, extra: `ovf:chunkSize="${chunk}"` },
+        { href: 'd2.vmdk', id: 'file2', size: statSync(vmdk2).size },
+      ]),
+    )
     const file = path.join(root, 'chunks.ova')
     run('tar', ['-cf', file, 'vm.ovf', ...names, 'd2.vmdk'], dir)
     const m = await ova.inspect(file, ctx())
-    expect(m.disks[0]).toMatchObject({ disk_format: 'vmdk', capacity_bytes: 3 * MiB, source: { path: file, member: 'd1.vmdk', length: size, layout: 'ovf_chunks' } })
+    expect(m.disks[0]).toMatchObject({
+      disk_format: 'vmdk',
+      capacity_bytes: 3 * MiB,
+      source: { path: file, member: 'd1.vmdk', length: size, layout: 'ovf_chunks' },
+    })
     const holey = path.join(root, 'chunks-missing.ova')
     run('tar', ['-cf', holey, 'vm.ovf', ...names.filter((_, i) => i !== 1), 'd2.vmdk'], dir)
     await expectMig(() => ova.inspect(holey, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd1.vmdk.000000001')
@@ -302,7 +387,12 @@ describe('generated OVA', () => {
   test('ovf:compression="gzip": compression recorded, format read from the inflated magic', async () => {
     const gz = path.join(tmp.dir, 'two.vmdk.gz')
     writeFileSync(gz, execFileSync('gzip', ['-c', vmdk2]))
-    const { ova: file } = pkg('gzip', { files: [{ href: 'd1.vmdk', src: vmdk1 }, { href: 'd2.vmdk.gz', src: gz, extra: 'ovf:compression="gzip"' }] })
+    const { ova: file } = pkg('gzip', {
+      files: [
+        { href: 'd1.vmdk', src: vmdk1 },
+        { href: 'd2.vmdk.gz', src: gz, extra: 'ovf:compression="gzip"' },
+      ],
+    })
     const m = await ova.inspect(file, ctx())
     expect(m.disks[1]!.source).toMatchObject({ member: 'd2.vmdk.gz', compression: 'gzip' })
     expect(m.disks[1]!.disk_format).toBe('vmdk')
@@ -311,7 +401,13 @@ describe('generated OVA', () => {
   test('a disk whose data lacks the declared VMDK signature', async () => {
     const junk = path.join(tmp.dir, 'junk.bin')
     writeFileSync(junk, Buffer.alloc(4096, 0x41))
-    const { ova: file } = pkg('junk', { mf: null, files: [{ href: 'd1.vmdk', src: vmdk1 }, { href: 'd2.vmdk', src: junk }] })
+    const { ova: file } = pkg('junk', {
+      mf: null,
+      files: [
+        { href: 'd1.vmdk', src: vmdk1 },
+        { href: 'd2.vmdk', src: junk },
+      ],
+    })
     await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd2.vmdk', 'no vmdk signature')
   })
 

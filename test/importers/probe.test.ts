@@ -56,7 +56,12 @@ beforeAll(() => {
   run('tar', ['-cf', '../plain.tar', 'Ref:5/00000000', 'ova.xml'], p('xva-src'))
 
   // Folders of each kind, and one without a descriptor.
-  for (const [dir, file] of [['ovf-dir', 'vm.OVF'], ['vmx-dir', 'vm.vmx'], ['vbox-dir', 'vm.vbox'], ['empty-dir', 'notes.txt']] as const) {
+  for (const [dir, file] of [
+    ['ovf-dir', 'vm.OVF'],
+    ['vmx-dir', 'vm.vmx'],
+    ['vbox-dir', 'vm.vbox'],
+    ['empty-dir', 'notes.txt'],
+  ] as const) {
     mkdirSync(p(dir))
     writeFileSync(p(dir, file), 'x')
   }
@@ -75,7 +80,11 @@ describe('probeFile', () => {
     expect(await probeFile(p('fixed.vhd'))).toMatchObject({ format: 'vhd', disk_format: 'vpc', source: 'magic', size: 10 * MiB + 512 })
     expect(await probeFile(p('gen.vhd'))).toMatchObject({ format: 'vhd', disk_format: 'vpc' })
     expect(await probeFile(p('gen.vdi'))).toMatchObject({ format: 'vdi', disk_format: 'vdi' })
-    expect(await probeFile(path.join(CORPUS, 'vagrant-mutate/virtualbox-box-disk1.vmdk'))).toMatchObject({ format: 'vmdk_sparse', disk_format: 'vmdk', size: 68096 })
+    expect(await probeFile(path.join(CORPUS, 'vagrant-mutate/virtualbox-box-disk1.vmdk'))).toMatchObject({
+      format: 'vmdk_sparse',
+      disk_format: 'vmdk',
+      size: 68096,
+    })
     expect(await probeFile(p('flat.vmdk'))).toMatchObject({ format: 'vmdk_descriptor', disk_format: 'vmdk' })
     expect(await probeFile(p('cowd.vmdk'))).toMatchObject({ format: 'vmdk_cowd', disk_format: 'vmdk' })
   })
@@ -89,11 +98,23 @@ describe('probeFile', () => {
     expect(await probeFile(p('appliance.ova'))).toMatchObject({ format: 'tar', disk_format: null })
     expect(await probeFile(path.join(CORPUS, 'vagrant-mutate/virtualbox-mutate-test.box'))).toMatchObject({ format: 'gzip', size: 3667 })
     expect(await probeFile(path.join(CORPUS, 'virt-v2v/test-i-ova.ovf'))).toMatchObject({ format: 'xml', disk_format: null })
-    expect(await probeFile(path.join(CORPUS, 'glance/testserver-not-tar.ova'))).toEqual({ format: 'unknown', disk_format: null, description: 'PNG image', source: 'magic', size: 164385 })
+    expect(await probeFile(path.join(CORPUS, 'glance/testserver-not-tar.ova'))).toEqual({
+      format: 'unknown',
+      disk_format: null,
+      description: 'PNG image',
+      source: 'magic',
+      size: 164385,
+    })
   })
 
   test('qemu-img fallback: data without a known magic is raw', async () => {
-    expect(await probeFile(p('zeros.raw'))).toEqual({ format: 'raw', disk_format: 'raw', description: 'raw data (no known image format)', source: 'qemu-img', size: MiB })
+    expect(await probeFile(p('zeros.raw'))).toEqual({
+      format: 'raw',
+      disk_format: 'raw',
+      description: 'raw data (no known image format)',
+      source: 'qemu-img',
+      size: MiB,
+    })
   })
 
   test('probeMagic: 511-byte VHD footer, empty file, BOM before a VMDK descriptor', () => {

@@ -40,7 +40,12 @@ async function expectCode(fn: () => Promise<unknown>, code: string): Promise<Mig
 function guidBytes(g: string): Buffer {
   const h = g.replace(/[-{}]/g, '')
   const b = Buffer.from(h, 'hex')
-  return Buffer.concat([Buffer.from(b.subarray(0, 4)).reverse(), Buffer.from(b.subarray(4, 6)).reverse(), Buffer.from(b.subarray(6, 8)).reverse(), b.subarray(8)])
+  return Buffer.concat([
+    Buffer.from(b.subarray(0, 4)).reverse(),
+    Buffer.from(b.subarray(4, 6)).reverse(),
+    Buffer.from(b.subarray(6, 8)).reverse(),
+    b.subarray(8),
+  ])
 }
 
 /**
@@ -140,7 +145,8 @@ function makeVhdChild(file: string, parentName: string, parentId: string): void 
 
 beforeAll(() => {
   mkdirSync(p('chain'), { recursive: true })
-  for (const i of [1, 2, 3]) writeFileSync(p('chain', `backing-chain-${i}.qcow2`), gunzipSync(readFileSync(path.join(CORPUS, `dissect.hypervisor/backing-chain-${i}.qcow2.gz`))))
+  for (const i of [1, 2, 3])
+    writeFileSync(p('chain', `backing-chain-${i}.qcow2`), gunzipSync(readFileSync(path.join(CORPUS, `dissect.hypervisor/backing-chain-${i}.qcow2.gz`))))
   writeFileSync(p('fixed.vhdx'), gunzipSync(readFileSync(path.join(CORPUS, 'dissect.hypervisor/fixed.vhdx.gz'))))
   writeFileSync(p('fixed.vhd'), gunzipSync(readFileSync(path.join(CORPUS, 'dissect.hypervisor/fixed.vhd.gz'))))
   copyFileSync(path.join(CORPUS, 'vagrant-mutate/kvm-box-disk1.qcow2'), p('kvm-box-disk1.qcow2'))
@@ -175,7 +181,17 @@ describe('qcow2 importer', () => {
       secure_boot: false,
       cpu: { count: 1, cores_per_socket: 1 },
       memory_bytes: 2 * 1024 * MiB,
-      disks: [{ label: 'kvm-box-disk1', capacity_bytes: 4194304, allocated_bytes: allocated(f), disk_format: 'qcow2', source: { path: f }, controller: 'virtio', address: '0' }],
+      disks: [
+        {
+          label: 'kvm-box-disk1',
+          capacity_bytes: 4194304,
+          allocated_bytes: allocated(f),
+          disk_format: 'qcow2',
+          source: { path: f },
+          controller: 'virtio',
+          address: '0',
+        },
+      ],
       nics: [],
       cbt_available: false,
       warnings: [DEFAULTS_WARNING],
@@ -206,7 +222,10 @@ describe('qcow2 importer', () => {
 
   test('non-qcow2 inputs are E_MIG_UNSUPPORTED_FORMAT (legacy qcow v1 included)', async () => {
     await expectCode(() => qcow2.inspect(p('fixed.vhdx'), ctx), 'E_MIG_UNSUPPORTED_FORMAT')
-    await expectCode(() => qcow2.inspect(path.join(CORPUS, 'containerized-data-importer/invalid-qcow-large-size.img'), { importRoot: CORPUS }), 'E_MIG_UNSUPPORTED_FORMAT')
+    await expectCode(
+      () => qcow2.inspect(path.join(CORPUS, 'containerized-data-importer/invalid-qcow-large-size.img'), { importRoot: CORPUS }),
+      'E_MIG_UNSUPPORTED_FORMAT',
+    )
   })
 })
 
@@ -216,7 +235,17 @@ describe('vhdx importer (VHDX and VHD)', () => {
     expect(VmManifest.safeParse(m).success).toBe(true)
     expect(m.source_format).toBe('vhdx')
     expect(m.name).toBe('fixed')
-    expect(m.disks).toEqual([{ label: 'fixed', capacity_bytes: 10 * MiB, allocated_bytes: allocated(p('fixed.vhdx')), disk_format: 'vhdx', source: { path: p('fixed.vhdx') }, controller: 'virtio', address: '0' }])
+    expect(m.disks).toEqual([
+      {
+        label: 'fixed',
+        capacity_bytes: 10 * MiB,
+        allocated_bytes: allocated(p('fixed.vhdx')),
+        disk_format: 'vhdx',
+        source: { path: p('fixed.vhdx') },
+        controller: 'virtio',
+        address: '0',
+      },
+    ])
     expect(m.firmware).toBe('bios')
     expect(m.memory_bytes).toBe(2 * 1024 * MiB)
     expect(m.nics).toEqual([])
@@ -243,11 +272,13 @@ describe('vhdx importer (VHDX and VHD)', () => {
     })
     const info = await readVhdxInfo(child)
     expect(info.has_parent).toBe(true)
-    expect(info.parent_locator).toEqual(Object.assign(Object.create(null), {
-      parent_linkage: `{${parent.data_write_guid.toLowerCase()}}`,
-      relative_path: '..\\base.vhdx',
-      absolute_win32_path: 'D:\\Hyper-V\\Disks\\base.vhdx',
-    }))
+    expect(info.parent_locator).toEqual(
+      Object.assign(Object.create(null), {
+        parent_linkage: `{${parent.data_write_guid.toLowerCase()}}`,
+        relative_path: '..\\base.vhdx',
+        absolute_win32_path: 'D:\\Hyper-V\\Disks\\base.vhdx',
+      }),
+    )
     const m = await vhdx.inspect(child, ctx)
     expect(m.disks[0]!.backing_chain).toEqual([p('hv', 'base.vhdx')])
     expect(m.disks[0]!.capacity_bytes).toBe(16 * MiB)
@@ -258,7 +289,11 @@ describe('vhdx importer (VHDX and VHD)', () => {
   test('differencing VHDX: falls back to the file name of absolute_win32_path', async () => {
     const parent = await readVhdxInfo(p('hv', 'base.vhdx'))
     copyFileSync(p('hv', 'base.vhdx'), p('hv', 'snap', 'base-copy.vhdx'))
-    makeVhdxChild(p('hv', 'snap', 'by-abs.vhdx'), { parent_linkage: `{${parent.data_write_guid}}`, relative_path: '.\\missing.vhdx', absolute_win32_path: 'C:\\VMs\\base-copy.vhdx' })
+    makeVhdxChild(p('hv', 'snap', 'by-abs.vhdx'), {
+      parent_linkage: `{${parent.data_write_guid}}`,
+      relative_path: '.\\missing.vhdx',
+      absolute_win32_path: 'C:\\VMs\\base-copy.vhdx',
+    })
     const m = await vhdx.inspect(p('hv', 'snap', 'by-abs.vhdx'), ctx)
     expect(m.disks[0]!.backing_chain).toEqual([p('hv', 'snap', 'base-copy.vhdx')])
   })

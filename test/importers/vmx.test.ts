@@ -56,7 +56,15 @@ describe('vmx_folder importer', () => {
     expect(m.guest_os).toEqual({ family: 'linux', id: 'rhel6-64' })
     expect(m.memory_bytes).toBe(2048 * MiB)
     expect(m.disks).toEqual([
-      { label: 'RHEL-7.1-UEFI', capacity_bytes: 16 * MiB, allocated_bytes: 65536, disk_format: 'vmdk', source: { path: path.join(dir, 'RHEL-7.1-UEFI.vmdk') }, controller: 'scsi', address: 'scsi0:0' },
+      {
+        label: 'RHEL-7.1-UEFI',
+        capacity_bytes: 16 * MiB,
+        allocated_bytes: 65536,
+        disk_format: 'vmdk',
+        source: { path: path.join(dir, 'RHEL-7.1-UEFI.vmdk') },
+        controller: 'scsi',
+        address: 'scsi0:0',
+      },
     ])
     expect(m.nics).toEqual([{ label: 'ethernet0', mac: '00:0c:29:4b:2b:8c', model: 'vmxnet3', network: 'VM Network' }])
     const again = await vmxImporter.inspect(path.join(dir, 'test-i-vmx-3.vmx'), ctx())
@@ -89,7 +97,14 @@ describe('vmx_folder importer', () => {
     const dir = vmFolder('split', VMX5, (t) =>
       t.replace(
         'scsi0:0.fileName = "MSEdge-Win10_preview.vmdk"',
-        ['scsi0:0.fileName = "a.vmdk"', 'scsi0:1.present = "TRUE"', 'scsi0:1.fileName = "b.vmdk"', 'sata0.present = "TRUE"', 'sata0:0.present = "TRUE"', 'sata0:0.fileName = "c-000001.vmdk"'].join('\n'),
+        [
+          'scsi0:0.fileName = "a.vmdk"',
+          'scsi0:1.present = "TRUE"',
+          'scsi0:1.fileName = "b.vmdk"',
+          'sata0.present = "TRUE"',
+          'sata0:0.present = "TRUE"',
+          'sata0:0.fileName = "c-000001.vmdk"',
+        ].join('\n'),
       ),
     )
     qemuImg(dir, 'create', '-q', '-f', 'vmdk', '-o', 'subformat=twoGbMaxExtentSparse', 'a.vmdk', '4M')
@@ -131,14 +146,23 @@ describe('vmx_folder importer', () => {
     const a = vmFolder('esc1', VMX3, (t) => t.replace('"RHEL-7.1-UEFI.vmdk"', '"../../../../../../etc/passwd"'))
     expectMig(await thrown(() => vmxImporter.inspect(a, ctx())), 'E_MIG_HOST_PATH_REJECTED')
     const b = vmFolder('esc2', VMX3)
-    writeFileSync(path.join(b, 'RHEL-7.1-UEFI.vmdk'), '# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="monolithicFlat"\nRW 8 FLAT "/etc/passwd" 0\n')
+    writeFileSync(
+      path.join(b, 'RHEL-7.1-UEFI.vmdk'),
+      '# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="monolithicFlat"\nRW 8 FLAT "/etc/passwd" 0\n',
+    )
     expectMig(await thrown(() => vmxImporter.inspect(b, ctx())), 'E_MIG_HOST_PATH_REJECTED')
     const c = vmFolder('esc3', VMX3)
-    writeFileSync(path.join(c, 'RHEL-7.1-UEFI.vmdk'), '# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="monolithicFlat"\nRW 8 FLAT "../../../../../../../etc/passwd" 0\n')
+    writeFileSync(
+      path.join(c, 'RHEL-7.1-UEFI.vmdk'),
+      '# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="monolithicFlat"\nRW 8 FLAT "../../../../../../../etc/passwd" 0\n',
+    )
     expectMig(await thrown(() => vmxImporter.inspect(c, ctx())), 'E_MIG_HOST_PATH_REJECTED')
     const d = vmFolder('esc4', VMX3)
     symlinkSync('/etc/hostname', path.join(d, 'RHEL-7.1-UEFI-flat.vmdk'))
-    writeFileSync(path.join(d, 'RHEL-7.1-UEFI.vmdk'), '# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="monolithicFlat"\nRW 1 FLAT "RHEL-7.1-UEFI-flat.vmdk" 0\n')
+    writeFileSync(
+      path.join(d, 'RHEL-7.1-UEFI.vmdk'),
+      '# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="monolithicFlat"\nRW 1 FLAT "RHEL-7.1-UEFI-flat.vmdk" 0\n',
+    )
     expectMig(await thrown(() => vmxImporter.inspect(d, ctx())), 'E_MIG_HOST_PATH_REJECTED')
     const e = vmFolder('esc5', VMX3)
     symlinkSync('/etc', path.join(e, 'RHEL-7.1-UEFI.vmdk'))
@@ -191,7 +215,15 @@ describe('vmdk importer', () => {
     expect(m.cpu).toEqual({ count: 1, cores_per_socket: 1 })
     expect(m.memory_bytes).toBe(2048 * MiB)
     expect(m.disks).toEqual([
-      { label: 'virtualbox-box-disk1', capacity_bytes: 4 * MiB, allocated_bytes: 68096, disk_format: 'vmdk', source: { path: path.join(corpusRoot, 'virtualbox-box-disk1.vmdk') }, controller: 'ide', address: 'ide0:0' },
+      {
+        label: 'virtualbox-box-disk1',
+        capacity_bytes: 4 * MiB,
+        allocated_bytes: 68096,
+        disk_format: 'vmdk',
+        source: { path: path.join(corpusRoot, 'virtualbox-box-disk1.vmdk') },
+        controller: 'ide',
+        address: 'ide0:0',
+      },
     ])
     expect(m.nics).toEqual([])
     expect(m.cbt_available).toBe(false)
@@ -203,7 +235,15 @@ describe('vmdk importer', () => {
     mkdirSync(dir)
     qemuImg(dir, 'create', '-q', '-f', 'vmdk', '-o', 'adapter_type=lsilogic,subformat=monolithicFlat', 'srv.vmdk', '3M')
     const m = await vmdkImporter.inspect(path.join(dir, 'srv.vmdk'), ctx())
-    expect(m.disks[0]).toEqual({ label: 'srv', capacity_bytes: 3 * MiB, allocated_bytes: 3 * MiB, disk_format: 'raw', source: { path: path.join(dir, 'srv-flat.vmdk'), offset: 0, length: 3 * MiB }, controller: 'scsi', address: 'scsi0:0' })
+    expect(m.disks[0]).toEqual({
+      label: 'srv',
+      capacity_bytes: 3 * MiB,
+      allocated_bytes: 3 * MiB,
+      disk_format: 'raw',
+      source: { path: path.join(dir, 'srv-flat.vmdk'), offset: 0, length: 3 * MiB },
+      controller: 'scsi',
+      address: 'scsi0:0',
+    })
     qemuImg(dir, 'create', '-q', '-f', 'vmdk', '-b', 'srv.vmdk', '-F', 'vmdk', 'srv-000001.vmdk')
     const c = await vmdkImporter.inspect(path.join(dir, 'srv-000001.vmdk'), ctx())
     expect(c.disks[0].backing_chain).toEqual([path.join(dir, 'srv.vmdk')])

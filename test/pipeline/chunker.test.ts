@@ -61,7 +61,15 @@ describe('chunkExtents', () => {
       8 * MiB,
     )
     expect(c).toEqual([
-      { offset: 0, length: 192 * KiB, zero: false, pieces: [{ offset: 0, length: 64 * KiB }, { offset: 128 * KiB, length: 64 * KiB }] },
+      {
+        offset: 0,
+        length: 192 * KiB,
+        zero: false,
+        pieces: [
+          { offset: 0, length: 64 * KiB },
+          { offset: 128 * KiB, length: 64 * KiB },
+        ],
+      },
       { offset: 192 * KiB, length: 8 * MiB - 192 * KiB, zero: true },
     ])
   })

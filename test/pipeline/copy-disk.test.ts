@@ -46,7 +46,14 @@ beforeAll(() => {
   execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', RAW, QCOW])
 })
 
-const qcowDisk = (): ManifestDisk => ({ label: 'disk0', capacity_bytes: SIZE, disk_format: 'qcow2', source: { path: QCOW }, controller: 'virtio', address: '0' })
+const qcowDisk = (): ManifestDisk => ({
+  label: 'disk0',
+  capacity_bytes: SIZE,
+  disk_format: 'qcow2',
+  source: { path: QCOW },
+  controller: 'virtio',
+  address: '0',
+})
 const dataFrom = (w: number) => PIECES.reduce((a, [o, l]) => a + Math.max(0, o + l - Math.max(o, w)), 0)
 
 /** A reader over an in-memory disk that counts the bytes it reads. */
@@ -96,49 +103,57 @@ function memVolume(size: number): SinkVolume & { bytes: Buffer; log: string[]; f
 
 describe('copyDisk', () => {
   for (const engine of ['node', 'qemu-img'] as const)
-  test(`resume (${engine} engine): copy until a watermark, then continue from it with a new reader; bit-exact, the second run reads only the rest`, async () => {
-    const sink = new FileSink({ dataDir: path.join(tmp.dir, `var-${engine}`) })
-    const ac = new AbortController()
-    let watermark = 0
-    const r1 = await openDiskReader(qcowDisk())
-    const v1 = await sink.create('job-resume', 'disk0', SIZE)
-    let err: unknown
-    try {
-      await copyDisk(r1, v1, {
-        from: 0,
-        signal: ac.signal,
+    test(`resume (${engine} engine): copy until a watermark, then continue from it with a new reader; bit-exact, the second run reads only the rest`, async () => {
+      const sink = new FileSink({ dataDir: path.join(tmp.dir, `var-${engine}`) })
+      const ac = new AbortController()
+      let watermark = 0
+      const r1 = await openDiskReader(qcowDisk())
+      const v1 = await sink.create('job-resume', 'disk0', SIZE)
+      let err: unknown
+      try {
+        await copyDisk(r1, v1, {
+          from: 0,
+          signal: ac.signal,
+          engine,
+          flushEveryBytes: engine === 'node' ? 8 * MiB : MiB,
+          onProgress() {},
+          async onWatermark(w) {
+            watermark = w
+            if (w >= 32 * MiB) ac.abort()
+          },
+        })
+      } catch (e) {
+        err = e
+      }
+      await v1.close()
+      await r1.close()
+      expect(err).toBeInstanceOf(MigError)
+      expect((err as MigError).code).toBe('E_MIG_CANCELLED')
+      expect(watermark).toBeGreaterThanOrEqual(32 * MiB)
+      expect(watermark).toBeLessThan(SIZE)
+      expect(watermark % (engine === 'node' ? 4 * MiB : 512)).toBe(0)
+
+      // A new process would reopen the volume (resume) and a new reader.
+      const r2 = await openDiskReader(qcowDisk())
+      const v2 = await sink.create('job-resume', 'disk0', SIZE)
+      const marks: number[] = []
+      const res = await copyDisk(r2, v2, {
+        from: watermark,
+        signal: new AbortController().signal,
         engine,
-        flushEveryBytes: engine === 'node' ? 8 * MiB : MiB,
         onProgress() {},
         async onWatermark(w) {
-          watermark = w
-          if (w >= 32 * MiB) ac.abort()
+          marks.push(w)
         },
       })
-    } catch (e) {
-      err = e
-    }
-    await v1.close()
-    await r1.close()
-    expect(err).toBeInstanceOf(MigError)
-    expect((err as MigError).code).toBe('E_MIG_CANCELLED')
-    expect(watermark).toBeGreaterThanOrEqual(32 * MiB)
-    expect(watermark).toBeLessThan(SIZE)
-    expect(watermark % (engine === 'node' ? 4 * MiB : 512)).toBe(0)
-
-    // A new process would reopen the volume (resume) and a new reader.
-    const r2 = await openDiskReader(qcowDisk())
-    const v2 = await sink.create('job-resume', 'disk0', SIZE)
-    const marks: number[] = []
-    const res = await copyDisk(r2, v2, { from: watermark, signal: new AbortController().signal, engine, onProgress() {}, async onWatermark(w) { marks.push(w) } })
-    await v2.close()
-    await r2.close()
-    expect(res.bytes_read).toBe(dataFrom(watermark))
-    expect(res.bytes_read).toBeLessThan(PIECES.reduce((a, [, l]) => a + l, 0))
-    expect(marks[marks.length - 1]).toBe(SIZE)
-    if (engine === 'node') expect(marks).toEqual([SIZE])
-    expect(sha(readFileSync(v2.path))).toBe(sha(RAW_BYTES))
-  })
+      await v2.close()
+      await r2.close()
+      expect(res.bytes_read).toBe(dataFrom(watermark))
+      expect(res.bytes_read).toBeLessThan(PIECES.reduce((a, [, l]) => a + l, 0))
+      expect(marks[marks.length - 1]).toBe(SIZE)
+      if (engine === 'node') expect(marks).toEqual([SIZE])
+      expect(sha(readFileSync(v2.path))).toBe(sha(RAW_BYTES))
+    })
 
   test('abort before and during the copy is E_MIG_CANCELLED and stops reading', async () => {
     const ac = new AbortController()
@@ -216,12 +231,27 @@ describe('copyDisk', () => {
 
   test('digest: verified over all bytes (the prefix re-read on resume); a mismatch is E_MIG_MALFORMED_ARCHIVE', async () => {
     const hex = createHash('sha256').update(RAW_BYTES).digest('hex')
-    const ok = await copyDisk(memReader(RAW_BYTES), memVolume(SIZE), { from: 0, signal: new AbortController().signal, digest: { algorithm: 'sha256', hex }, ...noop })
+    const ok = await copyDisk(memReader(RAW_BYTES), memVolume(SIZE), {
+      from: 0,
+      signal: new AbortController().signal,
+      digest: { algorithm: 'sha256', hex },
+      ...noop,
+    })
     expect(ok.bytes_read).toBe(SIZE)
     const r = memReader(RAW_BYTES)
-    await copyDisk(r, memVolume(SIZE), { from: 32 * MiB, signal: new AbortController().signal, digest: { algorithm: 'sha256', hex: hex.toUpperCase() }, ...noop })
+    await copyDisk(r, memVolume(SIZE), {
+      from: 32 * MiB,
+      signal: new AbortController().signal,
+      digest: { algorithm: 'sha256', hex: hex.toUpperCase() },
+      ...noop,
+    })
     expect(r.readBytes).toBe(SIZE) // 32 MiB hashed again + 32 MiB copied
-    const err = await copyDisk(memReader(RAW_BYTES), memVolume(SIZE), { from: 0, signal: new AbortController().signal, digest: { algorithm: 'sha1', hex: 'ab'.repeat(20) }, ...noop }).catch((e) => e)
+    const err = await copyDisk(memReader(RAW_BYTES), memVolume(SIZE), {
+      from: 0,
+      signal: new AbortController().signal,
+      digest: { algorithm: 'sha1', hex: 'ab'.repeat(20) },
+      ...noop,
+    }).catch((e) => e)
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
   })
@@ -230,7 +260,15 @@ describe('copyDisk', () => {
     const v = memVolume(SIZE)
     v.failAt = 40 * MiB + 4096
     const marks: number[] = []
-    const err = await copyDisk(memReader(RAW_BYTES), v, { from: 0, signal: new AbortController().signal, flushEveryBytes: 8 * MiB, onProgress() {}, async onWatermark(w) { marks.push(w) } }).catch((e) => e)
+    const err = await copyDisk(memReader(RAW_BYTES), v, {
+      from: 0,
+      signal: new AbortController().signal,
+      flushEveryBytes: 8 * MiB,
+      onProgress() {},
+      async onWatermark(w) {
+        marks.push(w)
+      },
+    }).catch((e) => e)
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_DISK_WRITE_FAILED')
     expect(Math.max(0, ...marks)).toBeLessThanOrEqual(40 * MiB)
@@ -277,7 +315,12 @@ describe('copyDisk bandwidth cap', () => {
     const ac = new AbortController()
     const t0 = performance.now()
     setTimeout(() => ac.abort(), 100)
-    const err = await copyDisk(memReader(randomBytes(16 * MiB)), memVolume(16 * MiB), { from: 0, signal: ac.signal, ...noop, maxBytesPerSecond: 4 * MiB }).catch((e) => e)
+    const err = await copyDisk(memReader(randomBytes(16 * MiB)), memVolume(16 * MiB), {
+      from: 0,
+      signal: ac.signal,
+      ...noop,
+      maxBytesPerSecond: 4 * MiB,
+    }).catch((e) => e)
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_CANCELLED')
     expect(performance.now() - t0).toBeLessThan(2000)
@@ -294,7 +337,14 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     execFileSync('truncate', ['-s', String(size), p])
     return { path: p, bytes: readFileSync(p) }
   }
-  const rawDisk = (p: string, size: number): ManifestDisk => ({ label: 'disk0', capacity_bytes: size, disk_format: 'raw', source: { path: p }, controller: 'virtio', address: '0' })
+  const rawDisk = (p: string, size: number): ManifestDisk => ({
+    label: 'disk0',
+    capacity_bytes: size,
+    disk_format: 'raw',
+    source: { path: p },
+    controller: 'virtio',
+    address: '0',
+  })
   const alive = (pid: number) => {
     try {
       process.kill(pid, 0)
@@ -316,7 +366,15 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
       await inner()
     }
     const done: number[] = []
-    const res = await copyDisk(q, v, { from: 0, signal: new AbortController().signal, flushEveryBytes: 8 * MiB, onProgress: (p) => done.push(p.bytes_done), async onWatermark(w) { log.push(`w ${w}`) } })
+    const res = await copyDisk(q, v, {
+      from: 0,
+      signal: new AbortController().signal,
+      flushEveryBytes: 8 * MiB,
+      onProgress: (p) => done.push(p.bytes_done),
+      async onWatermark(w) {
+        log.push(`w ${w}`)
+      },
+    })
     await v.close()
     await q.close()
     expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))

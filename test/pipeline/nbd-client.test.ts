@@ -76,7 +76,12 @@ async function fakeServer(script: Script): Promise<{ socket: string; server: Ser
           } else optReply(opt, 0x80000001)
         } else {
           if (buf.length < 28) return
-          const req = { type: buf.readUInt16BE(6), handle: Buffer.from(buf.subarray(8, 16)), offset: Number(buf.readBigUInt64BE(16)), length: buf.readUInt32BE(24) }
+          const req = {
+            type: buf.readUInt16BE(6),
+            handle: Buffer.from(buf.subarray(8, 16)),
+            offset: Number(buf.readBigUInt64BE(16)),
+            length: buf.readUInt32BE(24),
+          }
           buf = buf.subarray(28)
           if (req.type === 2) return sock.end()
           script.onRequest(sock, req)
@@ -326,4 +331,3 @@ describe('qemu-nbd process handling', () => {
     expect(e2.message).toContain('qcow2')
   })
 })
-

@@ -37,7 +37,10 @@ class ScriptedLiveSource implements LiveSession {
   /** Called after each snapshot is taken with its number (0 = the first full-copy snapshot). */
   afterSnapshot: (n: number, disks: Buffer[]) => void = () => {}
 
-  constructor(readonly disks: Buffer[], readonly opts: { warm: boolean; cbt: boolean; failSnapshot?: boolean }) {}
+  constructor(
+    readonly disks: Buffer[],
+    readonly opts: { warm: boolean; cbt: boolean; failSnapshot?: boolean },
+  ) {}
 
   manifest(): VmManifest {
     return {
@@ -48,7 +51,16 @@ class ScriptedLiveSource implements LiveSession {
       secure_boot: false,
       cpu: { count: 1, cores_per_socket: 1 },
       memory_bytes: 256 * MiB,
-      disks: this.disks.map((d, i): ManifestDisk => ({ label: `disk${i}`, capacity_bytes: d.length, disk_format: 'raw', source: { path: `[ds] vm/disk${i}.vmdk` }, controller: 'scsi', address: `0:${i}` })),
+      disks: this.disks.map(
+        (d, i): ManifestDisk => ({
+          label: `disk${i}`,
+          capacity_bytes: d.length,
+          disk_format: 'raw',
+          source: { path: `[ds] vm/disk${i}.vmdk` },
+          controller: 'scsi',
+          address: `0:${i}`,
+        }),
+      ),
       nics: [],
       cbt_available: this.opts.cbt,
       warnings: [],
@@ -76,7 +88,10 @@ class ScriptedLiveSource implements LiveSession {
     if (this.opts.failSnapshot) throw new MigError('E_MIG_SNAPSHOT_FAILED', 'scripted: snapshot refused')
     const n = this.seq++
     const id = `snap-${n}`
-    this.snaps.set(id, this.disks.map((d) => Buffer.from(d)))
+    this.snaps.set(
+      id,
+      this.disks.map((d) => Buffer.from(d)),
+    )
     this.calls.push(`snapshot ${name}`)
     this.afterSnapshot(n, this.disks)
     return { id, change_ids: Object.fromEntries(this.disks.map((_, i) => [`disk${i}`, id])) }
@@ -106,7 +121,8 @@ class ScriptedLiveSource implements LiveSession {
       this.allocatedCalls.push(disk.label)
       const now = this.snaps.get(snap.id)![i]
       const out: DiskArea[] = []
-      for (let o = 0; o < now.length; o += BLOCK) if (now.subarray(o, o + BLOCK).some((b) => b !== 0)) out.push({ offset: o, length: Math.min(BLOCK, now.length - o) })
+      for (let o = 0; o < now.length; o += BLOCK)
+        if (now.subarray(o, o + BLOCK).some((b) => b !== 0)) out.push({ offset: o, length: Math.min(BLOCK, now.length - o) })
       return out
     }
     if (this.resetOn.has(this.areaCalls++)) throw new MigError('E_MIG_CBT_RESET', `scripted: changeId ${since} of ${disk.label} was reset`)
@@ -153,7 +169,18 @@ async function setup(src: ScriptedLiveSource, mode: 'Warm' | 'Cold', extra: Part
   const dir = path.join(t.dir, `run-${++n}`)
   const store: Store = await openStore(path.join(dir, 'db.sqlite'))
   const id = `00000000-0000-4000-8000-${String(n).padStart(12, '0')}`
-  await store.jobs.create({ id, plan: { source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: '00000000-0000-4000-8000-000000000000', vm_id: 'vm-1' }, mode, ...plan } as never, strategy: 'live', effective_mode: mode, now: new Date().toISOString() })
+  await store.jobs.create({
+    id,
+    plan: {
+      source: { Live: 'vim_api' },
+      source_ref: { kind: 'live_vm', source_id: '00000000-0000-4000-8000-000000000000', vm_id: 'vm-1' },
+      mode,
+      ...plan,
+    } as never,
+    strategy: 'live',
+    effective_mode: mode,
+    now: new Date().toISOString(),
+  })
   const states: JobState[] = []
   const sink = new FileSink({ dataDir: dir })
   const started: string[] = []
@@ -286,7 +313,11 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     const job = await runJob(deps)
     expect(job.state).toBe('Completed')
     expect(job.effective_mode).toBe('Cold')
-    expect(job.last_error).toEqual({ code: 'E_MIG_CBT_UNSUPPORTED', message: 'warm migration downgraded to cold: changed block tracking is not available on this VM', fatal: false })
+    expect(job.last_error).toEqual({
+      code: 'E_MIG_CBT_UNSUPPORTED',
+      message: 'warm migration downgraded to cold: changed block tracking is not available on this VM',
+      fatal: false,
+    })
     expect(states).toEqual(['CopyingFull', 'CopyingFull', 'CopyingFull', 'Starting', 'Completed'])
     expect(image(sink, id, 'disk0').equals(src.disks[0])).toBe(true)
     expect(src.calls).toContain('shutdown')
@@ -346,7 +377,13 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
   })
 
   test('plan restore_point: the backup runs before any volume exists and is recorded; a failing backup stops the job with nothing written', async () => {
-    const point = { backup_job_id: '11111111-2222-4333-8444-555555555555', run_id: 'run-9', restore_point_id: 'rp-9', quiesced: true, created_at: '2026-11-22T00:00:00Z' }
+    const point = {
+      backup_job_id: '11111111-2222-4333-8444-555555555555',
+      run_id: 'run-9',
+      restore_point_id: 'rp-9',
+      quiesced: true,
+      created_at: '2026-11-22T00:00:00Z',
+    }
     const plan = { restore_point: { backup_job_id: point.backup_job_id } }
     const src = new ScriptedLiveSource([randomBytes(MiB)], { warm: true, cbt: true })
     let volumesAtBackup: boolean | null = null
@@ -355,11 +392,16 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     expect([job.state, job.restore_point]).toEqual(['Completed', point])
     expect(volumesAtBackup as boolean | null).toBe(false)
 
-    const bad = await setup(new ScriptedLiveSource([randomBytes(MiB)], { warm: true, cbt: true }), 'Cold', {
-      takeRestorePoint: async () => {
-        throw new MigError('E_MIG_SNAPSHOT_FAILED', 'backup run run-10 failed: the host backup job ended in error')
+    const bad = await setup(
+      new ScriptedLiveSource([randomBytes(MiB)], { warm: true, cbt: true }),
+      'Cold',
+      {
+        takeRestorePoint: async () => {
+          throw new MigError('E_MIG_SNAPSHOT_FAILED', 'backup run run-10 failed: the host backup job ended in error')
+        },
       },
-    }, plan)
+      plan,
+    )
     const failed = await runJob(bad.deps)
     expect([failed.state, failed.last_error?.code, failed.restore_point]).toEqual(['Failed', 'E_MIG_SNAPSHOT_FAILED', null])
     expect(existsSync(bad.sink.jobDir(bad.id))).toBe(false)

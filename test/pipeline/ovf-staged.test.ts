@@ -20,7 +20,8 @@ const MiB = 1024 * 1024
 const t = tempDir('mig-staged-')
 afterAll(() => t.cleanup())
 
-const disk = (source: ManifestDisk['source'], format: ManifestDisk['disk_format'], capacity: number): ManifestDisk => ({ label: 'disk0', capacity_bytes: capacity, disk_format: format, source, controller: 'virtio', address: '0' }) as ManifestDisk
+const disk = (source: ManifestDisk['source'], format: ManifestDisk['disk_format'], capacity: number): ManifestDisk =>
+  ({ label: 'disk0', capacity_bytes: capacity, disk_format: format, source, controller: 'virtio', address: '0' }) as ManifestDisk
 
 function split(file: string, chunk: number): string[] {
   const data = readFileSync(file)
@@ -43,7 +44,10 @@ describe('staging gzip-compressed and chunked OVF files', () => {
     const gz = path.join(d, 'disk.vmdk.gz')
     split(gz, 300 * 1024)
     const staging = path.join(d, 'staging')
-    const r = await openDiskReader(disk({ path: gz, member: 'disk.vmdk.gz', length: statSync(gz).size, layout: 'ovf_chunks', compression: 'gzip' }, 'vmdk', 24 * MiB), { stagingDir: staging })
+    const r = await openDiskReader(
+      disk({ path: gz, member: 'disk.vmdk.gz', length: statSync(gz).size, layout: 'ovf_chunks', compression: 'gzip' }, 'vmdk', 24 * MiB),
+      { stagingDir: staging },
+    )
     expect(r.size).toBe(24 * MiB)
     const staged = readdirSync(staging)
     expect(staged.length).toBe(1)
@@ -61,7 +65,10 @@ describe('staging gzip-compressed and chunked OVF files', () => {
     mkdirSync(d)
     const raw = makeRawImage(path.join(d, 'src.raw'), 16 * MiB, 6)
     writeFileSync(path.join(d, 'disk.img.gz'), gzipSync(readFileSync(raw)))
-    const staged = await stageOvfFile({ path: path.join(d, 'disk.img.gz'), compression: 'gzip' }, { dir: path.join(d, 's'), label: 'disk.img.gz', maxBytes: 17 * MiB })
+    const staged = await stageOvfFile(
+      { path: path.join(d, 'disk.img.gz'), compression: 'gzip' },
+      { dir: path.join(d, 's'), label: 'disk.img.gz', maxBytes: 17 * MiB },
+    )
     expect(readFileSync(staged).equals(readFileSync(raw))).toBe(true)
     expect(statSync(staged).blocks * 512).toBeLessThan(4 * MiB)
   })
@@ -79,20 +86,32 @@ describe('staging gzip-compressed and chunked OVF files', () => {
     e = await thrown(() => stageOvfFile({ path: path.join(d, 'cut.gz'), compression: 'gzip' }, { dir, label: 'cut.gz', maxBytes: 4 * MiB }))
     expect([e.code, /gzip/.test(e.message)]).toEqual(['E_MIG_MALFORMED_ARCHIVE', true])
     writeFileSync(path.join(d, 'junk.gz'), Buffer.alloc(4096, 0x41))
-    expect((await thrown(() => stageOvfFile({ path: path.join(d, 'junk.gz'), compression: 'gzip' }, { dir, label: 'junk.gz', maxBytes: 4 * MiB }))).code).toBe('E_MIG_MALFORMED_ARCHIVE')
+    expect((await thrown(() => stageOvfFile({ path: path.join(d, 'junk.gz'), compression: 'gzip' }, { dir, label: 'junk.gz', maxBytes: 4 * MiB }))).code).toBe(
+      'E_MIG_MALFORMED_ARCHIVE',
+    )
     // chunks: one removed, then the set changed in size since inspection
     writeFileSync(path.join(d, 'c.img'), Buffer.alloc(3 * MiB, 1))
     const chunks = split(path.join(d, 'c.img'), MiB)
     execFileSync('rm', [chunks[1]!])
-    e = await thrown(() => stageOvfFile({ path: path.join(d, 'c.img'), member: 'c.img', length: 3 * MiB, layout: 'ovf_chunks' }, { dir, label: 'c.img', maxBytes: 4 * MiB }))
+    e = await thrown(() =>
+      stageOvfFile({ path: path.join(d, 'c.img'), member: 'c.img', length: 3 * MiB, layout: 'ovf_chunks' }, { dir, label: 'c.img', maxBytes: 4 * MiB }),
+    )
     expect([e.code, /c\.img\.000000001/.test(e.message)]).toEqual(['E_MIG_MALFORMED_ARCHIVE', true])
     writeFileSync(chunks[1]!, Buffer.alloc(MiB - 512, 1))
-    expect((await thrown(() => stageOvfFile({ path: path.join(d, 'c.img'), member: 'c.img', length: 3 * MiB, layout: 'ovf_chunks' }, { dir, label: 'c.img', maxBytes: 4 * MiB }))).code).toBe('E_MIG_MALFORMED_ARCHIVE')
+    expect(
+      (
+        await thrown(() =>
+          stageOvfFile({ path: path.join(d, 'c.img'), member: 'c.img', length: 3 * MiB, layout: 'ovf_chunks' }, { dir, label: 'c.img', maxBytes: 4 * MiB }),
+        )
+      ).code,
+    ).toBe('E_MIG_MALFORMED_ARCHIVE')
     // cancellation
     writeFileSync(path.join(d, 'big.gz'), gzipSync(Buffer.alloc(256 * MiB, 3)))
     const ac = new AbortController()
     setTimeout(() => ac.abort(), 50)
-    e = await thrown(() => stageOvfFile({ path: path.join(d, 'big.gz'), compression: 'gzip' }, { dir, label: 'big.gz', maxBytes: 512 * MiB, signal: ac.signal }))
+    e = await thrown(() =>
+      stageOvfFile({ path: path.join(d, 'big.gz'), compression: 'gzip' }, { dir, label: 'big.gz', maxBytes: 512 * MiB, signal: ac.signal }),
+    )
     expect(e.code).toBe('E_MIG_CANCELLED')
     // nothing is left in the staging directory after any failure
     expect(readdirSync(dir)).toEqual([])

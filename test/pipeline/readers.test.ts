@@ -204,7 +204,12 @@ describe('raw and XVA readers', () => {
     writeFileSync(path.join(dir, 'ova.xml'), '<value/>')
     const capacity = 10 * MiB
     const expected = Buffer.alloc(capacity)
-    const blocks: Record<number, Buffer> = { 0: randomBytes(MiB), 3: Buffer.concat([randomBytes(MiB / 2), Buffer.alloc(MiB / 2)]), 4: randomBytes(MiB), 9: randomBytes(MiB) }
+    const blocks: Record<number, Buffer> = {
+      0: randomBytes(MiB),
+      3: Buffer.concat([randomBytes(MiB / 2), Buffer.alloc(MiB / 2)]),
+      4: randomBytes(MiB),
+      9: randomBytes(MiB),
+    }
     for (const [i, b] of Object.entries(blocks)) {
       const name = String(i).padStart(8, '0')
       writeFileSync(path.join(dir, 'Ref:5', name), b)

@@ -103,7 +103,11 @@ describe('FileSink', () => {
     await v2.write(0, randomBytes(4096))
     await v2.flush()
     await v2.close()
-    expect(readFileSync(img).subarray(MiB, MiB + a.length).equals(a)).toBe(false)
+    expect(
+      readFileSync(img)
+        .subarray(MiB, MiB + a.length)
+        .equals(a),
+    ).toBe(false)
     await snap.rollback()
     await snap.release()
     const back = readFileSync(img)

@@ -53,7 +53,11 @@ esac
 `,
     { mode: 0o755 },
   )
-  writeFileSync(failingDiscard, `#!/bin/sh\necho "$@" >> ${JSON.stringify(discardLog)}\necho 'blkdiscard: BLKDISCARD ioctl failed: Operation not supported' >&2\nexit 1\n`, { mode: 0o755 })
+  writeFileSync(
+    failingDiscard,
+    `#!/bin/sh\necho "$@" >> ${JSON.stringify(discardLog)}\necho 'blkdiscard: BLKDISCARD ioctl failed: Operation not supported' >&2\nexit 1\n`,
+    { mode: 0o755 },
+  )
 })
 
 afterAll(() => {
@@ -61,7 +65,13 @@ afterAll(() => {
   tmp.cleanup()
 })
 
-const zfsCalls = (): string[][] => (existsSync(zfsLog) ? readFileSync(zfsLog, 'utf8').trim().split('\n').map((l) => JSON.parse(l)) : [])
+const zfsCalls = (): string[][] =>
+  existsSync(zfsLog)
+    ? readFileSync(zfsLog, 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l))
+    : []
 function readDev(offset: number, length: number): Buffer {
   const fd = openSync(loop, 'r')
   const b = Buffer.alloc(length)
@@ -88,7 +98,9 @@ describe('ZvolSink', () => {
   test('create runs the exact zfs create argv, waits for the device and writes the block device', async () => {
     const s = sink()
     const v = await s.create('job-1', 'Hard disk 1', 10 * MiB + 1)
-    expect(zfsCalls()).toEqual([['create', '-p', '-s', '-V', String(10 * MiB + 65536), '-o', 'volblocksize=64K', '-o', 'compression=lz4', 'tank/migrator/migrations/job-1/Hard_disk_1']])
+    expect(zfsCalls()).toEqual([
+      ['create', '-p', '-s', '-V', String(10 * MiB + 65536), '-o', 'volblocksize=64K', '-o', 'compression=lz4', 'tank/migrator/migrations/job-1/Hard_disk_1'],
+    ])
     expect(v.path).toBe(path.join(root, 'dev', 'zvol', 'tank/migrator/migrations/job-1/Hard_disk_1'))
     expect(lstatSync(v.path).isSymbolicLink()).toBe(true)
     expect(v.blockSize).toBe(65536)
@@ -115,7 +127,13 @@ describe('ZvolSink', () => {
   })
 
   test('when blkdiscard fails the sink zero-fills, and remembers not to try again', async () => {
-    const s = new ZvolSink({ pool: 'tank', appliance: 'migrator', zfsPath: zfsDouble, devPrefix: path.join(root, 'dev', 'zvol'), blkdiscardPath: failingDiscard })
+    const s = new ZvolSink({
+      pool: 'tank',
+      appliance: 'migrator',
+      zfsPath: zfsDouble,
+      devPrefix: path.join(root, 'dev', 'zvol'),
+      blkdiscardPath: failingDiscard,
+    })
     const v = await s.create('job-1', 'Hard disk 1', 10 * MiB + 1)
     await v.write(4 * MiB, randomBytes(4 * MiB))
     await v.zero(4 * MiB, 2 * MiB)
@@ -128,14 +146,18 @@ describe('ZvolSink', () => {
   })
 
   test('a device smaller than the capacity is E_MIG_DISK_WRITE_FAILED', async () => {
-    const err = await sink().create('job-2', 'big', 128 * MiB).catch((e) => e)
+    const err = await sink()
+      .create('job-2', 'big', 128 * MiB)
+      .catch((e) => e)
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_DISK_WRITE_FAILED')
     expect(err.message).toContain('less than the capacity')
   })
 
   test('a failing zfs create is E_MIG_DISK_WRITE_FAILED carrying its stderr', async () => {
-    const err = await sink().create('job-3', 'fail', MiB).catch((e) => e)
+    const err = await sink()
+      .create('job-3', 'fail', MiB)
+      .catch((e) => e)
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_DISK_WRITE_FAILED')
     expect(err.message).toContain('out of space')
@@ -164,7 +186,10 @@ describe('ZvolSink', () => {
       ['rollback', '-r', `${ds}/disk1@pre-v2v`],
       ['destroy', '-r', `${ds}@pre-v2v`],
     ])
-    const err = await sink().snapshot('job-fail').take().catch((e) => e)
+    const err = await sink()
+      .snapshot('job-fail')
+      .take()
+      .catch((e) => e)
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_DISK_WRITE_FAILED')
     expect(err.message).toContain('out of space')

@@ -33,7 +33,15 @@ export async function openBrowser(opts: { httpCredentials?: { username: string; 
   const context = await chromium.launchPersistentContext(profile, {
     executablePath: process.env.MIGRATOR_CHROMIUM ?? '/usr/bin/chromium',
     headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+    ],
     viewport: { width: 1280, height: 900 },
     httpCredentials: opts.httpCredentials,
   })

@@ -44,7 +44,13 @@ describe('web console (Bun server, Chromium)', () => {
     await prepareHost(t.dir)
     mkdirSync(inputs)
     // a guest that boots must print a pattern its disk never prints: the boot test fails with a serial log
-    srv = await startServer('bun', data, { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(CAP), MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_BOOT_GRACE_SECONDS: '1', MIGRATOR_BOOT_TIMEOUT_SECONDS: '4', MIGRATOR_BOOT_SERIAL_PATTERN: 'I17-NEVER-PRINTED' })
+    srv = await startServer('bun', data, {
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(CAP),
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+      MIGRATOR_BOOT_GRACE_SECONDS: '1',
+      MIGRATOR_BOOT_TIMEOUT_SECONDS: '4',
+      MIGRATOR_BOOT_SERIAL_PATTERN: 'I17-NEVER-PRINTED',
+    })
     b = await openBrowser()
     b.page.on('request', (r) => requested.push(r.url()))
   }, 120_000)
@@ -83,7 +89,13 @@ describe('web console (Bun server, Chromium)', () => {
     expect([...seen].some((v) => v > 0 && v < 100)).toBe(true)
     expect(await page.getByTestId('job-bar').getAttribute('aria-valuenow')).toBe('100')
     const job = (await call(srv.base, 'GET', `/migrations/${id}`)).body
-    expect([job.state, job.plan.source_ref.kind, job.plan.start, job.domain, job.progress.bytes_done]).toEqual(['Completed', 'upload', false, 'i17-upload', 16 * MiB])
+    expect([job.state, job.plan.source_ref.kind, job.plan.start, job.domain, job.progress.bytes_done]).toEqual([
+      'Completed',
+      'upload',
+      false,
+      'i17-upload',
+      16 * MiB,
+    ])
     // figures, per-disk bar, chart from the progress events, timeline through Starting
     const figures = await page.getByTestId('figures').textContent()
     expect(figures).toContain('16.0 MiB of 16.0 MiB')
@@ -149,7 +161,13 @@ describe('web console (Bun server, Chromium)', () => {
     const id = await submitPlan(page, page, 'i17-host')
     await page.locator('[data-testid=job][data-state=Completed]').waitFor({ timeout: 60_000 })
     const job = (await call(srv.base, 'GET', `/migrations/${id}`)).body
-    expect([job.state, job.plan.source, job.plan.source_ref, job.plan.name, job.plan.start]).toEqual(['Completed', { Offline: 'ova_archive' }, { kind: 'offline_host_path', path: 'i17-host/i17-host.ova' }, 'i17-host', false])
+    expect([job.state, job.plan.source, job.plan.source_ref, job.plan.name, job.plan.start]).toEqual([
+      'Completed',
+      { Offline: 'ova_archive' },
+      { kind: 'offline_host_path', path: 'i17-host/i17-host.ova' },
+      'i17-host',
+      false,
+    ])
   }, 90_000)
 
   test('cancel a running job from the page: confirmation, then Cancelled with E_MIG_CANCELLED and its volumes removed', async () => {
@@ -157,13 +175,27 @@ describe('web console (Bun server, Chromium)', () => {
     const root = path.join(data, 'imports', 'i17-cancel')
     mkdirSync(root, { recursive: true })
     buildInput('qcow2', root, 'i17-cancel', [rawImage(path.join(inputs, 'cancel.raw'), 32 * MiB, 32 * MiB)])
-    const created = await call(srv.base, 'POST', '/migrations', { plan: { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: 'i17-cancel/i17-cancel/i17-cancel.qcow2' }, mode: 'Cold', name: 'i17-cancel', start: false } })
+    const created = await call(srv.base, 'POST', '/migrations', {
+      plan: {
+        source: { Offline: 'qcow2' },
+        source_ref: { kind: 'offline_host_path', path: 'i17-cancel/i17-cancel/i17-cancel.qcow2' },
+        mode: 'Cold',
+        name: 'i17-cancel',
+        start: false,
+      },
+    })
     expect(created.status).toBe(201)
     const id = created.body.id
     const { page } = b
     // from the previous test's job page: a hash navigation, the page must not show that job
     await page.goto(consoleUrl(srv.base, `#/migrations/${id}`))
-    await page.waitForFunction(() => document.querySelector('[data-testid=job]')?.getAttribute('data-state') === 'CopyingFull' && Number(document.querySelector('[data-testid=job-bar]')?.getAttribute('aria-valuenow')) > 0, undefined, { timeout: 30_000 })
+    await page.waitForFunction(
+      () =>
+        document.querySelector('[data-testid=job]')?.getAttribute('data-state') === 'CopyingFull' &&
+        Number(document.querySelector('[data-testid=job-bar]')?.getAttribute('aria-valuenow')) > 0,
+      undefined,
+      { timeout: 30_000 },
+    )
     expect(await page.getByTestId('job-meta').textContent()).toContain(id)
     // the first click only asks
     await page.getByTestId('cancel').click()
@@ -185,7 +217,14 @@ describe('web console (Bun server, Chromium)', () => {
     mkdirSync(root, { recursive: true })
     const disk = makeBootDisk(path.join(inputs, 'boot.raw'), 'I17-SERIAL-TAIL-4242', 2 * MiB)
     const input = buildInput('qcow2', root, 'i17-boot', [disk.path])
-    const created = await call(srv.base, 'POST', '/migrations', { plan: { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: path.relative(path.join(data, 'imports'), input.path) }, mode: 'Cold', name: 'i17-boot' } })
+    const created = await call(srv.base, 'POST', '/migrations', {
+      plan: {
+        source: { Offline: 'qcow2' },
+        source_ref: { kind: 'offline_host_path', path: path.relative(path.join(data, 'imports'), input.path) },
+        mode: 'Cold',
+        name: 'i17-boot',
+      },
+    })
     expect(created.status).toBe(201)
     const { page } = b
     await page.goto(consoleUrl(srv.base, `#/migrations/${created.body.id}`))

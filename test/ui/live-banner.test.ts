@@ -37,7 +37,17 @@ describe('web console: vSphere source, warm plan without CBT (vCenter simulator)
   test('register, test, list, inspect, start Warm: the downgrade banner shows and the job completes cold', async () => {
     const raw = makeRawImage(path.join(t.dir, 'nocbt.raw'), 8 * MiB, 3)
     const file = await putVmdk(v, 'i17-nocbt', 'i17-nocbt', raw, 'flat')
-    await v.createVm({ name: 'i17-nocbt', guest_id: 'debian10_64Guest', firmware: 'bios', num_cpu: 1, memory_mb: 128, cbt: false, power_on: true, disks: [{ file, capacity_bytes: 8 * MiB }], nics: [{ mac: '00:50:56:0a:0b:0c' }] })
+    await v.createVm({
+      name: 'i17-nocbt',
+      guest_id: 'debian10_64Guest',
+      firmware: 'bios',
+      num_cpu: 1,
+      memory_mb: 128,
+      cbt: false,
+      power_on: true,
+      disks: [{ file, capacity_bytes: 8 * MiB }],
+      nics: [{ mac: '00:50:56:0a:0b:0c' }],
+    })
     const { page } = b
     await page.goto(consoleUrl(srv.base, '#/sources'))
     const form = page.getByTestId('add-source')
@@ -72,7 +82,14 @@ describe('web console: vSphere source, warm plan without CBT (vCenter simulator)
     expect(await page.getByTestId('error').count()).toBe(0)
     await b.screenshot('warm-downgrade-banner')
     const job = (await call(srv.base, 'GET', `/migrations/${id}`)).body
-    expect([job.plan.mode, job.effective_mode, job.state, job.last_error?.code, job.last_error?.fatal, job.plan.source_ref.source_id]).toEqual(['Warm', 'Cold', 'Completed', 'E_MIG_CBT_UNSUPPORTED', false, sources[0].id])
+    expect([job.plan.mode, job.effective_mode, job.state, job.last_error?.code, job.last_error?.fatal, job.plan.source_ref.source_id]).toEqual([
+      'Warm',
+      'Cold',
+      'Completed',
+      'E_MIG_CBT_UNSUPPORTED',
+      false,
+      sources[0].id,
+    ])
     expect(await page.getByTestId('job-meta').textContent()).toContain('live, cold (asked warm)')
   }, 180_000)
 })

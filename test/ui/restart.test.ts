@@ -28,7 +28,13 @@ describe('web console across a server restart', () => {
     await prepareHost(t.dir)
     // a short lease (8 s, eight worker heartbeats of margin on a loaded machine): the restarted
     // server resumes the job soon after the first one stopped
-    env = { MIGRATOR_LISTEN: `127.0.0.1:${await freePort()}`, MIGRATOR_LEASE_SECONDS: '8', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(2 * MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(4 * MiB), MIGRATOR_DOMAIN_TYPE: 'qemu' }
+    env = {
+      MIGRATOR_LISTEN: `127.0.0.1:${await freePort()}`,
+      MIGRATOR_LEASE_SECONDS: '8',
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(2 * MiB),
+      MIGRATOR_FLUSH_EVERY_BYTES: String(4 * MiB),
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+    }
     srv = await startServer('bun', data, env)
     b = await openBrowser()
   }, 120_000)
@@ -41,7 +47,13 @@ describe('web console across a server restart', () => {
     const raw = path.join(t.dir, 'restart.raw')
     writeFileSync(raw, randomBytes(16 * MiB))
     const input = buildInput('qcow2', root, 'i17-restart', [raw])
-    const job = await submit(srv.base, { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: path.relative(root, input.path) }, mode: 'Cold', name: 'i17-restart', start: false })
+    const job = await submit(srv.base, {
+      source: { Offline: 'qcow2' },
+      source_ref: { kind: 'offline_host_path', path: path.relative(root, input.path) },
+      mode: 'Cold',
+      name: 'i17-restart',
+      start: false,
+    })
     const { page } = b
     const streams: Array<{ url: string; lastEventId: string | undefined }> = []
     page.on('request', async (r) => {
@@ -74,7 +86,13 @@ describe('web console across a server restart', () => {
     // the list (same page, no reload) has the job Completed and shows a job submitted now
     await page.evaluate(() => (location.hash = '#/'))
     await page.locator(`[data-job="${job.id}"][data-state=Completed]`).waitFor()
-    const second = await submit(srv.base, { source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_host_path', path: path.relative(root, input.path) }, mode: 'Cold', name: 'i17-restart-2', start: false })
+    const second = await submit(srv.base, {
+      source: { Offline: 'qcow2' },
+      source_ref: { kind: 'offline_host_path', path: path.relative(root, input.path) },
+      mode: 'Cold',
+      name: 'i17-restart-2',
+      start: false,
+    })
     await page.locator(`[data-job="${second.id}"]`).waitFor({ timeout: 10_000 })
     await call(srv.base, 'POST', `/migrations/${second.id}/cancel`)
     await waitJob(srv.base, second.id)

@@ -33,7 +33,12 @@ describe('configuration (zod)', () => {
   })
 
   test('the resolved configuration is plain JSON data (what the supervisor sends its workers)', () => {
-    const c = loadConfig({ MIGRATOR_DATA_DIR: '/srv/m', MIGRATOR_BACKUP_URL: 'https://host', MIGRATOR_BOOT_SERIAL_PATTERN: 'login:', MIGRATOR_KEEP_ON_CANCEL: '1' })
+    const c = loadConfig({
+      MIGRATOR_DATA_DIR: '/srv/m',
+      MIGRATOR_BACKUP_URL: 'https://host',
+      MIGRATOR_BOOT_SERIAL_PATTERN: 'login:',
+      MIGRATOR_KEEP_ON_CANCEL: '1',
+    })
     expect(JSON.parse(JSON.stringify(c))).toEqual(c)
     expect(c.keepOnCancel).toBe(true)
     expect(c.backup?.restorePointTimeoutSeconds).toBe(600)

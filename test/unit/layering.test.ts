@@ -15,7 +15,10 @@ function tsFiles(dir: string): string[] {
 /** Every relative module a file imports or re-exports (static, `import type`, dynamic `import()`), as root-relative paths. */
 function importsOf(file: string): string[] {
   const src = readFileSync(file, 'utf8')
-  const specs = [...src.matchAll(/(?:^|\n)\s*(?:import|export)\b[^'"]*?\bfrom\s*['"]([^'"]+)['"]/g), ...src.matchAll(/\bimport\(\s*['"]([^'"]+)['"]\s*\)/g)].map((m) => m[1]!)
+  const specs = [
+    ...src.matchAll(/(?:^|\n)\s*(?:import|export)\b[^'"]*?\bfrom\s*['"]([^'"]+)['"]/g),
+    ...src.matchAll(/\bimport\(\s*['"]([^'"]+)['"]\s*\)/g),
+  ].map((m) => m[1]!)
   return specs.filter((s) => s.startsWith('.')).map((s) => relative(ROOT, resolve(dirname(file), s)))
 }
 

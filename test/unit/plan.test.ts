@@ -16,7 +16,16 @@ describe('plan validation (spec 2.1)', () => {
 
   test('accepts the optional fields of DESIGN.md section 3', () => {
     const p = parseSubmitBody({
-      plan: { ...offline, name: 'web01', destination: { pool: 'tank' }, guest_os: 'windows', networks: [{ source: 'VM Network', bridge: 'br0' }], firmware: 'efi', start: false, restore_point: { backup_job_id: '6f1c2a8e-4b7d-4c3e-9a2b-1d2e3f4a5b6c', require_quiesced: true } },
+      plan: {
+        ...offline,
+        name: 'web01',
+        destination: { pool: 'tank' },
+        guest_os: 'windows',
+        networks: [{ source: 'VM Network', bridge: 'br0' }],
+        firmware: 'efi',
+        start: false,
+        restore_point: { backup_job_id: '6f1c2a8e-4b7d-4c3e-9a2b-1d2e3f4a5b6c', require_quiesced: true },
+      },
     })
     expect(p.guest_os).toBe('windows')
   })

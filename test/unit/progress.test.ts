@@ -7,13 +7,29 @@ const MiB = 1024 * 1024
 describe('ProgressTracker', () => {
   test('rate and ETA per job and per disk, zero bytes per disk and in total', () => {
     let now = 0
-    const p = new ProgressTracker([{ label: 'a', capacity_bytes: 100 * MiB }, { label: 'b', capacity_bytes: 50 * MiB }], new Map(), () => now)
+    const p = new ProgressTracker(
+      [
+        { label: 'a', capacity_bytes: 100 * MiB },
+        { label: 'b', capacity_bytes: 50 * MiB },
+      ],
+      new Map(),
+      () => now,
+    )
     expect(p.snapshot()).toMatchObject({ bytes_total: 150 * MiB, bytes_done: 0, rate_bytes_per_s: 0, eta_s: null })
     now = 2000
     p.add('a', 40 * MiB, 10 * MiB)
     const s = p.snapshot()
     expect([s.bytes_done, s.bytes_zero, s.rate_bytes_per_s, s.eta_s]).toEqual([40 * MiB, 10 * MiB, 20 * MiB, 6])
-    expect(s.disks[0]).toEqual({ label: 'a', capacity_bytes: 100 * MiB, bytes_done: 40 * MiB, bytes_zero: 10 * MiB, rate_bytes_per_s: 20 * MiB, eta_s: 3, watermark: 0, bytes_read: 0 })
+    expect(s.disks[0]).toEqual({
+      label: 'a',
+      capacity_bytes: 100 * MiB,
+      bytes_done: 40 * MiB,
+      bytes_zero: 10 * MiB,
+      rate_bytes_per_s: 20 * MiB,
+      eta_s: 3,
+      watermark: 0,
+      bytes_read: 0,
+    })
     expect(s.disks[1]).toMatchObject({ bytes_done: 0, rate_bytes_per_s: 0, eta_s: null })
     now = 4000
     p.finish('a')

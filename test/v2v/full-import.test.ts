@@ -20,7 +20,20 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
-import { closeSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs'
+import {
+  closeSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+  writeSync,
+} from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import type { ManifestDisk, VmManifest } from '../../lib/manifest.ts'
@@ -223,8 +236,22 @@ describe('fullImportCommand', () => {
     const m = hyperv({
       name: 'SQL <Prod> 01',
       disks: [
-        { label: 'OS', capacity_bytes: 64 * 1024 * MiB, disk_format: 'vhdx', source: { path: '/var/lib/app/imports/sql/Virtual Hard Disks/OS.vhdx' }, controller: 'scsi', address: '0:0' },
-        { label: 'Logs', capacity_bytes: 10 * 1024 * MiB, disk_format: 'vpc', source: { path: '/var/lib/app/imports/sql/Virtual Hard Disks/Logs & Temp.vhd' }, controller: 'ide', address: '0:1' },
+        {
+          label: 'OS',
+          capacity_bytes: 64 * 1024 * MiB,
+          disk_format: 'vhdx',
+          source: { path: '/var/lib/app/imports/sql/Virtual Hard Disks/OS.vhdx' },
+          controller: 'scsi',
+          address: '0:0',
+        },
+        {
+          label: 'Logs',
+          capacity_bytes: 10 * 1024 * MiB,
+          disk_format: 'vpc',
+          source: { path: '/var/lib/app/imports/sql/Virtual Hard Disks/Logs & Temp.vhd' },
+          controller: 'ide',
+          address: '0:1',
+        },
       ],
       nics: [
         { label: 'nic0', mac: '00:15:5d:0a:0b:0c', model: 'virtio', network: 'External Switch' },
@@ -233,10 +260,23 @@ describe('fullImportCommand', () => {
     })
     const c = fullImportCommand(m, '/var/tmp/mig/vmcx-import-x1', { env: { LIBGUESTFS_BACKEND_SETTINGS: 'force_tcg' }, virtioWinIso: '/srv/virtio-win.iso' })
     expect(c.argv).toEqual([
-      'virt-v2v', '-i', 'libvirtxml', '/var/tmp/mig/vmcx-import-x1/input.xml',
-      '-o', 'local', '-os', '/var/tmp/mig/vmcx-import-x1/out',
-      '-of', 'raw', '-oa', 'sparse', '-on', 'SQL_Prod_01',
-      '--root', 'first', '--machine-readable',
+      'virt-v2v',
+      '-i',
+      'libvirtxml',
+      '/var/tmp/mig/vmcx-import-x1/input.xml',
+      '-o',
+      'local',
+      '-os',
+      '/var/tmp/mig/vmcx-import-x1/out',
+      '-of',
+      'raw',
+      '-oa',
+      'sparse',
+      '-on',
+      'SQL_Prod_01',
+      '--root',
+      'first',
+      '--machine-readable',
     ])
     expect(c.env).toEqual({
       PATH: process.env.PATH || '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
@@ -332,7 +372,9 @@ describe('runV2vFullImport with the real virt-v2v', () => {
     expect(err.message).toContain('inspection could not detect the source guest')
     expect(err.details.exit_code).toBe(1)
     expect(err.details.last_lines.join('\n')).toContain('No root device found in this operating system image.')
-    expect(messages).toEqual(expect.arrayContaining([expect.stringMatching(/^Setting up the source: -i libvirtxml .*\/input\.xml$/), 'Opening the source', 'Inspecting the source']))
+    expect(messages).toEqual(
+      expect.arrayContaining([expect.stringMatching(/^Setting up the source: -i libvirtxml .*\/input\.xml$/), 'Opening the source', 'Inspecting the source']),
+    )
     expect(messages.some((t) => t.startsWith('Copying disk'))).toBe(false)
     expect(progress).toEqual([])
     expect(sha(vol.path)).toBe(before)
@@ -362,7 +404,15 @@ describe("virt-v2v's real output path through the volume links", () => {
       execFileSync('ln', ['-s', c.volumes[i]!.path, link])
       execFileSync('guestfish', ['--', 'disk-create', link, 'raw', String(c.caps[i])], { env: { ...process.env, LIBGUESTFS_BACKEND: 'direct' } })
       const d = c.m.disks[i]!
-      execFileSync('nbdkit', ['-U', '-', '--run', `qemu-img convert -n -f ${d.disk_format} -O raw '${d.source.path}' "$nbd"`, 'file', `file=${link}`, 'cache=none'])
+      execFileSync('nbdkit', [
+        '-U',
+        '-',
+        '--run',
+        `qemu-img convert -n -f ${d.disk_format} -O raw '${d.source.path}' "$nbd"`,
+        'file',
+        `file=${link}`,
+        'cache=none',
+      ])
     }
     expect(statSync(c.volumes[0]!.path).ino).toBe(fileInode)
     expect(statSync(c.volumes[0]!.path).size).toBe(c.caps[0]!)
@@ -392,12 +442,36 @@ describe('runV2vFullImport with virt-v2v-test-double (a test double, not the rea
     const argv = recorded(c.rec, 'argv').split('\n').slice(0, -1)
     const runDir = path.dirname(argv[2]!)
     expect(path.dirname(runDir)).toBe(c.workDir)
-    expect(argv).toEqual(['-i', 'libvirtxml', `${runDir}/input.xml`, '-o', 'local', '-os', `${runDir}/out`, '-of', 'raw', '-oa', 'sparse', '-on', 'SQL_Prod_01', '--root', 'first', '--machine-readable'])
+    expect(argv).toEqual([
+      '-i',
+      'libvirtxml',
+      `${runDir}/input.xml`,
+      '-o',
+      'local',
+      '-os',
+      `${runDir}/out`,
+      '-of',
+      'raw',
+      '-oa',
+      'sparse',
+      '-on',
+      'SQL_Prod_01',
+      '--root',
+      'first',
+      '--machine-readable',
+    ])
     expect(recorded(c.rec, 'input.xml')).toBe(fullImportCommand(c.m, runDir).inputXml)
-    const env = Object.fromEntries(recorded(c.rec, 'env').split('\n').filter(Boolean).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]))
-    expect(Object.keys(env).filter((k) => !['PWD', 'SHLVL', '_', 'OLDPWD'].includes(k)).sort()).toEqual(
-      ['HOME', 'LC_ALL', 'LIBGUESTFS_BACKEND', 'LIBGUESTFS_BACKEND_SETTINGS', 'PATH', 'V2V_DOUBLE_MODE', 'V2V_DOUBLE_RECORD', 'VIRT_V2V_TMPDIR'],
+    const env = Object.fromEntries(
+      recorded(c.rec, 'env')
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]),
     )
+    expect(
+      Object.keys(env)
+        .filter((k) => !['PWD', 'SHLVL', '_', 'OLDPWD'].includes(k))
+        .sort(),
+    ).toEqual(['HOME', 'LC_ALL', 'LIBGUESTFS_BACKEND', 'LIBGUESTFS_BACKEND_SETTINGS', 'PATH', 'V2V_DOUBLE_MODE', 'V2V_DOUBLE_RECORD', 'VIRT_V2V_TMPDIR'])
     expect(env.VIRT_V2V_TMPDIR).toBe(`${runDir}/tmp`)
     // Before the tool ran, each output disk was a link to its volume.
     const listing = recorded(c.rec, 'os-listing')
@@ -428,7 +502,16 @@ describe('runV2vFullImport with virt-v2v-test-double (a test double, not the rea
     const calls: Array<[string, number]> = []
     const fileInode = statSync(c.volumes[0]!.path).ino
     const mode = statSync(c.volumes[0]!.path).mode & 0o7777
-    const r = await runV2vFullImport({ manifest: c.m, volumes: c.volumes, signal: new AbortController().signal, onProgress: (l, b) => calls.push([l, b]), binary: DOUBLE, env: doubleEnv(c.rec, 'beside'), workDir: c.workDir, virtioWinIso: null })
+    const r = await runV2vFullImport({
+      manifest: c.m,
+      volumes: c.volumes,
+      signal: new AbortController().signal,
+      onProgress: (l, b) => calls.push([l, b]),
+      binary: DOUBLE,
+      env: doubleEnv(c.rec, 'beside'),
+      workDir: c.workDir,
+      virtioWinIso: null,
+    })
     expect(r.placement).toEqual(['renamed', 'copied'])
     expect(r.warnings.filter((w) => w.includes('instead of the volume link'))).toHaveLength(2)
     expect(sha(c.volumes[0]!.path)).toBe(c.expected[0]!)
@@ -441,7 +524,15 @@ describe('runV2vFullImport with virt-v2v-test-double (a test double, not the rea
 
   test('a converted disk of the wrong size or missing: E_MIG_V2V_FAILED', async () => {
     const c = await twoDiskCase()
-    const base = { manifest: c.m, volumes: c.volumes, signal: new AbortController().signal, onProgress: () => {}, binary: DOUBLE, workDir: c.workDir, virtioWinIso: null }
+    const base = {
+      manifest: c.m,
+      volumes: c.volumes,
+      signal: new AbortController().signal,
+      onProgress: () => {},
+      binary: DOUBLE,
+      workDir: c.workDir,
+      virtioWinIso: null,
+    }
     const short = await thrown(() => runV2vFullImport({ ...base, env: doubleEnv(c.rec, 'short') }))
     expect(short).toBeInstanceOf(MigError)
     expect(short.code).toBe('E_MIG_V2V_FAILED')
@@ -485,7 +576,15 @@ describe('runV2vFullImport with virt-v2v-test-double (a test double, not the rea
 
   test('preflight: missing binary, missing source, differencing disk, mismatched volumes; nothing runs', async () => {
     const c = await twoDiskCase()
-    const base = { manifest: c.m, volumes: c.volumes, signal: new AbortController().signal, onProgress: () => {}, env: doubleEnv(c.rec, 'ok'), workDir: c.workDir, virtioWinIso: null }
+    const base = {
+      manifest: c.m,
+      volumes: c.volumes,
+      signal: new AbortController().signal,
+      onProgress: () => {},
+      env: doubleEnv(c.rec, 'ok'),
+      workDir: c.workDir,
+      virtioWinIso: null,
+    }
     const noBin = await thrown(() => runV2vFullImport({ ...base, binary: 'virt-v2v-not-installed-here' }))
     expect(noBin.code).toBe('E_MIG_V2V_FAILED')
     expect(noBin.message).toContain('virt-v2v-not-installed-here not found')

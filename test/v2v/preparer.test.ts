@@ -81,7 +81,11 @@ function setup(opts: { failRollback?: boolean; failTake?: boolean } = {}) {
 }
 
 function preparer(dir: string, mode: string, extra: Record<string, string> = {}, binary = DOUBLE, iso = ISO) {
-  return new V2vPreparer({ virtioWinIso: iso, binary, env: { V2V_DOUBLE_RECORD: dir, V2V_DOUBLE_MODE: mode, LIBGUESTFS_BACKEND_SETTINGS: 'force_tcg', ...extra } })
+  return new V2vPreparer({
+    virtioWinIso: iso,
+    binary,
+    env: { V2V_DOUBLE_RECORD: dir, V2V_DOUBLE_MODE: mode, LIBGUESTFS_BACKEND_SETTINGS: 'force_tcg', ...extra },
+  })
 }
 
 /** True while `pid` is a live process (a zombie waiting for its reaper counts as dead). */
@@ -120,7 +124,13 @@ describe('V2vPreparer.command', () => {
   })
 
   test('several volumes: -i libvirtxml with a minimal XML listing the disks in order', () => {
-    const m = manifest({ name: 'win<&>"2019', firmware: 'efi', memory_bytes: 4 * 1024 ** 3, cpu: { count: 4, cores_per_socket: 2 }, disks: [disk('C'), disk('D')] })
+    const m = manifest({
+      name: 'win<&>"2019',
+      firmware: 'efi',
+      memory_bytes: 4 * 1024 ** 3,
+      cpu: { count: 4, cores_per_socket: 2 },
+      disks: [disk('C'), disk('D')],
+    })
     const c = new V2vPreparer({ virtioWinIso: '/srv/iso/virtio-win-0.1.240.iso' }).command(
       [
         { label: 'C', path: '/dev/zvol/t/C' },
@@ -174,9 +184,26 @@ describe('V2vPreparer.run with the test double', () => {
     const s = setup()
     const before = s.sha()
     const progress: Array<number | string> = []
-    const r = await preparer(s.dir, 'ok').run([{ label: 'C', path: s.vol }], WIN, { snapshot: s.snapshot, onProgress: (p) => progress.push(p.fraction ?? p.message!) })
-    expect(readFileSync(path.join(s.dir, 'argv'), 'utf8').split('\n').slice(0, -1)).toEqual(['-i', 'disk', '-if', 'raw', '--root', 'first', '--machine-readable', s.vol])
-    const env = Object.fromEntries(readFileSync(path.join(s.dir, 'env'), 'utf8').split('\n').filter(Boolean).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]))
+    const r = await preparer(s.dir, 'ok').run([{ label: 'C', path: s.vol }], WIN, {
+      snapshot: s.snapshot,
+      onProgress: (p) => progress.push(p.fraction ?? p.message!),
+    })
+    expect(readFileSync(path.join(s.dir, 'argv'), 'utf8').split('\n').slice(0, -1)).toEqual([
+      '-i',
+      'disk',
+      '-if',
+      'raw',
+      '--root',
+      'first',
+      '--machine-readable',
+      s.vol,
+    ])
+    const env = Object.fromEntries(
+      readFileSync(path.join(s.dir, 'env'), 'utf8')
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]),
+    )
     expect(env.VIRTIO_WIN).toBe(ISO)
     expect(env.LIBGUESTFS_BACKEND).toBe('direct')
     expect(env.LIBGUESTFS_BACKEND_SETTINGS).toBe('force_tcg')
@@ -184,9 +211,21 @@ describe('V2vPreparer.run with the test double', () => {
     expect(env.VIRT_V2V_TMPDIR).toMatch(/^\/var\/tmp\/mig-v2v-/)
     expect(readFileSync(path.join(s.dir, 'tmpdir-existed'), 'utf8')).toBe('yes\n')
     expect(existsSync(env.VIRT_V2V_TMPDIR!)).toBe(false) // removed afterwards
-    expect(Object.keys(env).filter((k) => !['PWD', 'SHLVL', '_'].includes(k)).sort()).toEqual(
-      ['HOME', 'LC_ALL', 'LIBGUESTFS_BACKEND', 'LIBGUESTFS_BACKEND_SETTINGS', 'PATH', 'V2V_DOUBLE_MODE', 'V2V_DOUBLE_RECORD', 'VIRTIO_WIN', 'VIRT_V2V_TMPDIR'],
-    )
+    expect(
+      Object.keys(env)
+        .filter((k) => !['PWD', 'SHLVL', '_'].includes(k))
+        .sort(),
+    ).toEqual([
+      'HOME',
+      'LC_ALL',
+      'LIBGUESTFS_BACKEND',
+      'LIBGUESTFS_BACKEND_SETTINGS',
+      'PATH',
+      'V2V_DOUBLE_MODE',
+      'V2V_DOUBLE_RECORD',
+      'VIRTIO_WIN',
+      'VIRT_V2V_TMPDIR',
+    ])
     expect(progress).toEqual(['Setting up the source: -i disk x', 0, 0.5, 'warning: virtio-win driver for "balloon" not found', 1, '[  12.5] Finishing off'])
     expect(r.lastFraction).toBe(1)
     expect(r.warnings).toEqual(['virtio-win driver for "balloon" not found'])
@@ -201,7 +240,14 @@ describe('V2vPreparer.run with the test double', () => {
     makeBootDisk(d2, 'D', 1 << 20)
     const p = preparer(s.dir, 'ok', { PATH: `${BIN_DIR}:/usr/bin:/bin` }, 'virt-v2v-in-place-test-double')
     const m = manifest({ disks: [disk('C'), disk('D')] })
-    await p.run([{ label: 'C', path: s.vol }, { label: 'D', path: d2 }], m, { snapshot: s.snapshot })
+    await p.run(
+      [
+        { label: 'C', path: s.vol },
+        { label: 'D', path: d2 },
+      ],
+      m,
+      { snapshot: s.snapshot },
+    )
     const argv = readFileSync(path.join(s.dir, 'argv'), 'utf8').split('\n').slice(0, -1)
     expect(argv.slice(0, 5)).toEqual(['-i', 'libvirtxml', '--root', 'first', '--machine-readable'])
     expect(argv[5]).toMatch(/^\/var\/tmp\/mig-v2v-[^/]+\/input\.xml$/)
@@ -217,8 +263,15 @@ describe('V2vPreparer.run with the test double', () => {
     const err = await thrown(() => preparer(s.dir, 'fail', { V2V_DOUBLE_CORRUPT: s.vol }).run([{ label: 'C', path: s.vol }], WIN, { snapshot: s.snapshot }))
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_V2V_FAILED')
-    expect(err.message).toBe(`${DOUBLE} exited with status 1; volumes rolled back:\ninspection could not detect the source guest (or physical machine). No root device found in this operating system image.`)
-    expect(err.details).toEqual({ exit_code: 1, signal: null, last_lines: ['inspection could not detect the source guest (or physical machine). No root device found in this operating system image.'], rolled_back: true })
+    expect(err.message).toBe(
+      `${DOUBLE} exited with status 1; volumes rolled back:\ninspection could not detect the source guest (or physical machine). No root device found in this operating system image.`,
+    )
+    expect(err.details).toEqual({
+      exit_code: 1,
+      signal: null,
+      last_lines: ['inspection could not detect the source guest (or physical machine). No root device found in this operating system image.'],
+      rolled_back: true,
+    })
     expect(s.calls).toEqual(['take', 'rollback', 'release'])
     expect(s.sha()).toBe(before)
     expect(readFileSync(s.vol).subarray(0, 16).toString('latin1')).not.toBe('CORRUPTED-BY-V2V')
@@ -244,9 +297,21 @@ describe('V2vPreparer.run with the test double', () => {
 
   test('missing ISO or binary or volume: E_MIG_V2V_FAILED naming it, nothing touched, tool never run', async () => {
     const cases: Array<[string, (s: ReturnType<typeof setup>) => V2vPreparer, (s: ReturnType<typeof setup>) => string]> = [
-      ['iso', (s) => preparer(s.dir, 'fail', { V2V_DOUBLE_CORRUPT: s.vol }, DOUBLE, '/usr/share/virtio-win/absent.iso'), () => 'virtio-win driver ISO /usr/share/virtio-win/absent.iso not found or not readable'],
-      ['bin', (s) => preparer(s.dir, 'fail', { V2V_DOUBLE_CORRUPT: s.vol }, path.join(BIN_DIR, 'virt-v2v-in-place')), () => `${path.join(BIN_DIR, 'virt-v2v-in-place')} not found or not executable`],
-      ['path', (s) => preparer(s.dir, 'fail', { V2V_DOUBLE_CORRUPT: s.vol, PATH: '/usr/bin:/bin' }, 'virt-v2v-in-place-test-double'), () => 'virt-v2v-in-place-test-double not found or not executable (PATH=/usr/bin:/bin)'],
+      [
+        'iso',
+        (s) => preparer(s.dir, 'fail', { V2V_DOUBLE_CORRUPT: s.vol }, DOUBLE, '/usr/share/virtio-win/absent.iso'),
+        () => 'virtio-win driver ISO /usr/share/virtio-win/absent.iso not found or not readable',
+      ],
+      [
+        'bin',
+        (s) => preparer(s.dir, 'fail', { V2V_DOUBLE_CORRUPT: s.vol }, path.join(BIN_DIR, 'virt-v2v-in-place')),
+        () => `${path.join(BIN_DIR, 'virt-v2v-in-place')} not found or not executable`,
+      ],
+      [
+        'path',
+        (s) => preparer(s.dir, 'fail', { V2V_DOUBLE_CORRUPT: s.vol, PATH: '/usr/bin:/bin' }, 'virt-v2v-in-place-test-double'),
+        () => 'virt-v2v-in-place-test-double not found or not executable (PATH=/usr/bin:/bin)',
+      ],
     ]
     for (const [, make, msg] of cases) {
       const s = setup()

@@ -68,7 +68,14 @@ export class VimSession implements LiveSession {
   }
 
   async listVms(): Promise<VmSummary[]> {
-    const objs = await retrieveAll(this.client, 'VirtualMachine', ['name', 'runtime.powerState', 'config.guestId', 'config.hardware.numCPU', 'config.hardware.memoryMB', 'config.template'])
+    const objs = await retrieveAll(this.client, 'VirtualMachine', [
+      'name',
+      'runtime.powerState',
+      'config.guestId',
+      'config.hardware.numCPU',
+      'config.hardware.memoryMB',
+      'config.template',
+    ])
     return objs
       .filter((o) => txt(o.props['config.template']) !== 'true')
       .map((o) => {
@@ -121,7 +128,8 @@ export class VimSession implements LiveSession {
     try {
       await this.task(`enable CBT on ${vmId}`, 'ReconfigVM_Task', x.ref('_this', vmRef(vmId)) + x.node('spec', [x.text('changeTrackingEnabled', true)]))
     } catch (e) {
-      if (e instanceof TaskFailed || e instanceof VimFault) throw new MigError('E_MIG_CBT_UNSUPPORTED', `VM ${vmId}: changed block tracking cannot be enabled: ${e.message}`)
+      if (e instanceof TaskFailed || e instanceof VimFault)
+        throw new MigError('E_MIG_CBT_UNSUPPORTED', `VM ${vmId}: changed block tracking cannot be enabled: ${e.message}`)
       throw e
     }
   }
@@ -130,7 +138,15 @@ export class VimSession implements LiveSession {
     const props = await this.vmProps(vmId, ['guest.toolsRunningStatus'])
     const quiesce = txt(props['guest.toolsRunningStatus']) === 'guestToolsRunning'
     const take = (q: boolean) =>
-      this.task(`snapshot ${name} of ${vmId}`, 'CreateSnapshot_Task', x.ref('_this', vmRef(vmId)) + x.text('name', name) + x.text('description', `taken by the VM migrator on ${hostname()}`) + x.text('memory', false) + x.text('quiesce', q))
+      this.task(
+        `snapshot ${name} of ${vmId}`,
+        'CreateSnapshot_Task',
+        x.ref('_this', vmRef(vmId)) +
+          x.text('name', name) +
+          x.text('description', `taken by the VM migrator on ${hostname()}`) +
+          x.text('memory', false) +
+          x.text('quiesce', q),
+      )
     let result: XNode
     try {
       try {
@@ -141,7 +157,8 @@ export class VimSession implements LiveSession {
         result = await take(false)
       }
     } catch (e) {
-      if (e instanceof TaskFailed || e instanceof VimFault) throw new MigError('E_MIG_SNAPSHOT_FAILED', `VM ${vmId}: snapshot ${name} failed: ${e.message}`, { details: { vm_id: vmId } })
+      if (e instanceof TaskFailed || e instanceof VimFault)
+        throw new MigError('E_MIG_SNAPSHOT_FAILED', `VM ${vmId}: snapshot ${name} failed: ${e.message}`, { details: { vm_id: vmId } })
       throw e
     }
     const snap = moref(result)
@@ -178,7 +195,11 @@ export class VimSession implements LiveSession {
 
   private async snapshotDisks(vmId: string, snapshot: SnapshotRef) {
     try {
-      return disksOf(devicesOf((await retrieveOne(this.client, { type: 'VirtualMachineSnapshot', value: snapshot.id }, ['config.hardware.device']))['config.hardware.device']))
+      return disksOf(
+        devicesOf(
+          (await retrieveOne(this.client, { type: 'VirtualMachineSnapshot', value: snapshot.id }, ['config.hardware.device']))['config.hardware.device'],
+        ),
+      )
     } catch (e) {
       if (e instanceof VimFault) throw new MigError('E_MIG_DISK_READ_FAILED', `VM ${vmId}: snapshot ${snapshot.id} is gone: ${e.message}`)
       throw e
@@ -210,19 +231,28 @@ export class VimSession implements LiveSession {
       try {
         r = await this.client.call(
           'QueryChangedDiskAreas',
-          x.ref('_this', vmRef(vmId)) + x.ref('snapshot', { type: 'VirtualMachineSnapshot', value: snapshot.id }) + x.text('deviceKey', key) + x.text('startOffset', start) + x.text('changeId', sinceChangeId),
+          x.ref('_this', vmRef(vmId)) +
+            x.ref('snapshot', { type: 'VirtualMachineSnapshot', value: snapshot.id }) +
+            x.text('deviceKey', key) +
+            x.text('startOffset', start) +
+            x.text('changeId', sinceChangeId),
         )
       } catch (e) {
-        if (e instanceof VimFault) throw new MigError('E_MIG_CBT_RESET', `${disk.label}: changed block tracking since ${sinceChangeId} is no longer valid: ${e.message}`, { details: { fault: e.faultType } })
+        if (e instanceof VimFault)
+          throw new MigError('E_MIG_CBT_RESET', `${disk.label}: changed block tracking since ${sinceChangeId} is no longer valid: ${e.message}`, {
+            details: { fault: e.faultType },
+          })
         throw e
       }
       const s = int(r?.startOffset)
       const len = int(r?.length)
-      if (s === null || len === null || s !== start || len <= 0) throw new MigError('E_MIG_CBT_RESET', `${disk.label}: QueryChangedDiskAreas answered window ${s}+${len} for offset ${start}`)
+      if (s === null || len === null || s !== start || len <= 0)
+        throw new MigError('E_MIG_CBT_RESET', `${disk.label}: QueryChangedDiskAreas answered window ${s}+${len} for offset ${start}`)
       for (const a of arr(r.changedArea)) {
         const o = int(a.start)
         const l = int(a.length)
-        if (o === null || l === null || o < 0 || l <= 0 || o + l > capacity) throw new MigError('E_MIG_CBT_RESET', `${disk.label}: changed area ${o}+${l} lies outside the disk (${capacity} bytes)`)
+        if (o === null || l === null || o < 0 || l <= 0 || o + l > capacity)
+          throw new MigError('E_MIG_CBT_RESET', `${disk.label}: changed area ${o}+${l} lies outside the disk (${capacity} bytes)`)
         areas.push({ offset: o, length: l })
       }
       start = s + len
@@ -239,10 +269,15 @@ export class VimSession implements LiveSession {
 
   async removeSnapshot(vmId: string, snapshot: SnapshotRef): Promise<void> {
     try {
-      await this.task(`remove snapshot ${snapshot.id} of ${vmId}`, 'RemoveSnapshot_Task', x.ref('_this', { type: 'VirtualMachineSnapshot', value: snapshot.id }) + x.text('removeChildren', false) + x.text('consolidate', true))
+      await this.task(
+        `remove snapshot ${snapshot.id} of ${vmId}`,
+        'RemoveSnapshot_Task',
+        x.ref('_this', { type: 'VirtualMachineSnapshot', value: snapshot.id }) + x.text('removeChildren', false) + x.text('consolidate', true),
+      )
     } catch (e) {
       if (e instanceof VimFault && e.faultType === 'ManagedObjectNotFound') return void this.created.delete(snapshot.id)
-      if (e instanceof TaskFailed || e instanceof VimFault) throw new MigError('E_MIG_SNAPSHOT_FAILED', `VM ${vmId}: removing snapshot ${snapshot.id} failed: ${e.message}`)
+      if (e instanceof TaskFailed || e instanceof VimFault)
+        throw new MigError('E_MIG_SNAPSHOT_FAILED', `VM ${vmId}: removing snapshot ${snapshot.id} failed: ${e.message}`)
       throw e
     }
     this.created.delete(snapshot.id)

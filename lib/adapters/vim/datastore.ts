@@ -27,7 +27,8 @@ export interface DatastorePath {
 /** Parses `[ds] dir/file`; `E_MIG_DISK_READ_FAILED` when it is not one. */
 export function parseDatastorePath(s: string): DatastorePath {
   const m = /^\[([^\]]+)\]\s*(.*)$/.exec(s.trim())
-  if (!m || m[2] === '' || m[2].split('/').some((p) => p === '..')) throw new MigError('E_MIG_DISK_READ_FAILED', `${JSON.stringify(s)} is not a datastore file path`)
+  if (!m || m[2] === '' || m[2].split('/').some((p) => p === '..'))
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${JSON.stringify(s)} is not a datastore file path`)
   return { datastore: m[1], path: m[2] }
 }
 
@@ -81,7 +82,10 @@ export class DatastoreHttp {
         total += (c as Buffer).length
         if (total > max) {
           res.body.destroy()
-          throw new MigError('E_MIG_DISK_READ_FAILED', `[${f.datastore}] ${f.path}: the server sent more than the ${max} bytes asked for (HTTP ${res.statusCode})`)
+          throw new MigError(
+            'E_MIG_DISK_READ_FAILED',
+            `[${f.datastore}] ${f.path}: the server sent more than the ${max} bytes asked for (HTTP ${res.statusCode})`,
+          )
         }
         chunks.push(c as Buffer)
       }
@@ -97,7 +101,13 @@ export class DatastoreHttp {
   async open(f: DatastorePath): Promise<RemoteFile> {
     const name = `[${f.datastore}] ${f.path}`
     const probe = await this.get(f, 'bytes=0-0', 1)
-    if (probe.status === 416) return { name, size: 0, read: async (o, l) => (l === 0 ? Buffer.alloc(0) : Promise.reject(new MigError('E_MIG_DISK_READ_FAILED', `${name}: read of ${l} bytes at ${o} beyond the end (0 bytes)`))) }
+    if (probe.status === 416)
+      return {
+        name,
+        size: 0,
+        read: async (o, l) =>
+          l === 0 ? Buffer.alloc(0) : Promise.reject(new MigError('E_MIG_DISK_READ_FAILED', `${name}: read of ${l} bytes at ${o} beyond the end (0 bytes)`)),
+      }
     if (probe.status === 404) throw new MigError('E_MIG_DISK_READ_FAILED', `${name}: not found on the datastore (HTTP 404)`)
     const m = probe.contentRange ? /^bytes\s+0-0\/(\d+)$/.exec(probe.contentRange.trim()) : null
     if (probe.status !== 206 || !m) throw new MigError('E_MIG_DISK_READ_FAILED', `${name}: the datastore did not answer a range request (HTTP ${probe.status})`)
@@ -115,7 +125,10 @@ export class DatastoreHttp {
         const ok = r.status === 206 && r.contentRange !== null && r.contentRange.trim().startsWith(`bytes ${offset}-${offset + length - 1}/`)
         const whole = r.status === 200 && offset === 0 && length === size
         if (!(ok || whole) || r.body.length !== length) {
-          throw new MigError('E_MIG_DISK_READ_FAILED', `${name}: range read of ${length} bytes at ${offset} answered HTTP ${r.status} with ${r.body.length} bytes`)
+          throw new MigError(
+            'E_MIG_DISK_READ_FAILED',
+            `${name}: range read of ${length} bytes at ${offset} answered HTTP ${r.status} with ${r.body.length} bytes`,
+          )
         }
         return r.body
       },
@@ -138,13 +151,20 @@ function dirOf(f: DatastorePath): string {
  */
 export function resolveParent(child: DatastorePath, hint: string, fromVsphere?: string): DatastorePath {
   if (fromVsphere) return parseDatastorePath(fromVsphere)
-  const bad = () => new MigError('E_MIG_DISK_READ_FAILED', `[${child.datastore}] ${child.path}: parentFileNameHint ${JSON.stringify(hint.slice(0, 200))} is not a file of the datastore`)
+  const bad = () =>
+    new MigError(
+      'E_MIG_DISK_READ_FAILED',
+      `[${child.datastore}] ${child.path}: parentFileNameHint ${JSON.stringify(hint.slice(0, 200))} is not a file of the datastore`,
+    )
   if (hint.includes('\\') || hint.split('/').some((p) => p === '..' || p === '.') || hint.includes('\0')) throw bad()
   if (!hint.startsWith('/')) return { datastore: child.datastore, path: dirOf(child) + hint }
   const m = /^\/vmfs\/volumes\/([^/]+)\/(.+)$/.exec(hint)
   if (!m) throw bad()
   if (m[1] !== child.datastore) {
-    throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `[${child.datastore}] ${child.path}: the parent disk ${hint} lies on another datastore and vSphere did not name it in the disk's backing chain`)
+    throw new MigError(
+      'E_MIG_UNSUPPORTED_FORMAT',
+      `[${child.datastore}] ${child.path}: the parent disk ${hint} lies on another datastore and vSphere did not name it in the disk's backing chain`,
+    )
   }
   return { datastore: m[1], path: m[2] }
 }
@@ -154,13 +174,22 @@ export function resolveParent(child: DatastorePath, hint: string, fromVsphere?: 
  * {@link DiskReader} (see {@link openVmdkChain}). `opts.parents` is the disk's backing chain as
  * vSphere reports it (parent first, then its parent...), used before the descriptors' hints.
  */
-export async function openDatastoreVmdk(http: DatastoreHttp, fileName: string, opts: { label: string; capacity: number; parents?: string[] }): Promise<DiskReader> {
+export async function openDatastoreVmdk(
+  http: DatastoreHttp,
+  fileName: string,
+  opts: { label: string; capacity: number; parents?: string[] },
+): Promise<DiskReader> {
   const f = parseDatastorePath(fileName)
   const siblingsOf = (at: DatastorePath) => (name: string) => http.open({ datastore: at.datastore, path: dirOf(at) + name })
   const layers: DatastorePath[] = [f]
-  return openVmdkChain(await http.open(f), siblingsOf(f), async (hint, depth) => {
-    const p = resolveParent(layers[depth], hint, opts.parents?.[depth])
-    layers[depth + 1] = p
-    return { file: await http.open(p), openSibling: siblingsOf(p) }
-  }, opts)
+  return openVmdkChain(
+    await http.open(f),
+    siblingsOf(f),
+    async (hint, depth) => {
+      const p = resolveParent(layers[depth], hint, opts.parents?.[depth])
+      layers[depth + 1] = p
+      return { file: await http.open(p), openSibling: siblingsOf(p) }
+    },
+    opts,
+  )
 }

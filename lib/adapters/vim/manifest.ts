@@ -76,7 +76,16 @@ export function disksOf(devices: XNode[]): VimDisk[] {
       if (!name) break
       parents.push(name)
     }
-    out.push({ key, fileName, capacityBytes: bytes, controllerKey: int(d.controllerKey), unitNumber: int(d.unitNumber), backingType: xsiType(d.backing) ?? 'unknown', changeId: txt(d.backing?.changeId) || null, parents })
+    out.push({
+      key,
+      fileName,
+      capacityBytes: bytes,
+      controllerKey: int(d.controllerKey),
+      unitNumber: int(d.unitNumber),
+      backingType: xsiType(d.backing) ?? 'unknown',
+      changeId: txt(d.backing?.changeId) || null,
+      parents,
+    })
   }
   return out.sort((a, b) => a.key - b.key)
 }
@@ -114,7 +123,12 @@ export function manifestOf(props: Record<string, XNode>): VmManifest {
   const disks: ManifestDisk[] = vdisks.map((d) => {
     const c = d.controllerKey !== null ? controllers.get(d.controllerKey) : undefined
     if (d.backingType.startsWith('VirtualDiskRawDiskMapping')) warnings.push(`${d.fileName}: a raw device mapping; physical-mode RDMs cannot be snapshotted`)
-    else if (d.backingType !== 'VirtualDiskFlatVer2BackingInfo' && d.backingType !== 'VirtualDiskSparseVer2BackingInfo' && d.backingType !== 'VirtualDiskSeSparseBackingInfo') warnings.push(`${d.fileName}: disk backing ${d.backingType}`)
+    else if (
+      d.backingType !== 'VirtualDiskFlatVer2BackingInfo' &&
+      d.backingType !== 'VirtualDiskSparseVer2BackingInfo' &&
+      d.backingType !== 'VirtualDiskSeSparseBackingInfo'
+    )
+      warnings.push(`${d.fileName}: disk backing ${d.backingType}`)
     return {
       label: labels.get(d.key)!,
       capacity_bytes: d.capacityBytes,

@@ -65,10 +65,19 @@ export async function retrieveOne(client: VimClient, ref: MoRef, paths: string[]
  */
 export async function retrieveAll(client: VimClient, type: string, paths: string[], maxObjects = 100): Promise<ObjectProps[]> {
   const sc = client.serviceContent
-  const view = moref(await client.call('CreateContainerView', x.ref('_this', sc.viewManager) + x.ref('container', sc.rootFolder) + x.text('type', type) + x.text('recursive', true)))
+  const view = moref(
+    await client.call(
+      'CreateContainerView',
+      x.ref('_this', sc.viewManager) + x.ref('container', sc.rootFolder) + x.text('type', type) + x.text('recursive', true),
+    ),
+  )
   if (!view) throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${client.sdkUrl}: CreateContainerView answered no view`)
   try {
-    const traversal = x.node('selectSet', [x.text('name', 'traverseView'), x.text('type', 'ContainerView'), x.text('path', 'view'), x.text('skip', false)], 'TraversalSpec')
+    const traversal = x.node(
+      'selectSet',
+      [x.text('name', 'traverseView'), x.text('type', 'ContainerView'), x.text('path', 'view'), x.text('skip', false)],
+      'TraversalSpec',
+    )
     return await retrieve(client, type, paths, x.node('objectSet', [x.ref('obj', view), x.text('skip', true), traversal]), maxObjects)
   } finally {
     await client.call('DestroyView', x.ref('_this', view)).catch(() => {})
@@ -104,7 +113,8 @@ export async function waitTask(client: VimClient, task: MoRef, what: string, tim
     try {
       info = (await retrieveOne(client, task, ['info'])).info
     } catch (e) {
-      if (e instanceof VimFault && e.faultType === 'ManagedObjectNotFound') throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: task ${task.value} vanished`)
+      if (e instanceof VimFault && e.faultType === 'ManagedObjectNotFound')
+        throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: task ${task.value} vanished`)
       throw e
     }
     const state = txt(info?.state)
@@ -115,7 +125,8 @@ export async function waitTask(client: VimClient, task: MoRef, what: string, tim
       const msg = txt(err.localizedMessage) || type
       throw new TaskFailed(type, `${what}: ${type}: ${msg}`.slice(0, 500))
     }
-    if (Date.now() >= deadline) throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: task ${task.value} did not end within ${Math.round(timeoutMs / 1000)} s`)
+    if (Date.now() >= deadline)
+      throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: task ${task.value} did not end within ${Math.round(timeoutMs / 1000)} s`)
     await new Promise((r) => setTimeout(r, delay))
     delay = Math.min(1000, delay * 2)
   }

@@ -156,7 +156,18 @@ export function bool(v: XNode): boolean | null {
   return s === 'true' || s === '1' ? true : s === 'false' || s === '0' ? false : null
 }
 
-const READ_ONLY = new Set(['RetrieveServiceContent', 'RetrievePropertiesEx', 'ContinueRetrievePropertiesEx', 'CancelRetrievePropertiesEx', 'QueryChangedDiskAreas', 'CurrentTime', 'Login', 'Logout', 'CreateContainerView', 'DestroyView'])
+const READ_ONLY = new Set([
+  'RetrieveServiceContent',
+  'RetrievePropertiesEx',
+  'ContinueRetrievePropertiesEx',
+  'CancelRetrievePropertiesEx',
+  'QueryChangedDiskAreas',
+  'CurrentTime',
+  'Login',
+  'Logout',
+  'CreateContainerView',
+  'DestroyView',
+])
 
 /** Error codes of Node/undici that mean the request never reached the server. */
 const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT'])
@@ -210,7 +221,8 @@ export function parseEnvelope(xml: string, what: string): XNode {
     throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: the answer is not well-formed XML: ${(e as Error).message}`.slice(0, 400), { cause: e })
   }
   const body = doc?.Envelope?.Body
-  if (body === undefined || body === null || typeof body !== 'object') throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: the answer is not a SOAP envelope (is this a vSphere SDK endpoint?)`)
+  if (body === undefined || body === null || typeof body !== 'object')
+    throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: the answer is not a SOAP envelope (is this a vSphere SDK endpoint?)`)
   return body
 }
 
@@ -351,19 +363,26 @@ export class VimClient {
       } catch (e) {
         if (e instanceof MigError) throw e
         const code = errCode(e)
-        const transient = NOT_SENT.has(code) && code !== 'ENOTFOUND' ? true : READ_ONLY.has(method) && !/CERT|TLS|SSL|THUMBPRINT/i.test(code) && code !== 'ENOTFOUND'
+        const transient =
+          NOT_SENT.has(code) && code !== 'ENOTFOUND' ? true : READ_ONLY.has(method) && !/CERT|TLS|SSL|THUMBPRINT/i.test(code) && code !== 'ENOTFOUND'
         if (transient && attempt < retries && !this.closed) {
           await sleep(this.retryBaseMs * 2 ** attempt)
           continue
         }
-        throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${this.sdkUrl}: ${method}: ${code}: ${errText(e)}`.slice(0, 500), { cause: e, details: { endpoint: this.sdkUrl, code } })
+        throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${this.sdkUrl}: ${method}: ${code}: ${errText(e)}`.slice(0, 500), {
+          cause: e,
+          details: { endpoint: this.sdkUrl, code },
+        })
       }
       if (status === 503 && attempt < retries && !this.closed) {
         await sleep(this.retryBaseMs * 2 ** attempt)
         continue
       }
       const what = `${this.sdkUrl}: ${method}`
-      if (status !== 200 && status !== 500) throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: HTTP ${status} (is this a vSphere SDK endpoint?)`, { details: { endpoint: this.sdkUrl, status } })
+      if (status !== 200 && status !== 500)
+        throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: HTTP ${status} (is this a vSphere SDK endpoint?)`, {
+          details: { endpoint: this.sdkUrl, status },
+        })
       const body = parseEnvelope(text, what)
       if (body.Fault !== undefined) {
         const f = body.Fault
@@ -421,13 +440,15 @@ export function vimSdkUrl(endpoint: string): string {
   } catch {
     throw new MigError('E_MIG_BAD_REQUEST', `vim_api endpoint ${JSON.stringify(endpoint)} is not a URL or host[:port]`)
   }
-  if (u.protocol !== 'https:') throw new MigError('E_MIG_BAD_REQUEST', `vim_api endpoint ${JSON.stringify(endpoint)}: vCenter and ESXi serve the SDK over https only`)
+  if (u.protocol !== 'https:')
+    throw new MigError('E_MIG_BAD_REQUEST', `vim_api endpoint ${JSON.stringify(endpoint)}: vCenter and ESXi serve the SDK over https only`)
   if (u.username || u.password) throw new MigError('E_MIG_BAD_REQUEST', `vim_api endpoint must not carry credentials`)
   if (!u.hostname) throw new MigError('E_MIG_BAD_REQUEST', `vim_api endpoint ${JSON.stringify(endpoint)} has no host`)
   if (u.search || u.hash) throw new MigError('E_MIG_BAD_REQUEST', `vim_api endpoint ${JSON.stringify(endpoint)} must not have a query or fragment`)
   const p = u.pathname.replace(/\/+$/, '')
   if (p !== '' && p !== '/sdk') throw new MigError('E_MIG_BAD_REQUEST', `vim_api endpoint ${JSON.stringify(endpoint)}: the SDK path is /sdk, not ${u.pathname}`)
   const port = u.port === '' ? 443 : Number(u.port)
-  if (!Number.isInteger(port) || port < 1 || port > 65535) throw new MigError('E_MIG_BAD_REQUEST', `vim_api endpoint ${JSON.stringify(endpoint)}: port out of range`)
+  if (!Number.isInteger(port) || port < 1 || port > 65535)
+    throw new MigError('E_MIG_BAD_REQUEST', `vim_api endpoint ${JSON.stringify(endpoint)}: port out of range`)
   return `https://${u.host}/sdk`
 }

@@ -53,9 +53,7 @@ const MAX_GD_ENTRIES = 4 * 1024 * 1024
 const MAX_DEPTH = 64
 
 /** A run of a layer over `[offset, offset + length)` of the virtual disk. */
-type Run =
-  | { offset: number; length: number; kind: 'zero' | 'absent' }
-  | { offset: number; length: number; kind: 'data'; file: RemoteFile; fileOffset: number }
+type Run = { offset: number; length: number; kind: 'zero' | 'absent' } | { offset: number; length: number; kind: 'data'; file: RemoteFile; fileOffset: number }
 
 /** What a grain table entry says of its grain: its file byte offset, `zero`, or `absent` (ask the parent). */
 type Grain = number | 'zero' | 'absent'
@@ -104,7 +102,8 @@ class SparseExtent {
         const lo = gd.readUInt32LE(i * 8)
         const hi = gd.readUInt32LE(i * 8 + 4)
         if (hi === 0 && lo === 0) at = -1
-        else if (hi !== 0x10000000) throw this.fail(`grain directory entry ${i} is not an allocated table (0x${hi.toString(16)}${lo.toString(16).padStart(8, '0')})`)
+        else if (hi !== 0x10000000)
+          throw this.fail(`grain directory entry ${i} is not an allocated table (0x${hi.toString(16)}${lo.toString(16).padStart(8, '0')})`)
         else at = g.tablesOffset + lo * this.tableBytes
       } else {
         const e = gd.readUInt32LE(i * 4)
@@ -151,7 +150,8 @@ class SparseExtent {
       const numGTEs = h.readUInt32LE(44)
       const gdOffset = u64(56)
       if (version < 1 || version > 3) throw fail(`unsupported sparse version ${version}`)
-      if (gdOffset === -1 || (flags & 0x30000) !== 0 || h.readUInt16LE(77) !== 0) throw unsupported('compressed or stream-optimized grains are not read over the datastore interface')
+      if (gdOffset === -1 || (flags & 0x30000) !== 0 || h.readUInt16LE(77) !== 0)
+        throw unsupported('compressed or stream-optimized grains are not read over the datastore interface')
       if (capacity < 0 || capacity > 2 ** 40) throw fail(`implausible capacity ${capacity} sectors`)
       if (grainSize < 1 || grainSize > 2048 || (grainSize & (grainSize - 1)) !== 0) throw fail(`invalid grain size ${grainSize} sectors`)
       if (numGTEs < 1 || numGTEs > 4096) throw fail(`invalid grain table size ${numGTEs}`)
@@ -160,7 +160,17 @@ class SparseExtent {
         if (descriptorOffset * SECTOR + len > file.size) throw fail('embedded descriptor lies outside the file')
         descriptor = (await file.read(descriptorOffset * SECTOR, len)).toString('latin1').replace(/\0.*$/s, '')
       }
-      g = { format: 'hosted', capacityBytes: capacity * SECTOR, grainBytes: grainSize * SECTOR, gtEntries: numGTEs, gdOffset: gdOffset * SECTOR, gdEntries: Math.ceil(capacity / grainSize / numGTEs), zeroGrain: (flags & 4) !== 0, tablesOffset: 0, grainsOffset: 0 }
+      g = {
+        format: 'hosted',
+        capacityBytes: capacity * SECTOR,
+        grainBytes: grainSize * SECTOR,
+        gtEntries: numGTEs,
+        gdOffset: gdOffset * SECTOR,
+        gdEntries: Math.ceil(capacity / grainSize / numGTEs),
+        zeroGrain: (flags & 4) !== 0,
+        tablesOffset: 0,
+        grainsOffset: 0,
+      }
     } else if (magic === 'COWD') {
       const capacity = h.readUInt32LE(12)
       const granularity = h.readUInt32LE(16)
@@ -168,13 +178,26 @@ class SparseExtent {
       const gdEntries = h.readUInt32LE(24)
       if (granularity < 1 || granularity > 2048 || (granularity & (granularity - 1)) !== 0) throw fail(`invalid vmfsSparse granularity ${granularity} sectors`)
       if (gdEntries * 4096 * granularity < capacity) throw fail(`grain directory of ${gdEntries} entries does not cover ${capacity} sectors`)
-      g = { format: 'cowd', capacityBytes: capacity * SECTOR, grainBytes: granularity * SECTOR, gtEntries: 4096, gdOffset: gdOffset * SECTOR, gdEntries, zeroGrain: false, tablesOffset: 0, grainsOffset: 0 }
+      g = {
+        format: 'cowd',
+        capacityBytes: capacity * SECTOR,
+        grainBytes: granularity * SECTOR,
+        gtEntries: 4096,
+        gdOffset: gdOffset * SECTOR,
+        gdEntries,
+        zeroGrain: false,
+        tablesOffset: 0,
+        grainsOffset: 0,
+      }
     } else if (h.readUInt32LE(0) === 0xcafebabe && h.readUInt32LE(4) === 0) {
       const f = (i: number) => u64(i * 8)
-      if (h.readUInt32LE(8) !== 1 || h.readUInt32LE(12) !== 2) throw unsupported(`unsupported seSparse version 0x${h.readUInt32LE(12).toString(16)}${h.readUInt32LE(8).toString(16).padStart(8, '0')}`)
+      if (h.readUInt32LE(8) !== 1 || h.readUInt32LE(12) !== 2)
+        throw unsupported(`unsupported seSparse version 0x${h.readUInt32LE(12).toString(16)}${h.readUInt32LE(8).toString(16).padStart(8, '0')}`)
       const [capacity, grainSize, gtSize, flags] = [f(2), f(3), f(4), f(5)]
       if (grainSize !== 8 || gtSize !== 64 || flags !== 0 || f(6) !== 0 || f(7) !== 0 || f(8) !== 0 || f(9) !== 0 || !h.subarray(208).every((b) => b === 0)) {
-        throw unsupported(`seSparse with grain size ${grainSize}, table size ${gtSize}, flags ${flags} or reserved fields set is not read (only the layout ESXi writes)`)
+        throw unsupported(
+          `seSparse with grain size ${grainSize}, table size ${gtSize}, flags ${flags} or reserved fields set is not read (only the layout ESXi writes)`,
+        )
       }
       const [volatileAt, gdAt, gdSize, tablesAt, grainsAt] = [f(10), f(16), f(17), f(18), f(24)]
       if ([capacity, volatileAt, gdAt, gdSize, tablesAt, grainsAt].some((v) => v < 0 || v > 2 ** 40)) throw fail('implausible seSparse header offsets')
@@ -185,7 +208,17 @@ class SparseExtent {
       if (v.readBigUInt64LE(24) !== 0n) throw unsupported('the seSparse file is dirty (its journal needs replaying); consolidate the VM on ESXi first')
       const gdEntries = (gdSize * SECTOR) / 8
       if (gdEntries * 4096 * 8 < capacity) throw fail(`seSparse grain directory of ${gdEntries} entries does not cover ${capacity} sectors`)
-      g = { format: 'sesparse', capacityBytes: capacity * SECTOR, grainBytes: 8 * SECTOR, gtEntries: 4096, gdOffset: gdAt * SECTOR, gdEntries, zeroGrain: false, tablesOffset: tablesAt * SECTOR, grainsOffset: grainsAt * SECTOR }
+      g = {
+        format: 'sesparse',
+        capacityBytes: capacity * SECTOR,
+        grainBytes: 8 * SECTOR,
+        gtEntries: 4096,
+        gdOffset: gdAt * SECTOR,
+        gdEntries,
+        zeroGrain: false,
+        tablesOffset: tablesAt * SECTOR,
+        grainsOffset: grainsAt * SECTOR,
+      }
     } else {
       throw fail('not a sparse extent (no KDMV, COWD or seSparse magic)')
     }
@@ -269,7 +302,12 @@ class SparseExtent {
   async *runs(from: number, to: number, base: number): AsyncIterable<Run> {
     let cur: Run | null = null
     const push = (r: Run): Run | null => {
-      if (cur && cur.kind === r.kind && cur.offset + cur.length === r.offset && (r.kind !== 'data' || (cur.kind === 'data' && cur.fileOffset + cur.length === r.fileOffset))) {
+      if (
+        cur &&
+        cur.kind === r.kind &&
+        cur.offset + cur.length === r.offset &&
+        (r.kind !== 'data' || (cur.kind === 'data' && cur.fileOffset + cur.length === r.fileOffset))
+      ) {
         cur.length += r.length
         return null
       }
@@ -292,7 +330,10 @@ class SparseExtent {
         const inGrain = o - gi * this.g.grainBytes
         const n = Math.min(this.g.grainBytes - inGrain, e - o)
         const grain = this.grainOf(words, gi - t * this.g.gtEntries, gi)
-        const run: Run = typeof grain === 'number' ? { offset: base + o, length: n, kind: 'data', file: this.file, fileOffset: grain + inGrain } : { offset: base + o, length: n, kind: grain }
+        const run: Run =
+          typeof grain === 'number'
+            ? { offset: base + o, length: n, kind: 'data', file: this.file, fileOffset: grain + inGrain }
+            : { offset: base + o, length: n, kind: grain }
         const done = push(run)
         if (done) yield done
         o += n
@@ -359,15 +400,24 @@ async function openLayer(file: RemoteFile, openSibling: (name: string) => Promis
       if (type === 'ZERO') pieces.push({ kind: 'zero', start, length })
       else {
         const name = m[4]
-        if (!name || name.includes('/') || name.includes('\\') || name === '.' || name === '..') throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: extent file ${JSON.stringify(name)} is not a file of the disk's directory`)
+        if (!name || name.includes('/') || name.includes('\\') || name === '.' || name === '..')
+          throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: extent file ${JSON.stringify(name)} is not a file of the disk's directory`)
         if (type === 'FLAT' || type === 'VMFS') {
           const ext = await openSibling(name)
           const fileOffset = m[5] ? Number(m[5]) * SECTOR : 0
-          if (fileOffset + length > ext.size) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: flat extent ${name} holds ${ext.size} bytes, fewer than the ${fileOffset + length} the descriptor says (truncated?)`)
+          if (fileOffset + length > ext.size)
+            throw new MigError(
+              'E_MIG_DISK_READ_FAILED',
+              `${label}: flat extent ${name} holds ${ext.size} bytes, fewer than the ${fileOffset + length} the descriptor says (truncated?)`,
+            )
           pieces.push({ kind: 'flat', start, length, file: ext, fileOffset })
         } else if (type === 'SPARSE' || type === 'VMFSSPARSE' || type === 'SESPARSE') {
           const { extent } = await SparseExtent.open(await openSibling(name))
-          if (extent.g.capacityBytes < length) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${type} extent ${name} holds ${extent.g.capacityBytes} bytes, fewer than the ${length} the descriptor says`)
+          if (extent.g.capacityBytes < length)
+            throw new MigError(
+              'E_MIG_DISK_READ_FAILED',
+              `${label}: ${type} extent ${name} holds ${extent.g.capacityBytes} bytes, fewer than the ${length} the descriptor says`,
+            )
           pieces.push({ kind: 'sparse', start, length, sparse: extent })
         } else {
           throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: ${type} extents (raw device mappings) are not read over the datastore interface`)
@@ -380,7 +430,15 @@ async function openLayer(file: RemoteFile, openSibling: (name: string) => Promis
   const parentCid = parentCidOf(text)
   const parentHint = descriptorValue(text, 'parentFileNameHint') || null
   if (parentCid && !parentHint) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: a delta disk (parentCID ${parentCid}) without a parentFileNameHint`)
-  return { name: file.name, size: pieces.reduce((s, p) => s + p.length, 0), pieces, cid: descriptorValue(text, 'CID')?.toLowerCase() ?? null, parentCid, parentHint, parent: null }
+  return {
+    name: file.name,
+    size: pieces.reduce((s, p) => s + p.length, 0),
+    pieces,
+    cid: descriptorValue(text, 'CID')?.toLowerCase() ?? null,
+    parentCid,
+    parentHint,
+    parent: null,
+  }
 }
 
 /** Runs of one layer over `[from, to)` (within its size), in order, without gaps. */
@@ -471,13 +529,17 @@ export async function openVmdkChain(
     seen.add(p.file.name)
     const parent = await openLayer(p.file, p.openSibling, `${opts.label} (${p.file.name})`)
     if (layer.parentCid && parent.cid && layer.parentCid !== parent.cid) {
-      throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${layer.name} expects parent CID ${layer.parentCid} but ${parent.name} has CID ${parent.cid} (the chain changed after the snapshot)`)
+      throw new MigError(
+        'E_MIG_DISK_READ_FAILED',
+        `${label}: ${layer.name} expects parent CID ${layer.parentCid} but ${parent.name} has CID ${parent.cid} (the chain changed after the snapshot)`,
+      )
     }
     layer.parent = parent
     layer = parent
   }
   const size = top.size
-  if (opts.capacity > 0 && size > opts.capacity) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: the extents hold ${size} bytes, more than the disk's capacity of ${opts.capacity}`)
+  if (opts.capacity > 0 && size > opts.capacity)
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: the extents hold ${size} bytes, more than the disk's capacity of ${opts.capacity}`)
   let closed = false
   const DATA_PIECE = 1024 * 1024 * 1024
 

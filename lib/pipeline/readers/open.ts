@@ -48,8 +48,14 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
   if (src.compression === 'gzip' || src.layout === 'ovf_chunks') {
     const what = src.compression === 'gzip' ? 'gzip-compressed disk files (ovf:compression="gzip")' : 'chunked OVF disk files (ovf:chunkSize)'
     if (!opts.stagingDir) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: ${what} need a staging directory`)
-    if (!(disk.capacity_bytes > 0)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${what} need the disk's capacity (ovf:capacity) to bound their inflated size`)
-    const staged = await stageOvfFile(src, { dir: opts.stagingDir, label, maxBytes: disk.capacity_bytes + stagingSlack(disk.capacity_bytes), signal: opts.signal })
+    if (!(disk.capacity_bytes > 0))
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: ${what} need the disk's capacity (ovf:capacity) to bound their inflated size`)
+    const staged = await stageOvfFile(src, {
+      dir: opts.stagingDir,
+      label,
+      maxBytes: disk.capacity_bytes + stagingSlack(disk.capacity_bytes),
+      signal: opts.signal,
+    })
     let inner: DiskReader
     try {
       inner = await outsideInputScope(() => openDiskReader({ ...disk, source: { path: staged } }, { ...opts, stagingDir: undefined }))
@@ -94,7 +100,10 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
   }
   if (disk.capacity_bytes > 0 && reader.size > disk.capacity_bytes) {
     await reader.close()
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: the image holds ${reader.size} bytes, more than the manifest's capacity of ${disk.capacity_bytes} bytes`)
+    throw new MigError(
+      'E_MIG_DISK_READ_FAILED',
+      `${label}: the image holds ${reader.size} bytes, more than the manifest's capacity of ${disk.capacity_bytes} bytes`,
+    )
   }
   return reader
 }
@@ -116,6 +125,10 @@ async function refuseDamaged(path: string, format: DiskFormat, label: string): P
   const c = await qemuImgCheck(path, format)
   if (c.corruptions > 0 || c.check_errors > 0) {
     const end = c.image_end_offset !== null ? ` (its metadata ends at byte ${c.image_end_offset})` : ''
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: qemu-img check found ${c.corruptions} corruptions and ${c.check_errors} unreadable metadata blocks${end}: the image is truncated or damaged, and its missing data would read as zeros; refusing to copy it`, { details: { corruptions: c.corruptions, check_errors: c.check_errors } })
+    throw new MigError(
+      'E_MIG_DISK_READ_FAILED',
+      `${label}: qemu-img check found ${c.corruptions} corruptions and ${c.check_errors} unreadable metadata blocks${end}: the image is truncated or damaged, and its missing data would read as zeros; refusing to copy it`,
+      { details: { corruptions: c.corruptions, check_errors: c.check_errors } },
+    )
   }
 }

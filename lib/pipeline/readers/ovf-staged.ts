@@ -54,8 +54,11 @@ async function storedRanges(src: DiskSource, label: string): Promise<StoredRange
     // an OVF folder: chunk files beside the descriptor
     for (let i = 0; sum < total; i++) {
       const p = `${src.path}.${name(i)}`
-      const st = await Promise.resolve().then(() => stat(pinnedPath(p))).catch(() => null)
-      if (!st?.isFile() || st.size === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(p)} is missing or empty (the package changed since inspection)`)
+      const st = await Promise.resolve()
+        .then(() => stat(pinnedPath(p)))
+        .catch(() => null)
+      if (!st?.isFile() || st.size === 0)
+        throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk ${path.basename(p)} is missing or empty (the package changed since inspection)`)
       ranges.push({ path: p, offset: 0, length: st.size })
       sum += st.size
     }
@@ -64,7 +67,11 @@ async function storedRanges(src: DiskSource, label: string): Promise<StoredRange
     const members = new Map((await listTarMembers(src.path)).filter((m) => m.type === 'file').map((m) => [memberKey(m.name), m]))
     for (let i = 0; sum < total; i++) {
       const m = members.get(`${src.member}.${name(i)}`)
-      if (!m || m.size === 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: chunk member ${src.member}.${name(i)} is missing or empty (the archive changed since inspection)`)
+      if (!m || m.size === 0)
+        throw new MigError(
+          'E_MIG_MALFORMED_ARCHIVE',
+          `${label}: chunk member ${src.member}.${name(i)} is missing or empty (the archive changed since inspection)`,
+        )
       ranges.push({ path: src.path, offset: m.offset, length: m.size })
       sum += m.size
     }
@@ -101,7 +108,10 @@ class SparseWriter {
 
   async write(chunk: Buffer): Promise<void> {
     if (this.size + this.fill + chunk.length > this.maxBytes) {
-      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${this.label}: the file inflates to more than ${this.maxBytes} bytes (the disk's capacity with room for metadata); refusing it`)
+      throw new MigError(
+        'E_MIG_MALFORMED_ARCHIVE',
+        `${this.label}: the file inflates to more than ${this.maxBytes} bytes (the disk's capacity with room for metadata); refusing it`,
+      )
     }
     for (let o = 0; o < chunk.length; ) {
       const n = Math.min(chunk.length - o, this.buf.length - this.fill)
@@ -157,7 +167,8 @@ export async function stageOvfFile(src: DiskSource, opts: { dir: string; label: 
     if (isMigError(e)) throw e
     const err = e as NodeJS.ErrnoException
     if (err.name === 'AbortError' || opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', `${label}: staging cancelled`)
-    if (typeof err.code === 'string' && err.code.startsWith('Z_')) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: not a valid gzip stream (${err.message})`, { cause: e })
+    if (typeof err.code === 'string' && err.code.startsWith('Z_'))
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: not a valid gzip stream (${err.message})`, { cause: e })
     if (err.code === 'ENOSPC' || err.code === 'EDQUOT' || err.code === 'EROFS' || err.code === 'EACCES') {
       throw new MigError('E_MIG_DISK_WRITE_FAILED', `${label}: staging the file in ${opts.dir} failed: ${err.message}`, { cause: e })
     }

@@ -58,7 +58,8 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
     const index = Number(rest)
     if (m.type !== 'file') throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} is not a regular file`)
     if (m.size > XVA_BLOCK) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} is ${m.size} bytes, more than 1 MiB`)
-    if (index * XVA_BLOCK + m.size > size) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} lies beyond the disk's capacity of ${size} bytes`)
+    if (index * XVA_BLOCK + m.size > size)
+      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} lies beyond the disk's capacity of ${size} bytes`)
     if (seen.has(index)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} appears twice`)
     seen.add(index)
     if (m.size > 0) blocks.push({ index, at: m.offset, size: m.size })
@@ -132,9 +133,12 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
             got += bytesRead
           }
         } catch (err) {
-          throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of block ${b.index} at disk offset ${s} failed: ${(err as Error).message}`, { cause: err })
+          throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of block ${b.index} at disk offset ${s} failed: ${(err as Error).message}`, {
+            cause: err,
+          })
         }
-        if (got !== e - s) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: short read of block ${b.index} at disk offset ${s + got} (archive truncated?)`)
+        if (got !== e - s)
+          throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: short read of block ${b.index} at disk offset ${s + got} (archive truncated?)`)
         pos = e
       }
       if (pos < end) buf.fill(0, pos - offset, length)

@@ -197,6 +197,15 @@ const builder = new XMLBuilder({
   processEntities: true,
 })
 
+/**
+ * Serializes a libvirt `<domain>` object tree (attributes as `@_name` keys, text as `#text`;
+ * entities escaped) into indented XML. Used for the destination domain and for the domain
+ * descriptions virt-v2v reads (lib/v2v/).
+ */
+export function serializeDomainXml(domain: Record<string, unknown>): string {
+  return String(builder.build({ domain }))
+}
+
 type Node = Record<string, unknown>
 
 /**
@@ -350,5 +359,5 @@ export function buildDomainXml(input: DomainXmlInput): string {
     on_crash: 'destroy',
     devices,
   }
-  return String(builder.build({ domain }))
+  return serializeDomainXml(domain)
 }

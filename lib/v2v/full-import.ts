@@ -39,7 +39,7 @@
 import { constants as C } from 'node:fs'
 import { chmod, chown, lstat, mkdir, mkdtemp, open, readlink, rename, rm, rmdir, stat, symlink, truncate, writeFile } from 'node:fs/promises'
 import * as path from 'node:path'
-import { XMLBuilder } from 'fast-xml-parser'
+import { serializeDomainXml } from '../domain/xml.ts'
 import { MigError } from '../errors.ts'
 import type { ManifestDisk, VmManifest } from '../manifest.ts'
 import { copyDisk } from '../pipeline/copy-disk.ts'
@@ -119,15 +119,6 @@ export interface FullImportResult {
   warnings: string[]
 }
 
-const xmlBuilder = new XMLBuilder({
-  ignoreAttributes: false,
-  attributeNamePrefix: '@_',
-  textNodeName: '#text',
-  format: true,
-  suppressEmptyNode: true,
-  processEntities: true,
-})
-
 function fail(msg: string, details?: Record<string, unknown>): never {
   throw new MigError('E_MIG_V2V_FAILED', msg, details ? { details } : {})
 }
@@ -183,7 +174,7 @@ export function fullImportInputXml(manifest: VmManifest): string {
       })),
     },
   }
-  return String(xmlBuilder.build({ domain }))
+  return serializeDomainXml(domain)
 }
 
 /**

@@ -24,7 +24,7 @@
 import { constants } from 'node:fs'
 import { access, mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises'
 import * as path from 'node:path'
-import { XMLBuilder } from 'fast-xml-parser'
+import { serializeDomainXml } from '../domain/xml.ts'
 import { MigError } from '../errors.ts'
 import type { VmManifest } from '../manifest.ts'
 import { targetDevName } from '../domain/xml.ts'
@@ -87,15 +87,6 @@ export interface V2vPreparerOptions {
   binary?: string
   env?: Record<string, string>
 }
-
-const xmlBuilder = new XMLBuilder({
-  ignoreAttributes: false,
-  attributeNamePrefix: '@_',
-  textNodeName: '#text',
-  format: true,
-  suppressEmptyNode: true,
-  processEntities: true,
-})
 
 function v2vFail(msg: string, details?: Record<string, unknown>): never {
   throw new MigError('E_MIG_V2V_FAILED', msg, details ? { details } : {})
@@ -164,7 +155,7 @@ export class V2vPreparer {
       features: { acpi: '', apic: '' },
       devices: { disk: disks },
     }
-    return String(xmlBuilder.build({ domain }))
+    return serializeDomainXml(domain)
   }
 
   /**

@@ -102,6 +102,9 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
         (async () => {
           // Measured from submission: a job may wait behind two slow TCG boots on a loaded host.
           const done = await waitJob(srv.base, job.id, undefined, 40 * 60_000)
+          // The SSE event of the final state may arrive just after the job reads as ended.
+          for (let i = 0; i < 100 && !stream.events.some((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === done.state); i++)
+            await Bun.sleep(50)
           const serialLog = path.join(t.dir, 'logs', `${job.id}.serial.log`)
           let serial = ''
           try {

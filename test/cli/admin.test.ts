@@ -196,7 +196,9 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
     const inRoot = await cli(['import', 'exports/vm1/disk.qcow2'])
     expect(inRoot.code).toBe(1)
     expect(inRoot.stderr).toStartWith('E_MIG_UNSUPPORTED_FORMAT: ')
-    expect(inRoot.stderr).toContain('imports/exports/vm1/disk.qcow2: unsupported input')
+    // Messages name paths relative to the import root (issue 12).
+    expect(inRoot.stderr).toContain('exports/vm1/disk.qcow2: unsupported input')
+    expect(inRoot.stderr).not.toContain('imports/exports')
     const missing = await cli(['import', 'exports/absent.ova'])
     expect(missing.code).toBe(1)
     expect(missing.stderr).toStartWith('E_MIG_NOT_FOUND: ')

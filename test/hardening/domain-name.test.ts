@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { mkdirSync } from 'node:fs'
+import { chmodSync, mkdirSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { submit, offlinePlan, waitJob } from '../helpers/jobs.ts'
@@ -14,6 +14,8 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const t = tempDir('mig-i12-name-')
+// qemu (libvirt's user) must search the temp dir down to the volumes (mkdtemp makes it 0700; README: defaults).
+chmodSync(t.dir, 0o711)
 const dataDir = path.join(t.dir, 'data')
 let server: RunningServer
 

@@ -7,7 +7,7 @@
  */
 import { afterAll, beforeAll, expect, test } from 'bun:test'
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
-import { existsSync, linkSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { chmodSync, existsSync, linkSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { call, offlinePlan, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains } from '../helpers/libvirt.ts'
@@ -15,6 +15,8 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { REPO, tempDir } from '../helpers/tmp.ts'
 
 const t = tempDir('mig-i12-race-')
+// qemu (libvirt's user) must search the temp dir down to the volumes (mkdtemp makes it 0700; README: defaults).
+chmodSync(t.dir, 0o711)
 const dataDir = path.join(t.dir, 'data')
 const root = path.join(dataDir, 'imports')
 const INSIDE_BYTE = 0x11

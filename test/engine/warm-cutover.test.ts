@@ -13,7 +13,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { chmodSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { makeBootDisk } from '../helpers/bootdisk.ts'
+import { makeBootDisk, makePowerOffBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
@@ -38,7 +38,8 @@ describe('warm cutover on command (vCenter simulator)', () => {
   async function makeVm(name: string, bootable = true): Promise<{ id: string; files: string[] }> {
     const boot = bootable
       ? makeBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
-      : makeRawImage(path.join(t.dir, `${name}-boot.raw`), 16 * MiB, 7)
+      : // a destination that powers itself off after its marker: caught without the serial pattern
+        makePowerOffBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
     const data = makeRawImage(path.join(t.dir, `${name}-data.raw`), 2 * MiB, name.length)
     const files = [await putVmdk(v, name, name, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
     const id = await v.createVm({

@@ -13,7 +13,7 @@ import { makeBootDisk, makePowerOffBootDisk } from '../helpers/bootdisk.ts'
 import { MIGRATOR_BIN, ndjson, runCli, startCli, type CliOptions } from '../helpers/cli.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
 import { call, offlinePlan, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -61,7 +61,6 @@ describe('migrator CLI: import, watch, cancel against a real server and libvirt'
   afterAll(async () => {
     await srv?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     t.cleanup()
   })
 

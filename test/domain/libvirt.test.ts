@@ -10,7 +10,7 @@ import { MigError } from '../../lib/errors.ts'
 import { Virsh } from '../../lib/domain/virsh.ts'
 import { defineAndStart } from '../../lib/domain/start.ts'
 import { makeBadBootDisk, makeBootDisk, makePowerOffBootDisk } from '../helpers/bootdisk.ts'
-import { cleanupDomains, ensureLibvirt, qemuPidsFor, stopLibvirt, TEST_LIBVIRT_URI } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, qemuPidsFor, TEST_LIBVIRT_URI } from '../helpers/libvirt.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 import { disk, manifest } from './fixtures.ts'
 
@@ -27,7 +27,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await cleanupDomains(PREFIX)
   expect(await qemuPidsFor(PREFIX)).toEqual([])
-  await stopLibvirt()
   tmp.cleanup()
 }, 30_000)
 

@@ -13,7 +13,7 @@ import { copyGuestImage, guestImages } from '../../fixtures/guest-image.ts'
 import { defineAndStart } from '../../lib/domain/start.ts'
 import { Virsh } from '../../lib/domain/virsh.ts'
 import { MigError } from '../../lib/errors.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt, TEST_LIBVIRT_URI } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, TEST_LIBVIRT_URI } from '../helpers/libvirt.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 import { disk, manifest } from './fixtures.ts'
 
@@ -31,7 +31,6 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await cleanupDomains(PREFIX)
-  await stopLibvirt()
   tmp.cleanup()
 })
 

@@ -15,7 +15,7 @@ import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -89,7 +89,6 @@ describe('engine faults (real server, worker processes, file sink)', () => {
   afterAll(async () => {
     await srv?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     t.cleanup()
   })
 

@@ -16,7 +16,7 @@ import * as path from 'node:path'
 import { makeBadBootDisk, makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage, rawSha256, type OvfPacking } from '../helpers/inputs.ts'
 import { allocatedBytes, bootCheckEnv, call, nonZeroBytes, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { execFileSync } from 'node:child_process'
@@ -75,7 +75,6 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
   afterAll(async () => {
     await srv?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     t.cleanup()
   })
 

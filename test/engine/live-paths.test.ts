@@ -14,7 +14,7 @@ import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { call, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
@@ -91,7 +91,6 @@ describe('live paths against the vCenter simulator', () => {
     await srv?.stop()
     await keep?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     await v?.stop()
     t.cleanup()
   })

@@ -23,7 +23,7 @@ import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { bootCheckEnv, call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { datastoreRaw, putVmdk, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
@@ -102,7 +102,6 @@ describe('live vim_api migrations through the HTTP API', () => {
   afterAll(async () => {
     await srv?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     await v?.stop()
     t.cleanup()
   })

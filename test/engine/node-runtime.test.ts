@@ -11,7 +11,7 @@ import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
 import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, startVcsim } from '../helpers/vcsim.ts'
@@ -45,7 +45,6 @@ describe('jobs under the Node server and Node workers', () => {
   afterAll(async () => {
     await srv?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     t.cleanup()
   })
 

@@ -15,6 +15,7 @@ import { createApp, type App } from '../../runtime/app.ts'
 import type { Config } from '../../runtime/config.ts'
 import { testConfig, req } from '../helpers/env.ts'
 import { buildInput, makeRawImage } from '../helpers/inputs.ts'
+import { ensureLibvirt } from '../helpers/libvirt.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024
@@ -43,7 +44,8 @@ async function submitAndWait(app: App, plan: Record<string, unknown>): Promise<a
 
 const plan = { source: { Offline: 'ova_archive' }, source_ref: { kind: 'offline_host_path', path: 'i13-pf.ova' }, mode: 'Cold', name: 'i13-pf' }
 
-beforeAll(() => {
+beforeAll(async () => {
+  await ensureLibvirt()
   chmodSync(t.dir, 0o755)
   mkdirSync(importRoot, { mode: 0o750 })
   // A 64 MiB disk with little data, as an OVA with one NIC on "VM Network".

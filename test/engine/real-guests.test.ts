@@ -26,7 +26,7 @@ import * as path from 'node:path'
 import { GUEST_MARKER, guestBuildTimings, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
 import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -136,7 +136,6 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
     stream?.close()
     await srv?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     t.cleanup()
   })
 

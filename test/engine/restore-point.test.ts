@@ -20,7 +20,7 @@ import { HostBackupApiTestDouble } from '../helpers/backup-double.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput } from '../helpers/inputs.ts'
 import { offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -74,7 +74,6 @@ describe('plan restore_point: the host backup runs before any destination write'
     await badCreds?.stop()
     await double?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     t.cleanup()
   })
 

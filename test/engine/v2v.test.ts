@@ -15,7 +15,7 @@ import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
 import { bootCheckEnv, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, domainsWithPrefix, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -71,7 +71,6 @@ exit 0
   afterAll(async () => {
     await srv?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     t.cleanup()
   })
 

@@ -17,7 +17,7 @@ import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { convert, fileSha256 } from '../helpers/inputs.ts'
 import { bootCheckEnv, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, domainsWithPrefix, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { CORPUS, tempDir } from '../helpers/tmp.ts'
 
@@ -78,7 +78,6 @@ done
 
   afterAll(async () => {
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     t.cleanup()
   })
 

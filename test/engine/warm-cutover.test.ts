@@ -17,7 +17,7 @@ import { makeBootDisk, makePowerOffBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
@@ -105,7 +105,6 @@ describe('warm cutover on command (vCenter simulator)', () => {
     await srv?.stop()
     await slow?.stop()
     await cleanupDomains(PREFIX)
-    await stopLibvirt()
     await v?.stop()
     t.cleanup()
   })

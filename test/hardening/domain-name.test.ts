@@ -9,7 +9,7 @@ import { chmodSync, mkdirSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { submit, offlinePlan, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, domainsWithPrefix } from '../helpers/libvirt.ts'
+import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -20,6 +20,7 @@ const dataDir = path.join(t.dir, 'data')
 let server: RunningServer
 
 beforeAll(async () => {
+  await ensureLibvirt()
   await cleanupDomains('i12-same')
   mkdirSync(path.join(dataDir, 'imports'), { recursive: true })
   const raw = path.join(t.dir, 'disk.raw')

@@ -7,7 +7,7 @@ import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { offlinePlan, submit, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -15,6 +15,7 @@ const t = tempDir('mig-i12-hb-')
 let server: RunningServer
 
 beforeAll(async () => {
+  await ensureLibvirt()
   mkdirSync(path.join(t.dir, 'imports'), { recursive: true })
   const raw = path.join(t.dir, 'd.raw')
   writeFileSync(raw, Buffer.alloc(24 << 20, 0x5a))

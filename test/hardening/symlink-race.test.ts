@@ -10,7 +10,7 @@ import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
 import { chmodSync, existsSync, linkSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { call, offlinePlan, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { REPO, tempDir } from '../helpers/tmp.ts'
 
@@ -33,6 +33,7 @@ function qcow2Of(file: string, byte: number, size: number): void {
 }
 
 beforeAll(async () => {
+  await ensureLibvirt()
   await cleanupDomains('i12-race-')
   mkdirSync(root, { recursive: true })
   mkdirSync(path.join(t.dir, 'outside'))

@@ -1,8 +1,10 @@
 /**
  * Test scaffolding for real libvirt + qemu (TCG): starts `virtlogd --daemon` and `libvirtd --daemon`
  * when they are not already running (no systemd here, DESIGN.md section 6), waits until
- * `virsh -c qemu:///system version` answers, and stops in `stopLibvirt()` only the daemons it
- * started itself. `cleanupDomains(prefix)` destroys and undefines every domain whose name starts
+ * `virsh -c qemu:///system version` answers. The daemons live for the whole `bun test` run:
+ * `test/helpers/preload.ts` (bunfig.toml) stops, after the last file, only those this process
+ * started itself; a file never stops them, so the next file finds libvirt up. Every test file that
+ * needs libvirt calls `ensureLibvirt()` in its `beforeAll` (whatever order the files run in). `cleanupDomains(prefix)` destroys and undefines every domain whose name starts
  * with a test prefix, so no qemu process outlives a test file.
  */
 import { execFile } from 'node:child_process'
@@ -68,7 +70,7 @@ export async function ensureLibvirt(): Promise<void> {
   throw new Error(`libvirt did not answer: ${last}`)
 }
 
-/** Stops (SIGTERM) only the daemons `ensureLibvirt` started, libvirtd first. */
+/** Stops (SIGTERM) only the daemons `ensureLibvirt` started, libvirtd first (the preload's global afterAll; scripts). */
 export async function stopLibvirt(): Promise<void> {
   for (const d of started.splice(0).reverse()) {
     try {
@@ -81,6 +83,7 @@ export async function stopLibvirt(): Promise<void> {
 
 /** Names of every domain (running or not) whose name starts with `prefix`. */
 export async function domainsWithPrefix(prefix: string): Promise<string[]> {
+  await ensureLibvirt()
   const r = await run('virsh', ['-c', TEST_LIBVIRT_URI, 'list', '--all', '--name'])
   if (r.code !== 0) throw new Error(`virsh list failed: ${r.stderr.trim()}`)
   return r.stdout

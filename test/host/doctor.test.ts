@@ -28,6 +28,7 @@ import {
 import { qemuCanReach, readQemuUser } from '../../lib/host/qemu-access.ts'
 import { loadConfig } from '../../runtime/config.ts'
 import { doctorSettings } from '../../runtime/preflight.ts'
+import { ensureLibvirt } from '../helpers/libvirt.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const t = tempDir('i13-doctor-')
@@ -105,7 +106,8 @@ async function check(id: string, over: Partial<DoctorSettings> = {}): Promise<Ch
   return c
 }
 
-beforeAll(() => {
+beforeAll(async () => {
+  await ensureLibvirt()
   chmodSync(root, 0o711)
   mkdirSync(bin)
   // The real tools, linked into a private search path so each can be taken away.

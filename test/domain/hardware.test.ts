@@ -137,6 +137,10 @@ describe('classifySerial', () => {
     )
     expect(classifySerial('You are in emergency mode. After logging in, type "journalctl -xb"')!.verdict).toBe('failed')
     expect(classifySerial('No bootable device.\n')!.why).toBe('the firmware found no bootable disk')
+    expect(classifySerial('grub rescue> ')!.why).toContain('GRUB could not load the kernel')
+    // Not final: SeaBIOS goes on to the next device, GRUB boots without its locale file.
+    expect(classifySerial('Booting from Floppy...\r\nBoot failed: not a bootable disk\r\nBooting from Hard Disk...\r\n')).toBeNull()
+    expect(classifySerial("error: file `/boot/grub/locale/en.mo.gz' not found.\r\nLoading Linux 6.1.0-28-amd64 ...\r\n")).toBeNull()
   })
 
   test('successes: a login prompt, systemd multi-user target; nothing recognizable is null', () => {

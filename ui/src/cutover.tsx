@@ -20,6 +20,11 @@ export function waitsForCutover(job: Job): boolean {
   return job.state === 'DeltaSyncing' && c !== null && c.mode !== 'auto' && c.requested_at === null
 }
 
+/** Seconds with a decimal below 10 s (a delta pass takes fractions of a second), else as `duration`. */
+function secs(s: number): string {
+  return s < 10 ? `${s.toFixed(1)} s` : duration(s)
+}
+
 function modeText(c: CutoverStatus): string {
   if (c.mode === 'auto') return 'automatic: when a delta pass is small enough'
   if (c.mode === 'manual') return 'on the operator’s command'
@@ -80,14 +85,14 @@ export function CutoverCard({ job, onJob }: { job: Job; onJob(j: Job): void }) {
         <dt>Last delta sync</dt>
         <dd data-testid="cutover-last-pass">
           {last
-            ? `${time(last.started_at)}: ${bytes(last.changed_bytes)} changed, copied in ${duration(last.duration_s)}${last.rate_bytes_per_s ? ` (${rate(last.rate_bytes_per_s)})` : ''}`
+            ? `${time(last.started_at)}: ${bytes(last.changed_bytes)} changed, pass took ${secs(last.duration_s)}${last.rate_bytes_per_s ? ` (copy at ${rate(last.rate_bytes_per_s)})` : ''}`
             : 'none yet'}
         </dd>
         {pd && (
           <>
             <dt>Projected downtime</dt>
             <dd data-testid="cutover-downtime" title="guest shutdown + final delta (snapshot, copy) + start">
-              {duration(pd.total_s)}: shutdown ≤ {duration(pd.shutdown_s)}, final delta {bytes(pd.final_delta_bytes)} in {duration(pd.snapshot_s + pd.copy_s)}, start {duration(pd.start_s)}
+              {duration(pd.total_s)}: shutdown ≤ {duration(pd.shutdown_s)}, final delta {bytes(pd.final_delta_bytes)} in {secs(pd.snapshot_s + pd.copy_s)}, start {duration(pd.start_s)}
             </dd>
           </>
         )}
@@ -110,7 +115,7 @@ export function CutoverCard({ job, onJob }: { job: Job; onJob(j: Job): void }) {
                   <td>{p.pass}</td>
                   <td>{time(p.started_at)}</td>
                   <td>{bytes(p.changed_bytes)}</td>
-                  <td>{duration(p.duration_s)}</td>
+                  <td>{secs(p.duration_s)}</td>
                 </tr>
               ))}
             </tbody>
@@ -118,7 +123,7 @@ export function CutoverCard({ job, onJob }: { job: Job; onJob(j: Job): void }) {
         </details>
       )}
       {manual && !c.started_at && !c.requested_at && (
-        <button class="primary" disabled={!waiting || sending} onClick={() => setConfirming(true)} data-testid="cutover-button">
+        <button class="primary cutover-button" disabled={!waiting || sending} onClick={() => setConfirming(true)} data-testid="cutover-button">
           Cut over
         </button>
       )}

@@ -223,7 +223,7 @@ export function PlanPage({ id }: { id: string }) {
                       : c.requested_at
                         ? `requested ${time(c.requested_at)}`
                         : j && waitsForCutover(j)
-                          ? `waiting (${c.passes_total} passes)`
+                          ? `waiting (${c.passes_total} delta ${c.passes_total === 1 ? 'pass' : 'passes'})`
                           : c.mode}
                 </td>
               </tr>

@@ -78,9 +78,9 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     await card.waitFor()
     expect(await card.getAttribute('data-mode')).toBe('manual')
     // waiting in DeltaSyncing with two passes done: the button is enabled, the last pass shown
-    await page.locator('[data-testid=cutover][data-waiting=true]').waitFor({ timeout: 60_000 })
+    await page.locator('[data-testid=cutover][data-waiting=true]').waitFor({ timeout: 120_000 })
     await page.waitForFunction(() => Number(document.querySelector('[data-testid=cutover-passes]')?.getAttribute('data-passes')) >= 2, null, {
-      timeout: 30_000,
+      timeout: 60_000,
     })
     const button = page.getByTestId('cutover-button')
     expect(await button.isEnabled()).toBe(true)
@@ -96,7 +96,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     expect((await call(srv.base, 'GET', `/migrations/${job.id}`)).body.cutover.requested_at).toBeNull()
     await button.click()
     await page.getByTestId('confirm-cutover').click()
-    await page.locator('[data-testid=job][data-state=Completed]').waitFor({ timeout: 60_000 })
+    await page.locator('[data-testid=job][data-state=Completed]').waitFor({ timeout: 120_000 })
     expect(await page.getByTestId('cutover-button').count()).toBe(0)
     expect(await page.getByTestId('error').count()).toBe(0)
     const done = await waitJob(srv.base, job.id)
@@ -104,19 +104,19 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     expect(Date.parse(done.cutover.started_at)).toBeGreaterThanOrEqual(Date.parse(done.cutover.requested_at))
     expect((await v.vm(vm)).power_state).toBe('poweredOff')
     expect(b.errors).toEqual([])
-  }, 150_000)
+  }, 300_000)
 
   test('a Cut over confirmed after the job was cancelled under the dialog shows E_MIG_CONFLICT', async () => {
     const vm = await makeVm('i17-cut409')
     const job = await submit(srv.base, { ...warmPlan(vm, 'i17-cut409'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
     const { page } = b
     await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
-    await page.locator('[data-testid=cutover][data-waiting=true]').waitFor({ timeout: 60_000 })
+    await page.locator('[data-testid=cutover][data-waiting=true]').waitFor({ timeout: 120_000 })
     await page.getByTestId('cutover-button').click()
     await page.getByTestId('cutover-dialog').waitFor()
     // another operator cancels the job meanwhile
     expect((await call(srv.base, 'POST', `/migrations/${job.id}/cancel`)).status).toBe(202)
-    await page.locator('[data-testid=job][data-state=Cancelled]').waitFor({ timeout: 30_000 })
+    await page.locator('[data-testid=job][data-state=Cancelled]').waitFor({ timeout: 60_000 })
     await page.getByTestId('confirm-cutover').click()
     // the job's own last_error (E_MIG_CANCELLED) shows above; the cutover's answer in its card
     const err = page.getByTestId('cutover').getByTestId('error')
@@ -127,7 +127,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     // the browser logs the refused request; nothing else went wrong
     expect(b.errors).toEqual(['console: Failed to load resource: the server responded with a status of 409 (Conflict)'])
     b.errors.length = 0
-  }, 120_000)
+  }, 240_000)
 
   test('Plans: the list shows a bulk plan with counts, its page lists the VMs and Cut over all completes it', async () => {
     const db = await makeVm('i17-db')
@@ -154,9 +154,9 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     expect(await page.getByTestId('depends-app').textContent()).toBe('db')
     expect(await page.getByTestId('depends-db').textContent()).toBe('–')
     // db waits in DeltaSyncing, app waits for db: the shared cutover is offered
-    await page.locator('[data-vm=db][data-state=DeltaSyncing]').waitFor({ timeout: 60_000 })
+    await page.locator('[data-vm=db][data-state=DeltaSyncing]').waitFor({ timeout: 120_000 })
     const button = page.getByTestId('plan-cutover')
-    await page.waitForFunction(() => !(document.querySelector('[data-testid=plan-cutover]') as HTMLButtonElement | null)?.disabled, null, { timeout: 30_000 })
+    await page.waitForFunction(() => !(document.querySelector('[data-testid=plan-cutover]') as HTMLButtonElement | null)?.disabled, null, { timeout: 60_000 })
     expect(await page.locator('[data-vm=app]').getAttribute('data-state')).toBe('Queued')
     expect(await page.getByTestId('plan-cutover-text').textContent()).toContain('1 of 2 warm VM(s) wait in DeltaSyncing')
     await b.screenshot('plan-page')
@@ -166,7 +166,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     await page.waitForURL(new RegExp(`#/plans/${id}$`))
     await button.click()
     await page.getByTestId('confirm-plan-cutover').click()
-    await page.locator('[data-testid=plan][data-state=Completed]').waitFor({ timeout: 90_000 })
+    await page.locator('[data-testid=plan][data-state=Completed]').waitFor({ timeout: 150_000 })
     expect(await button.isDisabled()).toBe(true)
     expect(await page.getByTestId('error').count()).toBe(0)
     expect(await page.getByTestId('plan-counts').textContent()).toBe('2 completed')
@@ -184,5 +184,5 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     await page.goto(consoleUrl(srv.base, '#/plans'))
     await page.locator(`[data-plan="${id}"][data-state=Completed]`).waitFor()
     expect(b.errors).toEqual([])
-  }, 180_000)
+  }, 360_000)
 })

@@ -6,7 +6,7 @@
 import { rm } from 'node:fs/promises'
 import { join } from 'node:path'
 import { MigError } from '../errors.ts'
-import { InputScope, resolveInRoot } from '../hostpath.ts'
+import { InputScope, pinnedProcPath, resolveInRoot } from '../hostpath.ts'
 import { statPath } from '../formats/io.ts'
 import type { Job } from '../job.ts'
 import { PASSTHROUGH_IMPORTERS, type ImporterKind } from '../kinds.ts'
@@ -109,12 +109,11 @@ export async function prepareSource(
       throw e
     }
     if (PASSTHROUGH_IMPORTERS.includes(kind)) {
-      scope.close()
       const fi = deps.fullImport ?? {}
       return {
         strategy: 'passthrough',
         manifest,
-        close: async () => {},
+        close: async () => scope.close(),
         runFullImport: async (volumes, onBytes, signal) => {
           await runV2vFullImport({
             manifest,
@@ -125,6 +124,8 @@ export async function prepareSource(
             env: fi.env,
             virtioWinIso: fi.virtioWinIso,
             binary: fi.binary,
+            // virt-v2v (and the qemu-nbd it starts) opens the disks this worker pinned at inspect.
+            sourcePath: (file) => scope.run(() => pinnedProcPath(file)),
           })
         },
       }

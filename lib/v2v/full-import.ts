@@ -75,6 +75,9 @@ export interface FullImportVolume {
  * - `timeoutMs`: time limit (default 8 h).
  * - `virtioWinIso`: the virtio-win driver ISO for Windows guests (`VIRTIO_WIN`); undefined: the
  *   default ISO when it exists; null: none (virt-v2v then uses emulated devices).
+ * - `sourcePath(file)`: the path virt-v2v is given for the source disk `file` (the job passes the
+ *   worker's pinned descriptor, `/proc/<pid>/fd/<n>`, so the tool never resolves the name again);
+ *   default the file itself. Checks and messages use the manifest's own paths.
  */
 export interface FullImportOptions {
   manifest: VmManifest
@@ -87,6 +90,7 @@ export interface FullImportOptions {
   workDir: string
   timeoutMs?: number
   virtioWinIso?: string | null
+  sourcePath?: (file: string) => string
 }
 
 /**
@@ -401,7 +405,11 @@ export async function runV2vFullImport(opts: FullImportOptions): Promise<FullImp
   await mkdir(opts.workDir, { recursive: true, mode: 0o700 })
   const runDir = await mkdtemp(path.join(opts.workDir, 'vmcx-import-'))
   try {
-    const cmd = fullImportCommand(manifest, runDir, { binary, env: opts.env, virtioWinIso: iso })
+    const sourcePath = opts.sourcePath
+    const forTool = sourcePath
+      ? { ...manifest, disks: manifest.disks.map((d) => ({ ...d, source: { ...d.source, path: sourcePath(d.source.path) } })) }
+      : manifest
+    const cmd = fullImportCommand(forTool, runDir, { binary, env: opts.env, virtioWinIso: iso })
     await mkdir(cmd.outputDir, { mode: 0o700 })
     await mkdir(cmd.tmpDir, { mode: 0o700 })
     await writeFile(cmd.inputXmlPath, cmd.inputXml, { mode: 0o600 })

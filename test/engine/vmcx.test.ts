@@ -39,6 +39,8 @@ describe('vmcx_export passthrough (virt-v2v) through the HTTP API', () => {
   const t = tempDir('mig-vmcx-job-')
   const importRoot = path.join(t.dir, 'imports')
   const double = path.join(t.dir, 'virt-v2v-test-double')
+  /** The source paths the double was given, one a line (it appends them). */
+  const sourcesLog = path.join(t.dir, 'double-sources.txt')
   let boot = ''
 
   beforeAll(async () => {
@@ -59,6 +61,7 @@ done
 echo '{ "message": "Inspecting the source", "type": "message" }'
 mapfile -t srcs < <(grep -o '<source file="[^"]*"' "$xml" | sed 's/^<source file="//; s/"$//')
 mapfile -t fmts < <(grep -o '<driver name="qemu" type="[^"]*"' "$xml" | sed 's/.*type="//; s/"$//')
+printf '%s\n' "\${srcs[@]}" >> '${sourcesLog}'
 letters=(a b c d e f g h)
 for i in "\${!srcs[@]}"; do
   echo "{ \\"message\\": \\"Copying disk $((i + 1))/\${#srcs[@]}\\", \\"type\\": \\"message\\" }"
@@ -108,6 +111,10 @@ done
       expect(done.progress.bytes_done).toBe(done.progress.bytes_total)
       expect(fileSha256(volumePath(dir, job.id, done.progress.disks[0].label))).toBe(fileSha256(boot))
       expect(readFileSync(path.join(dir, 'logs', `${job.id}.serial.log`), 'utf8')).toContain(MARKER)
+      // Open once (issue 12): virt-v2v got the worker's pinned descriptor, never the file's name.
+      const given = readFileSync(sourcesLog, 'utf8').trim().split('\n')
+      expect(given.length).toBe(1)
+      expect(given[0]).toMatch(/^\/proc\/\d+\/fd\/\d+$/)
     } finally {
       await srv.stop()
       rmSync(dir, { recursive: true, force: true })

@@ -11,7 +11,7 @@
  */
 import { MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
-import { readVmdkSparseHeader } from './vmdk.ts'
+import { readVmdkSparseHeader } from './vmdk/inspect.ts'
 
 const SECTOR = 512
 

@@ -34,18 +34,14 @@ async function mapped<T>(f: () => Promise<T>): Promise<T> {
 
 /**
  * Opens the datastore VMDK `file` and its chain of parents as one {@link DiskReader}; arguments
- * as `openVmdkChain` of `lib/formats/vmdk/chain-reader.ts`. Every fault of a malformed or hostile
- * file (extent names leaving the directory, loops, chains deeper than 64, CID mismatches, grains
+ * (`file`, `openSibling(name)`, `openParent(hint, depth)`, `opts: { label, capacity }`) as
+ * `openVmdkChain` of `lib/formats/vmdk/chain-reader.ts`. Every fault of a malformed or hostile
+ * file (extent names leaving the directory, loops, chains deeper than `MAX_CHAIN_DEPTH`, CID mismatches, grains
  * outside their file) is `E_MIG_DISK_READ_FAILED`; unsupported features are
  * `E_MIG_UNSUPPORTED_FORMAT`.
  */
-export async function openVmdkChain(
-  file: RemoteFile,
-  openSibling: (name: string) => Promise<RemoteFile>,
-  openParent: (hint: string, depth: number) => Promise<{ file: RemoteFile; openSibling: (name: string) => Promise<RemoteFile> }>,
-  opts: { label: string; capacity: number },
-): Promise<DiskReader> {
-  const inner = await mapped(() => openChain(file, openSibling, openParent, opts))
+export async function openVmdkChain(...args: Parameters<typeof openChain>): Promise<DiskReader> {
+  const inner = await mapped(() => openChain(...args))
   return {
     size: inner.size,
     async *extents(from: number): AsyncIterable<DiskExtent> {

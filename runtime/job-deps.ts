@@ -27,7 +27,7 @@ import { FileSink } from '../lib/sink/file.ts'
 import type { Sink } from '../lib/sink/types.ts'
 import { ZvolSink } from '../lib/sink/zvol.ts'
 import type { Store } from '../lib/store/index.ts'
-import { V2vPreparer } from '../lib/v2v/preparer.ts'
+import { V2vPreparer, type V2vVolume } from '../lib/v2v/preparer.ts'
 import type { Config, dataPaths } from './config.ts'
 import type { Logger } from './logger.ts'
 
@@ -103,6 +103,27 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
       }
     : undefined
 
+  /**
+   * virt-v2v-in-place over the job's volumes (snapshot first, rolled back on failure): Windows
+   * guests before the start (virtio-win ISO required), Linux guests without a usable controller
+   * driver from the Starting state (no ISO). libguestfs runs on TCG where the domains do.
+   */
+  const convertInPlace = async (id: string, manifest: VmManifest, disks: V2vVolume[], needsVirtioWin: boolean, sig?: AbortSignal): Promise<void> => {
+    const preparer = new V2vPreparer({
+      virtioWinIso: config.v2v.virtioWinIso,
+      binary: config.v2v.binary,
+      env: config.domain.type === 'qemu' ? { LIBGUESTFS_BACKEND_SETTINGS: 'force_tcg' } : {},
+    })
+    logger.info({ disks: disks.map((d) => d.label), needsVirtioWin }, 'V2V: converting the guest in place')
+    const result = await preparer.run(disks, manifest, {
+      signal: sig,
+      snapshot: sink.snapshot(id),
+      needsVirtioWin,
+      onProgress: (p) => p.message && logger.info({ v2v: p.message }, 'V2V'),
+    })
+    for (const w of result.warnings) logger.warn({ v2v: w }, 'V2V warning')
+  }
+
   return {
     jobId,
     jobs: store.jobs,
@@ -147,15 +168,14 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     copyDisk: (reader, volume, opts) =>
       copyDisk(reader, volume, { ...opts, label: volume.path, flushEveryBytes: config.copy.flushEveryBytes, maxBytesPerSecond: config.copy.maxBytesPerSecond }),
     async v2v(job, manifest, volumes, sig) {
-      const preparer = new V2vPreparer({ virtioWinIso: config.v2v.virtioWinIso, binary: config.v2v.binary })
-      const disks = manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path }))
       for (const v of volumes) await v.flush()
-      const result = await preparer.run(disks, manifest, {
-        signal: sig,
-        snapshot: sink.snapshot(job.id),
-        onProgress: (p) => p.message && logger.info({ v2v: p.message }, 'V2V'),
-      })
-      for (const w of result.warnings) logger.warn({ v2v: w }, 'V2V warning')
+      await convertInPlace(
+        job.id,
+        manifest,
+        manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
+        true,
+        sig,
+      )
     },
     async start(job, manifest, volumes, sig) {
       for (const v of volumes) await v.flush()
@@ -175,6 +195,15 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         domainType: config.domain.type,
         defaultBridge: config.domain.defaultBridge,
         serialLogPath: path.join(logDir, `${jobId}.serial.log`),
+        // A Linux guest with no driver for any controller qemu emulates is converted in place.
+        convertGuest: (paths, convertSignal) =>
+          convertInPlace(
+            job.id,
+            manifest,
+            paths.map((p, i) => ({ label: manifest.disks[i]?.label ?? `disk${i}`, path: p })),
+            false,
+            convertSignal,
+          ),
         bootCheck: {
           graceSeconds: config.domain.bootGraceSeconds,
           timeoutSeconds: config.domain.bootTimeoutSeconds,

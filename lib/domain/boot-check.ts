@@ -74,8 +74,10 @@ const FAILURES: Array<[RegExp, (m: RegExpExecArray, text: string) => string]> = 
     () => 'the guest entered systemd emergency mode (a file system in fstab could not be mounted)',
   ],
   [/^\(initramfs\)\s*$/m, () => 'the guest dropped to the initramfs shell'],
-  [/grub rescue>|error: (?:no such device|unknown filesystem|file `[^']*' not found)/, () => 'GRUB could not load the kernel (grub rescue)'],
-  [/No bootable device|Boot failed: not a bootable disk|No bootable option or device was found/, () => 'the firmware found no bootable disk'],
+  // Only final words: GRUB prints harmless "error: file ... not found" (locale files) and SeaBIOS
+  // "Boot failed" for one device before it boots from the next, so neither counts by itself.
+  [/grub rescue>|error: you need to load the kernel first/, () => 'GRUB could not load the kernel (grub rescue)'],
+  [/No bootable device|No bootable option or device was found/, () => 'the firmware found no bootable disk'],
 ]
 const SUCCESSES: Array<[RegExp, string]> = [
   [/^[^\r\n]*\blogin:\s*$/m, 'a login prompt on the serial console'],

@@ -38,6 +38,11 @@ export interface HardwareChoice {
   nicModel: NicModel
   /** Why the guest cannot boot here (static evidence), or null. */
   fatal: string | null
+  /**
+   * The only fatal finding is a missing controller driver in a Linux guest libguestfs inspected:
+   * converting it (virt-v2v-in-place: initramfs with virtio) makes it bootable.
+   */
+  convertible: boolean
   /** The guest writes its boot to the serial console (`console=ttyS…` on its kernel line). */
   serialConsole: boolean
 }
@@ -121,6 +126,7 @@ export function chooseHardware(
       scsiModel: null,
       nicModel: nic,
       fatal: null,
+      convertible: false,
       serialConsole: false,
     }
   }
@@ -164,6 +170,7 @@ export function chooseHardware(
       scsiModel: null,
       nicModel: nic,
       fatal: fatal ?? `${missing}${names ? ` whose disks are named /dev/${names}X as the guest expects` : ''}`,
+      convertible: fatal === null,
       serialConsole,
     }
   }
@@ -183,6 +190,7 @@ export function chooseHardware(
     scsiModel: chosen.scsiModel,
     nicModel: nic,
     fatal,
+    convertible: false,
     serialConsole,
   }
 }

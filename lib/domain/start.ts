@@ -5,12 +5,13 @@
  * `plan.start === false`: define only), then the evidence-based boot check.
  *
  * A fatal static finding (root file system UUID that does not exist, no driver for any disk
- * controller) fails with `E_MIG_GUEST_BOOT_FAILED` right after define, without starting.
+ * controller) fails with `E_MIG_GUEST_BOOT_FAILED` right after define, without starting; a Linux
+ * guest whose only fault is the missing driver is first converted (`convertGuest`), if given.
  *
  * Failure after define: the domain is left **defined but stopped** (a failed `start` leaves it shut
  * off; a failed boot check destroys it first), so the operator can inspect the definition and the
- * serial log; the orchestrator decides whether to undefine it (`Virsh.undefine`). The disks are never
- * touched here. The thrown error's `details.domain` names the domain.
+ * serial log; the orchestrator decides whether to undefine it (`Virsh.undefine`). The disks are
+ * touched only by `convertGuest`. The thrown error's `details.domain` names the domain.
  */
 import { constants } from 'node:fs'
 import { open, stat, writeFile } from 'node:fs/promises'
@@ -55,6 +56,11 @@ export interface StartBootCheck {
  * - `inspect`: inspect the guest with libguestfs (`tcg`: force its appliance onto TCG), or `false`
  *   to skip it (family defaults). Default: inspect with `tcg` when `domainType` is `qemu`.
  * - `inspectGuest`: the inspection function (tests may pass a double; default the libguestfs one).
+ * - `convertGuest`: converts the volumes in place (virt-v2v-in-place) when the inspection finds a
+ *   Linux guest whose only fault is a missing controller driver (`HardwareChoice.convertible`);
+ *   the guest is then inspected again and attached on what it has after the conversion. Without
+ *   it such a guest is refused before its start (the fix named). Throws what the converter throws
+ *   (`E_MIG_V2V_FAILED`, volumes rolled back; `E_MIG_CANCELLED`).
  */
 export interface DefineAndStartInput {
   virsh: Virsh
@@ -72,6 +78,7 @@ export interface DefineAndStartInput {
   signal?: AbortSignal
   inspect?: { tcg: boolean } | false
   inspectGuest?: typeof inspectGuest
+  convertGuest?: (paths: string[], signal?: AbortSignal) => Promise<void>
 }
 
 /**
@@ -138,15 +145,24 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   const probed = await probeVolumes(input.volumes)
   const family = effectiveGuestFamily(manifest, plan)
   const inspectOpt = input.inspect ?? { tcg: input.domainType === 'qemu' }
-  const inspection =
-    family === 'windows' || inspectOpt === false
-      ? null
-      : await (input.inspectGuest ?? inspectGuest)(
-          probed.map((v) => v.path),
-          { tcg: inspectOpt.tcg, signal: input.signal },
-        )
-  if (input.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled during the guest inspection')
-  let choice = chooseHardware(inspection, family, { plan: plan?.firmware, manifest: manifest.firmware })
+  const paths = probed.map((v) => v.path)
+  const inspect = async (): Promise<GuestInspection | null> => {
+    const found =
+      family === 'windows' || inspectOpt === false ? null : await (input.inspectGuest ?? inspectGuest)(paths, { tcg: inspectOpt.tcg, signal: input.signal })
+    if (input.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled during the guest inspection')
+    return found
+  }
+  let inspection = await inspect()
+  const firmwareChoice = { plan: plan?.firmware, manifest: manifest.firmware }
+  let choice = chooseHardware(inspection, family, firmwareChoice)
+  if (choice.fatal && choice.convertible && input.convertGuest) {
+    // No controller qemu emulates can boot the guest as it is: convert it, then look again.
+    const before = choice.fatal
+    await input.convertGuest(paths, input.signal)
+    inspection = await inspect()
+    choice = chooseHardware(inspection, family, firmwareChoice)
+    choice = { ...choice, reason: `converted with virt-v2v-in-place because ${before}; after the conversion: ${choice.reason}` }
+  }
   const forced = probed[0]?.bus
   if (forced && forced !== choice.bus) {
     // The caller's bus (e.g. virtio after V2V) wins; the record says what the domain really has.

@@ -27,7 +27,9 @@
  *   `e1000` for Windows (no virtio-net driver before V2V), overridable with `nicModel`.
  * - Firmware: `plan.firmware` else `manifest.firmware`. UEFI uses OVMF as pflash with a per-domain
  *   NVRAM copied by libvirt from a template; secure boot (manifest `secure_boot`, UEFI only) uses the
- *   `secure='yes'` loader, the Microsoft-keys VARS template and the SMM feature.
+ *   `secure='yes'` loader, the Microsoft-keys VARS template and the SMM feature. BIOS guests get
+ *   `<bios useserial='yes'/>` (qemu `-machine graphics=off`: SeaBIOS writes its messages, such as
+ *   "No bootable device", to the serial console too, where the boot check reads them).
  * - Serial: `<serial type='file'>` to `serialLogPath` plus a `<console>` on it; VNC on 127.0.0.1 with
  *   autoport; the qemu guest agent channel `org.qemu.guest_agent.0`; a pvpanic device (`<panic
  *   model='isa'>`) so a guest kernel panic shows as a crashed domain (the boot check reads it).
@@ -293,6 +295,10 @@ export function buildDomainXml(input: DomainXmlInput): string {
       '#text': checkPath('OVMF code', ovmf.code),
     }
     os.nvram = { '@_template': checkPath('OVMF vars template', ovmf.varsTemplate), '#text': checkPath('NVRAM', ovmf.nvram) }
+  } else {
+    // SeaBIOS mirrors its console to the serial port: "No bootable device" reaches the serial log,
+    // which the boot check reads as evidence (OVMF writes to the serial port by itself).
+    os.bios = { '@_useserial': 'yes' }
   }
   const features: Node = { acpi: '', apic: '' }
   if (kvm && windows) {

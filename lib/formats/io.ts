@@ -60,6 +60,21 @@ export async function readAt(fh: FileHandle, path: string, len: number, pos: num
   return got === len ? buf : buf.subarray(0, got)
 }
 
+/** A byte range of a file that holds one image (an uncompressed tar member of an OVA): bytes. */
+export interface FileWindow {
+  offset: number
+  length: number
+}
+
+/**
+ * {@link readAt} inside `win` (the whole file when undefined): `pos` is relative to the window's
+ * start and the read stops at the window's end, never running into the next member.
+ */
+export async function readInWindow(fh: FileHandle, path: string, win: FileWindow | undefined, len: number, pos: number): Promise<Buffer> {
+  if (!win) return readAt(fh, path, len, pos)
+  return readAt(fh, path, Math.max(0, Math.min(len, win.length - pos)), win.offset + pos)
+}
+
 /**
  * Opens `path`, reads up to `len` bytes at byte offset `pos` (short only at the end of the file)
  * and closes it. Throws `E_MIG_DISK_READ_FAILED` naming the file and offset.

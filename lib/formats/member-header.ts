@@ -7,10 +7,13 @@
  * Sources: VMDK 5.0 "Hosted Sparse Extent Header" (grain size a power of two, at least 8
  * sectors; grain directory, redundant grain directory and overhead inside the extent; newline
  * check bytes), qemu `docs/interop/qcow2.txt` (magic, version 2 or 3, cluster_bits 9..21, L1
- * table and refcount table inside the file).
+ * table and refcount table inside the file), and the full VHD (footer, dynamic header, BAT) and
+ * VHDX (headers, region table, metadata) checks of `vhd.ts` / `vhdx.ts`, run inside the member.
  */
 import { MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
+import { readVhdInfo } from './vhd.ts'
+import { readVhdxInfo } from './vhdx.ts'
 import { readVmdkSparseHeader } from './vmdk/inspect.ts'
 
 const SECTOR = 512
@@ -22,7 +25,8 @@ function bad(member: string, field: string, why: string): MigError {
 /**
  * Checks the header of the disk image stored at bytes `offset`..`offset + length` of `file`
  * (`member`: its name for messages), for formats `vmdk` (sparse extents; a text descriptor is not
- * checked here) and `qcow2`; other formats pass. `head` holds the first bytes of the member.
+ * checked here), `qcow2`, `vhdx` and `vpc` (VHD); other formats pass. A VHD/VHDX member whose
+ * layout is not one qemu reads keeps `E_MIG_UNSUPPORTED_FORMAT`. `head` holds the first bytes of the member.
  * Throws `E_MIG_MALFORMED_ARCHIVE` (`details.member`, `details.field`).
  */
 export async function checkMemberHeader(format: DiskFormat, file: string, offset: number, length: number, head: Buffer, member: string): Promise<void> {
@@ -43,6 +47,17 @@ export async function checkMemberHeader(format: DiskFormat, file: string, offset
     if (h.redundantGrainTable && h.rgdOffset + Math.ceil((h.gdEntries * 4) / SECTOR) > sectors)
       throw bad(member, 'rgdOffset', `redundant grain directory at sector ${h.rgdOffset} is past the member's ${sectors} sectors`)
     if (h.overHead > sectors) throw bad(member, 'overHead', `${h.overHead} sectors, more than the member's ${sectors}`)
+    return
+  }
+  if (format === 'vhdx' || format === 'vpc') {
+    try {
+      await (format === 'vhdx' ? readVhdxInfo : readVhdInfo)(file, { offset, length })
+    } catch (e) {
+      if (!(e instanceof MigError) || e.code === 'E_MIG_DISK_READ_FAILED') throw e
+      // The readers name the file they opened (the archive); name the member instead.
+      const reason = e.message.startsWith(`${file}: `) ? e.message.slice(file.length + 2) : e.message
+      throw new MigError(e.code, `${member}: ${reason}`, { details: { member, field: 'header' } })
+    }
     return
   }
   if (format === 'qcow2' && head.length >= 72) {

@@ -14,7 +14,7 @@
  * CHS geometry for creators `vpc `, `qemu`, others the footer's current size.
  */
 import { MigError } from '../errors.ts'
-import { malformed, openRead, readAt } from './io.ts'
+import { type FileWindow, malformed, openRead, readInWindow } from './io.ts'
 
 /** Largest VHD virtual size accepted, bytes (the format's 2040 GiB limit, rounded up to 2 TiB). */
 export const VHD_MAX_VIRTUAL_SIZE = 2 * 2 ** 40
@@ -87,12 +87,14 @@ export function hasVhdCookie(tail: Buffer): boolean {
  * @throws E_MIG_MALFORMED_ARCHIVE no footer with a valid checksum; current size over 2 TiB or past
  *   the end of a fixed disk; a dynamic header missing, with a bad cookie or checksum, a block
  *   size not a power of two, or a BAT outside the file or too small for the size.
+ * `win`: only that byte range of `file` holds the image (a tar member read in place); sizes and
+ * offsets are then relative to it.
  * @throws E_MIG_DISK_READ_FAILED the file cannot be opened or read.
  */
-export async function readVhdInfo(file: string): Promise<VhdInfo> {
+export async function readVhdInfo(file: string, win?: FileWindow): Promise<VhdInfo> {
   const fh = await openRead(file)
   try {
-    const fileSize = (await fh.stat()).size
+    const fileSize = win ? win.length : (await fh.stat()).size
     const candidates: number[] = []
     if (fileSize >= 512) candidates.push(fileSize - 512)
     if (fileSize >= 511) candidates.push(fileSize - 511)
@@ -101,7 +103,7 @@ export async function readVhdInfo(file: string): Promise<VhdInfo> {
     let footerOffset = -1
     let sawCookie = false
     for (const off of candidates) {
-      const b = await readAt(fh, file, Math.min(512, fileSize - off), off)
+      const b = await readInWindow(fh, file, win, Math.min(512, fileSize - off), off)
       if (b.toString('latin1', 0, 8) !== 'conectix') continue
       sawCookie = true
       if (footerOk(b)) {
@@ -154,7 +156,7 @@ export async function readVhdInfo(file: string): Promise<VhdInfo> {
     if (dataOffset === NO_OFFSET || dataOffset + 1024n > BigInt(fileSize))
       throw malformed(file, `dynamic disk header offset ${dataOffset} lies outside the file`)
     const dhOff = Number(dataOffset)
-    const dh = await readAt(fh, file, 1024, dhOff)
+    const dh = await readInWindow(fh, file, win, 1024, dhOff)
     if (dh.toString('latin1', 0, 8) !== 'cxsparse') throw malformed(file, `no cxsparse dynamic disk header at offset ${dhOff}`)
     if (vhdChecksum(dh, 36) !== dh.readUInt32BE(36)) throw malformed(file, 'dynamic disk header checksum mismatch')
     const batOffset = dh.readBigUInt64BE(16)
@@ -185,7 +187,7 @@ export async function readVhdInfo(file: string): Promise<VhdInfo> {
         const off = dh.readBigUInt64BE(at + 16)
         if (len === 0) continue
         if (len > 4096 || off + BigInt(len) > BigInt(fileSize)) throw malformed(file, `parent locator ${code} at ${off} (+${len}) lies outside the file`)
-        const data = await readAt(fh, file, len, Number(off))
+        const data = await readInWindow(fh, file, win, len, Number(off))
         let p = data.toString(enc)
         const nul2 = p.indexOf('\0')
         if (nul2 >= 0) p = p.slice(0, nul2)

@@ -11,7 +11,7 @@
  * use the Microsoft mixed-endian layout. Only the first 320 KiB and the metadata items are read.
  */
 import { MigError } from '../errors.ts'
-import { malformed, openRead, readAt } from './io.ts'
+import { type FileWindow, malformed, openRead, readInWindow } from './io.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
@@ -142,13 +142,15 @@ interface Region {
  *   metadata region or required metadata item; block size not a power of two in 1..256 MiB;
  *   sector sizes other than 512/4096; virtual size 0, over 64 TiB or not a multiple of the
  *   logical sector size; a BAT region too small for the virtual size; bad parent locator entries.
+ * `win`: only that byte range of `file` holds the image (a tar member read in place); sizes and
+ * offsets are then relative to it.
  * @throws E_MIG_DISK_READ_FAILED the file cannot be opened or read.
  */
-export async function readVhdxInfo(file: string): Promise<VhdxInfo> {
+export async function readVhdxInfo(file: string, win?: FileWindow): Promise<VhdxInfo> {
   const fh = await openRead(file)
   try {
-    const fileSize = (await fh.stat()).size
-    const head = await readAt(fh, file, Math.min(fileSize, 320 * KiB), 0)
+    const fileSize = win ? win.length : (await fh.stat()).size
+    const head = await readInWindow(fh, file, win, Math.min(fileSize, 320 * KiB), 0)
     if (head.length < 8 || head.toString('latin1', 0, 8) !== 'vhdxfile')
       throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHDX image (no vhdxfile identifier)`)
     if (head.length < 320 * KiB) throw malformed(file, `VHDX cut short: ${fileSize} bytes, the headers and region tables need ${320 * KiB}`)
@@ -195,7 +197,7 @@ export async function readVhdxInfo(file: string): Promise<VhdxInfo> {
     if (meta.length < 64 * KiB) throw malformed(file, 'metadata region smaller than its 64 KiB table')
 
     // Metadata table (2.6.1).
-    const mt = await readAt(fh, file, 64 * KiB, meta.offset)
+    const mt = await readInWindow(fh, file, win, 64 * KiB, meta.offset)
     if (mt.length < 64 * KiB || mt.toString('latin1', 0, 8) !== 'metadata') throw malformed(file, `no metadata table signature at offset ${meta.offset}`)
     const entries = mt.readUInt16LE(10)
     if (entries > 2047) throw malformed(file, `metadata table declares ${entries} entries (limit 2047)`)
@@ -219,7 +221,7 @@ export async function readVhdxInfo(file: string): Promise<VhdxInfo> {
       const it = items.get(id)
       if (!it) throw malformed(file, `missing required metadata item ${name}`)
       if (it.length < min) throw malformed(file, `metadata item ${name} is ${it.length} bytes, needs ${min}`)
-      const b = await readAt(fh, file, it.length, meta.offset + it.offset)
+      const b = await readInWindow(fh, file, win, it.length, meta.offset + it.offset)
       if (b.length < it.length) throw malformed(file, `metadata item ${name} cut short by the end of the file`)
       return b
     }

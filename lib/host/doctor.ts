@@ -115,7 +115,7 @@ export function binaryChecks(s: DoctorSettings): Check[] {
     ['blkdiscard', 'blkdiscard', zvol ? 'fail' : 'warn', zvol ? 'the zvol sink discards zero runs with it' : 'needed only by the zvol sink'],
     ['qemu-img', 'qemu-img', 'fail', 'inspects and reads disk images'],
     ['qemu-nbd', 'qemu-nbd', 'fail', 'serves qcow2, VHDX, VHD, VDI and sparse VMDK disks to the copy'],
-    ['virt-v2v-in-place', s.v2vBinary, 'warn', 'injects virtio drivers into Windows guests'],
+    ['virt-v2v-in-place', s.v2vBinary, 'warn', 'injects virtio drivers into Windows guests, converts Linux guests that no emulated controller can boot'],
     ['virt-v2v', s.fullImportBinary, 'warn', 'imports Hyper-V (vmcx_export) VMs'],
   ]
   const pkg: Record<string, string> = {

@@ -64,6 +64,8 @@ export interface V2vRunOptions {
   snapshot: V2vSnapshot
   onProgress?: (p: V2vProgress) => void
   timeoutMs?: number
+  /** Whether the virtio-win ISO must exist (default true: Windows guests; a Linux conversion needs none). */
+  needsVirtioWin?: boolean
 }
 
 /** The exact invocation: `argv[0]` is the binary; `inputXml` must be written to `inputXmlPath` first when not null. */
@@ -159,7 +161,7 @@ export class V2vPreparer {
   }
 
   /**
-   * Checks the binary, the ISO and the volumes exist (else `E_MIG_V2V_FAILED` naming what is
+   * Checks the binary, the ISO (unless `needsVirtioWin` is false) and the volumes exist (else `E_MIG_V2V_FAILED` naming what is
    * missing, before anything is touched), takes the snapshot (failure: `E_MIG_V2V_FAILED`), runs the
    * tool in its own process group and parses its progress. Exit 0: the snapshot is released.
    * Otherwise the snapshot is rolled back (and released) and `E_MIG_V2V_FAILED` carries the tool's
@@ -171,12 +173,14 @@ export class V2vPreparer {
     const probe = this.command(volumes, manifest)
     const bin = await resolveBinary(this.binary, probe.env.PATH ?? '')
     if (!bin) v2vFail(`V2V: ${this.binary} not found or not executable (PATH=${probe.env.PATH})`, { missing: this.binary })
-    try {
-      const st = await stat(this.virtioWinIso)
-      if (!st.isFile() && !st.isDirectory()) throw new Error('not a file')
-      await access(this.virtioWinIso, constants.R_OK)
-    } catch {
-      v2vFail(`V2V: virtio-win driver ISO ${this.virtioWinIso} not found or not readable`, { missing: this.virtioWinIso })
+    if (opts.needsVirtioWin !== false) {
+      try {
+        const st = await stat(this.virtioWinIso)
+        if (!st.isFile() && !st.isDirectory()) throw new Error('not a file')
+        await access(this.virtioWinIso, constants.R_OK)
+      } catch {
+        v2vFail(`V2V: virtio-win driver ISO ${this.virtioWinIso} not found or not readable`, { missing: this.virtioWinIso })
+      }
     }
     for (const v of volumes) {
       try {

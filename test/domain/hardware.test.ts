@@ -60,6 +60,9 @@ describe('chooseHardware', () => {
     expect(sas.scsiModel).toBeNull()
     expect(sas.fatal).toContain("it has mptsas (LSI Logic SAS) only, and qemu's LSI SAS 1068 emulation presents no disk")
     expect(sas.fatal).toContain('add virtio_blk')
+    // ... which a conversion (virt-v2v-in-place) mends: the only fault is the missing driver.
+    expect(sas.convertible).toBe(true)
+    expect(pv.convertible).toBe(false)
     const sata = chooseHardware(linux({ initramfsModules: ['ahci', 'libahci', 'sd_mod'] }), 'linux', BIOS)
     expect([sata.disk_bus, sata.bus, sata.scsiModel]).toEqual(['sata', 'sata', null])
   })
@@ -75,6 +78,10 @@ describe('chooseHardware', () => {
     expect(gone.fatal).toContain('the kernel would not find its root device UUID=00000000-dead-beef-0000-000000000000')
     const none = chooseHardware(linux({ initramfsModules: ['ext4', 'hv_storvsc'] }), 'linux', BIOS)
     expect(none.fatal).toContain('initramfs /boot/initrd.img-6.1.0-50-amd64 has no driver for virtio-blk (virtio_blk)')
+    // A missing root file system is not mended by a conversion; a missing driver is.
+    expect([gone.convertible, none.convertible]).toEqual([false, true])
+    const both = chooseHardware(linux({ rootSpec: 'UUID=00000000-dead-beef-0000-000000000000', initramfsModules: ['mptsas', 'sd_mod'] }), 'linux', BIOS)
+    expect([both.fatal?.includes('root device'), both.convertible]).toEqual([true, false])
     // Kernel built-ins count as drivers the boot path has.
     const builtin = chooseHardware(linux({ initramfs: null, initramfsModules: [], builtinModules: ['virtio_blk', 'virtio_pci'] }), 'linux', BIOS)
     expect([builtin.disk_bus, builtin.fatal]).toEqual(['virtio-blk', null])
@@ -137,6 +144,10 @@ describe('classifySerial', () => {
     )
     expect(classifySerial('You are in emergency mode. After logging in, type "journalctl -xb"')!.verdict).toBe('failed')
     expect(classifySerial('No bootable device.\n')!.why).toBe('the firmware found no bootable disk')
+    expect(classifySerial('grub rescue> ')!.why).toContain('GRUB could not load the kernel')
+    // Not final: SeaBIOS goes on to the next device, GRUB boots without its locale file.
+    expect(classifySerial('Booting from Floppy...\r\nBoot failed: not a bootable disk\r\nBooting from Hard Disk...\r\n')).toBeNull()
+    expect(classifySerial("error: file `/boot/grub/locale/en.mo.gz' not found.\r\nLoading Linux 6.1.0-28-amd64 ...\r\n")).toBeNull()
   })
 
   test('successes: a login prompt, systemd multi-user target; nothing recognizable is null', () => {

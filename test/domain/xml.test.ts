@@ -62,6 +62,7 @@ Disk 0: Hard disk 1 -&gt; /dev/zvol/tank/vm/migrations/j1/Hard_disk_1</descripti
   <vcpu placement="static">2</vcpu>
   <os>
     <type arch="x86_64" machine="q35">hvm</type>
+    <bios useserial="yes"/>
   </os>
   <features>
     <acpi/>
@@ -139,6 +140,8 @@ describe('buildDomainXml', () => {
   test('plan.firmware overrides the manifest; secure boot only applies to UEFI', () => {
     const bios = build({ manifest: manifest({ firmware: 'efi', secure_boot: true }), plan: { firmware: 'bios' } }).dom
     expect(bios.os.loader).toBeUndefined()
+    expect(bios.os.bios).toEqual({ useserial: 'yes' })
+    expect(build({ manifest: manifest({ firmware: 'efi' }) }).dom.os.bios).toBeUndefined()
     expect(bios.features.smm).toBeUndefined()
     const efi = build({ plan: { firmware: 'efi' } }).dom
     expect(efi.os.loader.secure).toBe('no')

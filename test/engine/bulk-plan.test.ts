@@ -13,7 +13,7 @@ import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { buildInput, makeRawImage } from '../helpers/inputs.ts'
 import { call, waitJob } from '../helpers/jobs.ts'
-import { ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
@@ -66,6 +66,7 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
 
   beforeAll(async () => {
     await ensureLibvirt()
+    await cleanupDomains('i16-')
     chmodSync(t.dir, 0o755)
     mkdirSync(path.join(dataDir, 'imports'), { recursive: true })
     v = await startVcsim({ cbtPage: 4 * MiB })
@@ -82,6 +83,7 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
   afterAll(async () => {
     await srv?.stop()
     await v?.stop()
+    await cleanupDomains('i16-')
     t.cleanup()
   })
 

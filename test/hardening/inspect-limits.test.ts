@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { closeSync, fstatSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { inspectInput } from '../../lib/importers/index.ts'
 import { DESTINATION_LIMITS } from '../../lib/limits.ts'
@@ -110,6 +110,51 @@ describe('disk files against their package (OVF)', () => {
     expectMalformed(e, path.basename(disk))
     expect(e.details?.member).toBe(path.basename(disk))
     expect(typeof e.details?.field).toBe('string')
+    expect(e.message).not.toContain(root)
+  })
+
+  /** An OVA of the OVF package with its disk as `fmt` (qemu-img), `damage` applied to the image first. */
+  function ovaWith(fmt: 'vhdx' | 'vpc', name: string, damage: (fd: number, size: number) => void): string {
+    const { dir, ovf, disk } = ovfFolder(name)
+    const member = `${name}.${fmt === 'vpc' ? 'vhd' : 'vhdx'}`
+    const image = path.join(dir, member)
+    execFileSync('qemu-img', ['convert', '-q', '-f', 'raw', '-O', fmt, raw, image])
+    rmSync(disk)
+    writeFileSync(ovf, readFileSync(ovf, 'utf8').replaceAll(path.basename(disk), member))
+    const fd = openSync(image, 'r+')
+    try {
+      damage(fd, fstatSync(fd).size)
+    } finally {
+      closeSync(fd)
+    }
+    const ova = path.join(root, `${name}.ova`)
+    execFileSync('tar', ['--format=ustar', '-cf', ova, '-C', dir, path.basename(ovf), member])
+    rmSync(dir, { recursive: true })
+    return ova
+  }
+
+  test('OVA members in VHDX and VHD are checked in place at inspect: intact ones pass, damaged headers are refused naming the member', async () => {
+    const ok = (fd: number, size: number) => void [fd, size]
+    for (const fmt of ['vhdx', 'vpc'] as const) {
+      const r = await inspectInput(ovaWith(fmt, `ok-${fmt}`, ok), ctx, 'ova_archive')
+      expect([r.manifest.disks[0]!.disk_format, r.manifest.disks[0]!.capacity_bytes]).toEqual([fmt, 16 << 20])
+    }
+    // VHDX: both headers (at 64 and 128 KiB) overwritten.
+    const vhdx = ovaWith('vhdx', 'bad-vhdx', (fd) => {
+      writeSync(fd, Buffer.alloc(4096, 0x3f), 0, 4096, 64 * 1024)
+      writeSync(fd, Buffer.alloc(4096, 0x3f), 0, 4096, 128 * 1024)
+    })
+    let e = await thrown(() => inspectInput(vhdx, ctx, 'ova_archive'))
+    expectMalformed(e, 'bad-vhdx.vhdx: ', 'neither VHDX header')
+    expect(e.details?.member).toBe('bad-vhdx.vhdx')
+    expect(e.message).not.toContain(root)
+    // VHD (dynamic): the footer and its copy at offset 0 with a wrong checksum.
+    const vhd = ovaWith('vpc', 'bad-vhd', (fd, size) => {
+      writeSync(fd, Buffer.from([1, 2, 3, 4]), 0, 4, 64)
+      writeSync(fd, Buffer.from([1, 2, 3, 4]), 0, 4, size - 512 + 64)
+    })
+    e = await thrown(() => inspectInput(vhd, ctx, 'ova_archive'))
+    expectMalformed(e, 'bad-vhd.vhd: ', 'footer checksum')
     expect(e.message).not.toContain(root)
   })
 

@@ -3,6 +3,7 @@ import { useEffect, useRef, useState } from 'preact/hooks'
 import type { Job, JobState } from '../../../lib/job.ts'
 import { api, ApiError } from '../api.ts'
 import { Bar, ErrorBox, Head, NoticeBanner, ProgressFigures, StateBadge, ThroughputChart, Timeline, type Sample } from '../components.tsx'
+import { CutoverCard } from '../cutover.tsx'
 import { bytes, duration, rate, time } from '../format.ts'
 import { applyProgress, openStream, TERMINAL, type Connection } from '../live.ts'
 import { putJob, useStore } from '../store.ts'
@@ -159,6 +160,14 @@ export function JobPage({ id }: { id: string }) {
       <p class="muted mono small" data-testid="job-meta">
         {job.id} · {sourceOf(job)} · {job.strategy}, {job.effective_mode.toLowerCase()}
         {job.plan.mode !== job.effective_mode ? ` (asked ${job.plan.mode.toLowerCase()})` : ''}
+        {job.bulk_plan_id && (
+          <>
+            {' · '}
+            <a href={`#/plans/${job.bulk_plan_id}`} data-testid="job-plan">
+              plan {job.bulk_plan_id.slice(0, 8)}, VM {job.bulk_key}
+            </a>
+          </>
+        )}
       </p>
       {le && !le.fatal && <NoticeBanner code={le.code} message={le.message} />}
       {le && le.fatal && <ErrorBox code={le.code} message={le.message} />}
@@ -187,6 +196,13 @@ export function JobPage({ id }: { id: string }) {
           </button>
         )}
       </section>
+      <CutoverCard
+        job={job}
+        onJob={(j) => {
+          setJob(j)
+          putJob(j)
+        }}
+      />
       <section class="card">
         <h3>Throughput</h3>
         <ThroughputChart samples={samples} />

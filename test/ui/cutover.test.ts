@@ -1,0 +1,188 @@
+/**
+ * The console's warm cutover and bulk plans against govmomi's vCenter simulator (test/vcsim
+ * harness; ESXi itself cannot run here), the real server (Bun) and Chromium:
+ * - a warm job with `cutover: {mode: "manual"}` waits in DeltaSyncing; its page shows the delta
+ *   passes (last sync time and bytes) and the projected downtime; Cut over (confirmed in the
+ *   dialog) sends `POST /migrations/:id/cutover` and the job goes on to Completed;
+ * - a Cut over confirmed after the job was cancelled under the open dialog shows the server's
+ *   409 with its code (`E_MIG_CONFLICT`);
+ * - a bulk plan of two warm VMs (app depends on db) is listed on the Plans page with its counts;
+ *   its page lists the VMs with depends_on, and Cut over all cuts over db and then app (which
+ *   reaches the wait after db completed) to a Completed plan, after which the button is disabled.
+ * No guest boots (`start: false`): the cutover is the point.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import * as path from 'node:path'
+import { makeRawImage } from '../helpers/inputs.ts'
+import { call, submit, waitJob } from '../helpers/jobs.ts'
+import { startServer, type RunningServer } from '../helpers/server.ts'
+import { tempDir } from '../helpers/tmp.ts'
+import { putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
+
+const MiB = 1024 * 1024
+
+describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
+  const t = tempDir('i17-ui-cut-')
+  let v: Vcsim
+  let srv: RunningServer
+  let b: Browser
+  let sourceId: string
+
+  /** A running VM with CBT and one 8 MiB flat disk the guest writes 128 KiB to before every delta snapshot. */
+  async function makeVm(name: string): Promise<string> {
+    const raw = makeRawImage(path.join(t.dir, `${name}.raw`), 8 * MiB, name.length)
+    const file = await putVmdk(v, name, name, raw, 'flat')
+    const id = await v.createVm({
+      name,
+      guest_id: 'debian10_64Guest',
+      firmware: 'bios',
+      num_cpu: 1,
+      memory_mb: 128,
+      cbt: true,
+      power_on: true,
+      disks: [{ file, capacity_bytes: 8 * MiB }],
+      nics: [{ mac: '00:50:56:17:00:01' }],
+    })
+    await v.scheduleWrites(id, [{ before_snapshot: 1, every: true, file, offset: 2 * MiB, length: 128 * 1024, pattern: 0x50 }])
+    return id
+  }
+
+  const warmPlan = (vmId: string, name: string) => ({
+    source: { Live: 'vim_api' },
+    source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId },
+    mode: 'Warm',
+    name,
+    start: false,
+  })
+
+  beforeAll(async () => {
+    v = await startVcsim()
+    await prepareHost(t.dir)
+    srv = await startServer('bun', path.join(t.dir, 'data'), { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5' })
+    sourceId = await registerVcsim(srv.base, v)
+    b = await openBrowser()
+  }, 180_000)
+
+  afterAll(async () => {
+    await teardown(b, srv, t)
+    await v?.stop()
+  })
+
+  test('a warm job waits for the cutover, shows its last delta sync, and cuts over from the page', async () => {
+    const vm = await makeVm('i17-cut')
+    const job = await submit(srv.base, { ...warmPlan(vm, 'i17-cut'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
+    const { page } = b
+    await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
+    const card = page.getByTestId('cutover')
+    await card.waitFor()
+    expect(await card.getAttribute('data-mode')).toBe('manual')
+    // waiting in DeltaSyncing with two passes done: the button is enabled, the last pass shown
+    await page.locator('[data-testid=cutover][data-waiting=true]').waitFor({ timeout: 120_000 })
+    await page.waitForFunction(() => Number(document.querySelector('[data-testid=cutover-passes]')?.getAttribute('data-passes')) >= 2, null, {
+      timeout: 60_000,
+    })
+    const button = page.getByTestId('cutover-button')
+    expect(await button.isEnabled()).toBe(true)
+    expect(await page.getByTestId('cutover-phase').textContent()).toContain('Waiting for the cutover')
+    expect(await page.getByTestId('cutover-last-pass').textContent()).toContain('128.0 KiB changed, pass took')
+    expect(await page.getByTestId('cutover-downtime').textContent()).toContain('shutdown ≤ 5 s')
+    expect((await call(srv.base, 'GET', `/migrations/${job.id}`)).body.state).toBe('DeltaSyncing')
+    await card.screenshot({ path: path.join(path.dirname(await b.screenshot('cutover-waiting')), 'cutover-card.png') })
+    // the dialog asks first; "Not yet" sends nothing
+    await button.click()
+    await page.getByTestId('cutover-dialog').waitFor()
+    await page.getByRole('button', { name: 'Not yet' }).click()
+    expect((await call(srv.base, 'GET', `/migrations/${job.id}`)).body.cutover.requested_at).toBeNull()
+    await button.click()
+    await page.getByTestId('confirm-cutover').click()
+    await page.locator('[data-testid=job][data-state=Completed]').waitFor({ timeout: 120_000 })
+    expect(await page.getByTestId('cutover-button').count()).toBe(0)
+    expect(await page.getByTestId('error').count()).toBe(0)
+    const done = await waitJob(srv.base, job.id)
+    expect([done.state, done.effective_mode, done.last_error, typeof done.cutover.requested_at]).toEqual(['Completed', 'Warm', null, 'string'])
+    expect(Date.parse(done.cutover.started_at)).toBeGreaterThanOrEqual(Date.parse(done.cutover.requested_at))
+    expect((await v.vm(vm)).power_state).toBe('poweredOff')
+    expect(b.errors).toEqual([])
+  }, 300_000)
+
+  test('a Cut over confirmed after the job was cancelled under the dialog shows E_MIG_CONFLICT', async () => {
+    const vm = await makeVm('i17-cut409')
+    const job = await submit(srv.base, { ...warmPlan(vm, 'i17-cut409'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
+    const { page } = b
+    await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
+    await page.locator('[data-testid=cutover][data-waiting=true]').waitFor({ timeout: 120_000 })
+    await page.getByTestId('cutover-button').click()
+    await page.getByTestId('cutover-dialog').waitFor()
+    // another operator cancels the job meanwhile
+    expect((await call(srv.base, 'POST', `/migrations/${job.id}/cancel`)).status).toBe(202)
+    await page.locator('[data-testid=job][data-state=Cancelled]').waitFor({ timeout: 60_000 })
+    await page.getByTestId('confirm-cutover').click()
+    // the job's own last_error (E_MIG_CANCELLED) shows above; the cutover's answer in its card
+    const err = page.getByTestId('cutover').getByTestId('error')
+    await err.waitFor()
+    expect(await err.textContent()).toContain('E_MIG_CONFLICT')
+    expect(await err.textContent()).toContain('not waiting for a cutover')
+    expect(await page.getByTestId('cutover-button').isDisabled()).toBe(true)
+    // the browser logs the refused request; nothing else went wrong
+    expect(b.errors).toEqual(['console: Failed to load resource: the server responded with a status of 409 (Conflict)'])
+    b.errors.length = 0
+  }, 240_000)
+
+  test('Plans: the list shows a bulk plan with counts, its page lists the VMs and Cut over all completes it', async () => {
+    const db = await makeVm('i17-db')
+    const app = await makeVm('i17-app')
+    const created = await call(srv.base, 'POST', '/plans', {
+      name: 'i17-erp',
+      cutover: { mode: 'manual' },
+      precopy_interval_seconds: 1,
+      vms: [
+        { key: 'db', plan: warmPlan(db, 'i17-db') },
+        { key: 'app', plan: warmPlan(app, 'i17-app'), depends_on: ['db'] },
+      ],
+    })
+    expect(created.status).toBe(201)
+    const id = created.body.id
+    const { page } = b
+    await page.goto(consoleUrl(srv.base, '#/plans'))
+    const row = page.locator(`[data-plan="${id}"]`)
+    await row.waitFor()
+    expect(await row.textContent()).toContain('2 VMs')
+    await row.getByRole('link', { name: 'i17-erp' }).click()
+    await page.waitForURL(new RegExp(`#/plans/${id}$`))
+    await page.getByTestId('plan-vms').waitFor()
+    expect(await page.getByTestId('depends-app').textContent()).toBe('db')
+    expect(await page.getByTestId('depends-db').textContent()).toBe('–')
+    // db waits in DeltaSyncing, app waits for db: the shared cutover is offered
+    await page.locator('[data-vm=db][data-state=DeltaSyncing]').waitFor({ timeout: 120_000 })
+    const button = page.getByTestId('plan-cutover')
+    await page.waitForFunction(() => !(document.querySelector('[data-testid=plan-cutover]') as HTMLButtonElement | null)?.disabled, null, { timeout: 60_000 })
+    expect(await page.locator('[data-vm=app]').getAttribute('data-state')).toBe('Queued')
+    expect(await page.getByTestId('plan-cutover-text').textContent()).toContain('1 of 2 warm VM(s) wait in DeltaSyncing')
+    await b.screenshot('plan-page')
+    // the VM's job link leads to its job page, which links back to the plan
+    await page.getByTestId('vm-job-db').click()
+    await page.getByTestId('job-plan').click()
+    await page.waitForURL(new RegExp(`#/plans/${id}$`))
+    await button.click()
+    await page.getByTestId('confirm-plan-cutover').click()
+    await page.locator('[data-testid=plan][data-state=Completed]').waitFor({ timeout: 150_000 })
+    expect(await button.isDisabled()).toBe(true)
+    expect(await page.getByTestId('error').count()).toBe(0)
+    expect(await page.getByTestId('plan-counts').textContent()).toBe('2 completed')
+    await b.screenshot('plan-completed')
+    const plan = (await call(srv.base, 'GET', `/plans/${id}`)).body
+    expect([plan.state, typeof plan.cutover_requested_at]).toEqual(['Completed', 'string'])
+    const jobs = await Promise.all(plan.vms.map((x: any) => waitJob(srv.base, x.job_id)))
+    expect(jobs.map((j) => [j.bulk_key, j.state, j.cutover.requested_at])).toEqual([
+      ['db', 'Completed', plan.cutover_requested_at],
+      ['app', 'Completed', plan.cutover_requested_at],
+    ])
+    // app started after db completed (dependency order)
+    expect(Date.parse(jobs[1].started_at)).toBeGreaterThanOrEqual(Date.parse(jobs[0].finished_at))
+    // the list follows too
+    await page.goto(consoleUrl(srv.base, '#/plans'))
+    await page.locator(`[data-plan="${id}"][data-state=Completed]`).waitFor()
+    expect(b.errors).toEqual([])
+  }, 360_000)
+})

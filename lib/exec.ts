@@ -24,6 +24,7 @@ import { spawn, type ChildProcess } from 'node:child_process'
  * - `stderrTail`: bytes of stderr kept, the last ones (default 64 KiB).
  * - `onStdout`/`onStderr`: every chunk as it arrives.
  * - `collect`: false to keep no output at all (a caller that parses the chunks itself; no cap).
+ * - `input`: written to the child's stdin, which is then closed (default: stdin is `/dev/null`).
  */
 export interface ExecOptions {
   timeoutMs?: number
@@ -38,6 +39,7 @@ export interface ExecOptions {
   collect?: boolean
   /** Open file descriptors handed to the child as its fds 3, 4, ... (read as `/dev/fd/N`). */
   fds?: readonly number[]
+  input?: string | Buffer
 }
 
 /**
@@ -62,7 +64,7 @@ export interface ExecResult {
 const DEFAULT_MAX_STDOUT = 8 * 1024 * 1024
 const DEFAULT_STDERR_TAIL = 64 * 1024
 
-/** Runs `cmd args` (no shell, stdin closed) to completion. Never rejects: a process that cannot start is `spawnError`. */
+/** Runs `cmd args` (no shell; stdin `opts.input` or closed) to completion. Never rejects: a process that cannot start is `spawnError`. */
 export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {}): Promise<ExecResult> {
   const maxStdout = opts.maxStdout ?? DEFAULT_MAX_STDOUT
   const tail = opts.stderrTail ?? DEFAULT_STDERR_TAIL
@@ -92,7 +94,7 @@ export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {
     let child: ChildProcess
     try {
       child = spawn(cmd, args, {
-        stdio: ['ignore', 'pipe', 'pipe', ...(opts.fds ?? [])],
+        stdio: [opts.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe', ...(opts.fds ?? [])],
         detached: opts.processGroup === true,
         ...(opts.env ? { env: opts.env } : {}),
       })
@@ -133,6 +135,11 @@ export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {
     }
     if (opts.signal?.aborted) queueMicrotask(onAbort)
     else opts.signal?.addEventListener('abort', onAbort, { once: true })
+    if (opts.input !== undefined && child.stdin) {
+      // a child that exits without reading its input is not an error of ours
+      child.stdin.on('error', () => {})
+      child.stdin.end(opts.input)
+    }
     child.stdout!.on('data', (b: Buffer) => {
       opts.onStdout?.(b)
       if (!collect || overflow) return

@@ -8,7 +8,8 @@
  *
  * Implementations (`lib/pipeline/readers/`): `raw-file.ts` (a raw/flat file or a tar member's byte range), `nbd.ts`
  * (qemu-nbd + the NBD client, for qcow2/vmdk/vhdx/vpc/vdi), `xva-blocks.ts` (XVA 1 MiB blocks),
- * and live adapters' snapshot readers.
+ * the VMDK snapshot-chain reader (`lib/formats/vmdk/chain-reader.ts`, used by the vim_api adapter)
+ * and live adapters' other snapshot readers.
  */
 
 /**

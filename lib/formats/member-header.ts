@@ -14,7 +14,7 @@ import { MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
 import { readVhdInfo } from './vhd.ts'
 import { readVhdxInfo } from './vhdx.ts'
-import { readVmdkSparseHeader } from './vmdk.ts'
+import { readVmdkSparseHeader } from './vmdk/inspect.ts'
 
 const SECTOR = 512
 

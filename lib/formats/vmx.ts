@@ -13,7 +13,7 @@ import { normalizeMac } from '../mac.ts'
 import { checkDestinationLimits } from '../limits.ts'
 import { malformed } from './io.ts'
 import { guestFamilyOf, type ControllerBus, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
-import { decodeText } from './vmdk.ts'
+import { decodeText } from './vmdk/descriptor.ts'
 
 /** Largest VMX accepted: 4 MiB. */
 export const MAX_VMX_BYTES = 4 * 1024 * 1024

@@ -10,9 +10,9 @@
  * `free-space` (at the destination), `default-bridge` (when set), `go-shim` (spec 1.5's
  * `<APPLIANCE>_MIGRATOR_SKIP_GO_SHIM`: accepted and reported; there is no shim).
  */
-import { spawn } from 'node:child_process'
 import { accessSync, constants as C, existsSync, statSync, statfsSync } from 'node:fs'
 import * as path from 'node:path'
+import { exec } from '../exec.ts'
 import { qemuCanReach, reachFix, readQemuUser, type QemuUser } from './qemu-access.ts'
 
 /** One check's result. `fix` is null when there is nothing to do. */
@@ -84,27 +84,23 @@ export function findBinary(name: string, searchPath = process.env.PATH ?? ''): s
   return null
 }
 
+/** Bytes of stdout and stderr {@link run} keeps, the last ones. */
+const OUTPUT_TAIL = 16384
+
 /**
- * Runs `cmd args` (no shell) with `input` on stdin; resolves with its exit code (a signal's name
- * when killed, -1 when it cannot start) and output tails. Killed after `timeoutMs` (default 15 s).
+ * Runs `cmd args` (no shell, through `lib/exec.ts`) with `input` on stdin; resolves with its exit
+ * code (a signal's name when killed, -1 when it cannot start) and the last 16 KiB of stdout and
+ * stderr. Killed (SIGKILL) after `timeoutMs` (default 15 s).
  */
-export function run(
+export async function run(
   cmd: string,
   args: string[],
   opts: { input?: string; timeoutMs?: number } = {},
 ): Promise<{ code: number | string; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    let stdout = ''
-    let stderr = ''
-    const child = spawn(cmd, args, { stdio: ['pipe', 'pipe', 'pipe'] })
-    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 15_000)
-    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout = (stdout + s).slice(-16384)))
-    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr = (stderr + s).slice(-16384)))
-    child.stdin.on('error', () => {})
-    child.stdin.end(opts.input ?? '')
-    child.once('error', (e) => (clearTimeout(timer), resolve({ code: -1, stdout, stderr: stderr + e.message })))
-    child.once('close', (code, signal) => (clearTimeout(timer), resolve({ code: code ?? signal ?? -1, stdout, stderr })))
-  })
+  const r = await exec(cmd, args, { input: opts.input ?? '', timeoutMs: opts.timeoutMs ?? 15_000, stderrTail: OUTPUT_TAIL })
+  const stdout = r.stdout.slice(-OUTPUT_TAIL)
+  if (r.spawnError) return { code: -1, stdout, stderr: r.stderr }
+  return { code: r.code ?? r.signal ?? -1, stdout, stderr: r.stderr }
 }
 
 const gib = (n: number) => `${(n / GiB).toFixed(1)} GiB`

@@ -7,7 +7,7 @@
 import * as path from 'node:path'
 import { resolveInRoot } from '../hostpath.ts'
 import { sanitizeLabel, type VmManifest } from '../manifest.ts'
-import { busOfAdapterType, inspectVmdk, manifestDiskOf } from '../formats/vmdk.ts'
+import { busOfAdapterType, inspectVmdk, manifestDiskOf } from '../formats/vmdk/inspect.ts'
 import type { Importer, InspectContext } from './types.ts'
 
 const GiB = 1024 * 1024 * 1024

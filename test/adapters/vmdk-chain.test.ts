@@ -1,6 +1,7 @@
 /**
- * Decoding VMDK snapshot delta chains (lib/adapters/vim/vmdk-chain.ts) from files of this
- * machine, each checked against `qemu-img convert` of the same chain:
+ * Decoding VMDK snapshot delta chains (lib/formats/vmdk/chain-reader.ts, through the vim_api boundary
+ * lib/adapters/vim/vmdk-chain.ts, whose codes these are) from files of this machine, each checked
+ * against `qemu-img convert` of the same chain:
  * - hosted sparse deltas made by qemu-img/qemu-io (two levels, a zeroed grain over parent data);
  * - ESXi vmfsSparse and seSparse deltas over a monolithicFlat base (written by the test helper
  *   test/helpers/esx-delta.ts, since no tool here makes them);

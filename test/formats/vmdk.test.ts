@@ -7,7 +7,9 @@ import { execFileSync } from 'node:child_process'
 import { closeSync, copyFileSync, mkdirSync, openSync, readFileSync, readSync, symlinkSync, truncateSync, writeFileSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
-import { busOfAdapterType, inspectVmdk, parseVmdkDescriptor, readVmdkSparseHeader } from '../../lib/formats/vmdk.ts'
+import { busOfAdapterType, inspectVmdk, readVmdkSparseHeader } from '../../lib/formats/vmdk/inspect.ts'
+import { parseVmdkDescriptor } from '../../lib/formats/vmdk/descriptor.ts'
+import { MAX_CHAIN_DEPTH } from '../../lib/formats/vmdk/limits.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024
@@ -358,7 +360,7 @@ describe('inspectVmdk', () => {
     expect(info.warnings).toEqual([])
   })
 
-  test('parent loops and chains deeper than 16 are malformed; missing parent too', async () => {
+  test('parent loops and chains deeper than MAX_CHAIN_DEPTH (64) are malformed; missing parent too', async () => {
     const dir = path.join(root, 'loop')
     mkdirSync(dir)
     writeFileSync(path.join(dir, 'f.bin'), Buffer.alloc(8 * 512))
@@ -367,15 +369,16 @@ describe('inspectVmdk', () => {
     const loop = await thrown(() => inspectVmdk(path.join(dir, 'a.vmdk'), ctx()))
     expectMig(loop, 'E_MIG_MALFORMED_ARCHIVE')
     expect(loop.message).toContain('loops')
-    for (let i = 0; i < 20; i++) {
+    const n = MAX_CHAIN_DEPTH + 4
+    for (let i = 0; i < n; i++) {
       writeFileSync(path.join(dir, `d${i}.vmdk`), descriptorText('monolithicFlat', ['RW 8 FLAT "f.bin" 0'], [`parentFileNameHint="d${i + 1}.vmdk"`]))
     }
-    writeFileSync(path.join(dir, 'd20.vmdk'), descriptorText('monolithicFlat', ['RW 8 FLAT "f.bin" 0']))
+    writeFileSync(path.join(dir, `d${n}.vmdk`), descriptorText('monolithicFlat', ['RW 8 FLAT "f.bin" 0']))
     const deep = await thrown(() => inspectVmdk(path.join(dir, 'd0.vmdk'), ctx()))
     expectMig(deep, 'E_MIG_MALFORMED_ARCHIVE')
-    expect(deep.message).toContain('deeper than 16')
+    expect(deep.message).toContain(`deeper than ${MAX_CHAIN_DEPTH}`)
     const ok = await inspectVmdk(path.join(dir, 'd5.vmdk'), ctx())
-    expect(ok.backing_chain.length).toBe(15)
+    expect(ok.backing_chain.length).toBe(n - 5)
     writeFileSync(path.join(dir, 'orphan.vmdk'), descriptorText('monolithicFlat', ['RW 8 FLAT "f.bin" 0'], ['parentFileNameHint="gone.vmdk"']))
     expectMig(await thrown(() => inspectVmdk(path.join(dir, 'orphan.vmdk'), ctx())), 'E_MIG_MALFORMED_ARCHIVE')
   })

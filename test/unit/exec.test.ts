@@ -69,4 +69,11 @@ describe('exec', () => {
     const slow = await new Virsh({ binary: 'sh', uri: 'exec sleep 30', timeoutMs: 100 }).run([])
     expect(slow).toMatchObject({ code: -1, timedOut: true })
   })
+
+  test('input: written to stdin and closed; a child that does not read it still ends cleanly; without it stdin is empty', async () => {
+    expect((await exec('cat', [], { input: 'hello\n' })).stdout).toBe('hello\n')
+    const ignoring = await exec('true', [], { input: Buffer.alloc(4 * 1024 * 1024, 1), timeoutMs: 10_000 })
+    expect([ignoring.code, ignoring.timedOut]).toEqual([0, false])
+    expect((await exec('cat', [], { timeoutMs: 10_000 })).stdout).toBe('')
+  })
 })

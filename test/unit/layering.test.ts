@@ -38,7 +38,7 @@ describe('layering of lib/', () => {
   test('the scanner sees the imports it checks (it cannot pass by finding nothing)', () => {
     expect(graph.size).toBeGreaterThan(50)
     expect(graph.get('lib/pipeline/copy-disk.ts')).toContain('lib/contracts/disk-reader.ts')
-    expect(graph.get('lib/formats/vmdk.ts')).toContain('lib/contracts/inspect.ts')
+    expect(graph.get('lib/formats/vmdk/inspect.ts')).toContain('lib/contracts/inspect.ts')
     // a banned import in a file would be reported
     expect([...graph.values()].flat().some((d) => d.startsWith('lib/errors'))).toBe(true)
   })

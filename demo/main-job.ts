@@ -199,7 +199,7 @@ try {
       .filter((n) => n.startsWith(vmName))
       .pop() ?? vmName
   say(`serial console of ${domain} (${path.join(dataDir, 'logs', `${job.id}.serial.log`)})`)
-  const serial = readFileSync(path.join(dataDir, 'logs', `${job.id}.serial.log`), 'latin1')
+  const serial = readFileSync(path.join(dataDir, 'logs', `${job.id}.serial.log`), 'utf8')
     .replace(/\x1b\[[0-9;?]*[A-Za-z]/g, '')
     .trim()
     .split(/\r?\n/)

@@ -16,7 +16,7 @@ import { call, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 
 const MiB = 1024 * 1024
 
@@ -33,10 +33,7 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
     const files = [await putVmdk(v, name, name, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
     return v.createVm({
       name,
-      guest_id: 'debian10_64Guest',
-      firmware: 'bios',
-      num_cpu: 1,
-      memory_mb: 128,
+      ...SMALL_LINUX_VM,
       cbt: true,
       power_on: true,
       disks: [

@@ -26,7 +26,7 @@ import { bootCheckEnv, call, openStream, submit, volumePath, waitJob, workerPid 
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { datastoreRaw, putVmdk, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { datastoreRaw, putVmdk, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 
 const PREFIX = 'migvim-'
 const MARKER = 'MIGRATOR-VIM-BOOT-5521'
@@ -45,10 +45,7 @@ describe('live vim_api migrations through the HTTP API', () => {
     const files = [await putVmdk(v, name, `${name}`, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
     const id = await v.createVm({
       name,
-      guest_id: 'debian10_64Guest',
-      firmware: 'bios',
-      num_cpu: 1,
-      memory_mb: 128,
+      ...SMALL_LINUX_VM,
       cbt,
       delta_snapshots: deltaSnapshots,
       power_on: true,

@@ -20,7 +20,7 @@ import { call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } f
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 
 const PREFIX = 'i16-'
 const MARKER = 'MIGRATOR-I16-BOOT-7730'
@@ -44,10 +44,7 @@ describe('warm cutover on command (vCenter simulator)', () => {
     const files = [await putVmdk(v, name, name, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
     const id = await v.createVm({
       name,
-      guest_id: 'debian10_64Guest',
-      firmware: 'bios',
-      num_cpu: 1,
-      memory_mb: 128,
+      ...SMALL_LINUX_VM,
       cbt: true,
       power_on: true,
       disks: [

@@ -70,6 +70,9 @@ export interface HarnessVmSpec {
   nics?: { mac?: string }[]
 }
 
+/** The small Linux VM most tests make (BIOS, 1 vCPU, 128 MiB): spread it into a {@link HarnessVmSpec}. */
+export const SMALL_LINUX_VM = { guest_id: 'debian10_64Guest', firmware: 'bios', num_cpu: 1, memory_mb: 128 } as const
+
 /** What the harness reports about a VM (read from the simulator's own objects). */
 export interface HarnessVmState {
   name: string

@@ -17,7 +17,7 @@ import { makeRawImage } from '../helpers/inputs.ts'
 import { call, submit, waitJob } from '../helpers/jobs.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
 
 const MiB = 1024 * 1024
@@ -35,10 +35,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     const file = await putVmdk(v, name, name, raw, 'flat')
     const id = await v.createVm({
       name,
-      guest_id: 'debian10_64Guest',
-      firmware: 'bios',
-      num_cpu: 1,
-      memory_mb: 128,
+      ...SMALL_LINUX_VM,
       cbt: true,
       power_on: true,
       disks: [{ file, capacity_bytes: 8 * MiB }],

@@ -11,7 +11,7 @@ import { makeRawImage } from '../helpers/inputs.ts'
 import { call } from '../helpers/jobs.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { putVmdk, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { putVmdk, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browser } from './browser.ts'
 
 const MiB = 1024 * 1024
@@ -39,10 +39,7 @@ describe('web console: vSphere source, warm plan without CBT (vCenter simulator)
     const file = await putVmdk(v, 'i17-nocbt', 'i17-nocbt', raw, 'flat')
     await v.createVm({
       name: 'i17-nocbt',
-      guest_id: 'debian10_64Guest',
-      firmware: 'bios',
-      num_cpu: 1,
-      memory_mb: 128,
+      ...SMALL_LINUX_VM,
       cbt: false,
       power_on: true,
       disks: [{ file, capacity_bytes: 8 * MiB }],

@@ -185,6 +185,7 @@ export class Supervisor {
       await this.ctx.hub.publishJob(job)
       return
     }
+    const forkedAt = Date.now()
     const child = fork(workerPath(), [id], {
       execPath: process.execPath,
       execArgv: [],
@@ -195,7 +196,7 @@ export class Supervisor {
     })
     const entry: Running = { child, lastBeat: Date.now() }
     this.running.set(id, entry)
-    this.ctx.logger.info({ job: id, pid: child.pid, attempt: attempts }, 'worker started')
+    this.ctx.logger.info({ job: id, pid: child.pid, attempt: attempts, forked_at: forkedAt }, 'worker started')
     child.on('message', (m: WorkerMessage) => void this.onMessage(id, entry, m))
     child.once('exit', (code, signal) => {
       // A worker that died (SIGKILL, crash) cannot end its children: end its whole process group,

@@ -154,6 +154,8 @@ function cachedLayout(layout: Layout): { path: string; dataBytes: number } {
 }
 
 const TERMINAL = ['completed', 'failed', 'cancelled']
+/** The worker entries the supervisor forked (the bytecode bundle or the .ts module), printed at the end. */
+const entries = new Set<string>()
 
 /**
  * Where the fixed costs of one job go, ms, from the client's submit time, the supervisor's
@@ -170,7 +172,10 @@ async function breakdownOf(jobId: string, submittedAt: number, seenAt: number): 
       try {
         const o = JSON.parse(line)
         if (o.job !== jobId) continue
-        if (o.msg === 'worker started') forked = o.forked_at
+        if (o.msg === 'worker started') {
+          forked = o.forked_at
+          entries.add(path.relative(process.cwd(), o.entry))
+        }
         if (o.msg === 'job timings') marks = Object.fromEntries(o.timings as Array<[string, number]>)
       } catch {}
     }
@@ -344,4 +349,5 @@ try {
   await stopLibvirt()
   rmSync(base, { recursive: true, force: true })
 }
+console.log(`\nworker entry: ${[...entries].join(', ')} (npm run build:worker makes the bundle; a stale one falls back to runtime/worker.ts)`)
 if (failed) process.exitCode = 1

@@ -13,14 +13,26 @@
  * the file system synced; the order alternates (ref first on odd repetitions, the job first on
  * even ones).
  *
- * Reader kinds: `qcow2`, `vmdk` (monolithicSparse), `vhdx`, `vdi` (VirtualBox folder) through
+ * After each layout's table, where each kind's fixed costs go (medians, ms): submit to the
+ * worker's fork (supervisor log `worker started`), process start, module evaluation, the
+ * configuration over IPC, store and job wiring, inspection, pre-copy checks and volumes, the
+ * `CopyingFull` write, the reader's open (qemu-nbd, a packed digest), then after the copy the
+ * domain definition, the `Completed` write and the client's receipt of it (the worker's `job
+ * timings` log line, runtime/worker.ts); `fixed` is the whole job minus the copy. The server runs
+ * at log level info for these lines. The worker entry the supervisor used is printed at the end.
+ *
+ * Reader kinds: `qcow2`, `vmdk` (monolithicSparse), `vhdx`, `vhd` (dynamic VHD, qemu `vpc`, read
+ * by the vhdx importer), `vdi` (VirtualBox folder) through
  * qemu-nbd; `ova` (a streamOptimized VMDK read in place as a tar member); `flat` (a VMX folder
  * with a monolithicFlat VMDK: a raw file); `xva` (XVA 1 MiB blocks; only up to 2 GiB, the
  * builder holds the disk in memory). The qemu-img reference reads the same bytes in place
  * (for `ova` the member through the raw driver's offset/size, for `xva` the raw disk).
  *
- *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--dir DIR]
- *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3
+ *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--dir DIR] [--cache DIR|none]
+ *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --cache /var/tmp/mig-bench-cache
+ * The raw layout images are kept in the cache directory (`<layout>-<bytes>.raw`) and reused by
+ * later runs (the 8 GiB ext4 layout takes about 10 minutes to build here); `--cache none` builds
+ * them in DIR and deletes them.
  * Needs root, qemu-utils, libvirt (started when not running), e2fsprogs; space for the source,
  * the reference and the job's copy (inputs are deleted at the end).
  */

@@ -13,19 +13,31 @@
  * the file system synced; the order alternates (ref first on odd repetitions, the job first on
  * even ones).
  *
- * Reader kinds: `qcow2`, `vmdk` (monolithicSparse), `vhdx`, `vdi` (VirtualBox folder) through
+ * After each layout's table, where each kind's fixed costs go (medians, ms): submit to the
+ * worker's fork (supervisor log `worker started`), process start, module evaluation, the
+ * configuration over IPC, store and job wiring, inspection, pre-copy checks and volumes, the
+ * `CopyingFull` write, the reader's open (qemu-nbd, a packed digest), then after the copy the
+ * domain definition, the `Completed` write and the client's receipt of it (the worker's `job
+ * timings` log line, runtime/worker.ts); `fixed` is the whole job minus the copy. The server runs
+ * at log level info for these lines. The worker entry the supervisor used is printed at the end.
+ *
+ * Reader kinds: `qcow2`, `vmdk` (monolithicSparse), `vhdx`, `vhd` (dynamic VHD, qemu `vpc`, read
+ * by the vhdx importer), `vdi` (VirtualBox folder) through
  * qemu-nbd; `ova` (a streamOptimized VMDK read in place as a tar member); `flat` (a VMX folder
  * with a monolithicFlat VMDK: a raw file); `xva` (XVA 1 MiB blocks; only up to 2 GiB, the
  * builder holds the disk in memory). The qemu-img reference reads the same bytes in place
  * (for `ova` the member through the raw driver's offset/size, for `xva` the raw disk).
  *
- *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--dir DIR]
- *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3
+ *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--dir DIR] [--cache DIR|none]
+ *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --cache /var/tmp/mig-bench-cache
+ * The raw layout images are kept in the cache directory (`<layout>-<bytes>.raw`) and reused by
+ * later runs (the 8 GiB ext4 layout takes about 10 minutes to build here); `--cache none` builds
+ * them in DIR and deletes them.
  * Needs root, qemu-utils, libvirt (started when not running), e2fsprogs; space for the source,
  * the reference and the job's copy (inputs are deleted at the end).
  */
 import { execFileSync, spawnSync } from 'node:child_process'
-import { closeSync, mkdirSync, openSync, readFileSync, readSync, rmSync, writeFileSync } from 'node:fs'
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, renameSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput } from '../test/helpers/inputs.ts'
 import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/helpers/jobs.ts'
@@ -42,6 +54,10 @@ const layouts = arg('layouts', 'runs,alternating,long,sparse,ext4').split(',') a
 const kinds = arg('kinds', 'qcow2').split(',')
 const reps = Math.max(1, Number(arg('reps', '3')))
 const base = arg('dir', '/var/tmp/mig-bench-data-path')
+// Raw layout images are kept here between runs (an 8 GiB ext4 layout takes minutes to build);
+// `--cache none` builds them afresh and deletes them.
+const cacheArg = arg('cache', '/var/tmp/mig-bench-cache')
+const cache = cacheArg === 'none' ? null : cacheArg
 for (const l of layouts) if (!LAYOUTS.includes(l)) throw new Error(`unknown layout ${l}`)
 
 /** One reader kind: how to build its input from a raw image, the plan, and the reference command. */
@@ -61,6 +77,14 @@ const KINDS: Record<string, Kind> = {
   qcow2: qemuKind('qcow2', 'qcow2'),
   vmdk: qemuKind('vmdk', 'vmdk'),
   vhdx: qemuKind('vhdx', 'vhdx'),
+  vhd: {
+    build(root, raw) {
+      // a dynamic VHD of exactly the raw size (force_size: no CHS rounding), read by the vhdx importer
+      const file = path.join(root, 'kvhd.vhd')
+      execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'vpc', '-o', 'subformat=dynamic,force_size=on', raw, file])
+      return { plan: offlinePlan('vhdx', 'kvhd.vhd'), refArgs: ['-f', 'vpc', file] }
+    },
+  },
   vdi: {
     build(root, raw) {
       const b = buildInput('vbox_folder', root, 'kvdi', [raw])
@@ -128,6 +152,92 @@ function tarMemberOffset(tar: string, name: string): { offset: number; size: num
   }
 }
 
+/** The raw image of `layout` at `size`: from the cache directory when built there before. */
+function cachedLayout(layout: Layout): { path: string; dataBytes: number } {
+  if (!cache) return makeRawLayout(base, layout, size)
+  mkdirSync(cache, { recursive: true })
+  const file = path.join(cache, `${layout}-${size}.raw`)
+  const meta = `${file}.json`
+  if (existsSync(file) && existsSync(meta)) return { path: file, dataBytes: JSON.parse(readFileSync(meta, 'utf8')).dataBytes }
+  const built = makeRawLayout(cache, layout, size)
+  renameSync(built.path, file)
+  writeFileSync(meta, JSON.stringify({ dataBytes: built.dataBytes }))
+  return { path: file, dataBytes: built.dataBytes }
+}
+
+const TERMINAL = ['completed', 'failed', 'cancelled']
+/** The worker entries the supervisor forked (the bytecode bundle or the .ts module), printed at the end. */
+const entries = new Set<string>()
+
+/**
+ * Where the fixed costs of one job go, ms, from the client's submit time, the supervisor's
+ * `worker started` log line (`forked_at`), the worker's `job timings` line (epoch-ms marks, see
+ * runtime/worker.ts) and the time the client saw the terminal event. `copy` is the copy itself
+ * (reader open to copy end); `fixed` is everything else.
+ */
+async function breakdownOf(jobId: string, submittedAt: number, seenAt: number): Promise<Record<string, number>> {
+  let forked = Number.NaN
+  let marks: Record<string, number> | null = null
+  for (let tries = 0; tries < 100 && !marks; tries++) {
+    for (const line of srv.stdout().split('\n')) {
+      if (!line.includes(jobId)) continue
+      try {
+        const o = JSON.parse(line)
+        if (o.job !== jobId) continue
+        if (o.msg === 'worker started') {
+          forked = o.forked_at
+          entries.add(path.relative(process.cwd(), o.entry))
+        }
+        if (o.msg === 'job timings') marks = Object.fromEntries(o.timings as Array<[string, number]>)
+      } catch {}
+    }
+    if (!marks) await new Promise((r) => setTimeout(r, 50))
+  }
+  if (!marks) throw new Error(`no job timings line for ${jobId} in the server log`)
+  const m = marks
+  const at = (k: string) => m[k] ?? Number.NaN
+  const out: Record<string, number> = {
+    pickup: forked - submittedAt,
+    spawn: at('process') - forked,
+    load: at('loaded') - at('process'),
+    config: at('config') - at('loaded'),
+    deps: at('deps') - at('config'),
+    inspect: at('inspected') - at('deps'),
+    volumes: at('volumes') - at('inspected'),
+    state: at('copying') - at('volumes'),
+    reader: at('reader') - at('copying'),
+    copy: at('copied') - at('reader'),
+    define: at('started') - at('copied'),
+    complete: at('completed') - at('started'),
+    seen: seenAt - at('completed'),
+  }
+  out.fixed = seenAt - submittedAt - out.copy!
+  return out
+}
+
+const PHASES = ['pickup', 'spawn', 'load', 'config', 'deps', 'inspect', 'volumes', 'state', 'reader', 'define', 'complete', 'seen', 'fixed', 'copy']
+
+/** Prints the fixed-cost breakdown (medians over the repetitions, ms) of every kind of a layout. */
+function printBreakdown(rows: Array<[string, Record<string, number>[]]>): void {
+  console.log(`  fixed costs, ms (medians): submit -> worker fork (pickup), -> process start (spawn), -> modules evaluated (load), -> configuration (config),`)
+  console.log(
+    `  -> store/job wiring (deps), -> inspection (inspect), -> pre-copy checks + volumes (volumes), -> CopyingFull written (state), -> reader open (reader),`,
+  )
+  console.log(`  copy end -> domain defined (define), -> Completed written (complete), -> client sees it (seen); fixed = whole job - copy`)
+  console.log(['  kind'.padEnd(8), ...PHASES.map((p) => p.padStart(9))].join(''))
+  for (const [kind, bs] of rows)
+    console.log(
+      [
+        '  ' + kind.padEnd(6),
+        ...PHASES.map((p) =>
+          median(bs.map((b) => b[p]!))
+            .toFixed(0)
+            .padStart(9),
+        ),
+      ].join(''),
+    )
+}
+
 const mbs = (sec: number) => size / MiB / sec
 const span = (xs: number[]) => `${median(xs).toFixed(0)} [${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)}]`
 
@@ -137,7 +247,8 @@ execFileSync('chmod', ['755', base])
 const importRoot = path.join(base, 'imports')
 mkdirSync(importRoot)
 await ensureLibvirt()
-const srv = await startServer('bun', base, { MIGRATOR_DOMAIN_TYPE: 'qemu' })
+// info level: the supervisor's `worker started` and the worker's `job timings` lines feed the breakdown
+const srv = await startServer('bun', base, { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_LOG_LEVEL: 'info' })
 const cpus = execFileSync('nproc', { encoding: 'utf8' }).trim()
 const mem = Math.round(Number(/MemTotal:\s+(\d+)/.exec(readFileSync('/proc/meminfo', 'utf8'))![1]) / 1024 / 1024)
 console.log(`machine: ${cpus} cores, ${mem} GiB RAM, shared; disk ${size / GiB} GiB; ${reps} repetitions per side, alternating; medians [min-max]`)
@@ -145,7 +256,7 @@ let runNo = 0
 let failed = false
 try {
   for (const layout of layouts) {
-    const { path: raw, dataBytes } = makeRawLayout(base, layout, size)
+    const { path: raw, dataBytes } = cachedLayout(layout)
     console.log(`\nlayout ${layout}: ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB`)
     console.log(
       [
@@ -159,6 +270,7 @@ try {
         'equal'.padStart(8),
       ].join(' '),
     )
+    const fixedRows: Array<[string, Record<string, number>[]]> = []
     for (const kind of kinds) {
       const { plan, refArgs } = KINDS[kind]!.build(importRoot, raw)
       execFileSync('sync')
@@ -166,6 +278,7 @@ try {
       const refSec: number[] = []
       const jobSec: number[] = []
       const copySec: number[] = []
+      const breakdowns: Record<string, number>[] = []
       let peak = 0
       let lastJob: { id: string; label: string } | null = null
       // Before each run both destinations are removed, except in the last repetition, which keeps
@@ -191,11 +304,17 @@ try {
         const stream = openStream(srv.base)
         await stream.ready
         const t0 = performance.now()
+        const submittedAt = Date.now()
         const job = await submit(srv.base, { ...plan, name: `migbench-${++runNo}`, start: false })
         const rss = sampleWorkerPeakRss(job.id)
-        const done = await waitJob(srv.base, job.id, undefined, 1_800_000)
+        // the end is the terminal state's SSE event as the client receives it (no poll interval)
+        const terminal = () => stream.events.some((e) => e.event === 'migration' && e.data.id === job.id && TERMINAL.includes(e.data.status))
+        const deadline = Date.now() + 1_800_000
+        while (!terminal() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 2))
         const sec = (performance.now() - t0) / 1000
+        const seenAt = Date.now()
         const hwm = rss.stop()
+        const done = await waitJob(srv.base, job.id, undefined, 60_000)
         stream.close()
         if (done.state !== 'Completed') throw new Error(`${kind}/${layout}: job ended ${done.state}: ${JSON.stringify(done.last_error)}`)
         const evs = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id)
@@ -204,6 +323,7 @@ try {
         jobSec.push(sec)
         peak = Math.max(peak, hwm)
         lastJob = { id: job.id, label: done.progress.disks[0].label }
+        breakdowns.push(await breakdownOf(job.id, submittedAt, seenAt))
       }
       await alternate(reps, runRef, runOurs, (r) => (last = r === reps - 1))
       const img = volumePath(base, lastJob!.id, lastJob!.label)
@@ -226,12 +346,14 @@ try {
           (equal ? 'yes' : 'NO').padStart(8),
         ].join(' '),
       )
+      fixedRows.push([kind, breakdowns])
       await settle()
       rmSync(path.join(base, 'volumes', 'migrations'), { recursive: true, force: true })
       for (const f of execFileSync('ls', ['-A', importRoot], { encoding: 'utf8' }).split('\n').filter(Boolean))
         rmSync(path.join(importRoot, f), { recursive: true, force: true })
     }
-    rmSync(raw, { force: true })
+    printBreakdown(fixedRows)
+    if (!cache) rmSync(raw, { force: true })
   }
 } finally {
   await srv.stop()
@@ -239,4 +361,5 @@ try {
   await stopLibvirt()
   rmSync(base, { recursive: true, force: true })
 }
+console.log(`\nworker entry: ${[...entries].join(', ')} (npm run build:worker makes the bundle; a stale one falls back to runtime/worker.ts)`)
 if (failed) process.exitCode = 1

@@ -86,6 +86,10 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
   const pool = (await store.jobs.get(jobId)).plan.destination?.pool
   const sink = sinkFromConfig(config, pool)
   const virsh = new Virsh({ uri: config.libvirtUri })
+  // The domain list for the name reservation is asked for now, so `virsh list` runs while the
+  // input is inspected (a fixed cost of every job, issue 15); a failure surfaces at the reservation.
+  const domains = virsh.list()
+  domains.catch(() => {})
   const backup = backupClientFromConfig(config)
   const now = () => new Date()
 
@@ -134,7 +138,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     keepOnCancel: config.keepOnCancel,
     redact: (message: string) => redactHostPaths(message, paths.importRoot, config.dataDir),
     reserveDomainName: async (job, manifest) =>
-      store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), new Set(await virsh.list()), now().toISOString()),
+      store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), new Set(await domains), now().toISOString()),
     delta: config.delta,
     cutover: { shutdownEstimateSeconds: config.guestShutdownTimeoutSeconds, startEstimateSeconds: config.domain.bootGraceSeconds },
     takeRestorePoint,

@@ -11,11 +11,13 @@ import { removeSocketDirsOf } from '../lib/pipeline/qemu-nbd.ts'
 import { fork, type ChildProcess } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import { existsSync } from 'node:fs'
+import * as path from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { releaseLiveVm } from '../lib/adapters/session.ts'
 import { TERMINAL_STATES, type Job } from '../lib/job.ts'
 import type { Ctx } from './context.ts'
 import type { SupervisorMessage, WorkerMessage } from './ipc.ts'
+import { freshWorkerBundle } from './worker-bundle.ts'
 
 /** Timing and retry settings (seconds unless the name says ms). */
 export interface SupervisorOptions {
@@ -43,10 +45,17 @@ interface Running {
 const BUN_WORKER_ENV: Record<string, string> =
   process.versions.bun && !process.env.BUN_JSC_forceRAMSize ? { BUN_JSC_forceRAMSize: String(256 * 1024 * 1024) } : {}
 
-/** Path of the worker entry next to this module (`.ts` under Bun, compiled `.js` under Node). */
+/**
+ * Path of the worker entry: under Bun the bytecode bundle when it is fresh
+ * (runtime/worker-bundle.ts), else the `.ts` module next to this one; under Node the compiled `.js`.
+ */
 function workerPath(): string {
   const here = fileURLToPath(import.meta.url)
   const ext = here.endsWith('.ts') ? '.ts' : '.js'
+  if (ext === '.ts') {
+    const bundle = freshWorkerBundle(path.dirname(path.dirname(here)))
+    if (bundle) return bundle
+  }
   const p = here.replace(/supervisor\.(ts|js)$/, `worker${ext}`)
   if (!existsSync(p)) throw new Error(`worker entry ${p} missing`)
   return p
@@ -185,7 +194,9 @@ export class Supervisor {
       await this.ctx.hub.publishJob(job)
       return
     }
-    const child = fork(workerPath(), [id], {
+    const entryPath = workerPath()
+    const forkedAt = Date.now()
+    const child = fork(entryPath, [id], {
       execPath: process.execPath,
       execArgv: [],
       detached: true,
@@ -195,7 +206,7 @@ export class Supervisor {
     })
     const entry: Running = { child, lastBeat: Date.now() }
     this.running.set(id, entry)
-    this.ctx.logger.info({ job: id, pid: child.pid, attempt: attempts }, 'worker started')
+    this.ctx.logger.info({ job: id, pid: child.pid, attempt: attempts, entry: entryPath, forked_at: forkedAt }, 'worker started')
     child.on('message', (m: WorkerMessage) => void this.onMessage(id, entry, m))
     child.once('exit', (code, signal) => {
       // A worker that died (SIGKILL, crash) cannot end its children: end its whole process group,

@@ -17,6 +17,18 @@ import { buildJobDeps } from './job-deps.ts'
 import { createLogger } from './logger.ts'
 
 const jobId = process.argv[2]
+/**
+ * Phase boundaries of this worker run, epoch ms (the fixed-cost breakdown, logged as `job
+ * timings` at info level when the job ends): `process` (the process started), `loaded` (every
+ * module evaluated), `config` (the supervisor's configuration arrived), `deps` (store, key and
+ * job wiring ready), then the orchestrator's marks (`inspected`, `volumes`, `copying`, `reader`,
+ * `copied`, `started`, `completed`).
+ */
+const timings: Array<[string, number]> = [
+  ['process', Math.round(performance.timeOrigin)],
+  ['loaded', Date.now()],
+]
+const mark = (name: string) => timings.push([name, Date.now()])
 const send = (m: WorkerMessage) => {
   if (process.connected) process.send?.(m)
 }
@@ -47,6 +59,7 @@ function receiveConfig(): Promise<Config> {
 
 async function main(): Promise<void> {
   const config = await receiveConfig()
+  mark('config')
   const logger = createLogger(config.logLevel).child({ job: jobId, worker: process.pid })
   const paths = dataPaths(config)
   const store = await openStore(paths.dbFile)
@@ -65,13 +78,16 @@ async function main(): Promise<void> {
   }, 1000)
 
   const deps = await buildJobDeps({ config, paths, store, sealer, logger, jobId, signal: controller.signal })
+  mark('deps')
   const job = await runJob({
     ...deps,
+    mark,
     onJob: (j) => send({ type: 'job', job: j }),
     onProgress: (p) => send({ type: 'progress', ...p }),
   })
   clearInterval(beat)
   logger.info({ state: job.state, last_error: job.last_error }, 'job ended')
+  logger.info({ timings }, 'job timings')
   send({ type: 'done', job })
   await store.close()
   process.exit(0)

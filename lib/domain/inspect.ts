@@ -6,7 +6,8 @@
  * 1. {@link probeDiskLayout} reads the first sectors of the boot disk on the host (no libguestfs):
  *    partition table (MBR entries, GPT header), a file system superblock at offset 0, and whether
  *    the MBR carries BIOS boot code. A disk with neither partitions nor a file system (a bare boot
- *    sector) has nothing libguestfs could tell, so the costly stage is skipped.
+ *    sector) has nothing libguestfs could tell, and a bare file system without boot code cannot
+ *    be booted by any firmware: the costly stage is skipped for both.
  * 2. {@link inspectGuest} launches libguestfs read-only (`guestfish --ro --listen`, driven with
  *    `--remote`; `LIBGUESTFS_BACKEND=direct`, plus `LIBGUESTFS_BACKEND_SETTINGS=force_tcg` where the
  *    host runs guests under TCG) over every disk and reads: the operating system (`inspect-os`),
@@ -218,13 +219,17 @@ export function parseFstab(text: string): GuestInspection['fstab'] {
 /**
  * Inspects the guest on `disks` (raw images or block devices, boot disk first) read-only. Skips
  * libguestfs (result `inspected: false`) when the boot disk has neither partitions nor a file
- * system. Never throws for the guest's content; a libguestfs failure yields `inspected: false`
+ * system, or is a bare file system without boot code. Never throws for the guest's content; a libguestfs failure yields `inspected: false`
  * with the error in `skipped`.
  */
 export async function inspectGuest(disks: string[], opts: InspectOptions): Promise<GuestInspection> {
   const layout = await probeDiskLayout(disks[0]!)
   if (!layout.partitioned && !layout.filesystem)
     return empty('the boot disk has no partition table nor file system (nothing for libguestfs to inspect)', layout)
+  // A bare file system without boot code in its first sector: no firmware boots it (SeaBIOS finds
+  // no 0x55AA boot sector, UEFI no EFI system partition), whatever libguestfs would find inside.
+  if (!layout.partitioned && !layout.biosBootCode)
+    return empty('the boot disk is a bare file system without boot code (no partition table, no boot sector): no firmware boots it', layout)
   const t0 = Date.now()
   const env: NodeJS.ProcessEnv = { ...process.env, LC_ALL: 'C', LIBGUESTFS_BACKEND: process.env.LIBGUESTFS_BACKEND || 'direct' }
   if (opts.tcg) env.LIBGUESTFS_BACKEND_SETTINGS = 'force_tcg'

@@ -6,11 +6,12 @@
  * test/engine/real-guests.test.ts.
  */
 import { afterAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { classifySerial } from '../../lib/domain/boot-check.ts'
 import { chooseHardware } from '../../lib/domain/hardware.ts'
-import { grubDefaultEntry, moduleNames, parseFstab, probeDiskLayout, type GuestInspection } from '../../lib/domain/inspect.ts'
+import { grubDefaultEntry, inspectGuest, moduleNames, parseFstab, probeDiskLayout, type GuestInspection } from '../../lib/domain/inspect.ts'
 import { bootSector } from '../../fixtures/bootdisk.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -174,6 +175,18 @@ describe('inspection helpers', () => {
     writeFileSync(f, buf)
     expect(await probeDiskLayout(f)).toEqual({ partitioned: true, filesystem: false, biosBootCode: false })
     expect(await probeDiskLayout(path.join(tmp.dir, 'missing.raw'))).toEqual({ partitioned: false, filesystem: false, biosBootCode: false })
+  })
+
+  test('inspectGuest: a bare ext4 file system without boot code is not inspected (no firmware boots it), at once', async () => {
+    const f = path.join(tmp.dir, 'bare-ext4.raw')
+    writeFileSync(f, Buffer.alloc(0))
+    execFileSync('truncate', ['-s', '16M', f])
+    execFileSync('mkfs.ext4', ['-q', '-F', f])
+    expect(await probeDiskLayout(f)).toEqual({ partitioned: false, filesystem: true, biosBootCode: false })
+    const t0 = Date.now()
+    const r = await inspectGuest([f], { tcg: true })
+    expect([r.inspected, r.skipped]).toEqual([false, expect.stringContaining('bare file system without boot code')])
+    expect(Date.now() - t0).toBeLessThan(2000)
   })
 
   test('grub.cfg default entry, fstab, module names', () => {

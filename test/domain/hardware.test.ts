@@ -52,7 +52,7 @@ describe('chooseHardware', () => {
     expect(c.reason).toContain('disk bus virtio-blk: initramfs /boot/initrd.img-6.1.0-50-amd64 has virtio_blk, virtio_pci')
   })
 
-  test('host-only initramfs for PVSCSI / SATA: the controller the guest has drivers for; LSI SAS only: refused before the start', () => {
+  test('host-only initramfs for PVSCSI / SATA: the controller the guest has drivers for; LSI SAS only: no bus qemu emulates, fatal unless converted (convertible)', () => {
     const pv = chooseHardware(linux({ initramfsModules: ['vmw_pvscsi', 'sd_mod', 'ext4'] }), 'linux', BIOS)
     expect([pv.disk_bus, pv.bus, pv.scsiModel, pv.fatal]).toEqual(['pvscsi', 'scsi', 'vmpvscsi', null])
     expect(pv.reason).toContain('has vmw_pvscsi but no virtio_blk/virtio_scsi')

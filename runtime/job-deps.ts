@@ -88,7 +88,18 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
   const virsh = new Virsh({ uri: config.libvirtUri })
   // The domain list for the name reservation is asked for now, so `virsh list` runs while the
   // input is inspected (a fixed cost of every job, issue 15); a failure surfaces at the reservation.
-  const domains = virsh.list()
+  // libvirt briefly unreachable (a daemon restart) is retried for about 4 s before the job fails.
+  const listDomains = async (): Promise<string[]> => {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await virsh.list()
+      } catch (e) {
+        if (attempt >= 5) throw e
+        await new Promise((r) => setTimeout(r, 1000))
+      }
+    }
+  }
+  const domains = listDomains()
   domains.catch(() => {})
   const backup = backupClientFromConfig(config)
   const now = () => new Date()

@@ -124,6 +124,9 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
     expect(maxLive).toBeLessThanOrEqual(2)
     expect(end.state).toBe('Blocked')
     const byKey = Object.fromEntries(end.vms.map((x: any) => [x.key, x]))
+    for (const k of ['db', 'app', 'solo'])
+      if (byKey[k].state !== 'Completed')
+        console.log(`${k}: ${JSON.stringify((await call(srv.base, 'GET', `/migrations/${byKey[k].job_id}`)).body.last_error)}`)
     expect([byKey.db.state, byKey.app.state, byKey.solo.state, byKey.bad.state, byKey.report.state]).toEqual([
       'Completed',
       'Completed',

@@ -39,12 +39,11 @@ beforeAll(async () => {
   appCleanup = a.cleanup
 })
 afterAll(async () => {
-  await app?.close()
+  await appCleanup?.() // closes the app and removes testApp's own temp dir
   try {
     execFileSync('umount', ['-l', dbDir])
   } catch {}
   rmSync(t.dir, { recursive: true, force: true })
-  void appCleanup
 })
 
 const source = (name: string) => ({ name, kind: 'vim_api', endpoint: 'vc.example.test', username: 'u', password: 'p' })

@@ -10,7 +10,7 @@
  * table and refcount table inside the file), and the full VHD (footer, dynamic header, BAT) and
  * VHDX (headers, region table, metadata) checks of `vhd.ts` / `vhdx.ts`, run inside the member.
  */
-import { MigError } from '../errors.ts'
+import { type ErrorCode, MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
 import { readVhdInfo } from './vhd.ts'
 import { readVhdxInfo } from './vhdx.ts'
@@ -20,6 +20,17 @@ const SECTOR = 512
 
 function bad(member: string, field: string, why: string): MigError {
   return new MigError('E_MIG_MALFORMED_ARCHIVE', `${member}: ${field}: ${why}`, { details: { member, field } })
+}
+
+/**
+ * A format reader's fault about `file` (the archive it opened) restated about `member`: the file
+ * prefix of the message replaced by the member's name and `what`, `details.field` `header`, the
+ * code kept unless `code` is given. Read failures and foreign errors are returned unchanged.
+ */
+function memberFault(e: unknown, file: string, member: string, what = '', code?: ErrorCode): unknown {
+  if (!(e instanceof MigError) || e.code === 'E_MIG_DISK_READ_FAILED') return e
+  const reason = e.message.startsWith(`${file}: `) ? e.message.slice(file.length + 2) : e.message.replace(/^.*?: /, '')
+  return new MigError(code ?? e.code, `${member}: ${what}${reason}`, { details: { member, field: 'header' } })
 }
 
 /**
@@ -35,9 +46,7 @@ export async function checkMemberHeader(format: DiskFormat, file: string, offset
     try {
       h = await readVmdkSparseHeader(file, offset, length)
     } catch (e) {
-      if (!(e instanceof MigError) || e.code === 'E_MIG_DISK_READ_FAILED') throw e
-      const reason = e.message.replace(/^.*?: /, '')
-      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${member}: sparse extent header: ${reason}`, { details: { member, field: 'header' } })
+      throw memberFault(e, file, member, 'sparse extent header: ', 'E_MIG_MALFORMED_ARCHIVE')
     }
     const sectors = Math.floor(length / SECTOR)
     if (h.grainSize < 8) throw bad(member, 'grainSize', `${h.grainSize} sectors, less than the 8 a sparse extent needs`)
@@ -53,10 +62,7 @@ export async function checkMemberHeader(format: DiskFormat, file: string, offset
     try {
       await (format === 'vhdx' ? readVhdxInfo : readVhdInfo)(file, { offset, length })
     } catch (e) {
-      if (!(e instanceof MigError) || e.code === 'E_MIG_DISK_READ_FAILED') throw e
-      // The readers name the file they opened (the archive); name the member instead.
-      const reason = e.message.startsWith(`${file}: `) ? e.message.slice(file.length + 2) : e.message
-      throw new MigError(e.code, `${member}: ${reason}`, { details: { member, field: 'header' } })
+      throw memberFault(e, file, member)
     }
     return
   }

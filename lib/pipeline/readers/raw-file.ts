@@ -3,15 +3,18 @@
  * disk file, a VMDK flat extent, or a tar member's byte range inside an OVA/XVA read in place
  * with positioned reads (never extracted).
  *
- * Every extent is reported as data (`zero: false`): Node has no `SEEK_DATA`/`SEEK_HOLE`, so zero
- * detection happens in the chunker on the bytes read. `qemuNode` is the raw driver's
- * `offset`/`size` window over this reader's open descriptor (`/proc/<pid>/fd/<fd>`: the file
- * opened once, never its name again), so the copy loop may let qemu-img read it directly.
+ * Extents come from the file's holes (`qemu-img map` on the open descriptor, which asks
+ * `SEEK_DATA`/`SEEK_HOLE`; Node cannot): a hole is a zero extent, never read; data extents are cut
+ * at 1 GiB. A block device has no holes, so all of it is data; zero detection on the bytes read
+ * happens in the chunker. `qemuNode` is the raw driver's `offset`/`size` window over this reader's
+ * open descriptor (`/proc/<pid>/fd/<fd>`: the file opened once, never its name again), so the copy
+ * loop may let qemu-img read it directly, and the map is taken on that same descriptor.
  */
 import { open, type FileHandle } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
+import { qemuImgMap } from '../qemu-img-map.ts'
 
 /** Options of {@link openRawFileReader}. Bytes. */
 export interface RawFileReaderOptions {
@@ -58,12 +61,19 @@ export async function openRawFileReader(path: string, opts: RawFileReaderOptions
     throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: range of ${size} bytes at offset ${base} lies beyond the end of the file (${fileSize} bytes)`)
   }
   let closed = false
+  const qemuNode = { driver: 'raw', offset: base, size, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } }
 
   return {
     size,
-    qemuNode: { driver: 'raw', offset: base, size, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } },
+    qemuNode,
     async *extents(from: number): AsyncIterable<DiskExtent> {
-      for (let o = Math.max(0, from); o < size; o += EXTENT_SPAN) yield { offset: o, length: Math.min(EXTENT_SPAN, size - o), zero: false }
+      if (closed) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: extents after close`)
+      for await (const x of qemuImgMap({ node: qemuNode, from: Math.max(0, from), size, label })) {
+        if (x.zero) yield x
+        else
+          for (let o = x.offset; o < x.offset + x.length; o += EXTENT_SPAN)
+            yield { offset: o, length: Math.min(EXTENT_SPAN, x.offset + x.length - o), zero: false }
+      }
     },
     async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
       if (closed) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read at offset ${offset} after close`)

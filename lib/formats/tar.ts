@@ -356,14 +356,16 @@ const HASH_CHUNK = 1024 * 1024
  *
  * @throws E_MIG_MALFORMED_ARCHIVE the file ends before `offset + length`.
  * @throws E_MIG_DISK_READ_FAILED the file cannot be opened or read.
+ * @throws E_MIG_CANCELLED `signal` aborted (checked before every read).
  */
-export async function hashRange(path: string, offset: number, length: number, algorithm: HashAlgorithm): Promise<string> {
+export async function hashRange(path: string, offset: number, length: number, algorithm: HashAlgorithm, signal?: AbortSignal): Promise<string> {
   const hash = createHash(algorithm)
   const fh = await openRead(path)
   try {
     const buf = Buffer.allocUnsafe(Math.max(1, Math.min(HASH_CHUNK, length)))
     let done = 0
     while (done < length) {
+      if (signal?.aborted) throw new MigError('E_MIG_CANCELLED', `${path}: digest cancelled at offset ${offset + done}`)
       const want = Math.min(buf.length, length - done)
       let bytesRead: number
       try {

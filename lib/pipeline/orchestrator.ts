@@ -38,7 +38,19 @@ export interface StartOutcome {
 
 /** What the source side provides once the plan is resolved. */
 export type PreparedSource =
-  | { strategy: 'offline'; manifest: VmManifest; openReader(disk: ManifestDisk): Promise<DiskReader>; close(): Promise<void> }
+  | {
+      strategy: 'offline'
+      manifest: VmManifest
+      openReader(disk: ManifestDisk): Promise<DiskReader>
+      /**
+       * Checks the `.mf` digest of the disk's packed file (a file that is not the disk's raw bytes:
+       * streamOptimized VMDK, qcow2 ...); run while the disk copies, awaited before the disk is
+       * declared copied. Throws `E_MIG_MALFORMED_ARCHIVE` on a mismatch, `E_MIG_CANCELLED` when
+       * `signal` aborts.
+       */
+      verifyDigest?(disk: ManifestDisk, signal: AbortSignal): Promise<void>
+      close(): Promise<void>
+    }
   | {
       strategy: 'passthrough'
       manifest: VmManifest
@@ -322,9 +334,15 @@ async function copyOffline(
     if (from >= disk.capacity_bytes) continue
     const reader = await source.openReader(disk)
     deps.mark?.('reader')
+    // The packed file's digest is read on the other core while qemu-img copies (a second
+    // sequential read of the file); a mismatch fails the job before the disk counts as copied.
+    const stopDigest = new AbortController()
+    const digest = source.verifyDigest?.(disk, stopDigest.signal) ?? Promise.resolve()
+    digest.catch(() => {}) // awaited after the copy; a copy failure first is the error reported
     try {
-      await copyOne(deps, reader, volumes[i], disk, from, tracker, emit)
+      await copyOne(deps, reader, volumes[i], disk, from, tracker, emit, digest)
     } finally {
+      stopDigest.abort()
       await reader.close().catch(() => {})
     }
   }
@@ -338,6 +356,7 @@ async function copyOne(
   from: number,
   tracker: ProgressTracker,
   emit: (force?: boolean) => void,
+  digest: Promise<void> = Promise.resolve(),
 ): Promise<void> {
   let zeroSeen = 0
   const res = await deps.copyDisk(reader, volume, {
@@ -356,6 +375,7 @@ async function copyOne(
       tracker.setWatermark(disk.label, w)
     },
   })
+  await digest
   tracker.setRead(disk.label, res.bytes_read)
   tracker.finish(disk.label)
   await deps.watermarks.set(

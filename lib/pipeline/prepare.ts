@@ -41,17 +41,18 @@ export async function offlineInputPath(job: Job, store: Store, paths: SourcePath
 /**
  * The manifest (`.mf`) digest of a disk file too large to hash at inspect (`source.digest`), for
  * a disk whose file is not the disk's raw bytes as the copy reads them (streamOptimized VMDK,
- * qcow2, gzip-compressed files ...): the file (or tar member) is hashed before anything is
- * copied. A raw file read in place has its digest checked by the copy loop on the bytes it reads
- * ({@link copyReadsStoredBytes}). Throws `E_MIG_MALFORMED_ARCHIVE` on a mismatch,
- * `E_MIG_DISK_READ_FAILED` when the file cannot be read.
+ * qcow2, gzip-compressed files ...): the file (or tar member) is hashed whole, alongside the copy
+ * (the orchestrator awaits it before the disk counts as copied). A raw file read in place has its
+ * digest checked by the copy loop on the bytes it reads ({@link copyReadsStoredBytes}). Throws
+ * `E_MIG_MALFORMED_ARCHIVE` on a mismatch, `E_MIG_DISK_READ_FAILED` when the file cannot be read,
+ * `E_MIG_CANCELLED` when `signal` aborts.
  */
-export async function verifyPackedDigest(disk: ManifestDisk): Promise<void> {
+export async function verifyPackedDigest(disk: ManifestDisk, signal?: AbortSignal): Promise<void> {
   const d = disk.source.digest
   if (!d || copyReadsStoredBytes(disk)) return
   const { path, offset = 0 } = disk.source
   const length = disk.source.length ?? (await statPath(path)).size
-  const got = await hashRange(path, offset, length, d.algorithm)
+  const got = await hashRange(path, offset, length, d.algorithm, signal)
   if (got !== d.hex.toLowerCase()) {
     const name = disk.source.member ?? path
     throw new MigError(
@@ -136,11 +137,8 @@ export async function prepareSource(
     return {
       strategy: 'offline',
       manifest,
-      openReader: (disk) =>
-        scope.run(async () => {
-          await verifyPackedDigest(disk)
-          return openDiskReader(disk, { stagingDir, signal: deps.signal })
-        }),
+      openReader: (disk) => scope.run(() => openDiskReader(disk, { stagingDir, signal: deps.signal })),
+      verifyDigest: (disk, signal) => scope.run(() => verifyPackedDigest(disk, signal)),
       close: async () => scope.close(),
     }
   }

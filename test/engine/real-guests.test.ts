@@ -30,7 +30,8 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'i11-'
-const BOOT_TIMEOUT_S = 1800
+/** Healthy boots here take 45-95 s under TCG, the slowest seen 7 min on a loaded host. */
+const BOOT_TIMEOUT_S = 600
 
 interface Case {
   variant: GuestVariant
@@ -76,6 +77,31 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
   const outcomes = new Map<string, Promise<Outcome>>()
   let stream: ReturnType<typeof openStream>
 
+  /** Waits for the end of a submitted job; then reads its serial log, the domain's state and XML, and destroys the domain. */
+  async function outcomeOf(job: { id: string }, name: string): Promise<Outcome> {
+    // Measured from submission: a job may wait behind two slow TCG boots on a loaded host.
+    const done = await waitJob(srv.base, job.id, undefined, 40 * 60_000)
+    // The SSE event of the final state may arrive just after the job reads as ended.
+    for (let i = 0; i < 100 && !stream.events.some((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === done.state); i++)
+      await Bun.sleep(50)
+    let serial = ''
+    try {
+      serial = readFileSync(path.join(t.dir, 'logs', `${job.id}.serial.log`), 'latin1')
+    } catch {
+      serial = ''
+    }
+    const out: Outcome = {
+      job: done,
+      serial,
+      domstate: virsh('domstate', name),
+      xml: virsh('dumpxml', name),
+      states: stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state),
+      startingAt: stream.events.find((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === 'Starting')?.data.updated_at ?? null,
+    }
+    virsh('destroy', name) // free the CPU for the other boots
+    return out
+  }
+
   beforeAll(async () => {
     const t0 = Date.now()
     images = guestImages()
@@ -96,34 +122,27 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
     // The broken guest first: it never boots, so its job ends at once and does not wait behind boots.
     const all: Array<{ variant: GuestVariant; kind: string; hw?: ExportHardware }> = [{ variant: 'broken', kind: 'ova_archive' }, ...CASES]
     for (const c of all) {
-      const name = `${PREFIX}${c.variant}`
       const input = buildInput(c.kind, importRoot, `in-${c.variant}`, [images[c.variant].path], {}, c.hw)
-      const job = await submit(srv.base, offlinePlan(c.kind, path.relative(importRoot, input.path), { name }))
+      const plan = (name: string) => offlinePlan(c.kind, path.relative(importRoot, input.path), { name })
+      const job = await submit(srv.base, plan(`${PREFIX}${c.variant}`))
       outcomes.set(
         c.variant,
         (async () => {
-          // Measured from submission: a job may wait behind two slow TCG boots on a loaded host.
-          const done = await waitJob(srv.base, job.id, undefined, 40 * 60_000)
-          // The SSE event of the final state may arrive just after the job reads as ended.
-          for (let i = 0; i < 100 && !stream.events.some((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === done.state); i++)
-            await Bun.sleep(50)
-          const serialLog = path.join(t.dir, 'logs', `${job.id}.serial.log`)
-          let serial = ''
-          try {
-            serial = readFileSync(serialLog, 'latin1')
-          } catch {
-            serial = ''
-          }
-          const out: Outcome = {
-            job: done,
-            serial,
-            domstate: virsh('domstate', name),
-            xml: virsh('dumpxml', name),
-            states: stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state),
-            startingAt: stream.events.find((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === 'Starting')?.data.updated_at ?? null,
-          }
-          virsh('destroy', name) // free the CPU for the other boots
-          return out
+          const first = await outcomeOf(job, `${PREFIX}${c.variant}`)
+          // A TCG guest starved on this 2-core host can hang with nothing on its console (seen once
+          // in CI: the SATA guest printed nothing recognizable for 30 min; 14 boots under load here
+          // took 56-95 s). Such an outcome (Completed, boot not verified: no evidence either way)
+          // is reported and tried once more; a failure with evidence is never retried.
+          if (c.variant === 'broken' || first.job.state !== 'Completed' || first.job.hardware?.boot?.verified !== false) return first
+          console.log(
+            `${c.variant}: boot not verified on the first try (${first.job.hardware.boot.evidence}); serial tail:\n` +
+              `${first.serial
+                .replace(/\x1b\[[0-9;?]*[A-Za-z]/g, '')
+                .split(/\r?\n/)
+                .slice(-15)
+                .join('\n')}\n-- trying once more`,
+          )
+          return outcomeOf(await submit(srv.base, plan(`${PREFIX}${c.variant}-2`)), `${PREFIX}${c.variant}-2`)
         })(),
       )
     }
@@ -141,9 +160,15 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
       `${c.variant} guest as ${c.kind}: Completed on ${c.disk_bus} (${c.firmware}), boot verified, marker after local-fs.target on the serial console`,
       async () => {
         const o = await outcomes.get(c.variant)!
+        const boot = o.job.hardware?.boot
+        console.log(
+          `${c.variant}: ${o.job.state} in ${((Date.parse(o.job.finished_at) - Date.parse(o.job.created_at)) / 1000).toFixed(0)} s, ` +
+            `bus ${o.job.hardware?.disk_bus}, boot ${boot ? `${boot.verified ? 'verified' : 'NOT verified'} (${boot.evidence})` : 'none'}` +
+            (o.job.last_error ? `, error ${o.job.last_error.code}: ${String(o.job.last_error.message).slice(0, 1500)}` : ''),
+        )
         expect([o.job.state, o.job.last_error]).toEqual(['Completed', null])
         expect(o.states.at(-1)).toBe('Completed')
-        expect(o.serial).toContain(GUEST_MARKER)
+        expect(o.serial.includes(GUEST_MARKER)).toBe(true) // (not toContain: it would print the whole log)
         expect(o.domstate).toBe('running')
         expect(o.job.hardware.disk_bus).toBe(c.disk_bus)
         expect(o.job.hardware.firmware).toBe(c.firmware)

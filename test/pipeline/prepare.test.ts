@@ -1,6 +1,6 @@
 /**
  * Manifest digests of disk files too large to hash at inspect (`source.digest`): a packed disk
- * (streamOptimized VMDK, qcow2, a gzip-compressed file) is hashed before the copy, in place
+ * (streamOptimized VMDK, qcow2, a gzip-compressed file) is hashed alongside the copy, in place
  * inside its tar member; a raw disk read in place is left to the copy loop (which hashes what it
  * reads).
  */
@@ -54,6 +54,12 @@ describe('verifyPackedDigest', () => {
     await verifyPackedDigest(gz)
     gz.source.digest = { algorithm: 'sha256', hex: '00'.repeat(32) }
     expect((await verifyPackedDigest(gz).catch((e) => e)).code).toBe('E_MIG_MALFORMED_ARCHIVE')
+  })
+
+  test('an aborted check stops reading: E_MIG_CANCELLED', async () => {
+    const ac = new AbortController()
+    ac.abort()
+    expect((await verifyPackedDigest(disk('vmdk', sha256), ac.signal).catch((e) => e)).code).toBe('E_MIG_CANCELLED')
   })
 
   test('an unreadable file is E_MIG_DISK_READ_FAILED', async () => {

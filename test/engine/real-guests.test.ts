@@ -206,7 +206,7 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
       expect(o.startingAt).not.toBeNull()
       const startingToEnd = (Date.parse(o.job.finished_at) - Date.parse(o.startingAt!)) / 1000
       console.log(`broken guest: Starting -> Failed in ${startingToEnd.toFixed(1)} s (boot timeout ${BOOT_TIMEOUT_S} s)`)
-      expect(startingToEnd).toBeLessThan(BOOT_TIMEOUT_S / 5)
+      expect(startingToEnd).toBeLessThan(BOOT_TIMEOUT_S / 2)
     },
     45 * 60_000,
   )

@@ -7,7 +7,7 @@
  * attempts took removed from the source VM; a server restart resumes every job whose lease
  * expired.
  */
-import { removeSocketDirsOf } from '../lib/pipeline/qemu-nbd.ts'
+import { removeOrphanSocketDirs, removeSocketDirsOf } from '../lib/pipeline/qemu-nbd.ts'
 import { fork, type ChildProcess } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import { existsSync } from 'node:fs'
@@ -77,8 +77,10 @@ export class Supervisor {
     this.opts = { leaseSeconds: 30, heartbeatTimeoutSeconds: 20, maxAttempts: 3, pollMs: 1000, ...opts }
   }
 
-  /** Starts polling the queue. */
+  /** Removes the qemu-nbd socket directories of dead workers (a server killed with its workers), then starts polling the queue. */
   start(): void {
+    const orphans = removeOrphanSocketDirs()
+    if (orphans) this.ctx.logger.info({ removed: orphans }, 'removed qemu-nbd socket directories of workers that no longer exist')
     this.timer = setInterval(() => void this.poll(), this.opts.pollMs)
     this.timer.unref?.()
     void this.poll()

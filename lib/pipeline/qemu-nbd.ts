@@ -77,6 +77,36 @@ export function removeSocketDirsOf(pid: number): void {
   }
 }
 
+/** Whether process `pid` exists (a process of another user counts: EPERM). */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM'
+  }
+}
+
+/**
+ * Removes the socket directories of processes that no longer exist: what workers killed together
+ * with their server left behind (the server that forked them could not call
+ * {@link removeSocketDirsOf}). Run at server start. Never throws; returns how many it removed.
+ */
+export function removeOrphanSocketDirs(): number {
+  let removed = 0
+  try {
+    for (const n of readdirSync(tmpdir())) {
+      const m = new RegExp(`^${SOCKET_DIR_PREFIX}(\\d+)-`).exec(n)
+      if (!m || alive(Number(m[1]))) continue
+      rmSync(join(tmpdir(), n), { recursive: true, force: true })
+      removed++
+    }
+  } catch {
+    /* temp dir unreadable: nothing to do */
+  }
+  return removed
+}
+
 type Node = Record<string, unknown>
 
 /**

@@ -65,16 +65,31 @@ const MAX_STDERR = 64 * 1024
 /** Socket directories are `<tmp>/mig-nbd-<pid of the process that started qemu-nbd>-XXXXXX`. */
 const SOCKET_DIR_PREFIX = 'mig-nbd-'
 
+/** A socket directory's name: the pid of the process that made it. */
+const SOCKET_DIR = new RegExp(`^${SOCKET_DIR_PREFIX}(\\d+)-`)
+
+/** Removes the socket directories in the temp directory whose maker's pid `which` selects; returns how many. Never throws. */
+function removeSocketDirsWhere(which: (pid: number) => boolean): number {
+  let removed = 0
+  try {
+    for (const n of readdirSync(tmpdir())) {
+      const m = SOCKET_DIR.exec(n)
+      if (!m || !which(Number(m[1]))) continue
+      rmSync(join(tmpdir(), n), { recursive: true, force: true })
+      removed++
+    }
+  } catch {
+    /* temp dir unreadable: nothing to do */
+  }
+  return removed
+}
+
 /**
  * Removes the socket directories a process `pid` (a job worker that was killed, so its `close()`
  * never ran) left in the temp directory. Never throws.
  */
 export function removeSocketDirsOf(pid: number): void {
-  try {
-    for (const n of readdirSync(tmpdir())) if (n.startsWith(`${SOCKET_DIR_PREFIX}${pid}-`)) rmSync(join(tmpdir(), n), { recursive: true, force: true })
-  } catch {
-    /* temp dir unreadable: nothing to do */
-  }
+  removeSocketDirsWhere((p) => p === pid)
 }
 
 /** Whether process `pid` exists (a process of another user counts: EPERM). */
@@ -93,18 +108,7 @@ function alive(pid: number): boolean {
  * {@link removeSocketDirsOf}). Run at server start. Never throws; returns how many it removed.
  */
 export function removeOrphanSocketDirs(): number {
-  let removed = 0
-  try {
-    for (const n of readdirSync(tmpdir())) {
-      const m = new RegExp(`^${SOCKET_DIR_PREFIX}(\\d+)-`).exec(n)
-      if (!m || alive(Number(m[1]))) continue
-      rmSync(join(tmpdir(), n), { recursive: true, force: true })
-      removed++
-    }
-  } catch {
-    /* temp dir unreadable: nothing to do */
-  }
-  return removed
+  return removeSocketDirsWhere((pid) => !alive(pid))
 }
 
 type Node = Record<string, unknown>

@@ -463,7 +463,8 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
       else {
         const targetIsZero = target.isZero(r.offset)
         target.noteWritten(r.end)
-        await qemuImgCopyRange({
+        const writeback = startWriteback(volume, signal)
+        const copyError = await qemuImgCopyRange({
           source: reader.qemuNode!,
           target: target.node,
           offset: r.offset,
@@ -474,7 +475,16 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
           label,
           qemuImgPath: opts.qemuImgPath,
           onFraction: (f) => progress(r.offset + Math.floor(len * f)),
-        })
+        }).then(
+          () => null,
+          (e: unknown) => e,
+        )
+        // A failed writeback fsync fails the copy too; qemu-img's own failure is reported first.
+        const flushError = await writeback.stop().then(
+          () => null,
+          (e: unknown) => e,
+        )
+        if (copyError ?? flushError) throw copyError ?? flushError
       }
       res.bytes_read += r.data
       res.bytes_written += r.data
@@ -505,4 +515,37 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
     throw e
   }
   return res
+}
+
+/** Pause after a writeback flush that found nothing to write, ms (no busy loop over an idle volume). */
+const WRITEBACK_IDLE_MS = 10
+
+/**
+ * While qemu-img writes a range into the page cache, flushes the volume back to back (one fsync
+ * after the other, never two at once) so the kernel writes the range back as it is written,
+ * instead of all of it at the next checkpoint: on this machine a 428 MiB copy with its final
+ * fsync took 414-463 ms this way and 535-700 ms with one fsync at the end (issue 15). These
+ * flushes are no checkpoints: no watermark follows them (qemu-img writes out of order inside a
+ * range). `stop()` ends the loop, waits for the flush in flight and rejects with its error
+ * (`E_MIG_DISK_WRITE_FAILED` from the volume); an aborted `signal` ends the loop too.
+ */
+function startWriteback(volume: SinkVolume, signal: AbortSignal): { stop(): Promise<void> } {
+  const stopped = new AbortController()
+  const onAbort = () => stopped.abort()
+  signal.addEventListener('abort', onAbort, { once: true })
+  const loop = (async () => {
+    while (!stopped.signal.aborted) {
+      const t0 = performance.now()
+      await volume.flush()
+      if (performance.now() - t0 < WRITEBACK_IDLE_MS) await sleep(WRITEBACK_IDLE_MS, undefined, { signal: stopped.signal }).catch(() => {})
+    }
+  })()
+  loop.catch(() => {}) // observed by stop()
+  return {
+    stop() {
+      stopped.abort()
+      signal.removeEventListener('abort', onAbort)
+      return loop
+    },
+  }
 }

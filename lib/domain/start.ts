@@ -140,7 +140,9 @@ export async function probeVolumes(volumes: DomainVolume[]): Promise<DomainVolum
  */
 export async function defineAndStart(input: DefineAndStartInput): Promise<DefineAndStartResult> {
   const { virsh, manifest, plan } = input
-  const name = await virsh.uniqueName(sanitizeDomainName(plan?.name ?? manifest.name))
+  // The free name is asked of libvirt while the volumes are probed and the guest inspected.
+  const naming = virsh.uniqueName(sanitizeDomainName(plan?.name ?? manifest.name))
+  naming.catch(() => {}) // awaited below, after the inspection
   const uuid = input.uuid ?? randomUUID()
   const probed = await probeVolumes(input.volumes)
   const family = effectiveGuestFamily(manifest, plan)
@@ -153,6 +155,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
     return found
   }
   let inspection = await inspect()
+  const name = await naming
   const firmwareChoice = { plan: plan?.firmware, manifest: manifest.firmware }
   let choice = chooseHardware(inspection, family, firmwareChoice)
   if (choice.fatal && choice.convertible && input.convertGuest) {

@@ -160,12 +160,14 @@ export class Virsh {
    */
   async uniqueName(base: string): Promise<string> {
     const b = sanitizeDomainName(base)
+    // One `virsh list --all` (every domain, running or not, persistent or transient): a fixed
+    // cost of every job (issue 15); `define` fails anyway if a name is taken in between.
     const taken = new Set(await this.list())
-    if (!taken.has(b) && !(await this.exists(b))) return b
+    if (!taken.has(b)) return b
     for (let i = 2; i <= 10_000; i++) {
       const suffix = `-${i}`
       const candidate = b.slice(0, 63 - suffix.length) + suffix
-      if (!taken.has(candidate) && !(await this.exists(candidate))) return candidate
+      if (!taken.has(candidate)) return candidate
     }
     throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `no free domain name for ${b}`)
   }

@@ -86,8 +86,11 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     if ((src.offset === undefined) !== (src.length === undefined)) {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: a member range needs both offset and length`)
     }
-    if (src.offset === undefined) await refuseDamaged(src.path, disk.disk_format, label)
-    reader = await openNbdReader({
+    // `qemu-img check` runs while qemu-nbd starts (both fixed costs of every job, issue 15);
+    // nothing is read before the check passed, and its refusal wins over qemu-nbd's.
+    const check = src.offset === undefined ? refuseDamaged(src.path, disk.disk_format, label) : Promise.resolve()
+    check.catch(() => {}) // awaited below
+    const opened = await openNbdReader({
       path: src.path,
       format: disk.disk_format,
       offset: src.offset,
@@ -96,7 +99,15 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
       label,
       signal: opts.signal,
       qemuNbdPath: opts.qemuNbdPath,
+    }).catch(async (e: unknown) => {
+      await check
+      throw e
     })
+    await check.catch(async (e: unknown) => {
+      await opened.close()
+      throw e
+    })
+    reader = opened
   }
   if (disk.capacity_bytes > 0 && reader.size > disk.capacity_bytes) {
     await reader.close()

@@ -177,6 +177,7 @@ const entries = new Set<string>()
  */
 async function breakdownOf(jobId: string, submittedAt: number, seenAt: number): Promise<Record<string, number>> {
   let forked = Number.NaN
+  let spare = false
   let marks: Record<string, number> | null = null
   for (let tries = 0; tries < 100 && !marks; tries++) {
     for (const line of srv.stdout().split('\n')) {
@@ -186,6 +187,7 @@ async function breakdownOf(jobId: string, submittedAt: number, seenAt: number): 
         if (o.job !== jobId) continue
         if (o.msg === 'worker started') {
           forked = o.forked_at
+          spare = o.spare === true
           entries.add(path.relative(process.cwd(), o.entry))
         }
         if (o.msg === 'job timings') marks = Object.fromEntries(o.timings as Array<[string, number]>)
@@ -196,12 +198,15 @@ async function breakdownOf(jobId: string, submittedAt: number, seenAt: number): 
   if (!marks) throw new Error(`no job timings line for ${jobId} in the server log`)
   const m = marks
   const at = (k: string) => m[k] ?? Number.NaN
+  // A warm spare worker started, loaded and took its configuration before the job existed: those
+  // phases cost the job nothing; `assign` is the supervisor's hand-over to the worker's receipt.
   const out: Record<string, number> = {
     pickup: forked - submittedAt,
-    spawn: at('process') - forked,
-    load: at('loaded') - at('process'),
-    config: at('config') - at('loaded'),
-    deps: at('deps') - at('config'),
+    spawn: spare ? 0 : at('process') - forked,
+    load: spare ? 0 : at('loaded') - at('process'),
+    config: spare ? 0 : at('config') - at('loaded'),
+    assign: spare ? at('assigned') - forked : 0,
+    deps: at('deps') - (spare ? at('assigned') : at('config')),
     inspect: at('inspected') - at('deps'),
     volumes: at('volumes') - at('inspected'),
     state: at('copying') - at('volumes'),
@@ -215,11 +220,14 @@ async function breakdownOf(jobId: string, submittedAt: number, seenAt: number): 
   return out
 }
 
-const PHASES = ['pickup', 'spawn', 'load', 'config', 'deps', 'inspect', 'volumes', 'state', 'reader', 'define', 'complete', 'seen', 'fixed', 'copy']
+const PHASES = ['pickup', 'spawn', 'load', 'config', 'assign', 'deps', 'inspect', 'volumes', 'state', 'reader', 'define', 'complete', 'seen', 'fixed', 'copy']
 
 /** Prints the fixed-cost breakdown (medians over the repetitions, ms) of every kind of a layout. */
 function printBreakdown(rows: Array<[string, Record<string, number>[]]>): void {
-  console.log(`  fixed costs, ms (medians): submit -> worker fork (pickup), -> process start (spawn), -> modules evaluated (load), -> configuration (config),`)
+  console.log(
+    `  fixed costs, ms (medians): submit -> worker fork or spare hand-over (pickup), -> process start (spawn), -> modules evaluated (load), -> configuration (config),`,
+  )
+  console.log(`  -> a spare's receipt of its job (assign; spawn, load and config are 0 for a spare: done before the job existed),`)
   console.log(
     `  -> store/job wiring (deps), -> inspection (inspect), -> pre-copy checks + volumes (volumes), -> CopyingFull written (state), -> reader open (reader),`,
   )
@@ -306,7 +314,7 @@ try {
         const t0 = performance.now()
         const submittedAt = Date.now()
         const job = await submit(srv.base, { ...plan, name: `migbench-${++runNo}`, start: false })
-        const rss = sampleWorkerPeakRss(job.id)
+        const rss = sampleWorkerPeakRss(base, job.id)
         // the end is the terminal state's SSE event as the client receives it (no poll interval)
         const terminal = () => stream.events.some((e) => e.event === 'migration' && e.data.id === job.id && TERMINAL.includes(e.data.status))
         const deadline = Date.now() + 1_800_000

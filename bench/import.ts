@@ -62,7 +62,7 @@ try {
     await stream.ready
     const job = await submit(srv.base, offlinePlan('qcow2', 'src.qcow2', { name: `migbench-${++runNo}`, start: false }))
     lastJob = job.id
-    const rss = sampleWorkerPeakRss(job.id)
+    const rss = sampleWorkerPeakRss(t.dir, job.id)
     const done = await waitJob(srv.base, job.id, undefined, 600_000)
     const hwm = rss.stop()
     stream.close()

@@ -105,12 +105,15 @@ export function vmHwm(pid: number): number {
   }
 }
 
-/** Samples the VmHWM of job `jobId`'s worker every 50 ms; `stop()` ends sampling and returns the peak, bytes. */
-export function sampleWorkerPeakRss(jobId: string): { stop(): number } {
+/**
+ * Samples the VmHWM of the worker of job `jobId` (of the server on `dataDir`) every 50 ms;
+ * `stop()` ends sampling and returns the peak, bytes.
+ */
+export function sampleWorkerPeakRss(dataDir: string, jobId: string): { stop(): number } {
   let pid: number | null = null
   let hwm = 0
   const sampler = setInterval(() => {
-    pid ??= workerPid(jobId)
+    pid ??= workerPid(dataDir, jobId)
     if (pid) hwm = Math.max(hwm, vmHwm(pid))
   }, 50)
   return {

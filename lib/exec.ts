@@ -169,3 +169,13 @@ export function exec(cmd: string, args: readonly string[], opts: ExecOptions = {
     child.once('close', (code, signal) => finish(result({ code, signal })))
   })
 }
+
+/** Whether process `pid` exists (a process of another user counts: `kill(pid, 0)` gives EPERM). */
+export function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM'
+  }
+}

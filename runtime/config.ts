@@ -66,6 +66,8 @@ export interface Config {
   copy: { flushEveryBytes: number; maxBytesPerSecond: number }
   /** Keep the destination volumes of a cancelled job (default false: remove them). */
   keepOnCancel: boolean
+  /** Keep one job worker started ahead of the next job (`MIGRATOR_WARM_WORKER`). */
+  warmWorker: boolean
   /** The destination domain: libvirt domain type (`kvm`, or `qemu` for TCG; default `kvm` when /dev/kvm exists, else `qemu`), default bridge for NICs the plan does not map (null: user-mode network), boot check (s; optional serial regexp that must appear). */
   domain: { type: 'kvm' | 'qemu'; defaultBridge: string | null; bootGraceSeconds: number; bootTimeoutSeconds: number; bootSerialPattern: string | null }
   /** Windows V2V (spec 1.5): the virtio-win ISO, the `virt-v2v-in-place` binary, and the `virt-v2v` binary of the VMCX passthrough. */
@@ -208,6 +210,10 @@ export const VARIABLES = {
   MIGRATOR_DELTA_MAX_PASSES: { schema: int(8, 1), doc: 'delta passes before E_MIG_DELTA_TOO_LARGE' },
   MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: { schema: int(300, 1), doc: 'live sources: how long the guest may take to shut down' },
   MIGRATOR_KEEP_ON_CANCEL: { schema: flag(), doc: "1 keeps a cancelled job's volumes" },
+  MIGRATOR_WARM_WORKER: {
+    schema: z.preprocess(unsetIfEmpty, z.enum(['0', '1'], { error: 'must be 0 or 1' }).default('1')).transform((v) => v === '1'),
+    doc: '1 keeps one job worker started (modules loaded, store open) ahead of the next job; 0 forks each worker when its job starts',
+  },
   MIGRATOR_DOMAIN_TYPE: {
     schema: z.preprocess(unsetIfEmpty, z.enum(['kvm', 'qemu'], { error: 'must be "kvm" or "qemu"' }).optional()),
     doc: 'libvirt domain type (qemu = TCG); default kvm when /dev/kvm exists, else qemu',
@@ -308,6 +314,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     guestShutdownTimeoutSeconds: e.MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS,
     copy: { flushEveryBytes: e.MIGRATOR_FLUSH_EVERY_BYTES, maxBytesPerSecond: e.MIGRATOR_COPY_MAX_BYTES_PER_SECOND },
     keepOnCancel: e.MIGRATOR_KEEP_ON_CANCEL,
+    warmWorker: e.MIGRATOR_WARM_WORKER,
     domain: {
       type: e.MIGRATOR_DOMAIN_TYPE ?? (existsSync('/dev/kvm') ? 'kvm' : 'qemu'),
       defaultBridge: e.MIGRATOR_DEFAULT_BRIDGE,

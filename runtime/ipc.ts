@@ -16,6 +16,10 @@ export type WorkerMessage =
 /**
  * Supervisor -> worker. `start` answers the worker's `ready` (sent once it listens, so nothing is
  * lost while it loads): the server's resolved configuration (the object `createApp` was given),
- * so a worker never reads the environment itself.
+ * so a worker never reads the environment itself. `assign` gives a spare worker (forked with
+ * `--spare` before any job was claimed) its job.
  */
-export type SupervisorMessage = { type: 'start'; config: Config } | { type: 'cancel' }
+export type SupervisorMessage = { type: 'start'; config: Config } | { type: 'assign'; jobId: string } | { type: 'cancel' }
+
+/** The argument a warm spare worker is forked with instead of a job id (it gets its job by `assign`). */
+export const SPARE_ARG = '--spare'

@@ -1,6 +1,8 @@
 /**
  * A job's worker process (DESIGN.md section 4), forked by the supervisor with the job id as its
- * argument; it says `ready` over IPC and receives the server's resolved configuration (`start`;
+ * argument, or with `--spare` as the warm spare worker that gets its job later (an `assign`
+ * message; the module loading, the configuration and the store are done by then, issue 15); it
+ * says `ready` over IPC and receives the server's resolved configuration (`start`;
  * it never reads the environment for settings, so an app created in-process with a config object gets workers on
  * the same settings). It runs the orchestrator, writes state, progress and watermarks to SQLite, and
  * reports to the supervisor over IPC. A `cancel` message or the job's cancel flag aborts the job
@@ -12,17 +14,19 @@ import { Sealer } from '../lib/crypto/seal.ts'
 import { runJob } from '../lib/pipeline/orchestrator.ts'
 import { openStore } from '../lib/store/index.ts'
 import { dataPaths, type Config } from './config.ts'
-import type { SupervisorMessage, WorkerMessage } from './ipc.ts'
+import { SPARE_ARG, type SupervisorMessage, type WorkerMessage } from './ipc.ts'
 import { buildJobDeps } from './job-deps.ts'
 import { createLogger } from './logger.ts'
 
-const jobId = process.argv[2]
+/** The job id, or {@link SPARE_ARG} until a spare worker is assigned its job. */
+let jobId = process.argv[2] ?? ''
+
 /**
  * Phase boundaries of this worker run, epoch ms (the fixed-cost breakdown, logged as `job
  * timings` at info level when the job ends): `process` (the process started), `loaded` (every
- * module evaluated), `config` (the supervisor's configuration arrived), `deps` (store, key and
- * job wiring ready), then the orchestrator's marks (`inspected`, `volumes`, `copying`, `reader`,
- * `copied`, `started`, `completed`).
+ * module evaluated), `config` (the supervisor's configuration arrived), `assigned` (a spare
+ * worker got its job), `deps` (store, key and job wiring ready), then the orchestrator's marks
+ * (`inspected`, `volumes`, `copying`, `reader`, `copied`, `started`, `completed`).
  */
 const timings: Array<[string, number]> = [
   ['process', Math.round(performance.timeOrigin)],
@@ -57,13 +61,34 @@ function receiveConfig(): Promise<Config> {
   })
 }
 
+/**
+ * A spare worker's job: the supervisor's `assign` message. Listened for from the module's start,
+ * before `ready` is sent, since it may arrive while the store is being opened; waits as long as
+ * the supervisor keeps the spare.
+ */
+const assignment: Promise<string> | null =
+  jobId === SPARE_ARG
+    ? new Promise((resolve) => {
+        const onMessage = (m: SupervisorMessage) => {
+          if (m.type !== 'assign') return
+          process.off('message', onMessage)
+          resolve(m.jobId)
+        }
+        process.on('message', onMessage)
+      })
+    : null
+
 async function main(): Promise<void> {
   const config = await receiveConfig()
   mark('config')
-  const logger = createLogger(config.logLevel).child({ job: jobId, worker: process.pid })
   const paths = dataPaths(config)
   const store = await openStore(paths.dbFile)
   const sealer = new Sealer(loadOrCreateKey(paths.keyFile))
+  if (assignment) {
+    jobId = await assignment
+    mark('assigned')
+  }
+  const logger = createLogger(config.logLevel).child({ job: jobId, worker: process.pid })
   const controller = new AbortController()
 
   process.on('message', (m: SupervisorMessage) => {

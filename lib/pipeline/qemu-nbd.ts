@@ -24,6 +24,7 @@ import { MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
 import { probeMagic, readHeadTail } from '../formats/sniff.ts'
 import { childFile } from '../hostpath.ts'
+import { processAlive } from '../exec.ts'
 
 /** Options of {@link startQemuNbd}. Offsets and lengths in bytes. */
 export interface QemuNbdOptions {
@@ -92,23 +93,13 @@ export function removeSocketDirsOf(pid: number): void {
   removeSocketDirsWhere((p) => p === pid)
 }
 
-/** Whether process `pid` exists (a process of another user counts: EPERM). */
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === 'EPERM'
-  }
-}
-
 /**
  * Removes the socket directories of processes that no longer exist: what workers killed together
  * with their server left behind (the server that forked them could not call
  * {@link removeSocketDirsOf}). Run at server start. Never throws; returns how many it removed.
  */
 export function removeOrphanSocketDirs(): number {
-  return removeSocketDirsWhere((pid) => !alive(pid))
+  return removeSocketDirsWhere((pid) => !processAlive(pid))
 }
 
 type Node = Record<string, unknown>

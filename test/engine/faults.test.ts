@@ -99,7 +99,7 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     const half = await waitJob(srv.base, job.id, (j) => j.progress.bytes_done >= j.progress.bytes_total / 2 && j.progress.bytes_total > 0, 60_000)
     const durable = half.progress.disks[0].watermark
     expect(durable).toBeGreaterThan(0)
-    const pid = workerPid(job.id)
+    const pid = workerPid(t.dir, job.id)
     expect(pid).not.toBeNull()
     expect(qemuNbdServing(path.join(importRoot, 'big')).length).toBeGreaterThan(0)
     expect(nbdSocketDirsOf(pid!).length).toBeGreaterThan(0)
@@ -135,8 +135,8 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     expect([done.state, done.last_error.code]).toEqual(['Cancelled', 'E_MIG_CANCELLED'])
     expect(existsSync(path.join(t.dir, 'volumes', 'migrations', job.id))).toBe(false)
     // The worker exits right after reporting the terminal state (give it a moment on a loaded machine).
-    for (let i = 0; i < 50 && workerPid(job.id) !== null; i++) await new Promise((r) => setTimeout(r, 100))
-    expect(workerPid(job.id)).toBeNull()
+    for (let i = 0; i < 50 && workerPid(t.dir, job.id) !== null; i++) await new Promise((r) => setTimeout(r, 100))
+    expect(workerPid(t.dir, job.id)).toBeNull()
     expect(qemuNbdServing(path.join(importRoot, 'big'), 'qemu-img convert')).toEqual([])
   }, 120_000)
 
@@ -247,8 +247,8 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     s1.child.kill('SIGKILL')
     await new Promise((r) => s1.child.once('exit', r))
     // The worker notices its supervisor is gone (IPC disconnect) and ends with its process group.
-    for (let i = 0; i < 50 && workerPid(job.id) !== null; i++) await new Promise((r) => setTimeout(r, 100))
-    expect(workerPid(job.id)).toBeNull()
+    for (let i = 0; i < 50 && workerPid(d, job.id) !== null; i++) await new Promise((r) => setTimeout(r, 100))
+    expect(workerPid(d, job.id)).toBeNull()
     const s2 = await startServer('bun', d, env)
     try {
       const stream = openStream(s2.base)

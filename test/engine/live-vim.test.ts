@@ -218,7 +218,7 @@ describe('live vim_api migrations through the HTTP API', () => {
       })
       await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' && j.progress.bytes_done > 0, 60_000)
       expect((await v.vm(vm.id)).snapshots.length).toBe(1)
-      process.kill(workerPid(job.id)!, 'SIGKILL')
+      process.kill(workerPid(path.join(t.dir, 'crash-server'), job.id)!, 'SIGKILL')
       const done = await waitJob(s2.base, job.id)
       expect([done.status, done.last_error.code, /giving up/.test(done.last_error.message)]).toEqual(['failed', 'E_MIG_INTERNAL', true])
       let left = (await v.vm(vm.id)).snapshots

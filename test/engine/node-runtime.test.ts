@@ -55,7 +55,7 @@ describe('jobs under the Node server and Node workers', () => {
     const job = await submit(srv.base, offlinePlan('ova_archive', 'vm.ova', { name: `${PREFIX}ova` }))
     let sawNode = false
     const done = await waitJob(srv.base, job.id, (j) => {
-      const pid = workerPid(job.id)
+      const pid = workerPid(t.dir, job.id)
       if (pid) sawNode ||= readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('worker.js')
       return ['completed', 'failed', 'cancelled'].includes(j.status)
     })
@@ -102,7 +102,7 @@ describe('jobs under the Node server and Node workers', () => {
       })
       let sawNode = false
       const done = await waitJob(srv.base, job.id, (j) => {
-        const pid = workerPid(job.id)
+        const pid = workerPid(t.dir, job.id)
         if (pid) sawNode ||= readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('worker.js')
         return ['completed', 'failed', 'cancelled'].includes(j.status)
       })
@@ -134,7 +134,9 @@ describe('jobs under the Node server and Node workers', () => {
       const done = await waitJob(s2.base, job.id)
       expect([done.state, done.last_error.code]).toEqual(['Cancelled', 'E_MIG_CANCELLED'])
       expect(existsSync(path.join(t.dir, 'second', 'volumes', 'migrations', job.id))).toBe(false)
-      expect(workerPid(job.id)).toBeNull()
+      // The worker exits right after reporting the terminal state.
+      for (let i = 0; i < 50 && workerPid(path.join(t.dir, 'second'), job.id) !== null; i++) await new Promise((r) => setTimeout(r, 100))
+      expect(workerPid(path.join(t.dir, 'second'), job.id)).toBeNull()
     } finally {
       await s2.stop()
     }

@@ -237,7 +237,7 @@ describe('warm cutover on command (vCenter simulator)', () => {
     const { vm, job } = await inFinalDelta('i16-kill', 0x60, async (id) =>
       expect((await call(slow.base, 'POST', `/migrations/${id}/cutover`)).status).toBe(202),
     )
-    process.kill(workerPid(job.id)!, 'SIGKILL')
+    process.kill(workerPid(path.join(t.dir, 'slow'), job.id)!, 'SIGKILL')
     const done = await waitJob(slow.base, job.id)
     expect([done.status, done.last_error.code]).toEqual(['failed', 'E_MIG_INTERNAL'])
     expect(done.last_error.message).toContain(`the source VM ${vm.id} was powered on again`)

@@ -36,7 +36,7 @@ afterAll(async () => {
 test('a silent (SIGSTOPped) worker is killed after the heartbeat timeout and the job completes on a retry', async () => {
   const job = await submit(server.base, offlinePlan('qcow2', 'hb.qcow2', { name: 'i12-hb', start: false }))
   await waitJob(server.base, job.id, (j) => j.state === 'CopyingFull' && j.progress.bytes_done > 0, 60_000)
-  const pid = workerPid(job.id)
+  const pid = workerPid(t.dir, job.id)
   expect(pid).not.toBeNull()
   process.kill(pid!, 'SIGSTOP')
   const t0 = Date.now()

@@ -3,8 +3,9 @@
  * for a state, reading the SSE stream, and measuring destination images.
  */
 import { execFileSync } from 'node:child_process'
-import { closeSync, openSync, readSync, statSync } from 'node:fs'
+import { closeSync, openSync, readFileSync, readSync, statSync } from 'node:fs'
 import * as path from 'node:path'
+import { processAlive } from '../../lib/exec.ts'
 import { sanitizeLabel } from '../../lib/manifest.ts'
 
 /** A JSON call: status and parsed body (null for an empty body). */
@@ -139,14 +140,19 @@ export function nonZeroBytes(file: string, block = 4096): number {
   return total
 }
 
-/** The pid of the worker process running `jobId` (its command line carries the job id), or null. */
-export function workerPid(jobId: string): number | null {
+/**
+ * Pid of the worker running job `jobId` of the server on `dataDir` (its pid file
+ * `<dataDir>/workers/<jobId>.pid`, runtime/supervisor.ts), or null when there is none or the
+ * process is gone (a killed server leaves its file behind).
+ */
+export function workerPid(dataDir: string, jobId: string): number | null {
+  let pid: number
   try {
-    const out = execFileSync('pgrep', ['-f', `worker\\.(ts|js) ${jobId}`], { encoding: 'utf8' }).trim()
-    return out ? Number(out.split('\n')[0]) : null
+    pid = Number(readFileSync(path.join(dataDir, 'workers', `${jobId}.pid`), 'utf8').trim())
   } catch {
     return null
   }
+  return Number.isSafeInteger(pid) && pid > 0 && processAlive(pid) ? pid : null
 }
 
 /**

@@ -20,6 +20,7 @@ describe('configuration (zod)', () => {
     expect(message).toContain('MIGRATOR_UPLOAD_CAP_BYTES="1e9" is not an integer >= 1')
     expect(() => loadConfig({ MIGRATOR_LISTEN: '127.0.0.1:70000' })).toThrow('MIGRATOR_LISTEN="127.0.0.1:70000" is not host:port')
     expect(() => loadConfig({ MIGRATOR_BASIC_AUTH: 'nocolon' })).toThrow('MIGRATOR_BASIC_AUTH="nocolon" must be user:password')
+    expect(() => loadConfig({ MIGRATOR_WARM_WORKER: 'yes' })).toThrow('MIGRATOR_WARM_WORKER="yes" must be 0 or 1')
   })
 
   test('empty is unset: the defaults apply', () => {
@@ -29,6 +30,8 @@ describe('configuration (zod)', () => {
     expect(c.listen).toEqual({ host: '127.0.0.1', port: 8080 })
     expect(c.importRoot).toBe('/srv/m/imports')
     expect(c.qemuConf).toBe('/etc/libvirt/qemu.conf')
+    expect(c.warmWorker).toBe(true)
+    expect(loadConfig({ MIGRATOR_WARM_WORKER: '0' }).warmWorker).toBe(false)
     expect(loadConfig({ MIGRATOR_LISTEN: '[::1]:9000' }).listen).toEqual({ host: '::1', port: 9000 })
   })
 

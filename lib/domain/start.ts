@@ -140,9 +140,7 @@ export async function probeVolumes(volumes: DomainVolume[]): Promise<DomainVolum
  */
 export async function defineAndStart(input: DefineAndStartInput): Promise<DefineAndStartResult> {
   const { virsh, manifest, plan } = input
-  // The free name is asked of libvirt while the volumes are probed and the guest inspected.
-  const naming = virsh.uniqueName(sanitizeDomainName(plan?.name ?? manifest.name))
-  naming.catch(() => {}) // awaited below, after the inspection
+  const base = sanitizeDomainName(plan?.name ?? manifest.name)
   const uuid = input.uuid ?? randomUUID()
   const probed = await probeVolumes(input.volumes)
   const family = effectiveGuestFamily(manifest, plan)
@@ -155,7 +153,6 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
     return found
   }
   let inspection = await inspect()
-  const name = await naming
   const firmwareChoice = { plan: plan?.firmware, manifest: manifest.firmware }
   let choice = chooseHardware(inspection, family, firmwareChoice)
   if (choice.fatal && choice.convertible && input.convertGuest) {
@@ -181,21 +178,36 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   const volumes = probed.map((v) => ({ ...v, bus: v.bus ?? choice.bus }))
   const firmware = choice.firmware
   const secureBoot = firmware === 'efi' && manifest.secure_boot
-  const nvram = path.join(input.nvramDir ?? '/var/lib/libvirt/qemu/nvram', `${name}_VARS.fd`)
-  const ovmf = firmware === 'efi' ? (input.ovmf ? input.ovmf(name, secureBoot) : debianOvmf(secureBoot, nvram)) : undefined
-  const xml = buildDomainXml({
-    manifest,
-    plan: { ...plan, name, firmware },
-    volumes,
-    uuid,
-    domainType: input.domainType,
-    defaultBridge: input.defaultBridge,
-    ovmf,
-    serialLogPath: input.serialLogPath,
-    nicModel: input.nicModel ?? choice.nicModel,
-    scsiModel: choice.scsiModel ?? undefined,
-  })
-  const defined = await virsh.define(xml)
+  const xmlFor = (name: string): string => {
+    const nvram = path.join(input.nvramDir ?? '/var/lib/libvirt/qemu/nvram', `${name}_VARS.fd`)
+    const ovmf = firmware === 'efi' ? (input.ovmf ? input.ovmf(name, secureBoot) : debianOvmf(secureBoot, nvram)) : undefined
+    return buildDomainXml({
+      manifest,
+      plan: { ...plan, name, firmware },
+      volumes,
+      uuid,
+      domainType: input.domainType,
+      defaultBridge: input.defaultBridge,
+      ovmf,
+      serialLogPath: input.serialLogPath,
+      nicModel: input.nicModel ?? choice.nicModel,
+      scsiModel: choice.scsiModel ?? undefined,
+    })
+  }
+  // The name is tried as it is first (the job reserved it when it started); only when libvirt
+  // refuses it as taken ("already exists") is a free one looked for (`-2`, `-3`, ...): one virsh
+  // call in the usual case instead of a list and a define (a fixed cost of every job, issue 15).
+  let name = base
+  let xml = xmlFor(name)
+  let defined: string
+  try {
+    defined = await virsh.define(xml)
+  } catch (e) {
+    if (!(e instanceof MigError && /already exists/i.test(e.message))) throw e
+    name = await virsh.uniqueName(base)
+    xml = xmlFor(name)
+    defined = await virsh.define(xml)
+  }
   if (defined && defined !== name) {
     throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `libvirt defined ${defined}, expected ${name}`, { details: { domain: defined } })
   }

@@ -94,6 +94,11 @@ export interface NbdConnectOptions {
   signal?: AbortSignal
   /** Ask for `base:allocation` (default true). */
   blockStatus?: boolean
+  /**
+   * Whether the server process is gone, asked before each new connection attempt: a socket file
+   * left by a server that exited refuses connections forever, so no more attempts are made.
+   */
+  serverGone?(): boolean
 }
 
 interface Pending {
@@ -254,7 +259,7 @@ export class NbdClient {
         break
       } catch (e) {
         const code = (e as NodeJS.ErrnoException).code
-        if ((code === 'ENOENT' || code === 'ECONNREFUSED') && Date.now() < deadline) {
+        if ((code === 'ENOENT' || code === 'ECONNREFUSED') && Date.now() < deadline && !opts.serverGone?.()) {
           await new Promise((r) => setTimeout(r, 20))
           continue
         }

@@ -275,6 +275,20 @@ describe('NbdClient against a scripted server', () => {
     const err = await expectCode(NbdClient.connect(path.join(tmp.dir, 'none.sock'), { timeoutMs: 100 }), 'E_MIG_DISK_READ_FAILED')
     expect(err.message).toContain('none.sock')
   })
+
+  test('a socket file its server left behind (it exited): no more attempts once serverGone() says so', async () => {
+    // qemu-nbd opens its socket before the image and exits when it refuses the image.
+    const stale = path.join(tmp.dir, 'stale.sock')
+    execFileSync('python3', ['-c', 'import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])', stale])
+    expect(existsSync(stale)).toBe(true)
+    const t0 = performance.now()
+    await expectCode(NbdClient.connect(stale, { timeoutMs: 5000, serverGone: () => true }), 'E_MIG_DISK_READ_FAILED')
+    expect(performance.now() - t0).toBeLessThan(1000)
+    // Without it, the client keeps trying until its timeout.
+    const t1 = performance.now()
+    await expectCode(NbdClient.connect(stale, { timeoutMs: 300 }), 'E_MIG_DISK_READ_FAILED')
+    expect(performance.now() - t1).toBeGreaterThanOrEqual(250)
+  })
 })
 
 describe('NbdClient against qemu-nbd', () => {

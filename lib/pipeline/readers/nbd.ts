@@ -83,7 +83,9 @@ export async function openNbdReader(opts: NbdReaderOptions): Promise<DiskReader>
   const server: QemuNbdServer = await startQemuNbd({ ...opts, label })
   let client: NbdClient
   try {
-    client = await NbdClient.connect(server.socketPath, { label, signal: opts.signal })
+    // qemu-nbd opens its socket before the image: one that then refuses the image leaves the
+    // socket file behind, and the client stops trying once the process is gone.
+    client = await NbdClient.connect(server.socketPath, { label, signal: opts.signal, serverGone: server.exited })
   } catch (e) {
     await new Promise((r) => setTimeout(r, 20))
     const tail = server.stderr()

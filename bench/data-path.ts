@@ -14,8 +14,9 @@
  * even ones).
  *
  * After each layout's table, where each kind's fixed costs go (medians, ms): submit to the
- * worker's fork (supervisor log `worker started`), process start, module evaluation, the
- * configuration over IPC, store and job wiring, inspection, pre-copy checks and volumes, the
+ * worker's fork or to the hand-over to the warm spare worker (supervisor log `worker started`),
+ * process start, module evaluation, the configuration over IPC (these three are 0 for a spare:
+ * done before the job existed), the spare's receipt of its job, store and job wiring, inspection, pre-copy checks and volumes, the
  * `CopyingFull` write, the reader's open (qemu-nbd, a packed digest), then after the copy the
  * domain definition, the `Completed` write and the client's receipt of it (the worker's `job
  * timings` log line, runtime/worker.ts); `fixed` is the whole job minus the copy. The server runs

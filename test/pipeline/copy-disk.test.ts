@@ -391,6 +391,37 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     expect(statSync(v.path).blocks * 512).toBeLessThanOrEqual(24 * MiB + 64 * KiB)
   })
 
+  test('while qemu-img writes a range, the volume is flushed again and again (writeback), yet watermarks come only at range ends', async () => {
+    // 24 MiB of data at 16 MiB/s: one range that qemu-img writes for about 1.5 s.
+    const src = rawSource('q-wb.raw', 32 * MiB, 24 * MiB)
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q3') })
+    const q = await openDiskReader(rawDisk(src.path, 32 * MiB))
+    const v = await sink.create('q3', 'disk0', 32 * MiB)
+    const log: string[] = []
+    const inner = v.flush.bind(v)
+    v.flush = async () => {
+      log.push('flush')
+      await inner()
+    }
+    await copyDisk(q, v, {
+      from: 0,
+      signal: new AbortController().signal,
+      maxBytesPerSecond: 16 * MiB,
+      onProgress() {},
+      async onWatermark(w) {
+        log.push(`w ${w}`)
+      },
+    })
+    await v.close()
+    await q.close()
+    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
+    // One range (under the 256 MiB interval): its checkpoint, the final flush, and the writeback
+    // flushes during the copy before them (at least one per 10 ms pause over about 1.5 s).
+    expect(log.filter((l) => l.startsWith('w '))).toEqual([`w ${32 * MiB}`, `w ${32 * MiB}`])
+    expect(log.indexOf(`w ${32 * MiB}`)).toBeGreaterThan(10)
+    expect(log.slice(0, log.indexOf(`w ${32 * MiB}`)).every((l) => l === 'flush')).toBe(true)
+  })
+
   test('cancel kills the running qemu-img child at once: E_MIG_CANCELLED, no process left', async () => {
     const src = rawSource('q-cancel.raw', 64 * MiB, 64 * MiB)
     const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q2') })

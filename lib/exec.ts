@@ -10,6 +10,7 @@
  * exits) are ours to define.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
+import { readFileSync } from 'node:fs'
 
 /**
  * Options of {@link exec}.
@@ -178,4 +179,18 @@ export function processAlive(pid: number): boolean {
   } catch (e) {
     return (e as NodeJS.ErrnoException).code === 'EPERM'
   }
+}
+
+/**
+ * The pid in pid file `file` (decimal, optional trailing newline) when that process exists, else
+ * null (no file, unreadable, not a positive integer, or the process is gone). Never throws.
+ */
+export function readLivePid(file: string): number | null {
+  let pid: number
+  try {
+    pid = Number(readFileSync(file, 'utf8').trim())
+  } catch {
+    return null
+  }
+  return Number.isSafeInteger(pid) && pid > 0 && processAlive(pid) ? pid : null
 }

@@ -16,11 +16,11 @@
 import { removeOrphanSocketDirs, removeSocketDirsOf } from '../lib/pipeline/qemu-nbd.ts'
 import { fork, type ChildProcess } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { releaseLiveVm } from '../lib/adapters/session.ts'
-import { processAlive } from '../lib/exec.ts'
+import { readLivePid } from '../lib/exec.ts'
 import { TERMINAL_STATES, type Job } from '../lib/job.ts'
 import type { Ctx } from './context.ts'
 import { SPARE_ARG, type SupervisorMessage, type WorkerMessage } from './ipc.ts'
@@ -43,7 +43,7 @@ interface Running {
   child: ChildProcess
   lastBeat: number
   /** The entry module it was forked with (the bundle or the `.ts`/`.js` worker). */
-  entry: string
+  entryPath: string
   /** The job it runs; null for the spare. */
   job: string | null
   /** It said `ready` and was sent the configuration. */
@@ -77,6 +77,16 @@ function workerPath(): string {
   return p
 }
 
+/** Directory of the running workers' pid files of the server on `dataDir`: `<data dir>/workers`. */
+function workerPidDir(dataDir: string): string {
+  return path.join(dataDir, 'workers')
+}
+
+/** Path of the pid file of the worker running job `jobId` of the server on `dataDir`. */
+export function workerPidFile(dataDir: string, jobId: string): string {
+  return path.join(workerPidDir(dataDir), `${jobId}.pid`)
+}
+
 /** Runs jobs in worker processes. */
 export class Supervisor {
   readonly owner = `${process.pid}-${randomUUID()}`
@@ -108,32 +118,26 @@ export class Supervisor {
     void this.poll()
   }
 
-  /** Directory of the running workers' pid files. */
-  private get pidDir(): string {
-    return path.join(this.ctx.config.dataDir, 'workers')
-  }
-
   private writePidFile(job: string, pid: number | undefined): void {
     if (pid === undefined) return
+    const file = workerPidFile(this.ctx.config.dataDir, job)
     try {
-      mkdirSync(this.pidDir, { recursive: true, mode: 0o700 })
-      writeFileSync(path.join(this.pidDir, `${job}.pid`), `${pid}\n`, { mode: 0o600 })
+      mkdirSync(workerPidDir(this.ctx.config.dataDir), { recursive: true, mode: 0o700 })
+      writeFileSync(file, `${pid}\n`, { mode: 0o600 })
     } catch (e) {
       this.ctx.logger.warn({ err: e, job }, 'could not write the worker pid file')
     }
   }
 
   private removePidFile(job: string): void {
-    rmSync(path.join(this.pidDir, `${job}.pid`), { force: true })
+    rmSync(workerPidFile(this.ctx.config.dataDir, job), { force: true })
   }
 
   /** Pid files whose process is gone (another server's live workers keep theirs). Never throws. */
   private removeDeadPidFiles(): void {
+    const dir = workerPidDir(this.ctx.config.dataDir)
     try {
-      for (const n of readdirSync(this.pidDir)) {
-        const pid = Number(readFileSync(path.join(this.pidDir, n), 'utf8').trim())
-        if (!Number.isSafeInteger(pid) || pid <= 0 || !processAlive(pid)) rmSync(path.join(this.pidDir, n), { force: true })
-      }
+      for (const n of readdirSync(dir)) if (readLivePid(path.join(dir, n)) === null) rmSync(path.join(dir, n), { force: true })
     } catch {
       /* no directory yet */
     }
@@ -150,7 +154,7 @@ export class Supervisor {
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
       env: { ...process.env, ...BUN_WORKER_ENV, MIGRATOR_WORKER_LEASE_OWNER: this.owner },
     })
-    const w: Running = { child, entry, lastBeat: Date.now(), job, ready: false, assignPending: false }
+    const w: Running = { child, entryPath: entry, lastBeat: Date.now(), job, ready: false, assignPending: false }
     child.on('message', (m: WorkerMessage) => void this.onMessage(w, m))
     child.once('exit', (code, signal) => {
       // A worker that died (SIGKILL, crash) cannot end its children: end its whole process group,
@@ -297,7 +301,7 @@ export class Supervisor {
     } else entry = this.fork(id, id)
     this.running.set(id, entry)
     this.writePidFile(id, entry.child.pid)
-    this.ctx.logger.info({ job: id, pid: entry.child.pid, attempt: attempts, entry: entry.entry, forked_at: forkedAt, spare: !!spare }, 'worker started')
+    this.ctx.logger.info({ job: id, pid: entry.child.pid, attempt: attempts, entry: entry.entryPath, forked_at: forkedAt, spare: !!spare }, 'worker started')
   }
 
   private async onMessage(entry: Running, m: WorkerMessage): Promise<void> {

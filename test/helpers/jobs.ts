@@ -3,10 +3,11 @@
  * for a state, reading the SSE stream, and measuring destination images.
  */
 import { execFileSync } from 'node:child_process'
-import { closeSync, openSync, readFileSync, readSync, statSync } from 'node:fs'
+import { closeSync, openSync, readSync, statSync } from 'node:fs'
 import * as path from 'node:path'
-import { processAlive } from '../../lib/exec.ts'
+import { readLivePid } from '../../lib/exec.ts'
 import { sanitizeLabel } from '../../lib/manifest.ts'
+import { workerPidFile } from '../../runtime/supervisor.ts'
 
 /** A JSON call: status and parsed body (null for an empty body). */
 export async function call(
@@ -146,13 +147,7 @@ export function nonZeroBytes(file: string, block = 4096): number {
  * process is gone (a killed server leaves its file behind).
  */
 export function workerPid(dataDir: string, jobId: string): number | null {
-  let pid: number
-  try {
-    pid = Number(readFileSync(path.join(dataDir, 'workers', `${jobId}.pid`), 'utf8').trim())
-  } catch {
-    return null
-  }
-  return Number.isSafeInteger(pid) && pid > 0 && processAlive(pid) ? pid : null
+  return readLivePid(workerPidFile(dataDir, jobId))
 }
 
 /**

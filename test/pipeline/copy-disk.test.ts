@@ -354,17 +354,23 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     }
   }
 
-  test('watermarks only after a flush, one per range of about flushEveryBytes of data; zero tail not written; progress rises to the end', async () => {
-    const src = rawSource('q-src.raw', 48 * MiB, 24 * MiB)
-    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q1') })
-    const q = await openDiskReader(rawDisk(src.path, 48 * MiB))
-    const v = await sink.create('q1', 'disk0', 48 * MiB)
+  /** Logs `flush` for each `volume.flush()` call into the returned array (watermarks are pushed there too). */
+  const logFlushes = (v: SinkVolume): string[] => {
     const log: string[] = []
     const inner = v.flush.bind(v)
     v.flush = async () => {
       log.push('flush')
       await inner()
     }
+    return log
+  }
+
+  test('watermarks only after a flush, one per range of about flushEveryBytes of data; zero tail not written; progress rises to the end', async () => {
+    const src = rawSource('q-src.raw', 48 * MiB, 24 * MiB)
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q1') })
+    const q = await openDiskReader(rawDisk(src.path, 48 * MiB))
+    const v = await sink.create('q1', 'disk0', 48 * MiB)
+    const log = logFlushes(v)
     const done: number[] = []
     const res = await copyDisk(q, v, {
       from: 0,
@@ -397,12 +403,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q3') })
     const q = await openDiskReader(rawDisk(src.path, 32 * MiB))
     const v = await sink.create('q3', 'disk0', 32 * MiB)
-    const log: string[] = []
-    const inner = v.flush.bind(v)
-    v.flush = async () => {
-      log.push('flush')
-      await inner()
-    }
+    const log = logFlushes(v)
     await copyDisk(q, v, {
       from: 0,
       signal: new AbortController().signal,

@@ -103,6 +103,7 @@ const scopeStorage = new AsyncLocalStorage<InputScope>()
 export class InputScope {
   private readonly realRoot: string
   private readonly pins = new Map<string, { fd: number; stats: Stats; real: string }>()
+  private readonly memos = new Map<string, Promise<unknown>>()
   private closed = false
 
   /** `root`: the import root (absolute). */
@@ -151,6 +152,21 @@ export class InputScope {
     }
   }
 
+  /**
+   * What `make()` resolves to for (`file`, `key`), made once per scope: a listing of a pinned file
+   * that the inspection and the job's readers each need is read once. A rejection is not kept
+   * (the next caller tries again). `file` must be pinned in this scope.
+   */
+  memo<T>(file: string, key: string, make: () => Promise<T>): Promise<T> {
+    const k = `${file}\0${key}`
+    const hit = this.memos.get(k)
+    if (hit) return hit as Promise<T>
+    const p = make()
+    this.memos.set(k, p)
+    p.catch(() => this.memos.delete(k))
+    return p
+  }
+
   /** Closes every pinned descriptor. Never throws. */
   close(): void {
     this.closed = true
@@ -162,6 +178,7 @@ export class InputScope {
       }
     }
     this.pins.clear()
+    this.memos.clear()
   }
 }
 

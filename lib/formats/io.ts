@@ -2,7 +2,7 @@
  * Shared low-level helpers of the format readers: positioned reads of headers and descriptors
  * (never whole disks) and the `E_MIG_MALFORMED_ARCHIVE` error every reader raises for bad input.
  */
-import type { Stats } from 'node:fs'
+import { readSync, type Stats } from 'node:fs'
 import { open, stat, type FileHandle } from 'node:fs/promises'
 import { MigError, type ErrorDetails } from '../errors.ts'
 import { currentInputScope, pinnedPath } from '../hostpath.ts'
@@ -53,6 +53,26 @@ export async function readAt(fh: FileHandle, path: string, len: number, pos: num
       const { bytesRead } = await fh.read(buf, got, len - got, pos + got)
       if (bytesRead === 0) break
       got += bytesRead
+    }
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
+  }
+  return got === len ? buf : buf.subarray(0, got)
+}
+
+/**
+ * {@link readAt} as one blocking `pread` (no round trip through the thread pool): for the many
+ * small header reads of a walk over a large archive, where the async call costs more than the
+ * read itself (tar.ts). Same result and errors as {@link readAt}.
+ */
+export function readAtSync(fh: FileHandle, path: string, len: number, pos: number): Buffer {
+  const buf = Buffer.alloc(len)
+  let got = 0
+  try {
+    while (got < len) {
+      const n = readSync(fh.fd, buf, got, len - got, pos + got)
+      if (n === 0) break
+      got += n
     }
   } catch (e) {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })

@@ -15,7 +15,8 @@
  */
 import { createHash } from 'node:crypto'
 import { MigError } from '../errors.ts'
-import { malformed, openRead, readAt } from './io.ts'
+import { currentInputScope } from '../hostpath.ts'
+import { malformed, openRead, readAt, readAtSync } from './io.ts'
 
 /** Size of a tar block (header or data padding unit), bytes. */
 export const TAR_BLOCK = 512
@@ -147,7 +148,8 @@ function paxSize(v: string | undefined, archive: string, where: string): number 
 /**
  * Lists the members of the tar archive at `path` without reading member data.
  *
- * Walks 512-byte headers with positioned reads (ustar, old GNU and v7 headers; GNU `L`/`K` long
+ * Walks 512-byte headers with positioned reads (blocking `pread`s, yielding to the event loop every
+ * 256 headers: one async read per header cost more than the walk; ustar, old GNU and v7 headers; GNU `L`/`K` long
  * names; PAX `x` extended and `g` global headers, keys `path`, `linkpath`, `size`; base-256 sizes),
  * checking each header's checksum. The walk ends at a zero block (end-of-archive marker, POSIX
  * requires two; like GNU tar and Python's tarfile the first one ends the listing) or at a clean
@@ -156,17 +158,30 @@ function paxSize(v: string | undefined, archive: string, where: string): number 
  *
  * @param opts.offset byte offset of the first header (default 0; must be a multiple of 512).
  * @param opts.maxMembers bound on members returned (default 100 000).
- * @returns members in archive order.
+ * @returns members in archive order. Inside an input scope the walk is done once per file, offset and
+ *   bound, and every caller gets the same (read-only) list.
  * @throws E_MIG_MALFORMED_ARCHIVE "not a tar archive" (bad checksum on the first header), a bad
  *   header later on, a header cut short by EOF, "truncated member <name>: declares N bytes,
  *   archive holds M", too many members, PAX/long-name records over 1 MiB.
  * @throws E_MIG_UNSUPPORTED_FORMAT the file is a gzip/bzip2/xz/zstd/zip stream, not a plain tar.
  * @throws E_MIG_DISK_READ_FAILED the file cannot be opened or read.
  */
-export async function listTarMembers(path: string, opts: { offset?: number; maxMembers?: number } = {}): Promise<TarMember[]> {
+export function listTarMembers(path: string, opts: { offset?: number; maxMembers?: number } = {}): Promise<readonly TarMember[]> {
   const maxMembers = opts.maxMembers ?? DEFAULT_MAX_MEMBERS
-  let pos = opts.offset ?? 0
-  if (!Number.isSafeInteger(pos) || pos < 0 || pos % TAR_BLOCK !== 0) throw new MigError('E_MIG_INTERNAL', `listTarMembers: bad offset ${pos}`)
+  const offset = opts.offset ?? 0
+  if (!Number.isSafeInteger(offset) || offset < 0 || offset % TAR_BLOCK !== 0) throw new MigError('E_MIG_INTERNAL', `listTarMembers: bad offset ${offset}`)
+  // One walk per pinned file and job: the inspection and the disk reader list the same archive.
+  const scope = currentInputScope()
+  if (scope?.pin(path)) return scope.memo(path, `tar:${offset}:${maxMembers}`, () => walkTar(path, offset, maxMembers))
+  return walkTar(path, offset, maxMembers)
+}
+
+/** Headers read between two yields to the event loop: the walk blocks it for about a millisecond at a time. */
+const HEADERS_PER_TURN = 256
+
+/** The walk of {@link listTarMembers}. */
+async function walkTar(path: string, first: number, maxMembers: number): Promise<readonly TarMember[]> {
+  let pos = first
   const fh = await openRead(path)
   try {
     const fileSize = (await fh.stat()).size
@@ -177,10 +192,10 @@ export async function listTarMembers(path: string, opts: { offset?: number; maxM
     let longLink: string | undefined
     let headers = 0
     const maxHeaders = maxMembers * 4 + 16
-    const first = pos
 
     while (pos < fileSize) {
-      const h = await readAt(fh, path, TAR_BLOCK, pos)
+      if (headers % HEADERS_PER_TURN === HEADERS_PER_TURN - 1) await new Promise<void>((r) => setImmediate(r))
+      const h = readAtSync(fh, path, TAR_BLOCK, pos)
       if (h.length < TAR_BLOCK) {
         if (isZeroBlock(h)) break // zero padding cut short: still the end
         throw malformed(path, `header at offset ${pos} cut short by end of file (${h.length} of 512 bytes)`, { offset: pos })
@@ -219,7 +234,7 @@ export async function listTarMembers(path: string, opts: { offset?: number; maxM
         if (rawSize > MAX_META_RECORD) throw malformed(path, `${what} at offset ${pos} declares ${rawSize} bytes (limit ${MAX_META_RECORD})`, { offset: pos })
         if (dataOffset + rawSize > fileSize)
           throw malformed(path, `truncated member ${what}: declares ${rawSize} bytes, archive holds ${Math.max(0, fileSize - dataOffset)}`)
-        const data = await readAt(fh, path, rawSize, dataOffset)
+        const data = readAtSync(fh, path, rawSize, dataOffset)
         if (typeflag === 'L') longName = cstr(data, 0, data.length)
         else if (typeflag === 'K') longLink = cstr(data, 0, data.length)
         else {

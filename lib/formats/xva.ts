@@ -28,6 +28,12 @@ import { parseXmlDocument, xmlChild, xmlChildren, type XmlNode } from './xml.ts'
 export const XVA_BLOCK_SIZE = 1024 * 1024
 /** Largest `ova.xml` accepted, bytes (4 MiB). */
 export const MAX_OVA_XML_BYTES = 4 * 1024 * 1024
+/**
+ * Members listed at most in one archive (inspection and reader: one bound, so the job walks the
+ * archive once): a fully allocated 2 TiB VDI has 2 Mi chunks plus as many checksum companions,
+ * and xapi's own limit for a VDI is 2 TiB on VHD storage.
+ */
+export const XVA_MAX_MEMBERS = 8_000_000
 /** Largest VDI virtual size accepted, bytes (64 TiB). */
 export const MAX_XVA_VDI_SIZE = 64 * 2 ** 40
 /** Bounds on `ova.xml`: objects, XML-RPC nesting, array/struct sizes. */
@@ -391,9 +397,14 @@ const BLOCK_RE = /^(Ref:[0-9]+)\/([0-9]{8})(\.checksum|\.xxhash)?$/
  *   a block shorter than 1 MiB that is not the disk's last (partial) chunk of exactly the
  *   remaining size; a block number at or beyond the VDI's virtual size; a block or companion
  *   present twice with data; a companion over 128 bytes or without its block. Messages name the
- *   member.
+ *   member. A companion is its block's when it follows it (the first one after it wins) or, when
+ *   no keep-alive chunk of that name exists, when it precedes it.
  */
-export function indexXvaBlocks(members: TarMember[], vdiSizes: Map<string, number>, label: string): { dirs: Map<string, XvaBlockDir>; ignored: string[] } {
+export function indexXvaBlocks(
+  members: readonly TarMember[],
+  vdiSizes: Map<string, number>,
+  label: string,
+): { dirs: Map<string, XvaBlockDir>; ignored: string[] } {
   const dirs = new Map<string, XvaBlockDir>()
   for (const d of vdiSizes.keys()) dirs.set(d, { dir: d, blocks: [], bytes: 0 })
   const blocks = new Map<string, Map<number, XvaBlock>>()
@@ -430,13 +441,17 @@ export function indexXvaBlocks(members: TarMember[], vdiSizes: Map<string, numbe
   for (const c of companions) {
     if (c.m.size > 128) throw malformed(label, `checksum member ${c.m.name} is ${c.m.size} bytes`, { member: c.m.name })
     const b = blocks.get(c.dir)?.get(c.index)
-    // The companion of a block follows it; one before it belongs to a keep-alive (zero-length)
-    // chunk of the same name and is not the block's.
-    if (b && c.m.offset > b.member.offset) {
-      if (b.checksum === null || c.m.offset < b.checksum.member.offset) b.checksum = { algorithm: c.ext === '.checksum' ? 'sha1' : 'xxh64', member: c.m }
+    const keptAlive = keepAlives.has(`${c.dir}/${String(c.index).padStart(8, '0')}`)
+    // xapi writes a block's companion after it; one before it belongs to a keep-alive
+    // (zero-length) chunk of the same name, if there is one. Without a keep-alive, a companion
+    // before its block is the block's (an archive repacked in directory order).
+    if (b && (c.m.offset > b.member.offset || !keptAlive)) {
+      const after = (m: TarMember) => m.offset > b.member.offset
+      const held = b.checksum?.member
+      if (!held || (after(c.m) && (!after(held) || c.m.offset < held.offset))) b.checksum = { algorithm: c.ext === '.checksum' ? 'sha1' : 'xxh64', member: c.m }
       continue
     }
-    if (keepAlives.has(`${c.dir}/${String(c.index).padStart(8, '0')}`)) continue
+    if (keptAlive) continue
     throw malformed(label, `checksum member ${c.m.name} has no block`, { member: c.m.name })
   }
   for (const [dir, map] of blocks) {
@@ -481,7 +496,7 @@ export interface VerifyXvaResult {
  *   cut short by the end of the archive.
  * @throws E_MIG_DISK_READ_FAILED the archive cannot be read.
  */
-export async function verifyXvaBlocks(path: string, members: TarMember[], opts: VerifyXvaOptions): Promise<VerifyXvaResult> {
+export async function verifyXvaBlocks(path: string, members: readonly TarMember[], opts: VerifyXvaOptions): Promise<VerifyXvaResult> {
   const { dirs } = indexXvaBlocks(members, opts.vdiSizes, path)
   const budget = opts.maxBytes ?? Number.MAX_SAFE_INTEGER
   const res: VerifyXvaResult = { dirs, verified: 0, verifiedBytes: 0, deferred: [], unverifiable: [], unchecked: [], warnings: [] }

@@ -94,7 +94,7 @@ async function detectFolder(dir: string): Promise<ImporterKind> {
 }
 
 /** Tar members, the first 8 when the archive is small, else all (bounded by tar.ts). */
-async function tarMembers(file: string): Promise<TarMember[]> {
+async function tarMembers(file: string): Promise<readonly TarMember[]> {
   try {
     return await listTarMembers(file, { maxMembers: 8 })
   } catch (e) {

@@ -13,17 +13,12 @@ import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import { guestFamilyOf, sanitizeLabel, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 import { assertSafeMemberNames, listTarMembers, readTarMember } from '../formats/tar.ts'
-import { MAX_OVA_XML_BYTES, parseOvaXml, verifyXvaBlocks } from '../formats/xva.ts'
+import { MAX_OVA_XML_BYTES, parseOvaXml, verifyXvaBlocks, XVA_MAX_MEMBERS } from '../formats/xva.ts'
 import type { Importer, InspectContext } from './types.ts'
 import { statPath } from '../formats/io.ts'
 
 /** Block bytes whose SHA-1 is verified at inspect time (64 MiB). */
 export const XVA_INSPECT_VERIFY_BYTES = 64 * 1024 * 1024
-/**
- * Members listed at most: a fully allocated 2 TiB VDI has 2 Mi chunks plus as many companions,
- * and xapi's own limit for a VDI is 2 TiB on VHD storage.
- */
-const MAX_MEMBERS = 8_000_000
 
 /**
  * Inspects an `.xva` archive.
@@ -38,7 +33,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   const archive = resolveInRoot(ctx.importRoot, inputPath, { allowUploads: ctx.allowUploads })
   const st = await statPath(archive)
   if (!st.isFile()) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${archive}: an XVA is a single tar file (an unpacked XVA folder is not supported)`)
-  const members = await listTarMembers(archive, { maxMembers: MAX_MEMBERS })
+  const members = await listTarMembers(archive, { maxMembers: XVA_MAX_MEMBERS })
   assertSafeMemberNames(members, path.basename(archive))
   const xmlIdx = members.findIndex((m) => m.name.replace(/^\.\//, '') === 'ova.xml' && m.type === 'file')
   if (xmlIdx < 0) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${archive}: not an XVA (no ova.xml member)`)

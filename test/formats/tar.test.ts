@@ -10,6 +10,7 @@ import { mkdirSync, writeFileSync, openSync, readSync, closeSync, truncateSync, 
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { hashRange, listTarMembers, readTarMember } from '../../lib/formats/tar.ts'
+import { InputScope } from '../../lib/hostpath.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
 
 let tmp: { dir: string; cleanup(): void }
@@ -162,6 +163,26 @@ describe('archives written by GNU tar', () => {
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
     expect(err.message).toContain('more than 2 members')
+  })
+
+  test('600 members (more than one turn of 256 headers): all listed in order; inside an input scope walked once per file, offset and bound', async () => {
+    const names = Array.from({ length: 600 }, (_, i) => `many600/${String(i).padStart(4, '0')}`)
+    const file = build('ustar', names)
+    const all = await listTarMembers(file)
+    expect(all.filter((m) => m.type === 'file').map((m) => m.name)).toEqual(names)
+    expect(await listTarMembers(file)).not.toBe(all) // no scope: walked again
+    const scope = new InputScope(tmp.dir)
+    try {
+      const [a, b] = await scope.run(() => Promise.all([listTarMembers(file), listTarMembers(file)]))
+      expect(a).toBe(b)
+      expect(a).toEqual(all)
+      const later = await scope.run(() => listTarMembers(file, { offset: all[1]!.offset - 512 }))
+      expect(later).not.toBe(a)
+      expect(later.length).toBe(all.length - 1)
+      expect(await scope.run(() => listTarMembers(file, { maxMembers: 5 })).catch((e: MigError) => e.code)).toBe('E_MIG_MALFORMED_ARCHIVE')
+    } finally {
+      scope.close()
+    }
   })
 
   test('opts.offset starts the walk at a later header', async () => {

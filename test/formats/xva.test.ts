@@ -98,6 +98,8 @@ interface BlockSpec {
   index: number
   size?: number
   companion?: 'checksum' | 'xxhash' | 'none' | 'bad'
+  /** The companion is stored before its block (an archive repacked in directory order). */
+  companionFirst?: boolean
 }
 
 /** Writes the staging files and tars them in the given order (ova.xml first). */
@@ -113,6 +115,7 @@ function makeXva(name: string, blocks: BlockSpec[], xml = ovaXml()): string {
     const data = block(b.dir, b.index, b.size)
     writeFileSync(path.join(stage, n), data)
     order.push(n)
+    const at = order.length - 1
     const c = b.companion ?? 'checksum'
     if (c === 'checksum' || c === 'bad') {
       const h = createHash('sha1')
@@ -124,6 +127,7 @@ function makeXva(name: string, blocks: BlockSpec[], xml = ovaXml()): string {
       writeFileSync(path.join(stage, `${n}.xxhash`), '0123456789ABCDEF')
       order.push(`${n}.xxhash`)
     }
+    if (b.companionFirst && order.length > at + 1) order.splice(at, 2, order[at + 1]!, n)
   }
   const out = path.join(root, `${name}.xva`)
   execFileSync('tar', ['-cf', out, '--no-recursion', '--format=gnu', '-C', stage, ...order])
@@ -264,6 +268,19 @@ describe('verifyXvaBlocks', () => {
     ])
     expect(r.verified).toBe(2)
     expect(r.unverifiable).toEqual([])
+  })
+
+  test("a companion stored before its block is its block's (no keep-alive of that name): verified, and a bad one still refused", async () => {
+    const xva = makeXva('before', [GOOD[0]!, { dir: 'Ref:3', index: 2, companionFirst: true }])
+    const members = await listTarMembers(xva)
+    expect(members.map((m) => m.name).slice(-2)).toEqual(['Ref:3/00000002', 'Ref:3/00000002.checksum'].reverse())
+    const r = await verifyXvaBlocks(xva, members, { vdiSizes: sizes })
+    expect(r.verified).toBe(2)
+    expect(r.dirs.get('Ref:3')!.blocks.map((b) => b.checksum?.member.name)).toEqual(['Ref:3/00000000.checksum', 'Ref:3/00000002.checksum'])
+    const bad = makeXva('before-bad', [GOOD[0]!, { dir: 'Ref:3', index: 2, companion: 'bad', companionFirst: true }])
+    const err = (await thrown(async () => verifyXvaBlocks(bad, await listTarMembers(bad), { vdiSizes: sizes }))) as MigError
+    expectMig(err, 'E_MIG_MALFORMED_ARCHIVE')
+    expect(err.message).toContain('Ref:3/00000002')
   })
 
   test('a bad .checksum -> E_MIG_MALFORMED_ARCHIVE naming the block', async () => {

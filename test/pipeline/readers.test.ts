@@ -239,6 +239,28 @@ describe('raw and XVA readers', () => {
     expect(createHash('sha256').update(readFileSync(out.path)).digest('hex')).toBe(createHash('sha256').update(expected).digest('hex'))
   })
 
+  test('XVA: an xapi keep-alive (a zero-length chunk re-sent in full later) reads as the full chunk', async () => {
+    const dir = path.join(tmp.dir, 'xva-ka')
+    mkdirSync(path.join(dir, 'Ref:2'), { recursive: true })
+    writeFileSync(path.join(dir, 'Ref:2', '00000001'), '')
+    writeFileSync(path.join(dir, 'Ref:2', '00000001.xxhash'), 'EF46DB3751D8E999')
+    const xva = path.join(tmp.dir, 'ka.xva')
+    execFileSync('tar', ['-C', dir, '-cf', xva, '--no-recursion', 'Ref:2/00000001', 'Ref:2/00000001.xxhash'])
+    const full = randomBytes(MiB)
+    writeFileSync(path.join(dir, 'Ref:2', '00000001'), full)
+    writeFileSync(path.join(dir, 'Ref:2', '00000001.checksum'), createHash('sha1').update(full).digest('hex'))
+    execFileSync('tar', ['-C', dir, '-rf', xva, '--no-recursion', 'Ref:2/00000001', 'Ref:2/00000001.checksum'])
+    const reader = await openDiskReader(disk('raw', { path: xva, member: 'Ref:2', layout: 'xva_blocks' }, 2 * MiB))
+    const ext: Array<[number, number, boolean]> = []
+    for await (const e of reader.extents(0)) ext.push([e.offset / MiB, e.length / MiB, e.zero])
+    expect(ext).toEqual([
+      [0, 1, true],
+      [1, 1, false],
+    ])
+    expect((await reader.read(MiB, MiB)).equals(full)).toBe(true)
+    await reader.close()
+  })
+
   test('XVA: a block beyond the capacity is E_MIG_MALFORMED_ARCHIVE', async () => {
     const dir = path.join(tmp.dir, 'xva2')
     mkdirSync(path.join(dir, 'Ref:1'), { recursive: true })

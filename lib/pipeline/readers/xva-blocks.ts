@@ -9,15 +9,8 @@ import { open, type FileHandle } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import { listTarMembers } from '../../formats/tar.ts'
+import { indexXvaBlocks, XVA_BLOCK_SIZE as XVA_BLOCK, XVA_MAX_MEMBERS } from '../../formats/xva.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
-
-/** Size of an XVA block, bytes (1 MiB). */
-export const XVA_BLOCK = 1024 * 1024
-/**
- * Largest member count listed for one archive: bounds memory while allowing every VDI of an
- * export to total about 2 TiB (one block and one checksum member per MiB).
- */
-const MAX_MEMBERS = 4_000_000
 
 /** Options of {@link openXvaBlocksReader}. */
 export interface XvaBlocksReaderOptions {
@@ -39,32 +32,20 @@ interface Block {
 
 /**
  * Lists the blocks of `opts.member` in the archive `path` and opens a reader of `capacity` bytes.
- * Throws `E_MIG_MALFORMED_ARCHIVE` (a block larger than 1 MiB or beyond the capacity, a duplicate
- * block, a block that is not a regular file), `E_MIG_DISK_READ_FAILED` (unreadable archive, read
- * errors), and whatever {@link listTarMembers} throws for a broken tar.
+ * The block structure is checked as at inspect ({@link indexXvaBlocks}; inside the job's input
+ * scope the archive is walked once for both). Throws `E_MIG_MALFORMED_ARCHIVE` (what
+ * {@link indexXvaBlocks} refuses: a block larger than 1 MiB, of the wrong size, beyond the
+ * capacity, present twice, not a regular file), `E_MIG_DISK_READ_FAILED` (unreadable archive,
+ * read errors), and whatever {@link listTarMembers} throws for a broken tar.
  */
 export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOptions): Promise<DiskReader> {
   const label = opts.label ?? `${opts.member} in ${path}`
   const size = opts.capacity
   if (!Number.isSafeInteger(size) || size < 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: invalid capacity ${size}`)
-  const members = await listTarMembers(path, { maxMembers: MAX_MEMBERS })
-  const prefix = opts.member.replace(/\/+$/, '') + '/'
-  const blocks: Block[] = []
-  const seen = new Set<number>()
-  for (const m of members) {
-    if (!m.name.startsWith(prefix)) continue
-    const rest = m.name.slice(prefix.length)
-    if (!/^\d{8}$/.test(rest)) continue // checksums (.checksum, .xxhash) and anything else
-    const index = Number(rest)
-    if (m.type !== 'file') throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} is not a regular file`)
-    if (m.size > XVA_BLOCK) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} is ${m.size} bytes, more than 1 MiB`)
-    if (index * XVA_BLOCK + m.size > size)
-      throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} lies beyond the disk's capacity of ${size} bytes`)
-    if (seen.has(index)) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: block ${m.name} appears twice`)
-    seen.add(index)
-    if (m.size > 0) blocks.push({ index, at: m.offset, size: m.size })
-  }
-  blocks.sort((a, b) => a.index - b.index)
+  const dir = opts.member.replace(/\/+$/, '')
+  const members = await listTarMembers(path, { maxMembers: XVA_MAX_MEMBERS })
+  const index = indexXvaBlocks(members, new Map([[dir, size]]), label).dirs.get(dir)!
+  const blocks: Block[] = index.blocks.map((b) => ({ index: b.index, at: b.member.offset, size: b.member.size }))
 
   let fh: FileHandle
   try {

@@ -3,13 +3,17 @@
  * `stream_vdi` format): the tar holds members `Ref:<n>/NNNNNNNN` (eight decimal digits), each
  * the disk bytes at `N * 1 MiB`, usually followed by a `Ref:<n>/NNNNNNNN.checksum` (SHA-1 hex) or
  * `.xxhash` member. Blocks the exporter left out read as zeros. The blocks are read in place
- * with positioned reads at their tar member data offsets (DESIGN.md section 5 reader 2).
+ * with positioned reads at their tar member data offsets (DESIGN.md section 5 reader 2). Every
+ * block read whole is checked against its SHA-1 `.checksum` before `read` returns it, so a damaged
+ * block fails the copy (`E_MIG_MALFORMED_ARCHIVE` naming the member) before it reaches the volume.
  */
+import { createHash } from 'node:crypto'
 import { open, type FileHandle } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
+import { readAtSync } from '../../formats/io.ts'
 import { listTarMembers } from '../../formats/tar.ts'
-import { indexXvaBlocks, XVA_BLOCK_SIZE as XVA_BLOCK, XVA_MAX_MEMBERS } from '../../formats/xva.ts'
+import { checkXvaBlockSha1, indexXvaBlocks, XVA_BLOCK_SIZE as XVA_BLOCK, XVA_MAX_MEMBERS, type XvaBlock } from '../../formats/xva.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
 /** Options of {@link openXvaBlocksReader}. */
@@ -28,6 +32,8 @@ interface Block {
   at: number
   /** Member size (at most 1 MiB), bytes. */
   size: number
+  /** The block as indexed, with its checksum companion. */
+  block: XvaBlock
 }
 
 /**
@@ -45,7 +51,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
   const dir = opts.member.replace(/\/+$/, '')
   const members = await listTarMembers(path, { maxMembers: XVA_MAX_MEMBERS })
   const index = indexXvaBlocks(members, new Map([[dir, size]]), label).dirs.get(dir)!
-  const blocks: Block[] = index.blocks.map((b) => ({ index: b.index, at: b.member.offset, size: b.member.size }))
+  const blocks: Block[] = index.blocks.map((b) => ({ index: b.index, at: b.member.offset, size: b.member.size, block: b }))
 
   let fh: FileHandle
   try {
@@ -54,6 +60,19 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
     throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot open: ${(e as Error).message}`, { cause: e })
   }
   let closed = false
+
+  /**
+   * Checks a block read whole against its SHA-1 `.checksum` companion (the inspection checked the
+   * first 64 MiB; every block is checked here, before its bytes are handed to the copy). Blocks
+   * with an XXH64 companion or none, and a block cut by the start of a resumed copy, are not.
+   */
+  const verifyBlock = (b: Block, data: Buffer): void => {
+    const c = b.block.checksum
+    if (!c || c.algorithm !== 'sha1') return
+    const companion = readAtSync(fh, label, c.member.size, c.member.offset) // at most 128 bytes (indexXvaBlocks)
+    if (companion.length !== c.member.size) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${c.member.name} is cut short (archive truncated?)`)
+    checkXvaBlockSha1(label, b.block, createHash('sha1').update(data).digest('hex'), companion.toString('latin1'))
+  }
 
   /** Index in `blocks` of the first block whose data ends after `offset`. */
   const firstAfter = (offset: number): number => {
@@ -120,6 +139,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
         }
         if (got !== e - s)
           throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: short read of block ${b.index} at disk offset ${s + got} (archive truncated?)`)
+        if (s === bStart && e === bStart + b.size) verifyBlock(b, buf.subarray(s - offset, e - offset))
         pos = e
       }
       if (pos < end) buf.fill(0, pos - offset, length)

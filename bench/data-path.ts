@@ -25,8 +25,9 @@
  * Reader kinds: `qcow2`, `vmdk` (monolithicSparse), `vhdx`, `vhd` (dynamic VHD, qemu `vpc`, read
  * by the vhdx importer), `vdi` (VirtualBox folder) through
  * qemu-nbd; `ova` (a streamOptimized VMDK read in place as a tar member); `flat` (a VMX folder
- * with a monolithicFlat VMDK: a raw file); `xva` (XVA 1 MiB blocks). The qemu-img reference reads the same bytes in place
- * (for `ova` the member through the raw driver's offset/size, for `xva` the raw disk).
+ * with a monolithicFlat VMDK: a raw file); `xva` (XVA 1 MiB blocks, each SHA-1-checked by the
+ * reader). The qemu-img reference reads the same bytes in place (for `ova` the member through the
+ * raw driver's offset/size, for `xva` the raw disk the archive was built from).
  *
  *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--dir DIR] [--cache DIR|none]
  *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --cache /var/tmp/mig-bench-cache

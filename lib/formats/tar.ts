@@ -148,13 +148,15 @@ function paxSize(v: string | undefined, archive: string, where: string): number 
 /**
  * Lists the members of the tar archive at `path` without reading member data.
  *
- * Walks 512-byte headers with positioned reads (blocking `pread`s, yielding to the event loop every
- * 256 headers: one async read per header cost more than the walk; ustar, old GNU and v7 headers; GNU `L`/`K` long
+ * Walks 512-byte headers with positioned reads (ustar, old GNU and v7 headers; GNU `L`/`K` long
  * names; PAX `x` extended and `g` global headers, keys `path`, `linkpath`, `size`; base-256 sizes),
  * checking each header's checksum. The walk ends at a zero block (end-of-archive marker, POSIX
  * requires two; like GNU tar and Python's tarfile the first one ends the listing) or at a clean
  * EOF on a block boundary (a missing end marker is tolerated). Meta headers (`L`, `K`, `x`, `g`)
  * are consumed, not returned.
+ *
+ * Each header is one blocking `pread` (an async read per header cost more than the walk: an XVA
+ * has two members per MiB of disk), and the walk yields to the event loop every 256 headers.
  *
  * @param opts.offset byte offset of the first header (default 0; must be a multiple of 512).
  * @param opts.maxMembers bound on members returned (default 100 000).

@@ -566,8 +566,9 @@ export async function verifyXvaBlocks(path: string, members: readonly TarMember[
   } finally {
     await fh.close()
   }
+  // The XVA reader (lib/pipeline/readers/xva-blocks.ts) checks every block it copies.
   if (res.deferred.length > 0)
-    res.warnings.push(`${res.deferred.length} blocks with a SHA-1 checksum are verified while the data is copied (inspect verified ${res.verified})`) // by the XVA reader (lib/pipeline/readers/xva-blocks.ts)
+    res.warnings.push(`${res.deferred.length} blocks with a SHA-1 checksum are verified while the data is copied (inspect verified ${res.verified})`)
   if (res.unverifiable.length > 0)
     res.warnings.push(`${res.unverifiable.length} blocks carry XXH64 (.xxhash) checksums, which cannot be verified here: unverified`)
   if (res.unchecked.length > 0) res.warnings.push(`${res.unchecked.length} blocks have no checksum companion`)

@@ -354,6 +354,15 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     }
   }
 
+  /** A raw source (`size` bytes, `data` of them data) opened as a reader, and a fresh file-sink volume of the same size. */
+  const rawCopy = async (name: string, size: number, data: number) => {
+    const src = rawSource(`${name}.raw`, size, data)
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, `var-${name}`) })
+    const q = await openDiskReader(rawDisk(src.path, size))
+    const v = await sink.create(name, 'disk0', size)
+    return { src, q, v }
+  }
+
   /** Logs `flush` for each `volume.flush()` call into the returned array (watermarks are pushed there too). */
   const logFlushes = (v: SinkVolume): string[] => {
     const log: string[] = []
@@ -366,10 +375,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
   }
 
   test('watermarks only after a flush, one per range of about flushEveryBytes of data; zero tail not written; progress rises to the end', async () => {
-    const src = rawSource('q-src.raw', 48 * MiB, 24 * MiB)
-    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q1') })
-    const q = await openDiskReader(rawDisk(src.path, 48 * MiB))
-    const v = await sink.create('q1', 'disk0', 48 * MiB)
+    const { src, q, v } = await rawCopy('q1', 48 * MiB, 24 * MiB)
     const log = logFlushes(v)
     const done: number[] = []
     const res = await copyDisk(q, v, {
@@ -399,10 +405,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
 
   test('while qemu-img writes a range, the volume is flushed again and again (writeback), yet watermarks come only at range ends', async () => {
     // 24 MiB of data at 16 MiB/s: one range that qemu-img writes for about 1.5 s.
-    const src = rawSource('q-wb.raw', 32 * MiB, 24 * MiB)
-    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q3') })
-    const q = await openDiskReader(rawDisk(src.path, 32 * MiB))
-    const v = await sink.create('q3', 'disk0', 32 * MiB)
+    const { src, q, v } = await rawCopy('q3', 32 * MiB, 24 * MiB)
     const log = logFlushes(v)
     await copyDisk(q, v, {
       from: 0,
@@ -424,10 +427,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
   })
 
   test('cancel kills the running qemu-img child at once: E_MIG_CANCELLED, no process left', async () => {
-    const src = rawSource('q-cancel.raw', 64 * MiB, 64 * MiB)
-    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-q2') })
-    const q = await openDiskReader(rawDisk(src.path, 64 * MiB))
-    const v = await sink.create('q2', 'disk0', 64 * MiB)
+    const { q, v } = await rawCopy('q2', 64 * MiB, 64 * MiB)
     const ac = new AbortController()
     const pids: number[] = []
     const before = execFileSync('sh', ['-c', 'pgrep -x qemu-img || true'], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)

@@ -13,7 +13,7 @@ import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import { readAtSync } from '../../formats/io.ts'
 import { listTarMembers } from '../../formats/tar.ts'
-import { checkXvaBlockSha1, indexXvaBlocks, XVA_BLOCK_SIZE as XVA_BLOCK, XVA_MAX_MEMBERS, type XvaBlock } from '../../formats/xva.ts'
+import { checkXvaBlockSha1, indexXvaBlocks, XVA_BLOCK_SIZE, XVA_MAX_MEMBERS, type XvaBlock } from '../../formats/xva.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
 /** Options of {@link openXvaBlocksReader}. */
@@ -80,7 +80,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
     let hi = blocks.length
     while (lo < hi) {
       const mid = (lo + hi) >>> 1
-      if (blocks[mid].index * XVA_BLOCK + blocks[mid].size <= offset) lo = mid + 1
+      if (blocks[mid].index * XVA_BLOCK_SIZE + blocks[mid].size <= offset) lo = mid + 1
       else hi = mid
     }
     return lo
@@ -101,8 +101,8 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
         run = { offset, length, zero }
       }
       for (let i = firstAfter(pos); i < blocks.length; i++) {
-        const start = Math.max(pos, blocks[i].index * XVA_BLOCK)
-        const end = blocks[i].index * XVA_BLOCK + blocks[i].size
+        const start = Math.max(pos, blocks[i].index * XVA_BLOCK_SIZE)
+        const end = blocks[i].index * XVA_BLOCK_SIZE + blocks[i].size
         yield* emit(pos, start - pos, true)
         yield* emit(start, end - start, false)
         pos = end
@@ -120,7 +120,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
       let pos = offset
       for (let i = firstAfter(offset); i < blocks.length && pos < end; i++) {
         const b = blocks[i]
-        const bStart = b.index * XVA_BLOCK
+        const bStart = b.index * XVA_BLOCK_SIZE
         if (bStart >= end) break
         const s = Math.max(pos, bStart)
         if (s > pos) buf.fill(0, pos - offset, s - offset)

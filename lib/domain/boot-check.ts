@@ -80,7 +80,9 @@ const FAILURES: Array<[RegExp, (m: RegExpExecArray, text: string) => string]> = 
   [/No bootable device|No bootable option or device was found/, () => 'the firmware found no bootable disk'],
 ]
 const SUCCESSES: Array<[RegExp, string]> = [
-  [/^[^\r\n]*\blogin:\s*$/m, 'a login prompt on the serial console'],
+  // The prompt ends its line, or a kernel console message (`[   42.685758] …`) follows it on the
+  // same line: printk writes to the console without a newline after getty's prompt.
+  [/^[^\r\n]*\blogin: *(?:\r?$|\[ *\d+\.\d+\] )/m, 'a login prompt on the serial console'],
   [/Reached target[^\r\n]*(?:Multi-User System|Graphical Interface)/, 'systemd reached the multi-user target'],
 ]
 

@@ -156,6 +156,12 @@ describe('classifySerial', () => {
       verdict: 'booted',
       why: 'a login prompt on the serial console',
     })
+    // A kernel console message printed right after the prompt, on its line (seen in CI: a guest
+    // running virt-sysprep's firstboot scripts); before this case the boot went unverified for 600 s.
+    expect(classifySerial('migrator-guest login: [   42.685758] firstboot.sh[303]: Ign:1 http://deb.debian.org/debian bookworm InRelease\r\n')!.why).toBe(
+      'a login prompt on the serial console',
+    )
+    expect(classifySerial('Password for login: wrong\r\n')).toBeNull()
     expect(classifySerial('[  OK  ] Reached target \x1b[0;1;39mmulti-user.target\x1b[0m - Multi-User System.')!.verdict).toBe('booted')
     expect(classifySerial('SeaBIOS (version 1.16.2-debian-1.16.2-1)\nBooting from Hard Disk...\nMIGRATOR-E2E-BOOT\n')).toBeNull()
     // A failure wins over a later-looking success line.

@@ -236,6 +236,16 @@ describe('parseVmdkDescriptor', () => {
     expect(parseVmdkDescriptor(padded, 'padded.vmdk')).toEqual(parseVmdkDescriptor(text, 'padded.vmdk'))
   })
 
+  test('a descriptor qemu rewrote with a shorter CID (bytes of the old text behind the new NUL) parses like qemu reads it', () => {
+    // The bytes qemu-io 7.2 left in a monolithicFlat descriptor after a write whose new CID had
+    // 6 hex digits, the old one 7 (seen in the vCenter simulator harness, which writes the guest's
+    // data with qemu-io; reproduced with qemu-img create + qemu-io writes): `…"\n\0\n` then padding.
+    const text = descriptorText('monolithicFlat', ['RW 20480 FLAT "a-flat.vmdk" 0'])
+    expect(text.endsWith('\n')).toBe(true)
+    const rewritten = Buffer.concat([Buffer.from(text), Buffer.from('\0\n'), Buffer.alloc(300)])
+    expect(parseVmdkDescriptor(rewritten, 'cid.vmdk')).toEqual(parseVmdkDescriptor(text, 'cid.vmdk'))
+  })
+
   test('bad descriptors carry the right codes', () => {
     const ok = (ct: string, ext: string) => descriptorText(ct, [ext])
     const cases: Array<[string, string]> = [

@@ -19,6 +19,7 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
+import type { Locator } from 'playwright-core'
 
 const MiB = 1024 * 1024
 
@@ -43,6 +44,21 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     })
     await v.scheduleWrites(id, [{ before_snapshot: 1, every: true, file, offset: 2 * MiB, length: 128 * 1024, pattern: 0x50 }])
     return id
+  }
+
+  /**
+   * Waits for `locator`; on a timeout fails with the plan's jobs (state, last error, progress) and
+   * the server's log tail, so that a failure says why (this wait timed out once in a CI-like run).
+   */
+  async function waitOrExplain(locator: Locator, timeout: number, planId: string): Promise<void> {
+    try {
+      await locator.waitFor({ timeout })
+    } catch (e) {
+      const plan = (await call(srv.base, 'GET', `/plans/${planId}`)).body
+      const jobs = await Promise.all((plan.vms ?? []).map(async (x: any) => (x.job_id ? (await call(srv.base, 'GET', `/migrations/${x.job_id}`)).body : null)))
+      const brief = jobs.map((j: any) => j && { key: j.bulk_key, state: j.state, last_error: j.last_error, progress: j.progress })
+      throw new Error(`${(e as Error).message}\nplan ${plan.state}: ${JSON.stringify(brief)}\nserver log (tail):\n${srv.stderr().slice(-4000)}`)
+    }
   }
 
   const warmPlan = (vmId: string, name: string) => ({
@@ -151,7 +167,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     expect(await page.getByTestId('depends-app').textContent()).toBe('db')
     expect(await page.getByTestId('depends-db').textContent()).toBe('–')
     // db waits in DeltaSyncing, app waits for db: the shared cutover is offered
-    await page.locator('[data-vm=db][data-state=DeltaSyncing]').waitFor({ timeout: 120_000 })
+    await waitOrExplain(page.locator('[data-vm=db][data-state=DeltaSyncing]'), 120_000, id)
     const button = page.getByTestId('plan-cutover')
     await page.waitForFunction(() => !(document.querySelector('[data-testid=plan-cutover]') as HTMLButtonElement | null)?.disabled, null, { timeout: 60_000 })
     expect(await page.locator('[data-vm=app]').getAttribute('data-state')).toBe('Queued')
@@ -163,7 +179,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     await page.waitForURL(new RegExp(`#/plans/${id}$`))
     await button.click()
     await page.getByTestId('confirm-plan-cutover').click()
-    await page.locator('[data-testid=plan][data-state=Completed]').waitFor({ timeout: 150_000 })
+    await waitOrExplain(page.locator('[data-testid=plan][data-state=Completed]'), 150_000, id)
     expect(await button.isDisabled()).toBe(true)
     expect(await page.getByTestId('error').count()).toBe(0)
     expect(await page.getByTestId('plan-counts').textContent()).toBe('2 completed')

@@ -111,7 +111,8 @@ function positiveInt(s: string): number | null {
  * disk database). `input` is the text or its bytes (decoded per its `encoding` line); `label`
  * names it in errors. Comments (`#`) and blank lines are skipped; CRLF is accepted.
  *
- * Throws `E_MIG_MALFORMED_ARCHIVE` (larger than 4 MiB, NUL bytes before the trailing padding, a line that is neither
+ * The text ends at its first NUL byte (qemu's reading; see the body). Throws
+ * `E_MIG_MALFORMED_ARCHIVE` (larger than 4 MiB, a line that is neither
  * `key = value` nor an extent line, bad sector count/offset, missing `createType`, no extent,
  * a non-hex CID, more than {@link MAX_EXTENTS} extents) and `E_MIG_UNSUPPORTED_FORMAT` (version
  * outside 1..3, unknown `createType`, unknown extent type).
@@ -119,10 +120,13 @@ function positiveInt(s: string): number | null {
 export function parseVmdkDescriptor(input: string | Uint8Array, label: string): VmdkDescriptor {
   const size = typeof input === 'string' ? input.length : input.byteLength
   if (size > MAX_DESCRIPTOR_BYTES) throw malformed(label, `descriptor larger than 4 MiB (${size} bytes)`)
-  // A descriptor may be NUL-padded to a sector boundary (as embedded descriptors are, and as
-  // qemu-img writes some stand-alone ones): the padding ends the text; a NUL inside it is an error.
-  const text = (typeof input === 'string' ? input : decodeText(input)).replace(/\0+$/, '')
-  if (text.includes('\0')) throw malformed(label, 'descriptor contains NUL bytes')
+  // The text ends at its first NUL, as qemu reads it (a C string): embedded descriptors and some
+  // stand-alone ones are NUL-padded to a sector, and when qemu rewrites the CID shorter
+  // (`vmdk_write_cid` writes back its whole descriptor buffer) the old text's last bytes stay
+  // behind the new NUL (`…"\n\0\n\0\0…`). What follows the NUL is not part of the descriptor.
+  const decoded = typeof input === 'string' ? input : decodeText(input)
+  const nul = decoded.indexOf('\0')
+  const text = nul < 0 ? decoded : decoded.slice(0, nul)
   const fields: Map<string, string> = new Map()
   const ddb: Record<string, string> = Object.create(null)
   const extents: VmdkExtentLine[] = []

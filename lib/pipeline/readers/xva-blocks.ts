@@ -26,16 +26,6 @@ export interface XvaBlocksReaderOptions {
   label?: string
 }
 
-interface Block {
-  index: number
-  /** Data offset of the member inside the archive, bytes. */
-  at: number
-  /** Member size (at most 1 MiB), bytes. */
-  size: number
-  /** The block as indexed, with its checksum companion. */
-  block: XvaBlock
-}
-
 /**
  * Lists the blocks of `opts.member` in the archive `path` and opens a reader of `capacity` bytes.
  * The block structure is checked as at inspect ({@link indexXvaBlocks}; inside the job's input
@@ -50,8 +40,8 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
   if (!Number.isSafeInteger(size) || size < 0) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: invalid capacity ${size}`)
   const dir = opts.member.replace(/\/+$/, '')
   const members = await listTarMembers(path, { maxMembers: XVA_MAX_MEMBERS })
-  const index = indexXvaBlocks(members, new Map([[dir, size]]), label).dirs.get(dir)!
-  const blocks: Block[] = index.blocks.map((b) => ({ index: b.index, at: b.member.offset, size: b.member.size, block: b }))
+  // In index order, each with its member (data offset and size in the archive) and checksum companion.
+  const blocks = indexXvaBlocks(members, new Map([[dir, size]]), label).dirs.get(dir)!.blocks
 
   let fh: FileHandle
   try {
@@ -66,12 +56,12 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
    * first 64 MiB; every block is checked here, before its bytes are handed to the copy). Blocks
    * with an XXH64 companion or none, and a block cut by the start of a resumed copy, are not.
    */
-  const verifyBlock = (b: Block, data: Buffer): void => {
-    const c = b.block.checksum
+  const verifyBlock = (b: XvaBlock, data: Buffer): void => {
+    const c = b.checksum
     if (!c || c.algorithm !== 'sha1') return
     const companion = readAtSync(fh, label, c.member.size, c.member.offset) // at most 128 bytes (indexXvaBlocks)
     if (companion.length !== c.member.size) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${c.member.name} is cut short (archive truncated?)`)
-    checkXvaBlockSha1(label, b.block, createHash('sha1').update(data).digest('hex'), companion.toString('latin1'))
+    checkXvaBlockSha1(label, b, createHash('sha1').update(data).digest('hex'), companion.toString('latin1'))
   }
 
   /** Index in `blocks` of the first block whose data ends after `offset`. */
@@ -80,7 +70,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
     let hi = blocks.length
     while (lo < hi) {
       const mid = (lo + hi) >>> 1
-      if (blocks[mid].index * XVA_BLOCK_SIZE + blocks[mid].size <= offset) lo = mid + 1
+      if (blocks[mid].index * XVA_BLOCK_SIZE + blocks[mid].member.size <= offset) lo = mid + 1
       else hi = mid
     }
     return lo
@@ -102,7 +92,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
       }
       for (let i = firstAfter(pos); i < blocks.length; i++) {
         const start = Math.max(pos, blocks[i].index * XVA_BLOCK_SIZE)
-        const end = blocks[i].index * XVA_BLOCK_SIZE + blocks[i].size
+        const end = blocks[i].index * XVA_BLOCK_SIZE + blocks[i].member.size
         yield* emit(pos, start - pos, true)
         yield* emit(start, end - start, false)
         pos = end
@@ -124,11 +114,11 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
         if (bStart >= end) break
         const s = Math.max(pos, bStart)
         if (s > pos) buf.fill(0, pos - offset, s - offset)
-        const e = Math.min(end, bStart + b.size)
+        const e = Math.min(end, bStart + b.member.size)
         let got = 0
         try {
           while (got < e - s) {
-            const { bytesRead } = await fh.read(buf, s - offset + got, e - s - got, b.at + (s - bStart) + got)
+            const { bytesRead } = await fh.read(buf, s - offset + got, e - s - got, b.member.offset + (s - bStart) + got)
             if (bytesRead === 0) break
             got += bytesRead
           }
@@ -139,7 +129,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
         }
         if (got !== e - s)
           throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: short read of block ${b.index} at disk offset ${s + got} (archive truncated?)`)
-        if (s === bStart && e === bStart + b.size) verifyBlock(b, buf.subarray(s - offset, e - offset))
+        if (s === bStart && e === bStart + b.member.size) verifyBlock(b, buf.subarray(s - offset, e - offset))
         pos = e
       }
       if (pos < end) buf.fill(0, pos - offset, length)

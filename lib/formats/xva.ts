@@ -16,7 +16,6 @@
  * `ova.xml` is parsed by the hostile-input-safe XML reader of `vbox.ts` (DOCTYPE refused,
  * 4 MiB cap, prototype-safe maps).
  */
-import { createHash } from 'node:crypto'
 
 import { MigError } from '../errors.ts'
 import { normalizeMac } from '../mac.ts'
@@ -463,16 +462,20 @@ export function indexXvaBlocks(
 }
 
 /**
- * Checks one block's SHA-1 (`got`, lowercase hex of its bytes) against the text of its
- * `.checksum` companion (a SHA-1 hex digest, surrounding white space allowed; xapi
- * `stream_vdi`). `label` names the archive in messages. Throws `E_MIG_MALFORMED_ARCHIVE` when the
- * companion holds no SHA-1 hex digest, or when the digests differ (details: `member`,
- * `expected`, `actual`).
+ * Checks one block's bytes (`data`, the whole block) against the text of its `.checksum`
+ * companion (a SHA-1 hex digest, surrounding white space allowed; xapi `stream_vdi`). The SHA-1
+ * is computed with WebCrypto `crypto.subtle.digest`, which copies `data` at the call and hashes
+ * on a thread pool (Bun and Node), so the caller may reuse the buffer at once and the main
+ * thread goes on meanwhile. `label` names the archive in messages. Rejects with
+ * `E_MIG_MALFORMED_ARCHIVE` when the companion holds no SHA-1 hex digest, or when the digests
+ * differ (details: `member`, `expected`, `actual`).
  */
-export function checkXvaBlockSha1(label: string, block: XvaBlock, got: string, companion: string): void {
+export async function checkXvaBlockSha1(label: string, block: XvaBlock, data: Uint8Array, companion: string): Promise<void> {
   const name = block.checksum?.member.name ?? `${block.member.name}.checksum`
   const want = companion.trim().toLowerCase()
   if (!/^[0-9a-f]{40}$/.test(want)) throw malformed(label, `checksum member ${name} does not hold a SHA-1 hex digest`, { member: name })
+  // `data` is a Buffer or a view of one: never backed by a SharedArrayBuffer.
+  const got = Buffer.from(await crypto.subtle.digest('SHA-1', data as Uint8Array<ArrayBuffer>)).toString('hex')
   if (got !== want)
     throw malformed(label, `block ${block.member.name}: SHA-1 ${got} does not match its .checksum ${want}`, {
       member: block.member.name,
@@ -480,6 +483,9 @@ export function checkXvaBlockSha1(label: string, block: XvaBlock, got: string, c
       actual: got,
     })
 }
+
+/** Block digests {@link verifyXvaBlocks} keeps running at once (thread pool work). */
+const HASHES_IN_FLIGHT = 4
 
 /** Options of {@link verifyXvaBlocks}: `vdiSizes` as for {@link indexXvaBlocks}; `maxBytes` the budget of block bytes hashed (default unbounded); `dirs` restricts to these directories. */
 export interface VerifyXvaOptions {
@@ -507,7 +513,8 @@ export interface VerifyXvaResult {
 /**
  * Checks the blocks of an XVA: the structure per {@link indexXvaBlocks}, then the SHA-1 of each
  * block that has a `.checksum` companion, in archive order, until `maxBytes` of block data have
- * been hashed. Reads are positioned (one 1 MiB buffer reused), never a whole-archive read.
+ * been hashed. Reads are positioned (one 1 MiB buffer reused; up to four SHA-1 digests run on the
+ * thread pool meanwhile), never a whole-archive read.
  *
  * @param path the archive. @param members its members (from `listTarMembers`).
  * @throws E_MIG_MALFORMED_ARCHIVE as {@link indexXvaBlocks}; a `.checksum` that is not 40 hex
@@ -523,6 +530,7 @@ export async function verifyXvaBlocks(path: string, members: readonly TarMember[
   const all = selected.flatMap((d) => d.blocks).sort((a, b) => a.member.offset - b.member.offset)
   const fh = await openRead(path)
   const buf = Buffer.allocUnsafe(XVA_BLOCK_SIZE)
+  const checks: Promise<void>[] = []
   const readExact = async (off: number, len: number, name: string): Promise<Buffer> => {
     let got = 0
     try {
@@ -552,18 +560,18 @@ export async function verifyXvaBlocks(path: string, members: readonly TarMember[
         continue
       }
       const want = (await readExact(b.checksum.member.offset, b.checksum.member.size, b.checksum.member.name)).toString('latin1')
-      checkXvaBlockSha1(
-        path,
-        b,
-        createHash('sha1')
-          .update(await readExact(b.member.offset, b.member.size, b.member.name))
-          .digest('hex'),
-        want,
-      )
+      // The digest copies the block at the call, so `buf` is free again; up to
+      // HASHES_IN_FLIGHT digests run on the thread pool while the next blocks are read.
+      const check = checkXvaBlockSha1(path, b, await readExact(b.member.offset, b.member.size, b.member.name), want)
+      check.catch(() => {}) // observed in order below
+      checks.push(check)
+      if (checks.length >= HASHES_IN_FLIGHT) await checks.shift()
       res.verified++
       res.verifiedBytes += b.member.size
     }
+    for (const c of checks) await c
   } finally {
+    await Promise.allSettled(checks)
     await fh.close()
   }
   // The XVA reader (lib/pipeline/readers/xva-blocks.ts) checks every block it copies.

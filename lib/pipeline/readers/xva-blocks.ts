@@ -3,11 +3,11 @@
  * `stream_vdi` format): the tar holds members `Ref:<n>/NNNNNNNN` (eight decimal digits), each
  * the disk bytes at `N * 1 MiB`, usually followed by a `Ref:<n>/NNNNNNNN.checksum` (SHA-1 hex) or
  * `.xxhash` member. Blocks the exporter left out read as zeros. The blocks are read in place
- * with positioned reads at their tar member data offsets (DESIGN.md section 5 reader 2). Every
- * block read whole is checked against its SHA-1 `.checksum` before `read` returns it, so a damaged
- * block fails the copy (`E_MIG_MALFORMED_ARCHIVE` naming the member) before it reaches the volume.
+ * with positioned reads at their tar member data offsets (DESIGN.md section 5 reader 2), the blocks
+ * of one read side by side. Every block read whole is checked against its SHA-1 `.checksum` (hashed
+ * on the thread pool) before `read` returns it, so a damaged block fails the copy
+ * (`E_MIG_MALFORMED_ARCHIVE` naming the member) before it reaches the volume.
  */
-import { createHash } from 'node:crypto'
 import { open, type FileHandle } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
@@ -56,12 +56,31 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
    * first 64 MiB; every block is checked here, before its bytes are handed to the copy). Blocks
    * with an XXH64 companion or none, and a block cut by the start of a resumed copy, are not.
    */
-  const verifyBlock = (b: XvaBlock, data: Buffer): void => {
+  const verifyBlock = async (b: XvaBlock, data: Buffer): Promise<void> => {
     const c = b.checksum
     if (!c || c.algorithm !== 'sha1') return
     const companion = readAtSync(fh, label, c.member.size, c.member.offset) // at most 128 bytes (indexXvaBlocks)
     if (companion.length !== c.member.size) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${c.member.name} is cut short (archive truncated?)`)
-    checkXvaBlockSha1(label, b, createHash('sha1').update(data).digest('hex'), companion.toString('latin1'))
+    await checkXvaBlockSha1(label, b, data, companion.toString('latin1'))
+  }
+
+  /** Reads disk bytes `[s, e)` of block `b` into `into` (`e - s` bytes), and checks the block if that is all of it. */
+  const readBlock = async (b: XvaBlock, s: number, e: number, into: Buffer): Promise<void> => {
+    const bStart = b.index * XVA_BLOCK_SIZE
+    let got = 0
+    try {
+      while (got < e - s) {
+        const { bytesRead } = await fh.read(into, got, e - s - got, b.member.offset + (s - bStart) + got)
+        if (bytesRead === 0) break
+        got += bytesRead
+      }
+    } catch (err) {
+      throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of block ${b.index} at disk offset ${s} failed: ${(err as Error).message}`, {
+        cause: err,
+      })
+    }
+    if (got !== e - s) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: short read of block ${b.index} at disk offset ${s + got} (archive truncated?)`)
+    if (s === bStart && e === bStart + b.member.size) await verifyBlock(b, into)
   }
 
   /** Index in `blocks` of the first block whose data ends after `offset`. */
@@ -108,6 +127,9 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
       const buf = into && into.length >= length ? into.subarray(0, length) : Buffer.allocUnsafe(length)
       const end = offset + length
       let pos = offset
+      // The blocks of one read are read, and their SHA-1s computed, side by side; the first
+      // failure in disk order is reported once all have settled (none writes into `buf` later).
+      const parts: Promise<void>[] = []
       for (let i = firstAfter(offset); i < blocks.length && pos < end; i++) {
         const b = blocks[i]
         const bStart = b.index * XVA_BLOCK_SIZE
@@ -115,24 +137,11 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
         const s = Math.max(pos, bStart)
         if (s > pos) buf.fill(0, pos - offset, s - offset)
         const e = Math.min(end, bStart + b.member.size)
-        let got = 0
-        try {
-          while (got < e - s) {
-            const { bytesRead } = await fh.read(buf, s - offset + got, e - s - got, b.member.offset + (s - bStart) + got)
-            if (bytesRead === 0) break
-            got += bytesRead
-          }
-        } catch (err) {
-          throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of block ${b.index} at disk offset ${s} failed: ${(err as Error).message}`, {
-            cause: err,
-          })
-        }
-        if (got !== e - s)
-          throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: short read of block ${b.index} at disk offset ${s + got} (archive truncated?)`)
-        if (s === bStart && e === bStart + b.member.size) verifyBlock(b, buf.subarray(s - offset, e - offset))
+        parts.push(readBlock(b, s, e, buf.subarray(s - offset, e - offset)))
         pos = e
       }
       if (pos < end) buf.fill(0, pos - offset, length)
+      for (const r of await Promise.allSettled(parts)) if (r.status === 'rejected') throw r.reason
       return buf
     },
     async close(): Promise<void> {

@@ -470,6 +470,7 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
           offset: r.offset,
           length: len,
           targetIsZero,
+          targetDirect: target.direct,
           maxBytesPerSecond: opts.maxBytesPerSecond,
           signal,
           label,

@@ -8,7 +8,7 @@
  * (qemu `docs/system/qemu-block-drivers`, QAPI `BlockdevOptionsRaw`), passed as `json:` node
  * specifications (no file name is parsed for a protocol prefix):
  *
- *   qemu-img convert -n -W -p [--target-is-zero] [-r <bytes/s>]
+ *   qemu-img convert -n -W -p [--target-is-zero] [-t none] [-r <bytes/s>]
  *     'json:{"driver":"raw","offset":O,"size":L,"file":<source node>}'
  *     'json:{"driver":"raw","offset":O,"size":L,"file":<target node>}'
  *
@@ -19,6 +19,8 @@
  *   with `--target-is-zero` (a range of a fresh volume nothing was written to) it does nothing
  *   for them, otherwise it first discards the range (`BDRV_REQ_MAY_UNMAP`: punch-hole on a file,
  *   discard/zero-out on a block device) and then skips them.
+ * - `-t none`: the target is written with `O_DIRECT` (cache=none), past the host's page cache,
+ *   where the volume takes it (see `openDirect` in lib/sink/volume.ts).
  * - `-r`: qemu-img's own rate limit (bytes per second of the range it walks, so the bytes it
  *   reads from the source stay under it too).
  */
@@ -38,6 +40,8 @@ export interface QemuImgCopyRangeOptions {
   length: number
   /** The range of the target reads as zeros already (fresh volume, never written there). */
   targetIsZero: boolean
+  /** Write the target with `-t none` (cache=none, `O_DIRECT`: past the page cache). */
+  targetDirect?: boolean
   /** qemu-img's rate limit, bytes per second (0: none). */
   maxBytesPerSecond?: number
   /** Aborting kills qemu-img (SIGKILL) and rejects with `E_MIG_CANCELLED`. */
@@ -65,6 +69,7 @@ export function qemuImgCopyRange(o: QemuImgCopyRangeOptions): Promise<void> {
   if (o.signal.aborted) return Promise.reject(new MigError('E_MIG_CANCELLED', `${o.label}: copy cancelled at offset ${o.offset}`))
   const args = ['convert', '-n', '-W', '-p']
   if (o.targetIsZero) args.push('--target-is-zero')
+  if (o.targetDirect) args.push('-t', 'none')
   if (o.maxBytesPerSecond && o.maxBytesPerSecond > 0) args.push('-r', String(Math.max(1, Math.floor(o.maxBytesPerSecond))))
   args.push(window(o.source, o.offset, o.length), window(o.target, o.offset, o.length))
   return new Promise((resolve, reject) => {

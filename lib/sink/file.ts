@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import { MigError } from '../errors.ts'
 import { sanitizeLabel } from '../manifest.ts'
 import { exec } from '../exec.ts'
-import { checkJobId, HandleVolume, writeFailed, type Discarder } from './volume.ts'
+import { checkJobId, HandleVolume, openDirect, writeFailed, type Discarder } from './volume.ts'
 import type { Sink, SinkVolume, VolumeSnapshot } from './types.ts'
 
 /** Options of {@link FileSink}. */
@@ -88,7 +88,7 @@ export class FileSink implements Sink {
       if (r.code !== 0) this.punchBroken = true
       return r.code === 0
     }
-    return new HandleVolume(fh, path, capacityBytes, 4096, { fresh, discard, qemuDriver: 'file' })
+    return new HandleVolume(fh, path, capacityBytes, 4096, { fresh, discard, qemuDriver: 'file', direct: await openDirect(fh) })
   }
 
   /**

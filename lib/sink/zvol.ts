@@ -18,7 +18,7 @@ import { open, stat, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import { sanitizeLabel } from '../manifest.ts'
 import { exec } from '../exec.ts'
-import { blockDeviceSize, checkJobId, HandleVolume, type Discarder } from './volume.ts'
+import { blockDeviceSize, checkJobId, HandleVolume, openDirect, type Discarder } from './volume.ts'
 import type { Sink, SinkVolume, VolumeSnapshot } from './types.ts'
 
 /** Zvol volblocksize, bytes (64 KiB, spec 8). */
@@ -137,7 +137,13 @@ export class ZvolSink implements Sink {
       (st) => st.isBlockDevice(),
       () => false,
     )
-    return new HandleVolume(fh, dev, devSize ?? volsize, ZVOL_BLOCK, { fresh, discard, discardAlign: ZVOL_BLOCK, qemuDriver: isBlock ? 'host_device' : 'file' })
+    return new HandleVolume(fh, dev, devSize ?? volsize, ZVOL_BLOCK, {
+      fresh,
+      discard,
+      discardAlign: ZVOL_BLOCK,
+      qemuDriver: isBlock ? 'host_device' : 'file',
+      direct: await openDirect(fh),
+    })
   }
 
   /**

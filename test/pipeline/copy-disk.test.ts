@@ -403,6 +403,17 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     expect(statSync(v.path).blocks * 512).toBeLessThanOrEqual(24 * MiB + 64 * KiB)
   })
 
+  test('qemu-img writes a volume that takes O_DIRECT with -t none: none of its pages stay in the page cache', async () => {
+    const { src, q, v } = await rawCopy('qdirect', 16 * MiB, 8 * MiB)
+    expect(v.qemuTarget?.direct).toBe(true)
+    await copyDisk(q, v, { from: 0, signal: new AbortController().signal, engine: 'qemu-img', ...noop })
+    await q.close()
+    // Bytes of the volume in the page cache (fincore, util-linux), before anything reads it back.
+    expect(Number(execFileSync('fincore', ['-b', '-n', '--raw', '-o', 'RES', v.path], { encoding: 'utf8' }).trim())).toBe(0)
+    await v.close()
+    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
+  })
+
   test('while qemu-img writes a range, the volume is flushed again and again (writeback), yet watermarks come only at range ends', async () => {
     // 24 MiB of data at 16 MiB/s: one range that qemu-img writes for about 1.5 s.
     const { src, q, v } = await rawCopy('q3', 32 * MiB, 24 * MiB)

@@ -470,7 +470,7 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
           offset: r.offset,
           length: len,
           targetIsZero,
-          targetDirect: target.direct,
+          targetDirect: target.takeDirect(r.data),
           maxBytesPerSecond: opts.maxBytesPerSecond,
           signal,
           label,

@@ -20,6 +20,8 @@ export interface FileSinkOptions {
   dataDir: string
   /** `fallocate` binary for hole punching (default from PATH). */
   fallocatePath?: string
+  /** Data bytes each volume writes through the page cache before going `O_DIRECT` (default `PAGE_CACHE_BYTES`, 1 GiB). */
+  pageCacheBytes?: number
 }
 
 /** The sparse-file sink. */
@@ -88,7 +90,13 @@ export class FileSink implements Sink {
       if (r.code !== 0) this.punchBroken = true
       return r.code === 0
     }
-    return new HandleVolume(fh, path, capacityBytes, 4096, { fresh, discard, qemuDriver: 'file', direct: await openDirect(fh) })
+    return new HandleVolume(fh, path, capacityBytes, 4096, {
+      fresh,
+      discard,
+      qemuDriver: 'file',
+      direct: await openDirect(fh),
+      pageCacheBytes: this.opts.pageCacheBytes,
+    })
   }
 
   /**

@@ -29,10 +29,11 @@ export interface SinkVolume {
    * can: `node` is the qemu block node (`file` for an image file, `host_device` for a block
    * device); `isZero(offset)` tells whether everything from `offset` on still reads as zeros
    * (a fresh volume never written there); `noteWritten(end)` records that bytes up to `end` may
-   * have been written outside `write()`; `direct`: the volume takes `O_DIRECT` writes, so qemu
-   * writes with `-t none` (cache=none: past the page cache).
+   * have been written outside `write()`; `takeDirect(length)`: whether qemu writes the next
+   * `length` data bytes with `-t none` (cache=none, `O_DIRECT`: past the page cache); when not,
+   * they are counted against the volume's page-cache budget.
    */
-  qemuTarget?: { node: Record<string, unknown>; direct: boolean; isZero(offset: number): boolean; noteWritten(end: number): void }
+  qemuTarget?: { node: Record<string, unknown>; takeDirect(length: number): boolean; isZero(offset: number): boolean; noteWritten(end: number): void }
   write(offset: number, buf: Buffer): Promise<void>
   zero(offset: number, length: number): Promise<void>
   flush(): Promise<void>

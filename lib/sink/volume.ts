@@ -33,6 +33,13 @@ export function writeFailed(path: string, what: string, offset: number, e: unkno
 export const DIRECT_ALIGN = 4096
 
 /**
+ * Data bytes a volume writes through the page cache before its writes go `O_DIRECT` (1 GiB):
+ * a small disk fits the kernel's dirty-page budget, where page-cache writes merge and are
+ * faster; past it, writes bypass the cache, so one import never leaves more than this in it.
+ */
+export const PAGE_CACHE_BYTES = 1024 ** 3
+
+/**
  * Opens a second, write-only handle with `O_DIRECT` on the file or block device `fh` has open,
  * through `/proc/self/fd/<fd>` (the same open file, never its name again), so a volume's bulk
  * writes bypass the host's page cache (open(2) `O_DIRECT`; what oVirt does with
@@ -56,26 +63,42 @@ export type Discarder = (offset: number, length: number) => Promise<boolean>
  * (runs of at least {@link DISCARD_MIN_BYTES}, aligned to `discardAlign`); when it answers
  * false or is absent, the range is overwritten with zeros. `qemuDriver`: how qemu opens `path`
  * (`file` or `host_device`), which enables {@link SinkVolume.qemuTarget}. `direct`: an
- * {@link openDirect} handle of the same file; writes whose offset and length are multiples of
- * {@link DIRECT_ALIGN} go through it (and qemu-img writes with `-t none`), the rest, and any the
- * kernel refuses with EINVAL (a buffer not aligned in memory), through the page cache. `flush()`
- * fsyncs the file, which covers both.
+ * {@link openDirect} handle of the same file: once `pageCacheBytes` (default
+ * {@link PAGE_CACHE_BYTES}) of data went through the page cache, writes whose offset and length
+ * are multiples of {@link DIRECT_ALIGN} go through it (and qemu-img writes with `-t none`); the
+ * rest, and any the kernel refuses with EINVAL (a buffer not aligned in memory), through the page
+ * cache. `flush()` fsyncs the file, which covers both.
  */
 export class HandleVolume implements SinkVolume {
   private writtenEnd = 0
   private closed = false
+  /** Data bytes written through the page cache so far (see `pageCacheBytes`). */
+  private cachedBytes = 0
 
   constructor(
     private readonly fh: FileHandle,
     readonly path: string,
     readonly capacity: number,
     readonly blockSize: number,
-    private readonly opts: { fresh: boolean; discard?: Discarder; discardAlign?: number; qemuDriver?: 'file' | 'host_device'; direct?: FileHandle | null },
+    private readonly opts: {
+      fresh: boolean
+      discard?: Discarder
+      discardAlign?: number
+      qemuDriver?: 'file' | 'host_device'
+      direct?: FileHandle | null
+      pageCacheBytes?: number
+    },
   ) {
     if (opts.qemuDriver) {
       this.qemuTarget = {
         node: { driver: opts.qemuDriver, filename: path },
-        direct: !!opts.direct,
+        takeDirect: (length: number) => {
+          if (this.cacheLeft() > 0 || !this.opts.direct) {
+            this.cachedBytes += length
+            return false
+          }
+          return true
+        },
         isZero: (offset: number) => this.opts.fresh && offset >= this.writtenEnd,
         noteWritten: (end: number) => {
           if (end > this.writtenEnd) this.writtenEnd = end
@@ -86,6 +109,11 @@ export class HandleVolume implements SinkVolume {
 
   /** See {@link SinkVolume.qemuTarget}: set when `opts.qemuDriver` names the qemu driver of `path`. */
   readonly qemuTarget?: SinkVolume['qemuTarget']
+
+  /** Bytes the page cache may still take before aligned writes go `O_DIRECT`. */
+  private cacheLeft(): number {
+    return (this.opts.pageCacheBytes ?? PAGE_CACHE_BYTES) - this.cachedBytes
+  }
 
   private check(what: string, offset: number, length: number): void {
     if (this.closed) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${this.path}: ${what} at offset ${offset} after close`)
@@ -108,7 +136,7 @@ export class HandleVolume implements SinkVolume {
     this.check('write', offset, buf.length)
     let done = 0
     const direct = this.opts.direct
-    if (direct && offset % DIRECT_ALIGN === 0 && buf.length % DIRECT_ALIGN === 0) {
+    if (direct && this.cacheLeft() <= 0 && offset % DIRECT_ALIGN === 0 && buf.length % DIRECT_ALIGN === 0) {
       try {
         while (done < buf.length) {
           const { bytesWritten } = await direct.write(buf, done, buf.length - done, offset + done)
@@ -120,6 +148,7 @@ export class HandleVolume implements SinkVolume {
         if ((e as NodeJS.ErrnoException).code !== 'EINVAL') throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + done, e)
       }
     }
+    const cached = buf.length - done
     try {
       while (done < buf.length) {
         const { bytesWritten } = await this.fh.write(buf, done, buf.length - done, offset + done)
@@ -129,6 +158,7 @@ export class HandleVolume implements SinkVolume {
     } catch (e) {
       throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + done, e)
     }
+    this.cachedBytes += cached
     if (offset + buf.length > this.writtenEnd) this.writtenEnd = offset + buf.length
   }
 

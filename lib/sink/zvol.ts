@@ -38,6 +38,8 @@ export interface ZvolSinkOptions {
   devPrefix?: string
   /** How long to wait for the device link after `zfs create`, milliseconds (default 30 000). */
   deviceTimeoutMs?: number
+  /** Data bytes each volume writes through the page cache before going `O_DIRECT` (default `PAGE_CACHE_BYTES`, 1 GiB). */
+  pageCacheBytes?: number
 }
 
 const DATASET_PART = /^[A-Za-z0-9][A-Za-z0-9_.:-]*$/
@@ -143,6 +145,7 @@ export class ZvolSink implements Sink {
       discardAlign: ZVOL_BLOCK,
       qemuDriver: isBlock ? 'host_device' : 'file',
       direct: await openDirect(fh),
+      pageCacheBytes: this.opts.pageCacheBytes,
     })
   }
 

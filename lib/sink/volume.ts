@@ -44,7 +44,8 @@ export const PAGE_CACHE_BYTES = 1024 ** 3
  * through `/proc/self/fd/<fd>` (the same open file, never its name again), so a volume's bulk
  * writes bypass the host's page cache (open(2) `O_DIRECT`; what oVirt does with
  * `qemu-img convert -t none`): an import of a fleet does not evict the running guests' cache,
- * and on this project's machines it costs a fifth of the kernel CPU of a page-cache write.
+ * and on this project's machines it costs far less kernel CPU (`dd` of 4 GiB: 0.5-0.7 s direct,
+ * 10-14 s through the page cache).
  * Resolves null where the file system refuses `O_DIRECT` (open answers EINVAL: tmpfs before
  * Linux 6.6, some FUSE file systems) or the reopen fails: the volume then writes through the page
  * cache only. Never throws.

@@ -141,7 +141,9 @@ describe('engine faults (real server, worker processes, file sink)', () => {
   }, 120_000)
 
   test('20 jobs submitted at once with the limit of 2 all complete, never more than 2 running', async () => {
-    const small = randomImage(path.join(t.dir, 'small.raw'), 8 * MiB, 2 * MiB)
+    // 24 MiB of data at the 48 MiB/s cap: each copy takes about half a second, longer than a
+    // worker's start, so two jobs overlap whichever of them gets the warm spare.
+    const small = randomImage(path.join(t.dir, 'small.raw'), 32 * MiB, 24 * MiB)
     const first = buildInput('qcow2', importRoot, 'many', [small])
     for (let i = 1; i < 20; i++) copyFileSync(first.path, path.join(importRoot, 'many', `many-${i}.qcow2`))
     const stream = openStream(srv.base)

@@ -1,6 +1,7 @@
 /**
  * File sink: sparse images under <dataDir>/volumes/migrations/<job-id>/, resume reopening, zero
- * runs (nothing on a fresh image, hole punching over old data), removal, ENOSPC on a 4 MiB tmpfs.
+ * runs (nothing on a fresh image, hole punching over old data), O_DIRECT writes past the page-cache
+ * budget, removal, ENOSPC on a 4 MiB tmpfs.
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'

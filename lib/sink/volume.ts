@@ -54,6 +54,24 @@ export async function openDirect(fh: FileHandle): Promise<FileHandle | null> {
   return open(`/proc/self/fd/${fh.fd}`, C.O_WRONLY | C.O_DIRECT).catch(() => null)
 }
 
+/**
+ * Writes `buf` from index `done` on at `offset + done` through `h` until all of it is written or a
+ * write fails. Resolves the index reached and the failure, if any (a write that makes no
+ * progress is ENOSPC); never rejects.
+ */
+async function writeAll(h: FileHandle, buf: Buffer, offset: number, done: number): Promise<{ done: number; error?: unknown }> {
+  try {
+    while (done < buf.length) {
+      const { bytesWritten } = await h.write(buf, done, buf.length - done, offset + done)
+      if (bytesWritten === 0) throw Object.assign(new Error('no progress (ENOSPC?)'), { code: 'ENOSPC' })
+      done += bytesWritten
+    }
+    return { done }
+  } catch (error) {
+    return { done, error }
+  }
+}
+
 /** How a {@link HandleVolume} discards a range: resolves true when done, false to fall back to zero-fill. */
 export type Discarder = (offset: number, length: number) => Promise<boolean>
 
@@ -138,27 +156,16 @@ export class HandleVolume implements SinkVolume {
     let done = 0
     const direct = this.opts.direct
     if (direct && this.cacheLeft() <= 0 && offset % DIRECT_ALIGN === 0 && buf.length % DIRECT_ALIGN === 0) {
-      try {
-        while (done < buf.length) {
-          const { bytesWritten } = await direct.write(buf, done, buf.length - done, offset + done)
-          if (bytesWritten === 0 || bytesWritten % DIRECT_ALIGN !== 0) throw Object.assign(new Error('no progress (ENOSPC?)'), { code: 'ENOSPC' })
-          done += bytesWritten
-        }
-      } catch (e) {
-        // EINVAL: the kernel refused this buffer's memory alignment; the page cache takes the rest.
-        if ((e as NodeJS.ErrnoException).code !== 'EINVAL') throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + done, e)
-      }
+      const d = await writeAll(direct, buf, offset, 0)
+      // EINVAL: the kernel refused this buffer's memory alignment (or a short write left the rest
+      // unaligned); the page cache takes the rest.
+      if (d.error && (d.error as NodeJS.ErrnoException).code !== 'EINVAL')
+        throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + d.done, d.error)
+      done = d.done
     }
     const cached = buf.length - done
-    try {
-      while (done < buf.length) {
-        const { bytesWritten } = await this.fh.write(buf, done, buf.length - done, offset + done)
-        if (bytesWritten === 0) throw Object.assign(new Error('no progress (ENOSPC?)'), { code: 'ENOSPC' })
-        done += bytesWritten
-      }
-    } catch (e) {
-      throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + done, e)
-    }
+    const r = await writeAll(this.fh, buf, offset, done)
+    if (r.error) throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + r.done, r.error)
     this.cachedBytes += cached
     if (offset + buf.length > this.writtenEnd) this.writtenEnd = offset + buf.length
   }
@@ -166,16 +173,8 @@ export class HandleVolume implements SinkVolume {
   private async fill(offset: number, length: number): Promise<void> {
     for (let o = offset; o < offset + length; ) {
       const n = Math.min(ZERO_BUFFER.length, offset + length - o)
-      let done = 0
-      try {
-        while (done < n) {
-          const { bytesWritten } = await this.fh.write(ZERO_BUFFER, done, n - done, o + done)
-          if (bytesWritten === 0) throw Object.assign(new Error('no progress (ENOSPC?)'), { code: 'ENOSPC' })
-          done += bytesWritten
-        }
-      } catch (e) {
-        throw writeFailed(this.path, `zero-fill of ${length} bytes`, o + done, e)
-      }
+      const r = await writeAll(this.fh, ZERO_BUFFER.subarray(0, n), o, 0)
+      if (r.error) throw writeFailed(this.path, `zero-fill of ${length} bytes`, o + r.done, r.error)
       o += n
     }
   }

@@ -38,13 +38,13 @@
  * the reference and the job's copy (inputs are deleted at the end).
  */
 import { execFileSync, spawnSync } from 'node:child_process'
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, renameSync, rmSync, writeFileSync } from 'node:fs'
+import { closeSync, mkdirSync, openSync, readFileSync, readSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput } from '../test/helpers/inputs.ts'
 import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
 import { startServer } from '../test/helpers/server.ts'
-import { LAYOUTS, makeRawLayout, type Layout } from './layouts.ts'
+import { cachedRawLayout, LAYOUTS, type Layout } from './layouts.ts'
 import { allocatedBytes, alternate, cliArg, median, sampleWorkerPeakRss } from './source.ts'
 
 const GiB = 1024 ** 3
@@ -152,19 +152,6 @@ function tarMemberOffset(tar: string, name: string): { offset: number; size: num
   }
 }
 
-/** The raw image of `layout` at `size`: from the cache directory when built there before. */
-function cachedLayout(layout: Layout): { path: string; dataBytes: number } {
-  if (!cache) return makeRawLayout(base, layout, size)
-  mkdirSync(cache, { recursive: true })
-  const file = path.join(cache, `${layout}-${size}.raw`)
-  const meta = `${file}.json`
-  if (existsSync(file) && existsSync(meta)) return { path: file, dataBytes: JSON.parse(readFileSync(meta, 'utf8')).dataBytes }
-  const built = makeRawLayout(cache, layout, size)
-  renameSync(built.path, file)
-  writeFileSync(meta, JSON.stringify({ dataBytes: built.dataBytes }))
-  return { path: file, dataBytes: built.dataBytes }
-}
-
 const TERMINAL = ['completed', 'failed', 'cancelled']
 /** The worker entries the supervisor forked (the bytecode bundle or the .ts module), printed at the end. */
 const entries = new Set<string>()
@@ -264,7 +251,7 @@ let runNo = 0
 let failed = false
 try {
   for (const layout of layouts) {
-    const { path: raw, dataBytes } = cachedLayout(layout)
+    const { path: raw, dataBytes } = cachedRawLayout(cache, base, layout, size)
     console.log(`\nlayout ${layout}: ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB`)
     console.log(
       [

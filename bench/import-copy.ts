@@ -17,10 +17,8 @@ import { execFileSync } from 'node:child_process'
 import { readFileSync, rmSync } from 'node:fs'
 import * as path from 'node:path'
 import { tempDir } from '../test/helpers/tmp.ts'
-import { openDiskReader } from '../lib/pipeline/readers/open.ts'
-import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import { FileSink } from '../lib/sink/file.ts'
-import { allocatedBytes, fmt, makeHalfFullQcow2, printComparison, qemuImgReference, sha256File, type CopyFigures } from './source.ts'
+import { allocatedBytes, copyQcow2In, fmt, makeHalfFullQcow2, printComparison, qemuImgReference, sha256File, type CopyFigures } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -65,26 +63,11 @@ try {
     await settle()
     const sampler = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 20)
     const t0 = performance.now()
-    const reader = await openDiskReader({
-      label: 'disk0',
-      capacity_bytes: size,
-      disk_format: 'qcow2',
-      source: { path: qcow },
-      controller: 'virtio',
-      address: '0',
-    })
-    const vol = await sink.create('bench', 'disk0', reader.size)
-    res = await copyDisk(reader, vol, {
-      from: 0,
-      signal: new AbortController().signal,
+    res = await copyQcow2In(sink, qcow, size, {
       readAhead,
       writeDepth,
       flushEveryBytes: process.env.BENCH_FLUSH_MIB ? Number(process.env.BENCH_FLUSH_MIB) * MiB : undefined,
-      onProgress() {},
-      async onWatermark() {},
     })
-    await vol.close()
-    await reader.close()
     const sec = (performance.now() - t0) / 1000
     clearInterval(sampler)
     if (process.env.BENCH_VERBOSE) console.log(`ours: ${sec.toFixed(2)} s`)

@@ -6,6 +6,9 @@ import { execFileSync, spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { closeSync, openSync, readFileSync, statSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
+import { copyDisk, type CopyDiskOptions, type CopyDiskResult } from '../lib/pipeline/copy-disk.ts'
+import { openDiskReader } from '../lib/pipeline/readers/open.ts'
+import type { Sink } from '../lib/sink/types.ts'
 import { workerPid } from '../test/helpers/jobs.ts'
 
 /** Cluster size of the benchmark qcow2, bytes. */
@@ -150,5 +153,21 @@ export async function alternate(reps: number, runRef: () => Promise<void>, runOu
       await runOurs()
       await runRef()
     }
+  }
+}
+
+/**
+ * The migrator's copy phase of a qcow2 in process, as a job runs it: the qemu-nbd reader over
+ * `src` (`size` bytes virtual), a new volume `bench/disk0` of `sink`, `copyDisk` (every checkpoint
+ * fsync included) with `opts`, both closed. Returns the copy's byte counts.
+ */
+export async function copyQcow2In(sink: Sink, src: string, size: number, opts: Partial<CopyDiskOptions> = {}): Promise<CopyDiskResult> {
+  const reader = await openDiskReader({ label: 'disk0', capacity_bytes: size, disk_format: 'qcow2', source: { path: src }, controller: 'virtio', address: '0' })
+  const vol = await sink.create('bench', 'disk0', reader.size)
+  try {
+    return await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {}, ...opts })
+  } finally {
+    await vol.close()
+    await reader.close()
   }
 }

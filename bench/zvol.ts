@@ -12,23 +12,26 @@
  * [min-max] of MB/s (virtual size), and whether `qemu-img compare` finds the device equal to
  * the source after each side.
  *
- *   ./node_modules/.bin/bun bench/zvol.ts [--size GiB] [--layout runs] [--reps 3] [--dir DIR]
+ *   ./node_modules/.bin/bun bench/zvol.ts [--size GiB] [--layouts runs,...] [--reps 3] [--dir DIR] [--cache DIR|none]
+ * One line per layout; the raw layout images come from the same cache as bench/data-path.ts's
+ * (default /var/tmp/mig-bench-cache; `--cache none` builds them in DIR and deletes them).
  * Needs root (losetup), qemu-utils.
  */
 import { execFileSync, spawnSync } from 'node:child_process'
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { copyDisk } from '../lib/pipeline/copy-disk.ts'
-import { openDiskReader } from '../lib/pipeline/readers/open.ts'
 import { ZvolSink } from '../lib/sink/zvol.ts'
-import { makeRawLayout, type Layout } from './layouts.ts'
-import { alternate, cliArg, median } from './source.ts'
+import { cachedRawLayout, LAYOUTS, type Layout } from './layouts.ts'
+import { alternate, cliArg, copyQcow2In, median } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
 const arg = cliArg
 const size = Math.round(Number(arg('size', '2')) * GiB)
-const layout = arg('layout', 'runs') as Layout
+const layouts = arg('layouts', 'runs').split(',') as Layout[]
+for (const l of layouts) if (!LAYOUTS.includes(l)) throw new Error(`unknown layout ${l}`)
+const cacheArg = arg('cache', '/var/tmp/mig-bench-cache')
+const cache = cacheArg === 'none' ? null : cacheArg
 const reps = Math.max(1, Number(arg('reps', '3')))
 const dir = arg('dir', '/var/tmp/mig-bench-zvol')
 
@@ -36,10 +39,6 @@ rmSync(dir, { recursive: true, force: true })
 mkdirSync(dir, { recursive: true })
 let loop = ''
 try {
-  const { path: raw, dataBytes } = makeRawLayout(dir, layout, size)
-  const src = path.join(dir, 'src.qcow2')
-  execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', raw, src])
-  rmSync(raw)
   const backing = path.join(dir, 'zvol-backing.img')
   execFileSync('truncate', ['-s', String(size), backing])
   loop = execFileSync('losetup', ['-f', '--show', backing], { encoding: 'utf8' }).trim()
@@ -53,6 +52,7 @@ try {
   )
   const sink = new ZvolSink({ pool: 'tank', appliance: 'migrator', zfsPath: zfsDouble, devPrefix: devRoot })
 
+  const src = path.join(dir, 'src.qcow2')
   const reset = async () => {
     await sink.remove('bench')
     execFileSync('blkdiscard', [loop])
@@ -60,47 +60,42 @@ try {
     await new Promise((r) => setTimeout(r, 500))
   }
   const same = () => spawnSync('qemu-img', ['compare', '-q', '-f', 'qcow2', '-F', 'raw', src, loop]).status === 0
-  const refSec: number[] = []
-  const ourSec: number[] = []
-  let equal = true
-  const runRef = async () => {
-    await reset()
-    const t0 = performance.now()
-    execFileSync('qemu-img', ['convert', '-n', '-f', 'qcow2', '-O', 'raw', src, loop])
-    execFileSync('sync')
-    refSec.push((performance.now() - t0) / 1000)
-    equal &&= same()
-  }
-  const runOurs = async () => {
-    await reset()
-    const t0 = performance.now()
-    const reader = await openDiskReader({
-      label: 'disk0',
-      capacity_bytes: size,
-      disk_format: 'qcow2',
-      source: { path: src },
-      controller: 'virtio',
-      address: '0',
-    })
-    const vol = await sink.create('bench', 'disk0', reader.size)
-    await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
-    await vol.close()
-    await reader.close()
-    ourSec.push((performance.now() - t0) / 1000)
-    equal &&= same()
-  }
-  await alternate(reps, runRef, runOurs)
   const mbs = (s: number) => (size / MiB / s).toFixed(0)
   const fmt = (xs: number[]) => `${mbs(median(xs))} [${mbs(Math.max(...xs))}-${mbs(Math.min(...xs))}]`
   console.log(
-    `zvol block-device path (loop device standing in for the zvol, zfs TEST DOUBLE): ${layout} layout, ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB, ${reps} repetitions alternating`,
+    `zvol block-device path (a loop device standing in for the zvol, zfs TEST DOUBLE), ${size / GiB} GiB, ${reps} repetitions alternating, medians [min-max]`,
   )
-  console.log(`qemu-img convert -n into the device + sync: ${fmt(refSec)} MB/s`)
-  console.log(`zvol sink (openDiskReader + copyDisk):     ${fmt(ourSec)} MB/s`)
-  console.log(
-    `ratio of medians: ${(median(refSec) / median(ourSec)).toFixed(2)}; device equal to the source after every run (qemu-img compare): ${equal ? 'yes' : 'NO'}`,
-  )
-  if (!equal) process.exitCode = 1
+  for (const layout of layouts) {
+    const { path: raw, dataBytes } = cachedRawLayout(cache, dir, layout, size)
+    rmSync(src, { force: true })
+    execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', raw, src])
+    if (!cache) rmSync(raw)
+    const refSec: number[] = []
+    const ourSec: number[] = []
+    let equal = true
+    const runRef = async () => {
+      await reset()
+      const t0 = performance.now()
+      execFileSync('qemu-img', ['convert', '-n', '-f', 'qcow2', '-O', 'raw', src, loop])
+      execFileSync('sync')
+      refSec.push((performance.now() - t0) / 1000)
+      equal &&= same()
+    }
+    const runOurs = async () => {
+      await reset()
+      const t0 = performance.now()
+      await copyQcow2In(sink, src, size)
+      ourSec.push((performance.now() - t0) / 1000)
+      equal &&= same()
+    }
+    await alternate(reps, runRef, runOurs)
+    console.log(`${layout}: ${(dataBytes / MiB).toFixed(0)} MiB of data`)
+    console.log(
+      `  qemu-img convert -n into the device + sync ${fmt(refSec)} MB/s, zvol sink ${fmt(ourSec)} MB/s, ratio of medians ${(median(refSec) / median(ourSec)).toFixed(2)}, device equal to the source after every run (qemu-img compare): ${equal ? 'yes' : 'NO'}`,
+    )
+    if (!equal) process.exitCode = 1
+    rmSync(src)
+  }
 } finally {
   if (loop) spawnSync('losetup', ['-d', loop])
   rmSync(dir, { recursive: true, force: true })

@@ -43,10 +43,12 @@ export async function openRead(path: string): Promise<FileHandle> {
 
 /**
  * Reads up to `len` bytes at byte offset `pos` of `fh` (the file `path`); the result is shorter
- * only at the end of the file. Throws `E_MIG_DISK_READ_FAILED` naming the file and offset.
+ * only at the end of the file. With `into` (at least `len` bytes) the bytes land there and the
+ * result is a view of it: no allocation on a hot path. Throws `E_MIG_DISK_READ_FAILED` naming
+ * the file and offset.
  */
-export async function readAt(fh: FileHandle, path: string, len: number, pos: number): Promise<Buffer> {
-  const buf = Buffer.alloc(len)
+export async function readAt(fh: FileHandle, path: string, len: number, pos: number, into?: Buffer): Promise<Buffer> {
+  const buf = into ? into.subarray(0, len) : Buffer.alloc(len)
   let got = 0
   try {
     while (got < len) {

@@ -17,9 +17,8 @@
  * 4 MiB cap, prototype-safe maps).
  */
 
-import { MigError } from '../errors.ts'
 import { normalizeMac } from '../mac.ts'
-import { malformed, openRead } from './io.ts'
+import { malformed, openRead, readAt } from './io.ts'
 import type { TarMember } from './tar.ts'
 import { parseXmlDocument, xmlChild, xmlChildren, type XmlNode } from './xml.ts'
 
@@ -532,18 +531,9 @@ export async function verifyXvaBlocks(path: string, members: readonly TarMember[
   const buf = Buffer.allocUnsafe(XVA_BLOCK_SIZE)
   const checks: Promise<void>[] = []
   const readExact = async (off: number, len: number, name: string): Promise<Buffer> => {
-    let got = 0
-    try {
-      while (got < len) {
-        const { bytesRead } = await fh.read(buf, got, len - got, off + got)
-        if (bytesRead === 0) break
-        got += bytesRead
-      }
-    } catch (e) {
-      throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: read of ${name} failed: ${(e as Error).message}`, { cause: e })
-    }
-    if (got < len) throw malformed(path, `member ${name} is cut short by the end of the archive`, { member: name })
-    return buf.subarray(0, len)
+    const got = await readAt(fh, `${path} member ${name}`, len, off, buf)
+    if (got.length < len) throw malformed(path, `member ${name} is cut short by the end of the archive`, { member: name })
+    return got
   }
   try {
     for (const b of all) {

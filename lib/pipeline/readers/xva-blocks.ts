@@ -11,7 +11,7 @@
 import { open, type FileHandle } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
-import { readAtSync } from '../../formats/io.ts'
+import { readAt, readAtSync } from '../../formats/io.ts'
 import { listTarMembers } from '../../formats/tar.ts'
 import { checkXvaBlockSha1, indexXvaBlocks, XVA_BLOCK_SIZE, XVA_MAX_MEMBERS, type XvaBlock } from '../../formats/xva.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
@@ -67,18 +67,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
   /** Reads disk bytes `[s, e)` of block `b` into `into` (`e - s` bytes), and checks the block if that is all of it. */
   const readBlock = async (b: XvaBlock, s: number, e: number, into: Buffer): Promise<void> => {
     const bStart = b.index * XVA_BLOCK_SIZE
-    let got = 0
-    try {
-      while (got < e - s) {
-        const { bytesRead } = await fh.read(into, got, e - s - got, b.member.offset + (s - bStart) + got)
-        if (bytesRead === 0) break
-        got += bytesRead
-      }
-    } catch (err) {
-      throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of block ${b.index} at disk offset ${s} failed: ${(err as Error).message}`, {
-        cause: err,
-      })
-    }
+    const got = (await readAt(fh, `${label} block ${b.index}`, e - s, b.member.offset + (s - bStart), into)).length
     if (got !== e - s) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: short read of block ${b.index} at disk offset ${s + got} (archive truncated?)`)
     if (s === bStart && e === bStart + b.member.size) await verifyBlock(b, into)
   }

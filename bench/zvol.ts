@@ -55,7 +55,7 @@ try {
   const src = path.join(dir, 'src.qcow2')
   const reset = async () => {
     await sink.remove('bench')
-    execFileSync('blkdiscard', [loop])
+    execFileSync('blkdiscard', ['-f', loop]) // -f: a layout's file system signature left by the run before must not stop it
     execFileSync('sync')
     await new Promise((r) => setTimeout(r, 500))
   }

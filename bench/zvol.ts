@@ -12,7 +12,9 @@
  * [min-max] of MB/s (virtual size), and whether `qemu-img compare` finds the device equal to
  * the source after each side.
  *
- *   ./node_modules/.bin/bun bench/zvol.ts [--size GiB] [--layouts runs,...] [--reps 3] [--dir DIR] [--cache DIR|none]
+ *   ./node_modules/.bin/bun bench/zvol.ts [--size GiB] [--layouts runs,...] [--reps 3] [--dir DIR] [--cache DIR|none] [--page-cache-mib N]
+ * `--page-cache-mib`: the sink's page-cache budget before it writes `O_DIRECT` (default the
+ * sink's, `PAGE_CACHE_BYTES`), to compare the two write paths on the same device.
  * One line per layout; the raw layout images come from the same cache as bench/data-path.ts's
  * (default /var/tmp/mig-bench-cache; `--cache none` builds them in DIR and deletes them).
  * Needs root (losetup), qemu-utils.
@@ -32,6 +34,8 @@ const layouts = arg('layouts', 'runs').split(',') as Layout[]
 for (const l of layouts) if (!LAYOUTS.includes(l)) throw new Error(`unknown layout ${l}`)
 const cacheArg = arg('cache', '/var/tmp/mig-bench-cache')
 const cache = cacheArg === 'none' ? null : cacheArg
+const pageCacheMib = arg('page-cache-mib', '')
+const pageCacheBytes = pageCacheMib === '' ? undefined : Number(pageCacheMib) * MiB
 const reps = Math.max(1, Number(arg('reps', '3')))
 const dir = arg('dir', '/var/tmp/mig-bench-zvol')
 
@@ -50,12 +54,12 @@ try {
     `#!/bin/sh\nfor last in "$@"; do :; done\ncase "$1" in\n  create) mkdir -p "${devRoot}/$(dirname "$last")" && ln -sfn ${loop} "${devRoot}/$last";;\n  destroy) rm -rf "${devRoot}/$last";;\nesac\n`,
     { mode: 0o755 },
   )
-  const sink = new ZvolSink({ pool: 'tank', appliance: 'migrator', zfsPath: zfsDouble, devPrefix: devRoot })
+  const sink = new ZvolSink({ pool: 'tank', appliance: 'migrator', zfsPath: zfsDouble, devPrefix: devRoot, pageCacheBytes })
 
   const src = path.join(dir, 'src.qcow2')
   const reset = async () => {
     await sink.remove('bench')
-    execFileSync('blkdiscard', ['-f', loop]) // -f: a layout's file system signature left by the run before must not stop it
+    execFileSync('blkdiscard', ['-f', loop], { stdio: 'ignore' }) // -f: a layout's file system signature left by the run before must not stop it
     execFileSync('sync')
     await new Promise((r) => setTimeout(r, 500))
   }
@@ -63,7 +67,7 @@ try {
   const mbs = (s: number) => (size / MiB / s).toFixed(0)
   const fmt = (xs: number[]) => `${mbs(median(xs))} [${mbs(Math.max(...xs))}-${mbs(Math.min(...xs))}]`
   console.log(
-    `zvol block-device path (a loop device standing in for the zvol, zfs TEST DOUBLE), ${size / GiB} GiB, ${reps} repetitions alternating, medians [min-max]`,
+    `zvol block-device path (a loop device standing in for the zvol, zfs TEST DOUBLE), ${size / GiB} GiB, ${reps} repetitions alternating, medians [min-max], page-cache budget ${pageCacheMib === '' ? 'default' : `${pageCacheMib} MiB`}`,
   )
   for (const layout of layouts) {
     const { path: raw, dataBytes } = cachedRawLayout(cache, dir, layout, size)

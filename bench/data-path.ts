@@ -44,22 +44,20 @@ import { buildInput } from '../test/helpers/inputs.ts'
 import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
 import { startServer } from '../test/helpers/server.ts'
-import { cachedRawLayout, LAYOUTS, type Layout } from './layouts.ts'
-import { allocatedBytes, alternate, cliArg, median, sampleWorkerPeakRss } from './source.ts'
+import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
+import { allocatedBytes, alternate, cliArg, median, sampleWorkerPeakRss, span } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
 const arg = cliArg
 const size = Math.round(Number(arg('size', '8')) * GiB)
-const layouts = arg('layouts', 'runs,alternating,long,sparse,ext4').split(',') as Layout[]
+const layouts = layoutsArg('runs,alternating,long,sparse,ext4')
 const kinds = arg('kinds', 'qcow2').split(',')
 const reps = Math.max(1, Number(arg('reps', '3')))
 const base = arg('dir', '/var/tmp/mig-bench-data-path')
 // Raw layout images are kept here between runs (an 8 GiB ext4 layout takes minutes to build);
 // `--cache none` builds them afresh and deletes them.
-const cacheArg = arg('cache', '/var/tmp/mig-bench-cache')
-const cache = cacheArg === 'none' ? null : cacheArg
-for (const l of layouts) if (!LAYOUTS.includes(l)) throw new Error(`unknown layout ${l}`)
+const cache = cacheDirArg()
 
 /** One reader kind: how to build its input from a raw image, the plan, and the reference command. */
 interface Kind {
@@ -234,7 +232,6 @@ function printBreakdown(rows: Array<[string, Record<string, number>[]]>): void {
 }
 
 const mbs = (sec: number) => size / MiB / sec
-const span = (xs: number[]) => `${median(xs).toFixed(0)} [${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)}]`
 
 rmSync(base, { recursive: true, force: true })
 mkdirSync(base, { recursive: true })

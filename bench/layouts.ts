@@ -19,6 +19,7 @@ import { execFileSync, spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
+import { cliArg } from './source.ts'
 
 /** A layout name. */
 export type Layout = 'alternating' | 'runs' | 'long' | 'sparse' | 'ext4'
@@ -109,6 +110,19 @@ export function makeRawLayout(dir: string, layout: Layout, size: number): { path
   closeSync(fd)
   spawnSync('truncate', ['-s', String(size), raw])
   return { path: raw, dataBytes }
+}
+
+/** The `--layouts` argument (comma-separated, default `dflt`); throws on a name not in {@link LAYOUTS}. */
+export function layoutsArg(dflt: string): Layout[] {
+  const layouts = cliArg('layouts', dflt).split(',') as Layout[]
+  for (const l of layouts) if (!LAYOUTS.includes(l)) throw new Error(`unknown layout ${l}`)
+  return layouts
+}
+
+/** The `--cache` argument: the raw-layout cache directory (default /var/tmp/mig-bench-cache), null for `none`. */
+export function cacheDirArg(): string | null {
+  const dir = cliArg('cache', '/var/tmp/mig-bench-cache')
+  return dir === 'none' ? null : dir
 }
 
 /**

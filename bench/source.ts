@@ -139,6 +139,11 @@ export function median(xs: number[]): number {
   return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
 }
 
+/** `median [min-max]` of `xs`, each rounded to a whole number. */
+export function span(xs: number[]): string {
+  return `${median(xs).toFixed(0)} [${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)}]`
+}
+
 /**
  * Runs `reps` repetitions of both sides, alternating the order (reference first on even
  * repetition indexes, ours first on odd ones); `onRep(r)` runs before each repetition.

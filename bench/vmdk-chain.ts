@@ -25,17 +25,15 @@ import { openVmdkChain, type RemoteFile } from '../lib/adapters/vim/vmdk-chain.t
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import { FileSink } from '../lib/sink/file.ts'
 import { deltaDescriptor, writeCowd, writeSeSparse, type DeltaGrain } from '../test/helpers/esx-delta.ts'
-import { cachedRawLayout, LAYOUTS, type Layout } from './layouts.ts'
-import { allocatedBytes, alternate, cliArg, median } from './source.ts'
+import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
+import { allocatedBytes, alternate, cliArg, median, span } from './source.ts'
 
 const MiB = 1024 * 1024
 const GiB = 1024 * MiB
 const size = Math.round(Number(cliArg('size', '1')) * GiB)
-const layouts = cliArg('layouts', 'runs,alternating,long,sparse,ext4').split(',') as Layout[]
+const layouts = layoutsArg('runs,alternating,long,sparse,ext4')
 const reps = Math.max(1, Number(cliArg('reps', '2')))
-const cacheArg = cliArg('cache', '/var/tmp/mig-bench-cache')
-const cache = cacheArg === 'none' ? null : cacheArg
-for (const l of layouts) if (!LAYOUTS.includes(l)) throw new Error(`unknown layout ${l}`)
+const cache = cacheDirArg()
 const dir = mkdtempSync('/var/tmp/mig-bench-chain-')
 
 /** Grains of a delta: one 64 KiB run per 4 MiB, starting `at` bytes into each 4 MiB, `grain` bytes each. */
@@ -118,7 +116,6 @@ const sink = new FileSink({ dataDir: dir })
 const ref = path.join(dir, 'ref.raw')
 const ours = sink.volumePath('bench', 'disk0')
 const mbs = (sec: number) => size / MiB / sec
-const span = (xs: number[]) => `${median(xs).toFixed(0)} [${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)}]`
 let failed = false
 
 try {

@@ -23,17 +23,15 @@ import { execFileSync, spawnSync } from 'node:child_process'
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { ZvolSink } from '../lib/sink/zvol.ts'
-import { cachedRawLayout, LAYOUTS, type Layout } from './layouts.ts'
+import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
 import { alternate, cliArg, copyQcow2In, median } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
 const arg = cliArg
 const size = Math.round(Number(arg('size', '2')) * GiB)
-const layouts = arg('layouts', 'runs').split(',') as Layout[]
-for (const l of layouts) if (!LAYOUTS.includes(l)) throw new Error(`unknown layout ${l}`)
-const cacheArg = arg('cache', '/var/tmp/mig-bench-cache')
-const cache = cacheArg === 'none' ? null : cacheArg
+const layouts = layoutsArg('runs')
+const cache = cacheDirArg()
 const pageCacheMib = arg('page-cache-mib', '')
 const pageCacheBytes = pageCacheMib === '' ? undefined : Number(pageCacheMib) * MiB
 const reps = Math.max(1, Number(arg('reps', '3')))

@@ -25,9 +25,11 @@
  * Reader kinds: `qcow2`, `vmdk` (monolithicSparse), `vhdx`, `vhd` (dynamic VHD, qemu `vpc`, read
  * by the vhdx importer), `vdi` (VirtualBox folder) through
  * qemu-nbd; `ova` (a streamOptimized VMDK read in place as a tar member); `flat` (a VMX folder
- * with a monolithicFlat VMDK: a raw file); `xva` (XVA 1 MiB blocks, each SHA-1-checked by the
- * reader). The qemu-img reference reads the same bytes in place (for `ova` the member through the
- * raw driver's offset/size, for `xva` the raw disk the archive was built from).
+ * with a monolithicFlat VMDK: a raw file); `xva` (XVA 1 MiB blocks, each checked by the reader
+ * against its XXH64 `.xxhash` companion, as xapi writes them today); `xva-sha1` (the same with
+ * SHA-1 `.checksum` companions, as older xapi wrote them). The qemu-img reference reads the same
+ * bytes in place (for `ova` the member through the raw driver's offset/size, for the XVA kinds
+ * the raw disk the archive was built from: qemu-img cannot read an XVA).
  *
  *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--dir DIR] [--cache DIR|none]
  *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --cache /var/tmp/mig-bench-cache
@@ -69,6 +71,14 @@ const qemuKind = (kind: string, fmt: string): Kind => ({
     const b = buildInput(kind, root, `k${kind}`, [raw])
     const rel = path.relative(root, b.path)
     return { plan: offlinePlan(kind, rel), refArgs: ['-f', fmt, b.path] }
+  },
+})
+
+/** An XVA archive `name` of the layout with `xvaChecksum` companions; the reference reads the raw disk. */
+const xvaKind = (name: string, xvaChecksum: 'xxh64' | 'sha1'): Kind => ({
+  build(root, raw) {
+    const b = buildInput('xva_archive', root, name, [raw], { xvaChecksum })
+    return { plan: offlinePlan('xva_archive', path.relative(root, b.path)), refArgs: ['-f', 'raw', raw] }
   },
 })
 
@@ -123,12 +133,8 @@ const KINDS: Record<string, Kind> = {
       return { plan: offlinePlan('vmx_folder', 'kflat'), refArgs: ['-f', 'raw', path.join(dir, 'kflat-flat.vmdk')] }
     },
   },
-  xva: {
-    build(root, raw) {
-      const b = buildInput('xva_archive', root, 'kxva', [raw])
-      return { plan: offlinePlan('xva_archive', path.relative(root, b.path)), refArgs: ['-f', 'raw', raw] }
-    },
-  },
+  xva: xvaKind('kxva', 'xxh64'),
+  'xva-sha1': xvaKind('kxvasha1', 'sha1'),
 }
 for (const k of kinds) if (!KINDS[k]) throw new Error(`unknown kind ${k}`)
 

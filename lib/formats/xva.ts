@@ -9,7 +9,8 @@
  * of 1 MiB each holding bytes `[N MiB, N+1 MiB)` of the disk (the disk's last chunk is shorter
  * when its size is not a multiple of 1 MiB; chunks that are all zero are omitted, except the
  * first and the last), each followed by a checksum companion: `NNNNNNNN.checksum` (SHA-1, lower
- * or upper-case hex, older xapi) or `NNNNNNNN.xxhash` (XXH64, 16 hex digits, xapi since 2023).
+ * or upper-case hex, older xapi) or `NNNNNNNN.xxhash` (XXH64 seed 0 as `%016LX`: what
+ * `stream_vdi.ml`'s `write_block` writes today).
  * xapi's keep-alive writes a zero-length chunk that is later re-sent in full under the same name:
  * zero-length chunks are therefore skipped.
  *
@@ -17,6 +18,7 @@
  * 4 MiB cap, prototype-safe maps).
  */
 
+import { createXXHash64, type IHasher } from 'hash-wasm'
 import { normalizeMac } from '../mac.ts'
 import { malformed, openRead, readAt } from './io.ts'
 import type { TarMember } from './tar.ts'
@@ -460,23 +462,54 @@ export function indexXvaBlocks(
   return { dirs, ignored }
 }
 
+/** The XXH64 hasher (seed 0), loaded once on first use: hash-wasm's WebAssembly build. */
+let xxh64: IHasher | null = null
+
+/** XXH64 (seed 0) of `data` as 16 lower-case hex digits, computed at the call (synchronously). */
+function xxh64Hex(h: IHasher, data: Uint8Array): string {
+  h.init()
+  h.update(data)
+  return h.digest('hex')
+}
+
+/** Digest of each companion kind: name for messages, companion extension, hex digits. */
+const DIGESTS = {
+  sha1: { name: 'SHA-1', ext: '.checksum', hexDigits: 40 },
+  xxh64: { name: 'XXH64', ext: '.xxhash', hexDigits: 16 },
+} as const
+
 /**
- * Checks one block's bytes (`data`, the whole block) against the text of its `.checksum`
- * companion (a SHA-1 hex digest, surrounding white space allowed; xapi `stream_vdi`). The SHA-1
- * is computed with WebCrypto `crypto.subtle.digest`, which copies `data` at the call and hashes
- * on a thread pool (Bun and Node), so the caller may reuse the buffer at once and the main
- * thread goes on meanwhile. `label` names the archive in messages. Rejects with
- * `E_MIG_MALFORMED_ARCHIVE` when the companion holds no SHA-1 hex digest, or when the digests
- * differ (details: `member`, `expected`, `actual`).
+ * Checks one block's bytes (`data`, the whole block) against the text of its checksum companion
+ * (xapi `stream_vdi`): a `.checksum` holds a SHA-1 hex digest (older xapi), an `.xxhash` the XXH64
+ * (seed 0) as 16 hex digits (xapi writes `%016LX`; either case and surrounding white space are
+ * accepted). `data` is read at the call, before this returns its promise, so the caller may reuse
+ * the buffer at once: the SHA-1 runs on WebCrypto's thread pool (`crypto.subtle.digest` copies its
+ * input at the call, Bun and Node), the XXH64 on the calling thread (hash-wasm, about 7 GB/s per
+ * core here; the first call copies `data` while the hasher loads). A block without a companion
+ * resolves at once. `label` names the archive in messages. Rejects with `E_MIG_MALFORMED_ARCHIVE`
+ * when the companion holds no digest of its kind, or when the digests differ (details: `member`,
+ * `expected`, `actual`).
  */
-export async function checkXvaBlockSha1(label: string, block: XvaBlock, data: Uint8Array, companion: string): Promise<void> {
-  const name = block.checksum?.member.name ?? `${block.member.name}.checksum`
+export async function checkXvaBlock(label: string, block: XvaBlock, data: Uint8Array, companion: string): Promise<void> {
+  if (!block.checksum) return
+  const d = DIGESTS[block.checksum.algorithm]
+  const name = block.checksum.member.name
   const want = companion.trim().toLowerCase()
-  if (!/^[0-9a-f]{40}$/.test(want)) throw malformed(label, `checksum member ${name} does not hold a SHA-1 hex digest`, { member: name })
-  // `data` is a Buffer or a view of one: never backed by a SharedArrayBuffer.
-  const got = Buffer.from(await crypto.subtle.digest('SHA-1', data as Uint8Array<ArrayBuffer>)).toString('hex')
+  if (want.length !== d.hexDigits || !/^[0-9a-f]+$/.test(want))
+    throw malformed(label, `checksum member ${name} does not hold a ${d.name} hex digest (${d.hexDigits} hex digits)`, { member: name })
+  let got: string
+  if (block.checksum.algorithm === 'sha1') {
+    // `data` is a Buffer or a view of one: never backed by a SharedArrayBuffer.
+    got = Buffer.from(await crypto.subtle.digest('SHA-1', data as Uint8Array<ArrayBuffer>)).toString('hex')
+  } else if (xxh64) {
+    got = xxh64Hex(xxh64, data)
+  } else {
+    const copy = new Uint8Array(data) // a copy (Buffer#slice would share the bytes)
+    xxh64 ??= await createXXHash64(0, 0)
+    got = xxh64Hex(xxh64, copy)
+  }
   if (got !== want)
-    throw malformed(label, `block ${block.member.name}: SHA-1 ${got} does not match its .checksum ${want}`, {
+    throw malformed(label, `block ${block.member.name}: ${d.name} ${got} does not match its ${d.ext} ${want}`, {
       member: block.member.name,
       expected: want,
       actual: got,
@@ -494,37 +527,36 @@ export interface VerifyXvaOptions {
 }
 
 /**
- * Result of {@link verifyXvaBlocks}: `verified` blocks whose SHA-1 matched; `deferred` blocks with
- * a SHA-1 companion left for the copy (over the byte budget); `unverifiable` blocks with an
- * `.xxhash` companion (no XXH64 implementation is available in `node:crypto`); `unchecked` blocks
- * without any companion; `verifiedBytes`; `warnings` summarising the last three.
+ * Result of {@link verifyXvaBlocks}: `verified` blocks whose SHA-1 or XXH64 matched (and their
+ * bytes, `verifiedBytes`); `deferred` blocks with a companion left for the copy (over the byte
+ * budget); `unchecked` blocks without any companion; `warnings` summarising the last two.
  */
 export interface VerifyXvaResult {
   dirs: Map<string, XvaBlockDir>
   verified: number
   verifiedBytes: number
   deferred: string[]
-  unverifiable: string[]
   unchecked: string[]
   warnings: string[]
 }
 
 /**
- * Checks the blocks of an XVA: the structure per {@link indexXvaBlocks}, then the SHA-1 of each
- * block that has a `.checksum` companion, in archive order, until `maxBytes` of block data have
- * been hashed. Reads are positioned (one 1 MiB buffer reused; up to four SHA-1 digests run on the
- * thread pool meanwhile), never a whole-archive read.
+ * Checks the blocks of an XVA: the structure per {@link indexXvaBlocks}, then each block that has
+ * a checksum companion against it ({@link checkXvaBlock}: SHA-1 `.checksum` or XXH64 `.xxhash`),
+ * in archive order, until `maxBytes` of block data have been hashed. Reads are positioned (one
+ * 1 MiB buffer reused; up to four SHA-1 digests run on the thread pool meanwhile), never a
+ * whole-archive read.
  *
  * @param path the archive. @param members its members (from `listTarMembers`).
- * @throws E_MIG_MALFORMED_ARCHIVE as {@link indexXvaBlocks}; a `.checksum` that is not 40 hex
- *   digits; a block whose SHA-1 differs from its `.checksum` (message names the block); a member
- *   cut short by the end of the archive.
+ * @throws E_MIG_MALFORMED_ARCHIVE as {@link indexXvaBlocks}; a companion that holds no digest of
+ *   its kind; a block whose digest differs from its companion's (message names the block); a
+ *   member cut short by the end of the archive.
  * @throws E_MIG_DISK_READ_FAILED the archive cannot be read.
  */
 export async function verifyXvaBlocks(path: string, members: readonly TarMember[], opts: VerifyXvaOptions): Promise<VerifyXvaResult> {
   const { dirs } = indexXvaBlocks(members, opts.vdiSizes, path)
   const budget = opts.maxBytes ?? Number.MAX_SAFE_INTEGER
-  const res: VerifyXvaResult = { dirs, verified: 0, verifiedBytes: 0, deferred: [], unverifiable: [], unchecked: [], warnings: [] }
+  const res: VerifyXvaResult = { dirs, verified: 0, verifiedBytes: 0, deferred: [], unchecked: [], warnings: [] }
   const selected = [...dirs.values()].filter((d) => !opts.dirs || opts.dirs.includes(d.dir))
   const all = selected.flatMap((d) => d.blocks).sort((a, b) => a.member.offset - b.member.offset)
   const fh = await openRead(path)
@@ -541,18 +573,14 @@ export async function verifyXvaBlocks(path: string, members: readonly TarMember[
         res.unchecked.push(b.member.name)
         continue
       }
-      if (b.checksum.algorithm === 'xxh64') {
-        res.unverifiable.push(b.member.name)
-        continue
-      }
       if (res.verifiedBytes + b.member.size > budget) {
         res.deferred.push(b.member.name)
         continue
       }
       const want = (await readExact(b.checksum.member.offset, b.checksum.member.size, b.checksum.member.name)).toString('latin1')
-      // The digest copies the block at the call, so `buf` is free again; up to
-      // HASHES_IN_FLIGHT digests run on the thread pool while the next blocks are read.
-      const check = checkXvaBlockSha1(path, b, await readExact(b.member.offset, b.member.size, b.member.name), want)
+      // The check reads the block at the call, so `buf` is free again; up to
+      // HASHES_IN_FLIGHT SHA-1 digests run on the thread pool while the next blocks are read.
+      const check = checkXvaBlock(path, b, await readExact(b.member.offset, b.member.size, b.member.name), want)
       check.catch(() => {}) // observed in order below
       checks.push(check)
       if (checks.length >= HASHES_IN_FLIGHT) await checks.shift()
@@ -566,9 +594,7 @@ export async function verifyXvaBlocks(path: string, members: readonly TarMember[
   }
   // The XVA reader (lib/pipeline/readers/xva-blocks.ts) checks every block it copies.
   if (res.deferred.length > 0)
-    res.warnings.push(`${res.deferred.length} blocks with a SHA-1 checksum are verified while the data is copied (inspect verified ${res.verified})`)
-  if (res.unverifiable.length > 0)
-    res.warnings.push(`${res.unverifiable.length} blocks carry XXH64 (.xxhash) checksums, which cannot be verified here: unverified`)
+    res.warnings.push(`${res.deferred.length} blocks with a checksum are verified while the data is copied (inspect verified ${res.verified})`)
   if (res.unchecked.length > 0) res.warnings.push(`${res.unchecked.length} blocks have no checksum companion`)
   return res
 }

@@ -14,7 +14,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test
 import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBadBootDisk, makeBootDisk } from '../helpers/bootdisk.ts'
-import { buildInput, fileSha256, makeRawImage, rawSha256, type OvfPacking } from '../helpers/inputs.ts'
+import { buildInput, fileSha256, makeRawImage, rawSha256, type InputPacking } from '../helpers/inputs.ts'
 import { allocatedBytes, bootCheckEnv, call, nonZeroBytes, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
@@ -24,7 +24,7 @@ import { execFileSync } from 'node:child_process'
 const PREFIX = 'mige2e-'
 const MARKER = 'MIGRATOR-E2E-BOOT-7781'
 const MiB = 1024 * 1024
-const KINDS: Array<{ kind: string; disks: 1 | 2; format?: string; packing?: OvfPacking; how?: string }> = [
+const KINDS: Array<{ kind: string; disks: 1 | 2; format?: string; packing?: InputPacking; how?: string }> = [
   { kind: 'ova_archive', disks: 2 },
   { kind: 'ovf_folder', disks: 2 },
   // OVF files stored gzip-compressed and/or in chunks, staged at copy time

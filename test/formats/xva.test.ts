@@ -10,10 +10,11 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
-import { listTarMembers } from '../../lib/formats/tar.ts'
-import { decodeXmlRpcValue, parseOvaXml, verifyXvaBlocks, XVA_BLOCK_SIZE } from '../../lib/formats/xva.ts'
+import { listTarMembers, type TarMember } from '../../lib/formats/tar.ts'
+import { checkXvaBlock, decodeXmlRpcValue, parseOvaXml, verifyXvaBlocks, XVA_BLOCK_SIZE, type XvaBlock } from '../../lib/formats/xva.ts'
 import { parseXmlDocument } from '../../lib/formats/xml.ts'
 import { importer } from '../../lib/importers/xva-archive.ts'
+import { xxh64Upper } from '../helpers/inputs.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024
@@ -97,7 +98,7 @@ interface BlockSpec {
   dir: string
   index: number
   size?: number
-  companion?: 'checksum' | 'xxhash' | 'none' | 'bad'
+  companion?: 'checksum' | 'xxhash' | 'none' | 'bad' | 'badxxhash'
   /** The companion is stored before its block (an archive repacked in directory order). */
   companionFirst?: boolean
 }
@@ -123,8 +124,8 @@ function makeXva(name: string, blocks: BlockSpec[], xml = ovaXml()): string {
         .digest('hex')
       writeFileSync(path.join(stage, `${n}.checksum`), h)
       order.push(`${n}.checksum`)
-    } else if (c === 'xxhash') {
-      writeFileSync(path.join(stage, `${n}.xxhash`), '0123456789ABCDEF')
+    } else if (c === 'xxhash' || c === 'badxxhash') {
+      writeFileSync(path.join(stage, `${n}.xxhash`), xxh64Upper(c === 'badxxhash' ? Buffer.from('tampered') : data))
       order.push(`${n}.xxhash`)
     }
     if (b.companionFirst && order.length > at + 1) order.splice(at, 2, order[at + 1]!, n)
@@ -235,17 +236,40 @@ describe('verifyXvaBlocks', () => {
     expect(some.warnings[0]).toContain('3 blocks')
   })
 
-  test('.xxhash companions are reported unverified; blocks without a companion unchecked', async () => {
+  test('.xxhash (XXH64) companions are verified; blocks without a companion unchecked', async () => {
     const xva = makeXva('xxh', [
       { dir: 'Ref:3', index: 0, companion: 'xxhash' },
       { dir: 'Ref:3', index: 7, companion: 'none' },
       { dir: 'Ref:5', index: 3, size: MiB / 2 },
     ])
     const r = await verifyXvaBlocks(xva, await listTarMembers(xva), { vdiSizes: sizes })
-    expect(r.verified).toBe(1)
-    expect(r.unverifiable).toEqual(['Ref:3/00000000'])
+    expect(r.verified).toBe(2)
+    expect(r.dirs.get('Ref:3')!.blocks[0]!.checksum?.algorithm).toBe('xxh64')
     expect(r.unchecked).toEqual(['Ref:3/00000007'])
-    expect(r.warnings.some((w) => w.includes('XXH64'))).toBe(true)
+    expect(r.warnings).toEqual(['1 blocks have no checksum companion'])
+  })
+
+  test('XXH64 is xapi\'s: seed 0, 16 hex digits in either case (known values of the empty input and "abc")', async () => {
+    const block: XvaBlock = {
+      index: 0,
+      member: { name: 'Ref:1/00000000' } as TarMember,
+      checksum: { algorithm: 'xxh64', member: { name: 'Ref:1/00000000.xxhash' } as TarMember },
+    }
+    await checkXvaBlock('t.xva', block, new Uint8Array(0), 'EF46DB3751D8E999\n')
+    await checkXvaBlock('t.xva', block, Buffer.from('abc'), '44bc2cf5ad770999')
+    const wrong = (await thrown(() => checkXvaBlock('t.xva', block, Buffer.from('abd'), '44BC2CF5AD770999'))) as MigError
+    expectMig(wrong, 'E_MIG_MALFORMED_ARCHIVE')
+    expect(wrong.message).toContain('block Ref:1/00000000: XXH64')
+    expect(wrong.details).toMatchObject({ member: 'Ref:1/00000000', expected: '44bc2cf5ad770999' })
+    for (const text of ['EF46DB3751D8E99', 'EF46DB3751D8E999A', 'XF46DB3751D8E999', ''])
+      expectMig(await thrown(() => checkXvaBlock('t.xva', block, new Uint8Array(0), text)), 'E_MIG_MALFORMED_ARCHIVE')
+  })
+
+  test('a bad .xxhash -> E_MIG_MALFORMED_ARCHIVE naming the block', async () => {
+    const xva = makeXva('badxxh', [GOOD[0]!, { dir: 'Ref:3', index: 2, companion: 'badxxhash' }])
+    const err = (await thrown(async () => verifyXvaBlocks(xva, await listTarMembers(xva), { vdiSizes: sizes }))) as MigError
+    expectMig(err, 'E_MIG_MALFORMED_ARCHIVE')
+    expect(err.message).toContain('block Ref:3/00000002: XXH64')
   })
 
   test('xapi keep-alive: a zero-length chunk and its companion, re-sent in full later, are skipped', async () => {
@@ -267,7 +291,6 @@ describe('verifyXvaBlocks', () => {
       [2, MiB, 'sha1'],
     ])
     expect(r.verified).toBe(2)
-    expect(r.unverifiable).toEqual([])
   })
 
   test("a companion stored before its block is its block's (no keep-alive of that name): verified, and a bad one still refused", async () => {

@@ -16,6 +16,7 @@ import type { ManifestDisk } from '../../lib/manifest.ts'
 import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { FileSink } from '../../lib/sink/file.ts'
+import { xxh64Upper } from '../helpers/inputs.ts'
 import { CORPUS, tempDir } from '../helpers/tmp.ts'
 
 const KiB = 1024
@@ -213,7 +214,9 @@ describe('raw and XVA readers', () => {
     for (const [i, b] of Object.entries(blocks)) {
       const name = String(i).padStart(8, '0')
       writeFileSync(path.join(dir, 'Ref:5', name), b)
-      writeFileSync(path.join(dir, 'Ref:5', `${name}.checksum`), createHash('sha1').update(b).digest('hex'))
+      // Both companion kinds: SHA-1 (older xapi) and XXH64 (xapi today).
+      if (Number(i) % 2 === 0) writeFileSync(path.join(dir, 'Ref:5', `${name}.checksum`), createHash('sha1').update(b).digest('hex'))
+      else writeFileSync(path.join(dir, 'Ref:5', `${name}.xxhash`), xxh64Upper(b))
       b.copy(expected, Number(i) * MiB)
     }
     writeFileSync(path.join(dir, 'Ref:9', '00000001'), randomBytes(MiB)) // another VDI: ignored
@@ -261,29 +264,34 @@ describe('raw and XVA readers', () => {
     await reader.close()
   })
 
-  test('XVA: a block whose bytes differ from its .checksum fails the read that holds it whole, and the copy, naming the member', async () => {
-    const dir = path.join(tmp.dir, 'xva-bad')
-    mkdirSync(path.join(dir, 'Ref:7'), { recursive: true })
-    const good = randomBytes(MiB)
-    const bad = randomBytes(MiB)
-    writeFileSync(path.join(dir, 'Ref:7', '00000000'), good)
-    writeFileSync(path.join(dir, 'Ref:7', '00000000.checksum'), createHash('sha1').update(good).digest('hex'))
-    writeFileSync(path.join(dir, 'Ref:7', '00000002'), bad)
-    writeFileSync(path.join(dir, 'Ref:7', '00000002.checksum'), createHash('sha1').update(randomBytes(16)).digest('hex'))
-    const xva = path.join(tmp.dir, 'tampered.xva')
-    execFileSync('tar', ['-C', dir, '-cf', xva, '--sort=name', 'Ref:7'])
-    const d = disk('raw', { path: xva, member: 'Ref:7', layout: 'xva_blocks' }, 4 * MiB)
-    const reader = await openDiskReader(d)
-    expect((await reader.read(0, MiB)).equals(good)).toBe(true)
-    // Part of the block: not checked (a resumed copy may start inside a block).
-    expect((await reader.read(2 * MiB + 512, 1024)).equals(bad.subarray(512, 1536))).toBe(true)
-    const err = await codeOf(reader.read(2 * MiB, MiB))
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('block Ref:7/00000002: SHA-1')
-    await reader.close()
-    const copied = await codeOf(copy(d))
-    expect(copied.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-  })
+  for (const [ext, digest, name] of [
+    ['checksum', (b: Uint8Array) => createHash('sha1').update(b).digest('hex'), 'SHA-1'],
+    ['xxhash', xxh64Upper, 'XXH64'],
+  ] as const) {
+    test(`XVA: a block whose bytes differ from its .${ext} fails the read that holds it whole, and the copy, naming the member`, async () => {
+      const dir = path.join(tmp.dir, `xva-bad-${ext}`)
+      mkdirSync(path.join(dir, 'Ref:7'), { recursive: true })
+      const good = randomBytes(MiB)
+      const bad = randomBytes(MiB)
+      writeFileSync(path.join(dir, 'Ref:7', '00000000'), good)
+      writeFileSync(path.join(dir, 'Ref:7', `00000000.${ext}`), digest(good))
+      writeFileSync(path.join(dir, 'Ref:7', '00000002'), bad)
+      writeFileSync(path.join(dir, 'Ref:7', `00000002.${ext}`), digest(randomBytes(16)))
+      const xva = path.join(tmp.dir, `tampered-${ext}.xva`)
+      execFileSync('tar', ['-C', dir, '-cf', xva, '--sort=name', 'Ref:7'])
+      const d = disk('raw', { path: xva, member: 'Ref:7', layout: 'xva_blocks' }, 4 * MiB)
+      const reader = await openDiskReader(d)
+      expect((await reader.read(0, MiB)).equals(good)).toBe(true)
+      // Part of the block: not checked (a resumed copy may start inside a block).
+      expect((await reader.read(2 * MiB + 512, 1024)).equals(bad.subarray(512, 1536))).toBe(true)
+      const err = await codeOf(reader.read(2 * MiB, MiB))
+      expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
+      expect(err.message).toContain(`block Ref:7/00000002: ${name}`)
+      await reader.close()
+      const copied = await codeOf(copy(d))
+      expect(copied.code).toBe('E_MIG_MALFORMED_ARCHIVE')
+    })
+  }
 
   test('XVA: a block beyond the capacity is E_MIG_MALFORMED_ARCHIVE', async () => {
     const dir = path.join(tmp.dir, 'xva2')

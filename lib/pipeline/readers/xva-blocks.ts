@@ -1,19 +1,20 @@
 /**
  * Disk reader over an XVA (XenServer/XCP-ng export) VDI stored as 1 MiB blocks (xapi
  * `stream_vdi` format): the tar holds members `Ref:<n>/NNNNNNNN` (eight decimal digits), each
- * the disk bytes at `N * 1 MiB`, usually followed by a `Ref:<n>/NNNNNNNN.checksum` (SHA-1 hex) or
- * `.xxhash` member. Blocks the exporter left out read as zeros. The blocks are read in place
- * with positioned reads at their tar member data offsets (DESIGN.md section 5 reader 2), the blocks
- * of one read side by side. Every block read whole is checked against its SHA-1 `.checksum` (hashed
- * on the thread pool) before `read` returns it, so a damaged block fails the copy
- * (`E_MIG_MALFORMED_ARCHIVE` naming the member) before it reaches the volume.
+ * the disk bytes at `N * 1 MiB`, usually followed by a `Ref:<n>/NNNNNNNN.xxhash` (XXH64, xapi
+ * today) or `.checksum` (SHA-1, older xapi) member. Blocks the exporter left out read as zeros.
+ * The blocks are read in place with positioned reads at their tar member data offsets (DESIGN.md
+ * section 5 reader 2), the blocks of one read side by side. Every block read whole is checked
+ * against its companion ({@link checkXvaBlock}; SHA-1 on the thread pool) before `read` returns
+ * it, so a damaged block fails the copy (`E_MIG_MALFORMED_ARCHIVE` naming the member) before it
+ * reaches the volume.
  */
 import { open, type FileHandle } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import { readAt, readAtSync } from '../../formats/io.ts'
 import { listTarMembers } from '../../formats/tar.ts'
-import { checkXvaBlockSha1, indexXvaBlocks, XVA_BLOCK_SIZE, XVA_MAX_MEMBERS, type XvaBlock } from '../../formats/xva.ts'
+import { checkXvaBlock, indexXvaBlocks, XVA_BLOCK_SIZE, XVA_MAX_MEMBERS, type XvaBlock } from '../../formats/xva.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
 /** Options of {@link openXvaBlocksReader}. */
@@ -52,16 +53,16 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
   let closed = false
 
   /**
-   * Checks a block read whole against its SHA-1 `.checksum` companion (the inspection checked the
-   * first 64 MiB; every block is checked here, before its bytes are handed to the copy). Blocks
-   * with an XXH64 companion or none, and a block cut by the start of a resumed copy, are not.
+   * Checks a block read whole against its checksum companion (the inspection checked the first
+   * 64 MiB; every block is checked here, before its bytes are handed to the copy). Blocks without
+   * a companion, and a block cut by the start of a resumed copy, are not.
    */
   const verifyBlock = async (b: XvaBlock, data: Buffer): Promise<void> => {
     const c = b.checksum
-    if (!c || c.algorithm !== 'sha1') return
+    if (!c) return
     const companion = readAtSync(fh, label, c.member.size, c.member.offset) // at most 128 bytes (indexXvaBlocks)
     if (companion.length !== c.member.size) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${c.member.name} is cut short (archive truncated?)`)
-    await checkXvaBlockSha1(label, b, data, companion.toString('latin1'))
+    await checkXvaBlock(label, b, data, companion.toString('latin1'))
   }
 
   /** Reads disk bytes `[s, e)` of block `b` into `into` (`e - s` bytes), and checks the block if that is all of it. */
@@ -116,7 +117,7 @@ export async function openXvaBlocksReader(path: string, opts: XvaBlocksReaderOpt
       const buf = into && into.length >= length ? into.subarray(0, length) : Buffer.allocUnsafe(length)
       const end = offset + length
       let pos = offset
-      // The blocks of one read are read, and their SHA-1s computed, side by side; the first
+      // The blocks of one read are read, and their digests computed, side by side; the first
       // failure in disk order is reported once all have settled (none writes into `buf` later).
       const parts: Promise<void>[] = []
       for (let i = firstAfter(offset); i < blocks.length && pos < end; i++) {

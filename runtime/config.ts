@@ -204,7 +204,10 @@ export const VARIABLES = {
   MIGRATOR_LEASE_SECONDS: { schema: int(30, 1), doc: 'job lease; a job whose lease expired is resumed by any server' },
   MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS: { schema: int(20, 1), doc: 'a worker silent this long is killed and its job retried' },
   MIGRATOR_MAX_ATTEMPTS: { schema: int(3, 1), doc: 'worker runs of one job before it fails' },
-  MIGRATOR_FLUSH_EVERY_BYTES: { schema: int(256 * MiB, MiB), doc: 'durable checkpoint interval of the copy' },
+  MIGRATOR_FLUSH_EVERY_BYTES: {
+    schema: int(256 * MiB, MiB),
+    doc: 'durable checkpoint interval of the copy: bytes of data read from the source between fsyncs (zero extents do not count)',
+  },
   MIGRATOR_COPY_MAX_BYTES_PER_SECOND: { schema: int(0, 0), doc: 'bandwidth cap on source reads per disk copy (0: none)' },
   MIGRATOR_DELTA_CONVERGE_BYTES: { schema: int(64 * MiB, 0), doc: 'a warm delta pass below this converges' },
   MIGRATOR_DELTA_MAX_PASSES: { schema: int(8, 1), doc: 'delta passes before E_MIG_DELTA_TOO_LARGE' },

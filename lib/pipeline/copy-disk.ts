@@ -10,11 +10,14 @@
  * - Each chunk read is cut into data and zero segments at the volume's block size; data is
  *   written, adjacent zero segments and zero extents are merged into runs discarded with
  *   `volume.zero()`.
- * - Every `flushEveryBytes` (default 256 MiB) and at the end: pending zero run issued and
- *   writes completed, `volume.flush()` (fsync), then `onWatermark(w)`: all bytes below `w` are
- *   durable, so a persisted watermark never runs ahead of the destination (DESIGN.md section 4).
- *   Intermediate flushes run in the background while the copy goes on (at most one at a
- *   time); the final one is awaited.
+ * - Every `flushEveryBytes` (default 256 MiB) of data read from the source, and at the end:
+ *   pending zero run issued and writes completed, `volume.flush()` (fsync), then
+ *   `onWatermark(w)`: all bytes below `w` are durable, so a persisted watermark never runs ahead
+ *   of the destination (DESIGN.md section 4). Zero extents, which a resumed copy handles again
+ *   without reading anything, do not count (as the qemu-img engine's ranges): a sparse disk is
+ *   not fsynced every 256 MiB of holes. A resumed copy reads at most the data above the
+ *   watermark plus one interval (and one chunk). Intermediate flushes run in the background
+ *   while the copy goes on (at most one at a time); the final one is awaited.
  * - Optional digest: the bytes of `[0, size)` are hashed in order (bytes below `from` are
  *   re-read, not re-written) and compared at the end; only meaningful when the reader's bytes
  *   are the digested file's bytes (raw disks).
@@ -60,7 +63,7 @@ export interface CopyDiskOptions {
   onProgress(p: CopyProgress): void
   /** Called after each flush with the new durable watermark; awaited before the copy goes on. */
   onWatermark(watermark: number): Promise<void>
-  /** Flush interval (default 256 MiB of handled bytes). */
+  /** Flush interval: bytes read from the source (data, not zero extents) between checkpoints (default 256 MiB). */
   flushEveryBytes?: number
   /** Reads in flight (1..16, default 4). */
   readAhead?: number
@@ -239,6 +242,7 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
       }
       const item = queue.shift()!
       const c = item.chunk
+      const readBefore = res.bytes_read
       if (hash && c.offset > hashPos) hashZeros(hash, c.offset - hashPos)
       hashPos = c.offset + c.length
       let next: Promise<void>
@@ -280,7 +284,7 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
       }
       await next
       position = c.offset + c.length
-      sinceFlush += c.length
+      sinceFlush += res.bytes_read - readBefore
       if (sinceFlush >= flushEvery) {
         // Checkpoint: everything below `position` is written (page cache); the fsync runs in the
         // background while the copy goes on, and the watermark is reported once it returned.

@@ -516,8 +516,8 @@ export async function checkXvaBlock(label: string, block: XvaBlock, data: Uint8A
     })
 }
 
-/** Block digests {@link verifyXvaBlocks} keeps running at once (thread pool work). */
-const HASHES_IN_FLIGHT = 4
+/** Blocks {@link verifyXvaBlocks} reads and checks at once (reads and SHA-1s: thread pool work). */
+const BLOCKS_IN_FLIGHT = 4
 
 /** Options of {@link verifyXvaBlocks}: `vdiSizes` as for {@link indexXvaBlocks}; `maxBytes` the budget of block bytes hashed (default unbounded); `dirs` restricts to these directories. */
 export interface VerifyXvaOptions {
@@ -543,9 +543,8 @@ export interface VerifyXvaResult {
 /**
  * Checks the blocks of an XVA: the structure per {@link indexXvaBlocks}, then each block that has
  * a checksum companion against it ({@link checkXvaBlock}: SHA-1 `.checksum` or XXH64 `.xxhash`),
- * in archive order, until `maxBytes` of block data have been hashed. Reads are positioned (one
- * 1 MiB buffer reused; up to four SHA-1 digests run on the thread pool meanwhile), never a
- * whole-archive read.
+ * in archive order, until `maxBytes` of block data have been hashed. Reads are positioned (four
+ * blocks at once, each into a 1 MiB buffer of its own, reused), never a whole-archive read.
  *
  * @param path the archive. @param members its members (from `listTarMembers`).
  * @throws E_MIG_MALFORMED_ARCHIVE as {@link indexXvaBlocks}; a companion that holds no digest of
@@ -559,39 +558,45 @@ export async function verifyXvaBlocks(path: string, members: readonly TarMember[
   const res: VerifyXvaResult = { dirs, verified: 0, verifiedBytes: 0, deferred: [], unchecked: [], warnings: [] }
   const selected = [...dirs.values()].filter((d) => !opts.dirs || opts.dirs.includes(d.dir))
   const all = selected.flatMap((d) => d.blocks).sort((a, b) => a.member.offset - b.member.offset)
-  const fh = await openRead(path)
-  const buf = Buffer.allocUnsafe(XVA_BLOCK_SIZE)
-  const checks: Promise<void>[] = []
-  const readExact = async (off: number, len: number, name: string): Promise<Buffer> => {
-    const got = await readAt(fh, `${path} member ${name}`, len, off, buf)
-    if (got.length < len) throw malformed(path, `member ${name} is cut short by the end of the archive`, { member: name })
-    return got
-  }
-  try {
-    for (const b of all) {
-      if (!b.checksum) {
-        res.unchecked.push(b.member.name)
-        continue
-      }
-      if (res.verifiedBytes + b.member.size > budget) {
-        res.deferred.push(b.member.name)
-        continue
-      }
-      const want = (await readExact(b.checksum.member.offset, b.checksum.member.size, b.checksum.member.name)).toString('latin1')
-      // The check reads the block at the call, so `buf` is free again; up to
-      // HASHES_IN_FLIGHT SHA-1 digests run on the thread pool while the next blocks are read.
-      const check = checkXvaBlock(path, b, await readExact(b.member.offset, b.member.size, b.member.name), want)
-      check.catch(() => {}) // observed in order below
-      checks.push(check)
-      if (checks.length >= HASHES_IN_FLIGHT) await checks.shift()
+  const toCheck: XvaBlock[] = []
+  for (const b of all) {
+    if (!b.checksum) res.unchecked.push(b.member.name)
+    else if (res.verifiedBytes + b.member.size > budget) res.deferred.push(b.member.name)
+    else {
+      toCheck.push(b)
       res.verified++
       res.verifiedBytes += b.member.size
     }
-    for (const c of checks) await c
+  }
+  const fh = await openRead(path)
+  // BLOCKS_IN_FLIGHT lanes, each with a buffer of its own, take the blocks in archive order: the
+  // reads run side by side on the thread pool, as do the SHA-1 digests. Every lane finishes
+  // before the archive is closed; the failure first in archive order is the one reported.
+  let next = 0
+  const failures: Array<{ offset: number; error: unknown }> = []
+  const lane = async (): Promise<void> => {
+    const buf = Buffer.allocUnsafe(XVA_BLOCK_SIZE)
+    const readExact = async (m: TarMember): Promise<Buffer> => {
+      const got = await readAt(fh, `${path} member ${m.name}`, m.size, m.offset, buf)
+      if (got.length < m.size) throw malformed(path, `member ${m.name} is cut short by the end of the archive`, { member: m.name })
+      return got
+    }
+    while (next < toCheck.length && failures.length === 0) {
+      const b = toCheck[next++]!
+      try {
+        const want = (await readExact(b.checksum!.member)).toString('latin1')
+        await checkXvaBlock(path, b, await readExact(b.member), want)
+      } catch (error) {
+        failures.push({ offset: b.member.offset, error })
+      }
+    }
+  }
+  try {
+    await Promise.all(Array.from({ length: Math.min(BLOCKS_IN_FLIGHT, toCheck.length) }, lane))
   } finally {
-    await Promise.allSettled(checks)
     await fh.close()
   }
+  if (failures.length > 0) throw failures.sort((a, b) => a.offset - b.offset)[0]!.error
   // The XVA reader (lib/pipeline/readers/xva-blocks.ts) checks every block it copies.
   if (res.deferred.length > 0)
     res.warnings.push(`${res.deferred.length} blocks with a checksum are verified while the data is copied (inspect verified ${res.verified})`)

@@ -5,8 +5,9 @@
  * a disk whose source is the archive with `member: 'Ref:<n>'` and `layout: 'xva_blocks'` (the
  * reader places chunk N at N MiB and leaves missing chunks as zeros), `disk_format: 'raw'`,
  * `capacity_bytes` the VDI's `virtual_size`, `allocated_bytes` the bytes of the chunks present.
- * The block structure of every disk is checked at inspect; SHA-1 checksums of the first 64 MiB of
- * blocks (in archive order) are verified at inspect, the rest while the data is copied.
+ * The block structure of every disk is checked at inspect; the checksums (XXH64 `.xxhash` or SHA-1
+ * `.checksum`) of the first 64 MiB of blocks (in archive order) are verified at inspect, the rest
+ * while the data is copied.
  */
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
@@ -17,7 +18,7 @@ import { MAX_OVA_XML_BYTES, parseOvaXml, verifyXvaBlocks, XVA_MAX_MEMBERS } from
 import type { Importer, InspectContext } from './types.ts'
 import { statPath } from '../formats/io.ts'
 
-/** Block bytes whose SHA-1 is verified at inspect time (64 MiB). */
+/** Block bytes whose checksum is verified at inspect time (64 MiB). */
 export const XVA_INSPECT_VERIFY_BYTES = 64 * 1024 * 1024
 
 /**
@@ -25,7 +26,7 @@ export const XVA_INSPECT_VERIFY_BYTES = 64 * 1024 * 1024
  *
  * Throws `E_MIG_UNSUPPORTED_FORMAT` (a folder, a compressed archive, no `ova.xml`),
  * `E_MIG_MALFORMED_ARCHIVE` (not a tar, bad `ova.xml`, not XML-RPC, a bad block size or number,
- * a block whose SHA-1 differs from its `.checksum`: messages name the member),
+ * a block whose digest differs from its `.xxhash` or `.checksum`: messages name the member),
  * `E_MIG_HOST_PATH_REJECTED` (a member named outside the archive: absolute or `..`),
  * `E_MIG_DISK_READ_FAILED`.
  */

@@ -14,6 +14,7 @@
  * cap.
  */
 import { createHash } from 'node:crypto'
+import type { FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import { currentInputScope } from '../hostpath.ts'
 import { malformed, openRead, readAt, readAtSync } from './io.ts'
@@ -181,12 +182,69 @@ export function listTarMembers(path: string, opts: { offset?: number; maxMembers
 /** Headers read between two yields to the event loop: the walk blocks it for about a millisecond at a time. */
 const HEADERS_PER_TURN = 256
 
+/** How many headers {@link HeaderReadAhead} reads ahead of the walk. */
+const HEADERS_AHEAD = 64
+
+/**
+ * Reads tar headers ahead of the walk, so that an archive not in the page cache is not walked at
+ * one disk round trip per member: each header's place depends on the size in the one before, so
+ * the walk itself cannot ask for two at once. While the gaps between headers repeat with a
+ * period of two (an XVA alternates a 1 MiB block and its checksum member; a chunked OVF repeats
+ * one size), the next {@link HEADERS_AHEAD} headers are guessed from the last two gaps and read,
+ * 512 bytes each, on the thread pool. The reads only bring the pages into the page cache: the
+ * walk reads and checks every header itself, so a wrong guess costs a wasted read and nothing
+ * else, and once the gaps stop repeating no more are made. {@link settle} waits for the reads in
+ * flight (the descriptor is closed after it).
+ */
+class HeaderReadAhead {
+  private inFlight = 0
+  private idle: (() => void) | null = null
+  private furthest = 0
+  private gapBefore = -1
+  private readonly scratch = Buffer.allocUnsafe(TAR_BLOCK)
+
+  constructor(
+    private readonly fh: FileHandle,
+    private readonly fileSize: number,
+  ) {}
+
+  /** The walk found headers at `prev` and `pos` and reads the next at `next` (file offsets, bytes). */
+  ahead(prev: number, pos: number, next: number): void {
+    const gaps = [pos - prev, next - pos] as const
+    const repeats = gaps[1] === this.gapBefore
+    this.gapBefore = gaps[0]
+    if (!repeats) return
+    let at = next
+    for (let k = 0; k < HEADERS_AHEAD; k++) {
+      at += gaps[k % 2]!
+      if (at + TAR_BLOCK > this.fileSize) return
+      if (at <= this.furthest) continue
+      this.furthest = at
+      this.inFlight++
+      this.fh
+        .read(this.scratch, 0, TAR_BLOCK, at)
+        .catch(() => {}) // a wrong guess is harmless: the walk reads and checks every header itself
+        .finally(() => {
+          if (--this.inFlight === 0) this.idle?.()
+        })
+    }
+  }
+
+  /** Resolves once no read is in flight. */
+  async settle(): Promise<void> {
+    if (this.inFlight > 0) await new Promise<void>((r) => (this.idle = r))
+  }
+}
+
 /** The walk of {@link listTarMembers}. */
 async function walkTar(path: string, first: number, maxMembers: number): Promise<readonly TarMember[]> {
   let pos = first
+  let prevHeader = -1
   const fh = await openRead(path)
+  let readAhead: HeaderReadAhead | null = null
   try {
     const fileSize = (await fh.stat()).size
+    readAhead = new HeaderReadAhead(fh, fileSize)
     const members: TarMember[] = []
     let global: Record<string, string> = Object.create(null)
     let pending: Record<string, string> = Object.create(null)
@@ -292,11 +350,15 @@ async function walkTar(path: string, first: number, maxMembers: number): Promise
       const m: TarMember = { name, size: dataSize, offset: dataOffset, type }
       if (linkname !== undefined && (type === 'symlink' || type === 'hardlink')) m.linkname = linkname
       members.push(m)
-      pos = dataOffset + padTo(dataSize)
+      const next = dataOffset + padTo(dataSize)
+      if (prevHeader >= 0) readAhead.ahead(prevHeader, pos, next)
+      prevHeader = pos
+      pos = next
     }
     if (longName !== undefined || Object.keys(pending).length > 0) throw malformed(path, 'archive ends after a long-name or PAX header without its member')
     return members
   } finally {
+    await readAhead?.settle()
     await fh.close()
   }
 }

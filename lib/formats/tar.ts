@@ -193,14 +193,18 @@ const HEADERS_AHEAD = 64
  * one size), the next {@link HEADERS_AHEAD} headers are guessed from the last two gaps and read,
  * 512 bytes each, on the thread pool. The reads only bring the pages into the page cache: the
  * walk reads and checks every header itself, so a wrong guess costs a wasted read and nothing
- * else, and once the gaps stop repeating no more are made. {@link settle} waits for the reads in
- * flight (the descriptor is closed after it).
+ * else, and once the gaps stop repeating no more are made. A hostile archive whose gaps repeat
+ * and then change, over and over, gets at most two reads ahead per header walked (after the first
+ * {@link HEADERS_AHEAD}). {@link settle} waits for the reads in flight (the descriptor is closed
+ * after it).
  */
 class HeaderReadAhead {
   private inFlight = 0
   private idle: (() => void) | null = null
   private furthest = 0
   private gapBefore = -1
+  /** Reads still allowed: {@link HEADERS_AHEAD} to start with, two more per header walked. */
+  private budget = HEADERS_AHEAD
   private readonly scratch = Buffer.allocUnsafe(TAR_BLOCK)
 
   constructor(
@@ -210,6 +214,7 @@ class HeaderReadAhead {
 
   /** The walk found headers at `prev` and `pos` and reads the next at `next` (file offsets, bytes). */
   ahead(prev: number, pos: number, next: number): void {
+    this.budget += 2
     const gaps = [pos - prev, next - pos] as const
     const repeats = gaps[1] === this.gapBefore
     this.gapBefore = gaps[0]
@@ -219,6 +224,8 @@ class HeaderReadAhead {
       at += gaps[k % 2]!
       if (at + TAR_BLOCK > this.fileSize) return
       if (at <= this.furthest) continue
+      if (this.budget <= 0) return
+      this.budget--
       this.furthest = at
       this.inFlight++
       this.fh

@@ -31,8 +31,12 @@
  * bytes in place (for `ova` the member through the raw driver's offset/size, for the XVA kinds
  * the raw disk the archive was built from: qemu-img cannot read an XVA).
  *
- *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--dir DIR] [--cache DIR|none]
- *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --cache /var/tmp/mig-bench-cache
+ *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--min-seconds S] [--max-reps M] [--dir DIR] [--cache DIR|none]
+ *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --min-seconds 0 --cache /var/tmp/mig-bench-cache
+ * `--min-seconds S`: past `--reps`, a kind is repeated (at most `--max-reps` times, default 12)
+ * until its repetitions took S seconds of wall time, both sides and the settling between runs
+ * together: on a layout whose runs take a fraction of a second (`sparse`), one slow run no longer
+ * decides a median. The `reps` column says how many each row got.
  * The raw layout images are kept in the cache directory (`<layout>-<bytes>.raw`) and reused by
  * later runs (the 8 GiB ext4 layout takes about 10 minutes to build here); `--cache none` builds
  * them in DIR and deletes them.
@@ -56,6 +60,8 @@ const size = Math.round(Number(arg('size', '8')) * GiB)
 const layouts = layoutsArg('runs,alternating,long,sparse,ext4')
 const kinds = arg('kinds', 'qcow2').split(',')
 const reps = Math.max(1, Number(arg('reps', '3')))
+const minSeconds = Math.max(0, Number(arg('min-seconds', '0')))
+const maxReps = Math.max(reps, Number(arg('max-reps', '12')))
 const base = arg('dir', '/var/tmp/mig-bench-data-path')
 // Raw layout images are kept here between runs (an 8 GiB ext4 layout takes minutes to build);
 // `--cache none` builds them afresh and deletes them.
@@ -249,7 +255,9 @@ await ensureLibvirt()
 const srv = await startServer('bun', base, { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_LOG_LEVEL: 'info' })
 const cpus = execFileSync('nproc', { encoding: 'utf8' }).trim()
 const mem = Math.round(Number(/MemTotal:\s+(\d+)/.exec(readFileSync('/proc/meminfo', 'utf8'))![1]) / 1024 / 1024)
-console.log(`machine: ${cpus} cores, ${mem} GiB RAM, shared; disk ${size / GiB} GiB; ${reps} repetitions per side, alternating; medians [min-max]`)
+console.log(
+  `machine: ${cpus} cores, ${mem} GiB RAM, shared; disk ${size / GiB} GiB; ${reps} repetitions per side${minSeconds > 0 ? ` (more, at most ${maxReps}, until a kind's repetitions took ${minSeconds} s)` : ''}, alternating; medians [min-max]`,
+)
 let runNo = 0
 let failed = false
 try {
@@ -266,6 +274,7 @@ try {
         'alloc ref / ours (MiB)'.padStart(24),
         'RSS MiB'.padStart(8),
         'equal'.padStart(8),
+        'reps'.padStart(5),
       ].join(' '),
     )
     const fixedRows: Array<[string, Record<string, number>[]]> = []
@@ -323,7 +332,7 @@ try {
         lastJob = { id: job.id, label: done.progress.disks[0].label }
         breakdowns.push(await breakdownOf(job.id, submittedAt, seenAt))
       }
-      await alternate(reps, runRef, runOurs, (r) => (last = r === reps - 1))
+      const repsDone = await alternate(reps, runRef, runOurs, (_r, isLast) => (last = isLast), { minSeconds, maxReps })
       const img = volumePath(base, lastJob!.id, lastJob!.label)
       // Byte equality by `cmp` (sha256sum of two 8 GiB files costs minutes on this shared machine;
       // equal bytes mean equal sha256).
@@ -342,6 +351,7 @@ try {
           `${(allocatedBytes(ref) / MiB).toFixed(0)} / ${(allocatedBytes(img) / MiB).toFixed(0)}`.padStart(24),
           (peak / MiB).toFixed(0).padStart(8),
           (equal ? 'yes' : 'NO').padStart(8),
+          String(repsDone).padStart(5),
         ].join(' '),
       )
       fixedRows.push([kind, breakdowns])

@@ -145,12 +145,27 @@ export function span(xs: number[]): string {
 }
 
 /**
- * Runs `reps` repetitions of both sides, alternating the order (reference first on even
- * repetition indexes, ours first on odd ones); `onRep(r)` runs before each repetition.
+ * Runs repetitions of both sides, alternating the order (reference first on even repetition
+ * indexes, ours first on odd ones): `reps` of them, or with `more.minSeconds` more (at most
+ * `more.maxReps`) until the repetitions took `minSeconds` of wall time together, so a layout
+ * whose runs last a fraction of a second gets as many samples as its noise needs. Whether a
+ * repetition is the last is decided before it runs (from the mean duration of those before it);
+ * `onRep(r, last)` runs before each repetition.
  */
-export async function alternate(reps: number, runRef: () => Promise<void>, runOurs: () => Promise<void>, onRep: (r: number) => void = () => {}): Promise<void> {
-  for (let r = 0; r < reps; r++) {
-    onRep(r)
+export async function alternate(
+  reps: number,
+  runRef: () => Promise<void>,
+  runOurs: () => Promise<void>,
+  onRep: (r: number, last: boolean) => void = () => {},
+  more: { minSeconds?: number; maxReps?: number } = {},
+): Promise<number> {
+  const minMs = (more.minSeconds ?? 0) * 1000
+  const maxReps = Math.max(reps, more.maxReps ?? reps)
+  let spent = 0
+  for (let r = 0; ; r++) {
+    const last = r + 1 >= reps && (r + 1 >= maxReps || spent + (r > 0 ? spent / r : 0) >= minMs)
+    onRep(r, last)
+    const t0 = performance.now()
     if (r % 2 === 0) {
       await runRef()
       await runOurs()
@@ -158,6 +173,8 @@ export async function alternate(reps: number, runRef: () => Promise<void>, runOu
       await runOurs()
       await runRef()
     }
+    spent += performance.now() - t0
+    if (last) return r + 1
   }
 }
 

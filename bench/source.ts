@@ -150,7 +150,7 @@ export function span(xs: number[]): string {
  * `more.maxReps`) until the repetitions took `minSeconds` of wall time together, so a layout
  * whose runs last a fraction of a second gets as many samples as its noise needs. Whether a
  * repetition is the last is decided before it runs (from the mean duration of those before it);
- * `onRep(r, last)` runs before each repetition.
+ * `onRep(r, last)` runs before each repetition. Resolves the number of repetitions run.
  */
 export async function alternate(
   reps: number,

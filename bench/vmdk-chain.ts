@@ -103,8 +103,8 @@ async function localFile(name: string): Promise<RemoteFile> {
   return {
     name,
     size: fileSize,
-    read: async (offset, length) => {
-      const b = Buffer.allocUnsafe(length)
+    read: async (offset, length, into) => {
+      const b = into && into.length >= length ? into.subarray(0, length) : Buffer.allocUnsafe(length)
       const { bytesRead } = await fh.read(b, 0, length, offset)
       if (bytesRead !== length) throw new Error(`${name}: short read`)
       return b

@@ -12,12 +12,14 @@
  */
 import { describe, expect, test, afterAll } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { readFileSync, writeFileSync } from 'node:fs'
+import { closeSync, openSync, readFileSync, readSync, statSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { resolveParent } from '../../lib/adapters/vim/datastore.ts'
 import { openVmdkChain, type RemoteFile } from '../../lib/adapters/vim/vmdk-chain.ts'
 import { MigError } from '../../lib/errors.ts'
 import type { DiskReader } from '../../lib/contracts/disk-reader.ts'
+import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
+import { FileSink } from '../../lib/sink/file.ts'
 import { readAll } from '../helpers/disk-reader.ts'
 import { deltaDescriptor, makeFlatBase, writeCowd, writeSeSparse, type DeltaGrain } from '../helpers/esx-delta.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
@@ -153,6 +155,81 @@ describe('VMDK snapshot delta chains', () => {
     const odd = await r2.read(4095 * 512 - 100, 9000)
     expect(odd.equals(expected.subarray(4095 * 512 - 100, 4095 * 512 + 8900))).toBe(true)
   })
+
+  test('an in-order copy reads each grain table once and reads into reused buffers, not a new one per request', async () => {
+    // 512 vmfsSparse grain tables (16 KiB each, 8 MiB in all: twice the 4 MiB table cache) over
+    // a flat base of 1 GiB (all holes), one 512-byte grain per table; copied as the job copies
+    const d = path.join(t.dir, 'wide')
+    execFileSync('mkdir', ['-p', d])
+    const size = 1024 * MiB
+    execFileSync('truncate', ['-s', String(size), path.join(d, 'zeros.raw')])
+    const baseCid = makeFlatBase(d, path.join(d, 'zeros.raw'))
+    const cowd = new Map<number, DeltaGrain>()
+    for (let table = 0; table < 512; table++) cowd.set(table * 4096 + 7, Buffer.alloc(512, 1 + (table % 251)))
+    writeCowd(path.join(d, 'wide-delta.vmdk'), size, 1, cowd)
+    writeFileSync(
+      path.join(d, 'wide.vmdk'),
+      deltaDescriptor({ createType: 'vmfsSparse', extent: 'wide-delta.vmdk', capacityBytes: size, cid: '0000bbbb', parentCid: baseCid, parentHint: 'vm.vmdk' }),
+    )
+    const deltaSize = statSync(path.join(d, 'wide-delta.vmdk')).size
+    let deltaBytesRead = 0
+    let reads = 0
+    let withoutInto = 0
+    let copying = false
+    const intoBuffers = new Set<ArrayBufferLike>()
+    /** A file of `d` that reads into `into` when given (as the datastore transport does) and records what it was given. */
+    const recording = (name: string): RemoteFile => {
+      const file = path.join(d, name)
+      return {
+        name,
+        size: statSync(file).size,
+        read: async (o, l, into) => {
+          const dst = into && into.length >= l ? into.subarray(0, l) : Buffer.allocUnsafe(l)
+          const fd = openSync(file, 'r')
+          try {
+            if (readSync(fd, dst, 0, l, o) !== l) throw new MigError('E_MIG_DISK_READ_FAILED', `${name}: short read`)
+          } finally {
+            closeSync(fd)
+          }
+          if (name === 'wide-delta.vmdk') deltaBytesRead += l
+          if (copying) {
+            reads++
+            if (into) intoBuffers.add(into.buffer)
+            else withoutInto++
+          }
+          return dst
+        },
+      }
+    }
+    const sib = async (n: string) => recording(n)
+    const r = await openVmdkChain(recording('wide.vmdk'), sib, async (hint) => ({ file: recording(hint), openSibling: sib }), { label: 'disk', capacity: size })
+    const sink = new FileSink({ dataDir: d })
+    const vol = await sink.create('wide', 'disk0', r.size)
+    copying = true
+    await copyDisk(r, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
+    await vol.close()
+    await r.close()
+    // every grain arrived (the rest of the volume is a hole the sink never wrote)
+    const fh = openSync(sink.volumePath('wide', 'disk0'), 'r')
+    const got = Buffer.alloc(512)
+    let wrong = 0
+    for (const [g, b] of cowd) {
+      readSync(fh, got, 0, 512, g * 512)
+      if (!got.equals(b as Buffer)) wrong++
+    }
+    closeSync(fh)
+    expect(wrong).toBe(0)
+    // the 32 table windows of 256 KiB and the grains, each once: a table dropped from the cache
+    // while the copy's reads still needed it (the extent walk running too far ahead of them, or
+    // the cache dropped whole) would be read again
+    expect(deltaBytesRead).toBeLessThanOrEqual(deltaSize)
+    // every request of the copy (table windows, grains) came with a buffer to fill, and those
+    // buffers are a handful reused from request to request (the copy's chunk pool, the reader's
+    // span and window buffers), not a new one per request
+    expect(reads).toBeGreaterThan(150)
+    expect([withoutInto, intoBuffers.size <= 16]).toEqual([0, true])
+    await sink.remove('wide')
+  }, 60_000)
 
   test('hostile chains are refused with the layer named', async () => {
     const d = path.join(t.dir, 'bad')

@@ -50,7 +50,11 @@ export class DatastoreHttp {
     return `${origin}/folder/${p}?dcPath=${encodeURIComponent(this.dcPath)}&dsName=${encodeURIComponent(f.datastore)}`
   }
 
-  private async get(f: DatastorePath, range: string, max: number): Promise<{ status: number; contentRange: string | null; body: Buffer }> {
+  /**
+   * GET of `range` of `f`, at most `max` body bytes: written into `into` when given (at least
+   * `max` bytes), so a copy's range reads allocate nothing per read; the body is then a view of it.
+   */
+  private async get(f: DatastorePath, range: string, max: number, into?: Buffer): Promise<{ status: number; contentRange: string | null; body: Buffer }> {
     for (let attempt = 0; ; attempt++) {
       const headers: Record<string, string> = { range }
       const cookie = this.client.sessionCookie
@@ -79,18 +83,20 @@ export class DatastoreHttp {
       const chunks: Buffer[] = []
       let total = 0
       for await (const c of res.body) {
-        total += (c as Buffer).length
-        if (total > max) {
+        const chunk = c as Buffer
+        if (total + chunk.length > max) {
           res.body.destroy()
           throw new MigError(
             'E_MIG_DISK_READ_FAILED',
             `[${f.datastore}] ${f.path}: the server sent more than the ${max} bytes asked for (HTTP ${res.statusCode})`,
           )
         }
-        chunks.push(c as Buffer)
+        if (into) chunk.copy(into, total)
+        else chunks.push(chunk)
+        total += chunk.length
       }
       const cr = res.headers['content-range']
-      return { status: res.statusCode, contentRange: typeof cr === 'string' ? cr : null, body: Buffer.concat(chunks) }
+      return { status: res.statusCode, contentRange: typeof cr === 'string' ? cr : null, body: into ? into.subarray(0, total) : Buffer.concat(chunks) }
     }
   }
 
@@ -116,12 +122,12 @@ export class DatastoreHttp {
     return {
       name,
       size,
-      read: async (offset: number, length: number) => {
+      read: async (offset: number, length: number, into?: Buffer) => {
         if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length < 0 || offset + length > size || length > MAX_RANGE) {
           throw new MigError('E_MIG_DISK_READ_FAILED', `${name}: read of ${length} bytes at ${offset} is outside the file (${size} bytes) or too large`)
         }
         if (length === 0) return Buffer.alloc(0)
-        const r = await this.get(f, `bytes=${offset}-${offset + length - 1}`, length)
+        const r = await this.get(f, `bytes=${offset}-${offset + length - 1}`, length, into && into.length >= length ? into : undefined)
         const ok = r.status === 206 && r.contentRange !== null && r.contentRange.trim().startsWith(`bytes ${offset}-${offset + length - 1}/`)
         const whole = r.status === 200 && offset === 0 && length === size
         if (!(ok || whole) || r.body.length !== length) {

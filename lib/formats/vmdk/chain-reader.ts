@@ -147,11 +147,50 @@ interface Wanted {
 const COALESCE_GAP = 256 * 1024
 
 /**
+ * Longest data extent the reader yields, bytes. Yielding an extent walks the grain tables under
+ * it, so this bounds how far the extent walk runs ahead of the copy's reads, whose tables must
+ * still be cached when they come (64 MiB: 32 vmfsSparse or 4 seSparse tables).
+ */
+const DATA_PIECE = 64 * 1024 * 1024
+
+/** Largest span buffer kept for reuse, bytes (a copy loop's 4 MiB chunk with its gaps). */
+const SCRATCH_MAX = 8 * 1024 * 1024
+/** Span buffers kept for reuse: one per read the copy loop keeps in flight (4 by default). */
+const SCRATCH_KEPT = 4
+
+/**
+ * Buffers for requests that span several wanted pieces and the unwanted bytes between them,
+ * reused from read to read: a new buffer per request is garbage the collector returns late, and
+ * a copy's memory then grows with the disk.
+ */
+class SpanBuffers {
+  private readonly free: Buffer[] = []
+
+  /** A buffer of at least `length` bytes, to hand back with {@link give}. */
+  take(length: number): Buffer {
+    const i = this.free.findIndex((b) => b.length >= length)
+    return i >= 0 ? this.free.splice(i, 1)[0] : Buffer.allocUnsafe(length <= SCRATCH_MAX ? Math.max(length, 4 * 1024 * 1024) : length)
+  }
+
+  /** Hands back a buffer of {@link take}; kept for the next request unless too large or enough are kept. */
+  give(b: Buffer): void {
+    if (b.length <= SCRATCH_MAX && this.free.length < SCRATCH_KEPT) this.free.push(b)
+  }
+}
+
+/** Reads `length` bytes of `file` at `offset` into `dst` (the file's own buffer copied in when it ignores `dst`). */
+async function readInto(file: VmdkFile, offset: number, dst: Buffer): Promise<void> {
+  const got = await file.read(offset, dst.length, dst)
+  if (got.buffer !== dst.buffer || got.byteOffset !== dst.byteOffset) got.copy(dst)
+}
+
+/**
  * Reads `list` from `file` into `out`, merging pieces less than {@link COALESCE_GAP} apart in the
  * file into one request of at most {@link MAX_RANGE} bytes: over the datastore interface every
- * request costs a round trip through vCenter.
+ * request costs a round trip through vCenter. A request for one piece reads straight into `out`;
+ * one spanning several reads into a buffer of `spans`.
  */
-async function fetchCoalesced(file: VmdkFile, list: Wanted[], out: Buffer): Promise<void> {
+async function fetchCoalesced(file: VmdkFile, list: Wanted[], out: Buffer, spans: SpanBuffers): Promise<void> {
   list.sort((a, b) => a.fileOffset - b.fileOffset)
   for (let i = 0; i < list.length; ) {
     const start = list[i].fileOffset
@@ -161,13 +200,18 @@ async function fetchCoalesced(file: VmdkFile, list: Wanted[], out: Buffer): Prom
       end = Math.max(end, list[j].fileOffset + list[j].length)
       j++
     }
-    if (end - start > MAX_RANGE) {
-      // one piece larger than a request (never for reads within the DiskReader's 32 MiB limit)
+    if (j === i + 1) {
+      // one piece: in requests of at most MAX_RANGE (one, for reads within the DiskReader's 32 MiB limit)
       const w = list[i]
-      for (let o = 0; o < w.length; o += MAX_RANGE) (await file.read(w.fileOffset + o, Math.min(MAX_RANGE, w.length - o))).copy(out, w.at + o)
+      for (let o = 0; o < w.length; o += MAX_RANGE) await readInto(file, w.fileOffset + o, out.subarray(w.at + o, w.at + Math.min(w.length, o + MAX_RANGE)))
     } else {
-      const span = await file.read(start, end - start)
-      for (let k = i; k < j; k++) span.copy(out, list[k].at, list[k].fileOffset - start, list[k].fileOffset - start + list[k].length)
+      const buf = spans.take(end - start)
+      try {
+        await readInto(file, start, buf.subarray(0, end - start))
+        for (let k = i; k < j; k++) buf.copy(out, list[k].at, list[k].fileOffset - start, list[k].fileOffset - start + list[k].length)
+      } finally {
+        spans.give(buf)
+      }
     }
     i = j
   }
@@ -211,7 +255,7 @@ export async function openVmdkChain(
   const size = top.size
   if (opts.capacity > 0 && size > opts.capacity) throw malformed(label, `the extents hold ${size} bytes, more than the disk's capacity of ${opts.capacity}`)
   let closed = false
-  const DATA_PIECE = 1024 * 1024 * 1024
+  const spans = new SpanBuffers()
 
   return {
     size,
@@ -247,7 +291,7 @@ export async function openVmdkChain(
           list.push({ fileOffset: r.fileOffset, length: r.length, at })
         }
       }
-      for (const [file, list] of wanted) await fetchCoalesced(file, list, out)
+      for (const [file, list] of wanted) await fetchCoalesced(file, list, out, spans)
       return out
     },
     async close(): Promise<void> {

@@ -22,15 +22,26 @@ export interface VmdkFile {
   /** For messages. */
   name: string
   size: number
-  /** Exactly `length` bytes at `offset` (at most {@link MAX_RANGE}); throws otherwise. */
-  read(offset: number, length: number): Promise<Buffer>
+  /**
+   * Exactly `length` bytes at `offset` (at most {@link MAX_RANGE}); throws otherwise. With `into`
+   * (at least `length` bytes) the bytes are written into it and the result is
+   * `into.subarray(0, length)`, so many reads allocate nothing per read; a file that ignores
+   * `into` returns its own buffer, and callers copy from it.
+   */
+  read(offset: number, length: number, into?: Buffer): Promise<Buffer>
 }
 
 /** Largest single read of a {@link VmdkFile}, bytes. */
 export const MAX_RANGE = 32 * 1024 * 1024
 
-/** Grain table bytes kept per sparse extent before the cache is dropped. */
-const TABLE_CACHE_BYTES = 16 * 1024 * 1024
+/**
+ * Grain table bytes kept per sparse extent; past it the tables loaded first are dropped first. A
+ * copy walks the disk in order, its reads at most the chain reader's `DATA_PIECE` (64 MiB) and
+ * the copy's read-ahead behind its extent walk: a few dozen tables (a vmfsSparse table of
+ * 512-byte grains, 16 KiB, maps 2 MiB; a seSparse one, 32 KiB, maps 16 MiB), where 4 MiB holds
+ * 256 vmfsSparse tables.
+ */
+const TABLE_CACHE_BYTES = 4 * 1024 * 1024
 /** Bytes read at once when a grain table is needed (neighbouring tables come along). */
 const TABLE_WINDOW = 256 * 1024
 
@@ -46,8 +57,10 @@ export class SparseExtent {
   private readonly tableAt: Float64Array
   /** Directory indexes sorted by table offset, for loading neighbouring tables in one read. */
   private byOffset: Int32Array | null = null
+  /** Loaded tables in the order they were loaded (the first dropped first). */
   private readonly tables = new Map<number, Uint32Array>()
-  private cachedBytes = 0
+  /** The buffer table windows are read into, reused from load to load; null while a load uses it. */
+  private window: Buffer | null = null
 
   constructor(
     readonly file: VmdkFile,
@@ -79,29 +92,34 @@ export class SparseExtent {
       this.byOffset = Int32Array.from(idx.sort((a, b) => this.tableAt[a] - this.tableAt[b]))
     }
     const end = Math.min(this.file.size, Math.max(start + this.tableBytes, start + TABLE_WINDOW))
-    const buf = await this.file.read(start, end - start)
-    if (this.cachedBytes + buf.length > TABLE_CACHE_BYTES) {
-      this.tables.clear()
-      this.cachedBytes = 0
+    const window = this.window && this.window.length >= end - start ? this.window : Buffer.allocUnsafe(Math.max(end - start, TABLE_WINDOW))
+    this.window = null
+    try {
+      const buf = await this.file.read(start, end - start, window)
+      // every table lying wholly inside the window: binary search for the first at or after `start`
+      const order = this.byOffset
+      let lo = 0
+      let hi = order.length
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1
+        if (this.tableAt[order[mid]] < start) lo = mid + 1
+        else hi = mid
+      }
+      for (let k = lo; k < order.length; k++) {
+        const i = order[k]
+        const off = this.tableAt[i] - start
+        if (off + this.tableBytes > buf.length) break
+        if (this.tables.has(i)) continue
+        const words = new Uint32Array(this.tableBytes / 4)
+        for (let w = 0; w < words.length; w++) words[w] = buf.readUInt32LE(off + w * 4)
+        this.tables.set(i, words)
+      }
+    } finally {
+      this.window = window
     }
-    // every table lying wholly inside the window: binary search for the first at or after `start`
-    const order = this.byOffset
-    let lo = 0
-    let hi = order.length
-    while (lo < hi) {
-      const mid = (lo + hi) >> 1
-      if (this.tableAt[order[mid]] < start) lo = mid + 1
-      else hi = mid
-    }
-    for (let k = lo; k < order.length; k++) {
-      const i = order[k]
-      const off = this.tableAt[i] - start
-      if (off + this.tableBytes > buf.length) break
-      if (this.tables.has(i)) continue
-      const words = new Uint32Array(this.tableBytes / 4)
-      for (let w = 0; w < words.length; w++) words[w] = buf.readUInt32LE(off + w * 4)
-      this.tables.set(i, words)
-      this.cachedBytes += this.tableBytes
+    for (const oldest of this.tables.keys()) {
+      if (this.tables.size * this.tableBytes <= TABLE_CACHE_BYTES || oldest === t) break
+      this.tables.delete(oldest)
     }
     return this.tables.get(t) ?? null
   }
@@ -121,18 +139,19 @@ export class SparseExtent {
    */
   async *runs(from: number, to: number, base: number): AsyncIterable<Run> {
     let cur: Run | null = null
-    const push = (r: Run): Run | null => {
+    /** Extends the current run by `[offset, offset + length)` or starts a new one, returning the run finished (no object per grain). */
+    const push = (offset: number, length: number, kind: Run['kind'], fileOffset: number): Run | null => {
       if (
         cur &&
-        cur.kind === r.kind &&
-        cur.offset + cur.length === r.offset &&
-        (r.kind !== 'data' || (cur.kind === 'data' && cur.fileOffset + cur.length === r.fileOffset))
+        cur.kind === kind &&
+        cur.offset + cur.length === offset &&
+        (kind !== 'data' || (cur.kind === 'data' && cur.fileOffset + cur.length === fileOffset))
       ) {
-        cur.length += r.length
+        cur.length += length
         return null
       }
       const done = cur
-      cur = r
+      cur = kind === 'data' ? { offset, length, kind, file: this.file, fileOffset } : { offset, length, kind }
       return done
     }
     const span = this.span
@@ -141,7 +160,7 @@ export class SparseExtent {
       const e = Math.min(to, (t + 1) * span)
       const words = t < this.g.gdEntries ? await this.table(t) : null
       if (!words) {
-        const done = push({ offset: base + s, length: e - s, kind: 'absent' })
+        const done = push(base + s, e - s, 'absent', 0)
         if (done) yield done
         continue
       }
@@ -150,11 +169,7 @@ export class SparseExtent {
         const inGrain = o - gi * this.g.grainBytes
         const n = Math.min(this.g.grainBytes - inGrain, e - o)
         const grain = this.grainOf(words, gi - t * this.g.gtEntries, gi)
-        const run: Run =
-          typeof grain === 'number'
-            ? { offset: base + o, length: n, kind: 'data', file: this.file, fileOffset: grain + inGrain }
-            : { offset: base + o, length: n, kind: grain }
-        const done = push(run)
+        const done = typeof grain === 'number' ? push(base + o, n, 'data', grain + inGrain) : push(base + o, n, grain, 0)
         if (done) yield done
         o += n
       }

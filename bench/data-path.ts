@@ -51,7 +51,7 @@ import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/he
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
 import { startServer } from '../test/helpers/server.ts'
 import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
-import { allocatedBytes, alternate, cliArg, median, sampleWorkerPeakRss, span } from './source.ts'
+import { allocatedBytes, alternate, cliArg, median, onInterrupt, sampleWorkerPeakRss, span } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -253,6 +253,13 @@ mkdirSync(importRoot)
 await ensureLibvirt()
 // info level: the supervisor's `worker started` and the worker's `job timings` lines feed the breakdown
 const srv = await startServer('bun', base, { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_LOG_LEVEL: 'info' })
+const cleanup = async () => {
+  await srv.stop()
+  await cleanupDomains('migbench-')
+  await stopLibvirt()
+  rmSync(base, { recursive: true, force: true })
+}
+onInterrupt(cleanup)
 const cpus = execFileSync('nproc', { encoding: 'utf8' }).trim()
 const mem = Math.round(Number(/MemTotal:\s+(\d+)/.exec(readFileSync('/proc/meminfo', 'utf8'))![1]) / 1024 / 1024)
 console.log(
@@ -364,10 +371,7 @@ try {
     if (!cache) rmSync(raw, { force: true })
   }
 } finally {
-  await srv.stop()
-  await cleanupDomains('migbench-')
-  await stopLibvirt()
-  rmSync(base, { recursive: true, force: true })
+  await cleanup()
 }
 console.log(`\nworker entry: ${[...entries].join(', ')} (npm run build:worker makes the bundle; a stale one falls back to runtime/worker.ts)`)
 if (failed) process.exitCode = 1

@@ -5,6 +5,7 @@
 import { execFileSync, spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { closeSync, openSync, readFileSync, statSync, writeSync } from 'node:fs'
+import { constants } from 'node:os'
 import * as path from 'node:path'
 import { copyDisk, type CopyDiskOptions, type CopyDiskResult } from '../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../lib/pipeline/readers/open.ts'
@@ -191,5 +192,21 @@ export async function copyQcow2In(sink: Sink, src: string, size: number, opts: P
   } finally {
     await vol.close()
     await reader.close()
+  }
+}
+
+/**
+ * Runs `cleanup` when the bench is stopped by SIGINT, SIGTERM or SIGHUP, then exits with 128 +
+ * the signal's number: a `finally` does not run when a signal ends the process, and a stopped
+ * run must leave no loop device, domain, server or temporary directory behind.
+ */
+export function onInterrupt(cleanup: () => void | Promise<void>): void {
+  for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
+    process.once(sig, () => {
+      Promise.resolve()
+        .then(cleanup)
+        .catch((e) => console.error(`cleanup after ${sig}: ${(e as Error).message}`))
+        .finally(() => process.exit(128 + constants.signals[sig]))
+    })
   }
 }

@@ -26,7 +26,7 @@ import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import { FileSink } from '../lib/sink/file.ts'
 import { deltaDescriptor, writeCowd, writeSeSparse, type DeltaGrain } from '../test/helpers/esx-delta.ts'
 import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
-import { allocatedBytes, alternate, cliArg, median, span } from './source.ts'
+import { allocatedBytes, alternate, cliArg, median, onInterrupt, span } from './source.ts'
 
 const MiB = 1024 * 1024
 const GiB = 1024 * MiB
@@ -35,6 +35,7 @@ const layouts = layoutsArg('runs,alternating,long,sparse,ext4')
 const reps = Math.max(1, Number(cliArg('reps', '2')))
 const cache = cacheDirArg()
 const dir = mkdtempSync('/var/tmp/mig-bench-chain-')
+onInterrupt(() => rmSync(dir, { recursive: true, force: true }))
 
 /** Grains of a delta: one 64 KiB run per 4 MiB, starting `at` bytes into each 4 MiB, `grain` bytes each. */
 function deltaGrains(grain: number, at: number): Map<number, DeltaGrain> {

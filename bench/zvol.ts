@@ -24,7 +24,7 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { ZvolSink } from '../lib/sink/zvol.ts'
 import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
-import { alternate, cliArg, copyQcow2In, median } from './source.ts'
+import { alternate, cliArg, copyQcow2In, median, onInterrupt } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -40,6 +40,11 @@ const dir = arg('dir', '/var/tmp/mig-bench-zvol')
 rmSync(dir, { recursive: true, force: true })
 mkdirSync(dir, { recursive: true })
 let loop = ''
+const cleanup = () => {
+  if (loop) spawnSync('losetup', ['-d', loop])
+  rmSync(dir, { recursive: true, force: true })
+}
+onInterrupt(cleanup)
 try {
   const backing = path.join(dir, 'zvol-backing.img')
   execFileSync('truncate', ['-s', String(size), backing])
@@ -99,6 +104,5 @@ try {
     rmSync(src)
   }
 } finally {
-  if (loop) spawnSync('losetup', ['-d', loop])
-  rmSync(dir, { recursive: true, force: true })
+  cleanup()
 }

@@ -202,8 +202,23 @@ describe('web console (Bun server, Chromium)', () => {
     await dialog.waitFor()
     await b.screenshot('cancel-confirm')
     expect((await call(srv.base, 'GET', `/migrations/${id}`)).body.status).toBe('running')
+    // the 202 answer (still CopyingFull) is held until the stream has shown Cancelled: the order
+    // CI met once, which left the page on the stale answer
+    const held = `**/migrations/${id}/cancel`
+    await page.route(held, async (route) => {
+      const answer = await route.fetch()
+      await page.locator('[data-testid=job][data-state=Cancelled]').waitFor({ timeout: 30_000 })
+      await route.fulfill({ response: answer })
+    })
+    const answered = page.waitForResponse((r) => r.url().endsWith(`/migrations/${id}/cancel`))
     await page.getByTestId('confirm-cancel').click()
-    await page.locator('[data-testid=job][data-state=Cancelled]').waitFor({ timeout: 30_000 })
+    const answer = await answered
+    expect((await answer.json()).state).toBe('CopyingFull')
+    await page.unroute(held)
+    // the page keeps the fresher copy: still Cancelled once it has had time to apply the stale answer
+    await answer.finished()
+    await page.evaluate(() => new Promise((done) => setTimeout(done, 300)))
+    expect(await page.getByTestId('job').getAttribute('data-state')).toBe('Cancelled')
     expect(await page.getByTestId('error').textContent()).toContain('E_MIG_CANCELLED')
     expect(await page.getByTestId('cancel').count()).toBe(0)
     const job = await waitJob(srv.base, id)

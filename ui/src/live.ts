@@ -83,5 +83,17 @@ export function applyProgress(job: Job, p: ProgressEvent): Job {
   return { ...job, state: p.state, progress: p.progress }
 }
 
+/**
+ * The copy of one job to keep when `next` arrives and `prev` is held: API answers and stream
+ * events travel on different connections and can arrive in either order (a cancel's 202 answer,
+ * still `CopyingFull`, after the stream's `Cancelled`). `next`, unless it is the same job and
+ * would take it from a finished state back to a running one or is older (`updated_at`).
+ */
+export function fresher(prev: Job | null | undefined, next: Job): Job {
+  if (!prev || prev.id !== next.id) return next
+  if (TERMINAL.has(prev.state) && !TERMINAL.has(next.state)) return prev
+  return Date.parse(next.updated_at) < Date.parse(prev.updated_at) ? prev : next
+}
+
 /** States a job never leaves. */
 export const TERMINAL: ReadonlySet<JobState> = new Set(['Completed', 'Failed', 'Cancelled'])

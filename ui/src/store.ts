@@ -6,7 +6,7 @@
 import { useEffect, useState } from 'preact/hooks'
 import type { Job } from '../../lib/job.ts'
 import { api } from './api.ts'
-import { applyProgress, openStream, type Connection } from './live.ts'
+import { applyProgress, fresher, openStream, type Connection } from './live.ts'
 
 interface State {
   jobs: Map<string, Job>
@@ -20,16 +20,16 @@ const emit = () => {
   for (const l of listeners) l()
 }
 
-/** Puts a job (from an answer of the API or an event) into the store. */
+/** Puts a job (from an answer of the API or an event) into the store, unless it holds a fresher copy. */
 export function putJob(job: Job): void {
-  state.jobs.set(job.id, job)
+  state.jobs.set(job.id, fresher(state.jobs.get(job.id), job))
   emit()
 }
 
 async function reload(): Promise<void> {
   try {
     const { items } = await api<{ items: Job[] }>('GET', '/migrations')
-    state.jobs = new Map(items.map((j) => [j.id, j]))
+    state.jobs = new Map(items.map((j) => [j.id, fresher(state.jobs.get(j.id), j)]))
     state.loadError = null
   } catch (e) {
     state.loadError = (e as Error).message

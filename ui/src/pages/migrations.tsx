@@ -5,7 +5,7 @@ import { api, ApiError } from '../api.ts'
 import { Bar, ErrorBox, Head, NoticeBanner, ProgressFigures, StateBadge, ThroughputChart, Timeline, type Sample } from '../components.tsx'
 import { CutoverCard } from '../cutover.tsx'
 import { bytes, duration, rate, time } from '../format.ts'
-import { applyProgress, openStream, TERMINAL, type Connection } from '../live.ts'
+import { applyProgress, fresher, openStream, TERMINAL, type Connection } from '../live.ts'
 import { putJob, useStore } from '../store.ts'
 
 /** What a plan migrates, in a few words. */
@@ -89,7 +89,8 @@ function SerialLog({ id, auto }: { id: string; auto: boolean }) {
 /** One job: live progress, per-disk bars, throughput chart, state timeline, errors, Cancel. */
 export function JobPage({ id }: { id: string }) {
   const store = useStore()
-  const [job, setJob] = useState<Job | null>(store.jobs.get(id) ?? null)
+  const [job, setJobState] = useState<Job | null>(store.jobs.get(id) ?? null)
+  const setJob = (next: Job) => setJobState((j) => fresher(j, next))
   const [missing, setMissing] = useState<string | null>(null)
   const [samples, setSamples] = useState<Sample[]>([])
   const [entered, setEntered] = useState<Map<JobState, string>>(new Map())
@@ -120,7 +121,7 @@ export function JobPage({ id }: { id: string }) {
           enter(j.state, j.updated_at)
         },
         progress(p) {
-          setJob((j) => (j ? applyProgress(j, p) : j))
+          setJobState((j) => (j ? applyProgress(j, p) : j))
           const t = p.at ? Date.parse(p.at) : Date.now()
           setSamples((s) => (s.length && s[s.length - 1]!.t >= t ? s : [...s, { t, rate: p.progress.rate_bytes_per_s, done: p.progress.bytes_done }]))
         },

@@ -15,7 +15,7 @@ import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, wr
 import * as path from 'node:path'
 import { makeBadBootDisk, makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage, rawSha256, type InputPacking } from '../helpers/inputs.ts'
-import { allocatedBytes, bootCheckEnv, call, nonZeroBytes, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { allocatedBytes, bootCheckEnv, call, nonZeroBytes, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -87,7 +87,7 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
       const job = await submit(srv.base, offlinePlan(kind, path.relative(importRoot, input.path), { name: `${PREFIX}${n}-${kind.replace('_', '-')}` }))
       expect(job.state).toBe('Queued')
       const done = await waitJob(srv.base, job.id)
-      await new Promise((r) => setTimeout(r, 300))
+      await streamSaw(stream, job.id, 'Completed')
       stream.close()
       expect([done.state, done.last_error]).toEqual(['Completed', null])
 
@@ -127,14 +127,14 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
     await live.ready
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: `${PREFIX}replay`, start: false }))
     await waitJob(srv.base, job.id)
-    await new Promise((r) => setTimeout(r, 300))
+    await streamSaw(live, job.id, 'Completed')
     live.close()
     const mine = live.events.filter((e) => e.data.id === job.id)
     expect(mine.length).toBeGreaterThanOrEqual(4)
     // A client that saw only the first event (Queued) reconnects.
     const replay = openStream(srv.base, mine[0].id)
     await replay.ready
-    await new Promise((r) => setTimeout(r, 500))
+    await streamSaw(replay, job.id, 'Completed')
     replay.close()
     const replayed = replay.events.filter((e) => e.data.id === job.id)
     expect(replayed.map((e) => [e.id, e.event, e.data.state])).toEqual(mine.slice(1).map((e) => [e.id, e.event, e.data.state]))

@@ -22,7 +22,7 @@ import { hostname } from 'node:os'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
-import { bootCheckEnv, call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { bootCheckEnv, call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -144,6 +144,7 @@ describe('live vim_api migrations through the HTTP API', () => {
       const servedBefore = await v.folderBytes()
       const job = await submit(srv.base, livePlan(vm.id, 'Warm', name))
       const done = await waitJob(srv.base, job.id)
+      await streamSaw(stream, job.id, 'Completed')
       stream.close()
       // the full pass read the allocated areas only, the delta passes the changed ones: far less
       // than the 24 MiB of the two disks

@@ -14,7 +14,7 @@ import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, rm
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
-import { bootCheckEnv, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { bootCheckEnv, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -81,7 +81,7 @@ exit 0
     await stream.ready
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: `${PREFIX}win`, guest_os: 'windows' }))
     const done = await waitJob(srv.base, job.id)
-    await new Promise((r) => setTimeout(r, 300))
+    await streamSaw(stream, job.id, 'Completed')
     stream.close()
     expect([done.state, done.last_error]).toEqual(['Completed', null])
     const states = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state)

@@ -16,7 +16,7 @@ import { chmodSync, copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { convert, fileSha256 } from '../helpers/inputs.ts'
-import { bootCheckEnv, offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { bootCheckEnv, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { CORPUS, tempDir } from '../helpers/tmp.ts'
@@ -103,7 +103,7 @@ done
       const job = await submit(srv.base, offlinePlan('vmcx_export', 'hv', { name: `${PREFIX}ok`, guest_os: 'windows' }))
       expect(job.strategy).toBe('passthrough')
       const done = await waitJob(srv.base, job.id)
-      await new Promise((r) => setTimeout(r, 300))
+      await streamSaw(stream, job.id, 'Completed')
       stream.close()
       expect([done.state, done.last_error, done.domain]).toEqual(['Completed', null, `${PREFIX}ok`])
       const states = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state)

@@ -58,3 +58,11 @@ export interface DiskReader {
   read(offset: number, length: number, into?: Buffer): Promise<Buffer>
   close(): Promise<void>
 }
+
+/**
+ * Makes `into` hold `got`, the answer to a read given `into` (a reader may fill `into` and return
+ * a view of it, or return its own buffer): copies `got` in unless it already is `into`'s memory.
+ */
+export function landInto(got: Buffer, into: Buffer): void {
+  if (got.buffer !== into.buffer || got.byteOffset !== into.byteOffset) got.copy(into)
+}

@@ -29,7 +29,7 @@ import { createHash, type Hash } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError } from '../errors.ts'
 import { CHUNK_BYTES, ZERO_BUFFER, chunkExtents, splitZeroRuns, type Chunk } from './chunker.ts'
-import type { DiskReader } from '../contracts/disk-reader.ts'
+import { landInto, type DiskReader } from '../contracts/disk-reader.ts'
 import type { SinkVolume } from '../sink/types.ts'
 import { qemuImgCopyRange } from './qemu-img-copy.ts'
 
@@ -352,7 +352,7 @@ async function readChunk(reader: DiskReader, c: Chunk, buf: Buffer): Promise<Buf
       const got = await reader.read(piece.offset, piece.length, into)
       if (got.length !== piece.length)
         throw new MigError('E_MIG_DISK_READ_FAILED', `reader returned ${got.length} bytes for ${piece.length} at offset ${piece.offset}`)
-      if (got.buffer !== into.buffer || got.byteOffset !== into.byteOffset) got.copy(into)
+      landInto(got, into)
     }),
   )
   return view

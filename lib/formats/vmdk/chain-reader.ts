@@ -20,8 +20,9 @@
  * reads are what the {@link VmdkFile} throws. A caller for whom a bad file means something else
  * maps the code at its boundary (the `vim_api` adapter: `E_MIG_DISK_READ_FAILED`).
  */
+import { BufferPool } from '../../buffer-pool.ts'
 import { MigError } from '../../errors.ts'
-import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
+import { landInto, type DiskExtent, type DiskReader } from '../../contracts/disk-reader.ts'
 import { looksLikeDescriptor, parentCidOf, parseVmdkDescriptor, type VmdkDescriptor } from './descriptor.ts'
 import { malformed, unsupported } from './faults.ts'
 import { MAX_CHAIN_DEPTH, MAX_DESCRIPTOR_BYTES, MAX_GD_ENTRIES, MAX_GD_ENTRIES_PER_CHAIN, SECTOR } from './limits.ts'
@@ -153,35 +154,15 @@ const COALESCE_GAP = 256 * 1024
  */
 const DATA_PIECE = 64 * 1024 * 1024
 
-/** Largest span buffer kept for reuse, bytes (a copy loop's 4 MiB chunk with its gaps). */
-const SCRATCH_MAX = 8 * 1024 * 1024
-/** Span buffers kept for reuse: one per read the copy loop keeps in flight (4 by default). */
-const SCRATCH_KEPT = 4
-
 /**
- * Buffers for requests that span several wanted pieces and the unwanted bytes between them,
- * reused from read to read: a new buffer per request is garbage the collector returns late, and
- * a copy's memory then grows with the disk.
+ * Buffers for requests that span several wanted pieces and the unwanted bytes between them: one
+ * per read the copy loop keeps in flight (4 by default), each up to a 4 MiB chunk with its gaps.
  */
-class SpanBuffers {
-  private readonly free: Buffer[] = []
+const spanPool = () => new BufferPool({ kept: 4, maxKept: 8 * 1024 * 1024, minBytes: 4 * 1024 * 1024 })
 
-  /** A buffer of at least `length` bytes, to hand back with {@link give}. */
-  take(length: number): Buffer {
-    const i = this.free.findIndex((b) => b.length >= length)
-    return i >= 0 ? this.free.splice(i, 1)[0] : Buffer.allocUnsafe(length <= SCRATCH_MAX ? Math.max(length, 4 * 1024 * 1024) : length)
-  }
-
-  /** Hands back a buffer of {@link take}; kept for the next request unless too large or enough are kept. */
-  give(b: Buffer): void {
-    if (b.length <= SCRATCH_MAX && this.free.length < SCRATCH_KEPT) this.free.push(b)
-  }
-}
-
-/** Reads `length` bytes of `file` at `offset` into `dst` (the file's own buffer copied in when it ignores `dst`). */
+/** Reads `dst.length` bytes of `file` at `offset` into `dst`. */
 async function readInto(file: VmdkFile, offset: number, dst: Buffer): Promise<void> {
-  const got = await file.read(offset, dst.length, dst)
-  if (got.buffer !== dst.buffer || got.byteOffset !== dst.byteOffset) got.copy(dst)
+  landInto(await file.read(offset, dst.length, dst), dst)
 }
 
 /**
@@ -190,7 +171,7 @@ async function readInto(file: VmdkFile, offset: number, dst: Buffer): Promise<vo
  * request costs a round trip through vCenter. A request for one piece reads straight into `out`;
  * one spanning several reads into a buffer of `spans`.
  */
-async function fetchCoalesced(file: VmdkFile, list: Wanted[], out: Buffer, spans: SpanBuffers): Promise<void> {
+async function fetchCoalesced(file: VmdkFile, list: Wanted[], out: Buffer, spans: BufferPool): Promise<void> {
   list.sort((a, b) => a.fileOffset - b.fileOffset)
   for (let i = 0; i < list.length; ) {
     const start = list[i].fileOffset
@@ -255,7 +236,7 @@ export async function openVmdkChain(
   const size = top.size
   if (opts.capacity > 0 && size > opts.capacity) throw malformed(label, `the extents hold ${size} bytes, more than the disk's capacity of ${opts.capacity}`)
   let closed = false
-  const spans = new SpanBuffers()
+  const spans = spanPool()
 
   return {
     size,

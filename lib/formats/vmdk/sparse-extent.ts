@@ -10,6 +10,7 @@
  * Faults: see `faults.ts` (`E_MIG_MALFORMED_ARCHIVE` for structure, `E_MIG_UNSUPPORTED_FORMAT`
  * for what is not read); a failed read is whatever the {@link VmdkFile} throws.
  */
+import { BufferPool } from '../../buffer-pool.ts'
 import { cowdCodec, COWD_HEADER_BYTES, parseCowdHeader } from './cowd.ts'
 import { malformed } from './faults.ts'
 import { hostedSparseCodec, parseKdmvHeader } from './hosted-sparse.ts'
@@ -59,8 +60,8 @@ export class SparseExtent {
   private byOffset: Int32Array | null = null
   /** Loaded tables in the order they were loaded (the first dropped first). */
   private readonly tables = new Map<number, Uint32Array>()
-  /** The buffer table windows are read into, reused from load to load; null while a load uses it. */
-  private window: Buffer | null = null
+  /** The buffer table windows are read into, reused from load to load. */
+  private readonly windows = new BufferPool({ kept: 1, maxKept: TABLE_WINDOW, minBytes: TABLE_WINDOW })
 
   constructor(
     readonly file: VmdkFile,
@@ -92,8 +93,7 @@ export class SparseExtent {
       this.byOffset = Int32Array.from(idx.sort((a, b) => this.tableAt[a] - this.tableAt[b]))
     }
     const end = Math.min(this.file.size, Math.max(start + this.tableBytes, start + TABLE_WINDOW))
-    const window = this.window && this.window.length >= end - start ? this.window : Buffer.allocUnsafe(Math.max(end - start, TABLE_WINDOW))
-    this.window = null
+    const window = this.windows.take(end - start)
     try {
       const buf = await this.file.read(start, end - start, window)
       // every table lying wholly inside the window: binary search for the first at or after `start`
@@ -115,7 +115,7 @@ export class SparseExtent {
         this.tables.set(i, words)
       }
     } finally {
-      this.window = window
+      this.windows.give(window)
     }
     for (const oldest of this.tables.keys()) {
       if (this.tables.size * this.tableBytes <= TABLE_CACHE_BYTES || oldest === t) break

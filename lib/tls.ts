@@ -29,11 +29,13 @@ export function normalizeThumbprint(s: string): string {
  * a certificate whose SHA-256 thumbprint differs fails the connection with an error of code
  * `ERR_TLS_THUMBPRINT_MISMATCH` ("certificate thumbprint X does not match the pinned Y"), and
  * TLS sessions are not cached (a resumed session shows no peer certificate, so the pin could not
- * be checked on the pool's later connections).
+ * be checked on the pool's later connections). `socketOptions` go to `tls.connect` / `net.connect`
+ * as they are (for example `onread`, see adapters/vim/range-http.ts).
  */
-export function tlsConnector(trust: TlsTrust, timeoutMs: number): buildConnector.connector {
+export function tlsConnector(trust: TlsTrust, timeoutMs: number, socketOptions: Record<string, unknown> = {}): buildConnector.connector {
   const pin = trust.thumbprint ? normalizeThumbprint(trust.thumbprint) : null
   const base = buildConnector({
+    ...socketOptions,
     ca: trust.ca_pem,
     rejectUnauthorized: pin === null && trust.insecure !== true,
     timeout: timeoutMs,

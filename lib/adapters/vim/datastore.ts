@@ -10,9 +10,9 @@
  * Missing files (HTTP 404), servers that do not honour `Range`, short or failed reads are
  * `E_MIG_DISK_READ_FAILED`; an expired session is renewed once per request (HTTP 401/403).
  */
-import { request } from 'undici/index.js'
 import { MigError } from '../../errors.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
+import type { RangeAnswer } from './range-http.ts'
 import { x, type VimClient } from './soap.ts'
 import { MAX_RANGE, openVmdkChain, type RemoteFile } from './vmdk-chain.ts'
 
@@ -43,60 +43,44 @@ export class DatastoreHttp {
     private readonly timeoutMs = 120_000,
   ) {}
 
-  /** The `/folder` URL of a datastore file. */
-  url(f: DatastorePath): string {
-    const origin = new URL(this.client.sdkUrl).origin
+  /** The path and query of a datastore file's `/folder` URL. */
+  private target(f: DatastorePath): string {
     const p = f.path.split('/').map(encodeURIComponent).join('/')
-    return `${origin}/folder/${p}?dcPath=${encodeURIComponent(this.dcPath)}&dsName=${encodeURIComponent(f.datastore)}`
+    return `/folder/${p}?dcPath=${encodeURIComponent(this.dcPath)}&dsName=${encodeURIComponent(f.datastore)}`
   }
 
   /**
    * GET of `range` of `f`, at most `max` body bytes: written into `into` when given (at least
-   * `max` bytes), so a copy's range reads allocate nothing per read; the body is then a view of it.
+   * `max` bytes), so a copy's range reads allocate nothing per read; the body is then a view of
+   * it. Transport failures are retried twice (250, 500 ms), an expired session (HTTP 401/403)
+   * is renewed once, a busy server (HTTP 503) waited for twice.
    */
   private async get(f: DatastorePath, range: string, max: number, into?: Buffer): Promise<{ status: number; contentRange: string | null; body: Buffer }> {
     for (let attempt = 0; ; attempt++) {
       const headers: Record<string, string> = { range }
       const cookie = this.client.sessionCookie
       if (cookie) headers.cookie = cookie
-      let res
+      let res: RangeAnswer
       try {
-        res = await request(this.url(f), { method: 'GET', headers, dispatcher: this.client.dispatcher, signal: AbortSignal.timeout(this.timeoutMs) })
+        res = await this.client.ranges.get(this.target(f), headers, { max, into, timeoutMs: this.timeoutMs })
       } catch (e) {
+        if (e instanceof MigError) throw new MigError(e.code, `[${f.datastore}] ${f.path}: ${e.message}`)
         if (attempt < 2) {
           await new Promise((r) => setTimeout(r, 250 * 2 ** attempt))
           continue
         }
         throw new MigError('E_MIG_DISK_READ_FAILED', `[${f.datastore}] ${f.path}: ${(e as Error).message}`, { cause: e })
       }
-      if ((res.statusCode === 401 || res.statusCode === 403) && attempt === 0) {
-        await res.body.dump().catch(() => {})
+      if ((res.status === 401 || res.status === 403) && attempt === 0) {
         // The session may have expired: any SOAP call logs in again on NotAuthenticated.
         await this.client.call('CurrentTime', x.ref('_this', { type: 'ServiceInstance', value: 'ServiceInstance' })).catch(() => {})
         continue
       }
-      if (res.statusCode === 503 && attempt < 2) {
-        await res.body.dump().catch(() => {})
+      if (res.status === 503 && attempt < 2) {
         await new Promise((r) => setTimeout(r, 250 * 2 ** attempt))
         continue
       }
-      const chunks: Buffer[] = []
-      let total = 0
-      for await (const c of res.body) {
-        const chunk = c as Buffer
-        if (total + chunk.length > max) {
-          res.body.destroy()
-          throw new MigError(
-            'E_MIG_DISK_READ_FAILED',
-            `[${f.datastore}] ${f.path}: the server sent more than the ${max} bytes asked for (HTTP ${res.statusCode})`,
-          )
-        }
-        if (into) chunk.copy(into, total)
-        else chunks.push(chunk)
-        total += chunk.length
-      }
-      const cr = res.headers['content-range']
-      return { status: res.statusCode, contentRange: typeof cr === 'string' ? cr : null, body: into ? into.subarray(0, total) : Buffer.concat(chunks) }
+      return { status: res.status, contentRange: res.headers['content-range'] ?? null, body: res.body }
     }
   }
 

@@ -27,6 +27,7 @@ import { XMLParser } from 'fast-xml-parser'
 import { MigError } from '../../errors.ts'
 import type { SourceTls } from '../../contracts/source-tls.ts'
 import { tlsConnector } from '../../tls.ts'
+import { RangeHttp } from './range-http.ts'
 
 /** A managed object reference: `type` (e.g. `VirtualMachine`) and `value` (e.g. `vm-42`). */
 export interface MoRef {
@@ -233,6 +234,8 @@ export function parseEnvelope(xml: string, what: string): XNode {
 export class VimClient {
   readonly sdkUrl: string
   private readonly agent: Agent
+  /** The datastore HTTP transport: same origin and TLS trust, its own keep-alive pool (8 connections). */
+  readonly ranges: RangeHttp
   private readonly timeoutMs: number
   private readonly retries: number
   private readonly retryBaseMs: number
@@ -250,8 +253,15 @@ export class VimClient {
     this.retries = opts.retries ?? 3
     this.retryBaseMs = opts.retryBaseMs ?? 250
     this.maxResponseBytes = opts.maxResponseBytes ?? 64 * 1024 * 1024
-    const connect = tlsConnector(opts.tls, opts.connectTimeoutMs ?? 10_000)
-    this.agent = new Agent({ connect, keepAliveTimeout: 30_000, headersTimeout: this.timeoutMs, bodyTimeout: this.timeoutMs, connections: 8 })
+    const connectTimeoutMs = opts.connectTimeoutMs ?? 10_000
+    this.agent = new Agent({
+      connect: tlsConnector(opts.tls, connectTimeoutMs),
+      keepAliveTimeout: 30_000,
+      headersTimeout: this.timeoutMs,
+      bodyTimeout: this.timeoutMs,
+      connections: 8,
+    })
+    this.ranges = new RangeHttp({ origin: new URL(opts.sdkUrl).origin, trust: opts.tls, connectTimeoutMs, connections: 8 })
   }
 
   /** The service content (after {@link connect}). */
@@ -263,11 +273,6 @@ export class VimClient {
   /** The session cookie header value (`vmware_soap_session=...`), for datastore HTTP requests. */
   get sessionCookie(): string | null {
     return this.cookie
-  }
-
-  /** The undici dispatcher (same TLS trust and pool) for datastore HTTP requests. */
-  get dispatcher(): Agent {
-    return this.agent
   }
 
   /** `RetrieveServiceContent`. Throws `E_MIG_SOURCE_UNREACHABLE` when nothing (or no vSphere SDK) answers. */
@@ -346,6 +351,7 @@ export class VimClient {
     if (this.cookie && this.content) {
       await this.invoke('Logout', x.ref('_this', this.content.sessionManager), { retries: 0, timeoutMs: 5000 }).catch(() => {})
     }
+    this.ranges.close()
     await this.agent.close().catch(() => {})
   }
 

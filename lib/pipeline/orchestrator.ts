@@ -397,7 +397,7 @@ export function restrictTo(inner: DiskReader, areas: DiskArea[]): DiskReader {
         if (end > start) yield { offset: start, length: end - start, zero: false }
       }
     },
-    read: (offset: number, length: number) => inner.read(offset, length),
+    read: (offset: number, length: number, into?: Buffer) => inner.read(offset, length, into),
     close: () => inner.close(),
   }
 }

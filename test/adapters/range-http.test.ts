@@ -103,6 +103,16 @@ describe('RangeHttp', () => {
     const c = await pool(chunked.origin).get('/c', {}, { max: 70_001, into, timeoutMs: 5000 })
     expect([c.status, c.body.length, c.body.equals(data.subarray(0, 70_001))]).toEqual([200, 70_001, true])
 
+    // a head whose CR LF CR LF is split across reads
+    const split = await serve((_req, _n, s) => {
+      s.write('HTTP/1.1 206 Partial Content\r\nContent-Length: 4\r\n\r')
+      setTimeout(() => s.write('\nab'), 30)
+      setTimeout(() => s.write('cd'), 60)
+      return null
+    })
+    const sp = await pool(split.origin).get('/s', {}, { max: 4, timeoutMs: 5000 })
+    expect([sp.status, sp.headers['content-length'], sp.body.toString()]).toEqual([206, '4', 'abcd'])
+
     // no framing: the body ends when the server closes
     const closing = await serve((_req, _n, s) => {
       s.end(Buffer.concat([Buffer.from('HTTP/1.0 200 OK\r\n\r\n'), data.subarray(0, 3000)]))

@@ -299,23 +299,25 @@ export class RangeHttp {
     }
   }
 
-  /** Reads the status line and header fields; returns where the body starts in `bytes`. */
+  /**
+   * Reads the status line and header fields; returns where the body starts in `bytes`. Only the
+   * head's bytes are scanned and kept (the body that follows it in the same read is not copied).
+   */
   private readHead(ex: Exchange, bytes: Buffer, at: number): number {
-    // the end of the head may straddle reads: search the last 3 bytes kept plus this read
-    const prev = ex.head.length ? ex.head[ex.head.length - 1]!.subarray(-3) : Buffer.alloc(0)
-    const room = MAX_HEAD_BYTES - ex.headLen
-    const window = Buffer.concat([prev, bytes.subarray(at, at + Math.min(bytes.length - at, room + 4))])
-    const end = window.indexOf('\r\n\r\n')
-    if (end < 0) {
-      if (bytes.length - at >= room) throw new Error(`an answer head over ${MAX_HEAD_BYTES} bytes`)
-      ex.head.push(Buffer.from(bytes.subarray(at)))
-      ex.headLen += bytes.length - at
-      return bytes.length
+    let i = at
+    // ex.left counts the bytes of CR LF CR LF matched so far, across reads
+    while (i < bytes.length && ex.left < 4) {
+      const b = bytes[i++]
+      ex.left = b === (ex.left % 2 === 0 ? 0x0d : 0x0a) ? ex.left + 1 : b === 0x0d ? 1 : 0
     }
-    const taken = end + 4 - prev.length
-    ex.head.push(Buffer.from(bytes.subarray(at, at + taken)))
-    this.parseHead(ex, Buffer.concat(ex.head).toString('latin1'))
-    return at + taken
+    ex.headLen += i - at
+    if (ex.headLen > MAX_HEAD_BYTES) throw new Error(`an answer head over ${MAX_HEAD_BYTES} bytes`)
+    ex.head.push(Buffer.from(bytes.subarray(at, i)))
+    if (ex.left === 4) {
+      ex.left = 0
+      this.parseHead(ex, Buffer.concat(ex.head).toString('latin1'))
+    }
+    return i
   }
 
   private parseHead(ex: Exchange, text: string): void {

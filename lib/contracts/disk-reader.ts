@@ -54,6 +54,12 @@ export interface DiskReader {
    * convert` (lib/pipeline/qemu-img-copy.ts); `extents()` is still used for ranges and counts.
    */
   qemuNode?: Record<string, unknown>
+  /**
+   * Reads the copy loop keeps in flight for this reader (default 4; a copy's own `readAhead`
+   * wins): a reader that spreads each read over several connections itself (the vim_api
+   * datastore reader) asks for fewer, so fewer chunk buffers are being filled at once.
+   */
+  readAhead?: number
   extents(from: number): AsyncIterable<DiskExtent>
   read(offset: number, length: number, into?: Buffer): Promise<Buffer>
   close(): Promise<void>

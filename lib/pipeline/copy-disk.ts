@@ -65,7 +65,7 @@ export interface CopyDiskOptions {
   onWatermark(watermark: number): Promise<void>
   /** Flush interval: bytes read from the source (data, not zero extents) between checkpoints (default 256 MiB). */
   flushEveryBytes?: number
-  /** Reads in flight (1..16, default 4). */
+  /** Reads in flight (1..16, default the reader's `readAhead`, else 4). */
   readAhead?: number
   /** Chunks whose writes may be in flight at once (1..16, default 2). */
   writeDepth?: number
@@ -130,7 +130,7 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
   const size = reader.size
   const from = Math.max(0, Math.min(Math.floor(opts.from), size))
   const flushEvery = Math.max(1, opts.flushEveryBytes ?? DEFAULT_FLUSH)
-  const readAhead = Math.max(1, Math.min(16, opts.readAhead ?? 4))
+  const readAhead = Math.max(1, Math.min(16, opts.readAhead ?? reader.readAhead ?? 4))
   const writeDepth = Math.max(1, Math.min(16, opts.writeDepth ?? 2))
   const poolMax = readAhead + writeDepth + 1
   const gran = opts.zeroGranularity ?? volume.blockSize ?? 64 * 1024

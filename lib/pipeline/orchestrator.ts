@@ -390,6 +390,7 @@ export function restrictTo(inner: DiskReader, areas: DiskArea[]): DiskReader {
   const sorted = [...areas].sort((a, b) => a.offset - b.offset)
   return {
     size: inner.size,
+    readAhead: inner.readAhead,
     async *extents(from: number) {
       for (const a of sorted) {
         const end = Math.min(a.offset + a.length, inner.size)
@@ -411,6 +412,7 @@ export function allocatedOnly(inner: DiskReader, areas: DiskArea[]): DiskReader 
   const sorted = [...areas].sort((a, b) => a.offset - b.offset)
   return {
     size: inner.size,
+    readAhead: inner.readAhead,
     async *extents(from: number) {
       let at = from
       for (const a of sorted) {

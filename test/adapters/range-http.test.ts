@@ -11,7 +11,9 @@
 import { afterEach, describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { createServer, type Server, type Socket } from 'node:net'
+import { DatastoreHttp, openDatastoreVmdk } from '../../lib/adapters/vim/datastore.ts'
 import { MAX_HEAD_BYTES, RangeHttp } from '../../lib/adapters/vim/range-http.ts'
+import type { VimClient } from '../../lib/adapters/vim/soap.ts'
 import { thrown } from '../helpers/tmp.ts'
 
 /** A server answering each request (its head, as text) with `answer`'s bytes; counts connections. */
@@ -53,6 +55,7 @@ function pool(origin: string, connections = 8): RangeHttp {
   return p
 }
 
+const MiB = 1024 * 1024
 const head = (status: string, fields: string[]) => `HTTP/1.1 ${status}\r\n${fields.map((f) => `${f}\r\n`).join('')}\r\n`
 
 describe('RangeHttp', () => {
@@ -191,5 +194,56 @@ describe('RangeHttp', () => {
     // nothing listening: a connect error, not a hang
     const dead = pool('http://127.0.0.1:1')
     expect((await thrown(() => dead.get('/x', {}, { max: 8, timeoutMs: 400 }))).message).toMatch(/ECONNREFUSED|refused/i)
+  })
+})
+
+describe('DatastoreHttp over RangeHttp', () => {
+  test('a read over 1 MiB goes out as parallel 1 MiB range requests into the caller buffer; the datastore reader asks the copy for one read at a time', async () => {
+    const data = randomBytes(8 * 1024 * 1024)
+    const descriptor = Buffer.from(
+      `# Disk DescriptorFile\nversion=1\nCID=aaaa0000\nparentCID=ffffffff\ncreateType="monolithicFlat"\nRW ${data.length / 512} FLAT "vm-flat.vmdk" 0\n`,
+    )
+    const ranges: string[] = []
+    let open = 0
+    let most = 0
+    const srv = await serve((req, _n, s) => {
+      const m = /range: bytes=(\d+)-(\d+)/.exec(req)!
+      const file = req.includes('/folder/vm/vm.vmdk?') ? descriptor : data
+      if (file === data) ranges.push(`${m[1]}-${m[2]}`)
+      const part = file.subarray(Number(m[1]), Number(m[2]) + 1)
+      open++
+      most = Math.max(most, open)
+      // answered after a moment, so requests sent together are seen together
+      setTimeout(() => {
+        open--
+        s.write(
+          Buffer.concat([
+            Buffer.from(head('206 Partial Content', [`Content-Length: ${part.length}`, `Content-Range: bytes ${m[1]}-${m[2]}/${file.length}`])),
+            part,
+          ]),
+        )
+      }, 20)
+      return null
+    })
+    const ranges$ = pool(srv.origin)
+    const client = { sdkUrl: `${srv.origin}/sdk`, sessionCookie: null, ranges: ranges$, call: async () => ({}) } as unknown as VimClient
+    const http = new DatastoreHttp(client, 'DC0')
+    const file = await http.open({ datastore: 'ds', path: 'vm/vm-flat.vmdk' })
+    expect(file.size).toBe(data.length)
+    ranges.length = 0
+    const into = Buffer.alloc(4 * 1024 * 1024)
+    const got = await file.read(MiB + 5, 3.5 * MiB, into)
+    expect([got.buffer === into.buffer, got.length, got.equals(data.subarray(MiB + 5, MiB + 5 + 3.5 * MiB))]).toEqual([true, 3.5 * MiB, true])
+    expect(ranges).toEqual([0, 1, 2, 3].map((i) => `${MiB + 5 + i * MiB}-${MiB + 5 + Math.min((i + 1) * MiB, 3.5 * MiB) - 1}`))
+    expect(most).toBe(4)
+    // a short read is one request
+    ranges.length = 0
+    expect((await file.read(10, 100)).equals(data.subarray(10, 110))).toBe(true)
+    expect(ranges).toEqual(['10-109'])
+    // the disk reader over the datastore: one read in flight, the copy loop's default overridden
+    const disk = await openDatastoreVmdk(http, '[ds] vm/vm.vmdk', { label: 'vm', capacity: data.length })
+    expect([disk.readAhead, disk.size]).toEqual([1, data.length])
+    expect((await disk.read(3 * MiB, 2 * MiB)).equals(data.subarray(3 * MiB, 5 * MiB))).toBe(true)
+    await disk.close()
   })
 })

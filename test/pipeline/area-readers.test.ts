@@ -1,6 +1,7 @@
 // The live copy's area readers (lib/pipeline/orchestrator.ts): `allocatedOnly` (a full pass with
 // CBT's allocated areas) and `restrictTo` (a delta pass's changed areas) yield their areas in
-// order and pass the copy's buffer on to the snapshot reader, which fills it (no buffer per read).
+// order and pass the copy's buffer on to the snapshot reader, which fills it (no buffer per read),
+// and its reads-in-flight wish.
 import { describe, expect, test } from 'bun:test'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { allocatedOnly, restrictTo } from '../../lib/pipeline/orchestrator.ts'
@@ -11,6 +12,7 @@ const MiB = 1024 * 1024
 function inner(given: Array<Buffer | undefined>): DiskReader {
   return {
     size: 16 * MiB,
+    readAhead: 1,
     async *extents(from: number): AsyncIterable<DiskExtent> {
       yield { offset: from, length: 16 * MiB - from, zero: false }
     },
@@ -47,7 +49,7 @@ describe('area readers', () => {
     ])
     const into = Buffer.alloc(MiB)
     const got = await r.read(MiB + 3, 100, into)
-    expect([given[0] === into, got.buffer === into.buffer, got[0]]).toEqual([true, true, (MiB + 3) & 0xff])
+    expect([given[0] === into, got.buffer === into.buffer, got[0], r.readAhead]).toEqual([true, true, (MiB + 3) & 0xff, 1])
   })
 
   test('restrictTo: only the areas, gaps left out; the buffer is passed on', async () => {
@@ -59,6 +61,6 @@ describe('area readers', () => {
     ])
     const into = Buffer.alloc(MiB)
     const got = await r.read(8 * MiB, 4096, into)
-    expect([given[0] === into, got.buffer === into.buffer]).toEqual([true, true])
+    expect([given[0] === into, got.buffer === into.buffer, r.readAhead]).toEqual([true, true, 1])
   })
 })

@@ -507,3 +507,39 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
   })
 })
+
+describe('copyDisk: reads in flight', () => {
+  /** A 64 MiB reader of data (no zeros) that counts its reads in flight; `readAhead` as given. */
+  function counting(readAhead?: number): DiskReader & { most: number } {
+    let open = 0
+    const r = {
+      size: 64 * MiB,
+      readAhead,
+      most: 0,
+      async *extents(from: number): AsyncIterable<DiskExtent> {
+        yield { offset: from, length: 64 * MiB - from, zero: false }
+      },
+      async read(_offset: number, length: number, into?: Buffer) {
+        open++
+        r.most = Math.max(r.most, open)
+        await sleep(5)
+        open--
+        return (into ?? Buffer.allocUnsafe(length)).subarray(0, length).fill(1)
+      },
+      async close() {},
+    }
+    return r
+  }
+  const run = (r: DiskReader, readAhead?: number) =>
+    copyDisk(r, memVolume(64 * MiB), { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {}, engine: 'node', readAhead })
+
+  test("the reader's readAhead, else 4; the copy's own option wins", async () => {
+    const one = counting(1)
+    await run(one)
+    const dflt = counting()
+    await run(dflt)
+    const asked = counting(1)
+    await run(asked, 3)
+    expect([one.most, dflt.most, asked.most]).toEqual([1, 4, 3])
+  })
+})

@@ -18,6 +18,21 @@ import { MAX_RANGE, openVmdkChain, type RemoteFile } from './vmdk-chain.ts'
 
 export type { RemoteFile } from './vmdk-chain.ts'
 
+/**
+ * Reads longer than this go out as parallel range requests of this many bytes over the client's
+ * connection pool (1 MiB), so one read of a copy keeps several connections busy.
+ */
+const FAN_OUT_BYTES = 1024 * 1024
+
+/**
+ * Reads the copy loop keeps in flight for a datastore disk: each read fans out over the pool
+ * itself ({@link FAN_OUT_BYTES}), so one at a time keeps the connections busy. Measured with
+ * bench/vim-job.ts (vCenter simulator, 8 GiB, one run per line): worker peak RSS 160-196 MiB on
+ * every layout this way, against 207-225 on `runs` and `long` with 2 or 4 reads of one request
+ * each.
+ */
+const DATASTORE_READ_AHEAD = 1
+
 /** A datastore path `[datastore] dir/file.vmdk` split into its parts. */
 export interface DatastorePath {
   datastore: string
@@ -111,18 +126,33 @@ export class DatastoreHttp {
           throw new MigError('E_MIG_DISK_READ_FAILED', `${name}: read of ${length} bytes at ${offset} is outside the file (${size} bytes) or too large`)
         }
         if (length === 0) return Buffer.alloc(0)
-        const r = await this.get(f, `bytes=${offset}-${offset + length - 1}`, length, into && into.length >= length ? into : undefined)
-        const ok = r.status === 206 && r.contentRange !== null && r.contentRange.trim().startsWith(`bytes ${offset}-${offset + length - 1}/`)
-        const whole = r.status === 200 && offset === 0 && length === size
-        if (!(ok || whole) || r.body.length !== length) {
-          throw new MigError(
-            'E_MIG_DISK_READ_FAILED',
-            `${name}: range read of ${length} bytes at ${offset} answered HTTP ${r.status} with ${r.body.length} bytes`,
-          )
+        if (length <= FAN_OUT_BYTES) return this.readRange(f, name, size, offset, length, into && into.length >= length ? into : undefined)
+        const out = into && into.length >= length ? into.subarray(0, length) : Buffer.allocUnsafe(length)
+        const parts: Promise<Buffer>[] = []
+        for (let at = 0; at < length; at += FAN_OUT_BYTES) {
+          const l = Math.min(FAN_OUT_BYTES, length - at)
+          parts.push(this.readRange(f, name, size, offset + at, l, out.subarray(at, at + l)))
         }
-        return r.body
+        await Promise.all(parts)
+        return out
       },
     }
+  }
+
+  /**
+   * One range request of `length` bytes at `offset` of `f` (`size` bytes, named `name` in
+   * messages), its answer checked (206 with the matching `Content-Range`, or 200 for the whole
+   * file), its body written into `into` when given (then a view of it). `E_MIG_DISK_READ_FAILED`
+   * otherwise.
+   */
+  private async readRange(f: DatastorePath, name: string, size: number, offset: number, length: number, into?: Buffer): Promise<Buffer> {
+    const r = await this.get(f, `bytes=${offset}-${offset + length - 1}`, length, into)
+    const ok = r.status === 206 && r.contentRange !== null && r.contentRange.trim().startsWith(`bytes ${offset}-${offset + length - 1}/`)
+    const whole = r.status === 200 && offset === 0 && length === size
+    if (!(ok || whole) || r.body.length !== length) {
+      throw new MigError('E_MIG_DISK_READ_FAILED', `${name}: range read of ${length} bytes at ${offset} answered HTTP ${r.status} with ${r.body.length} bytes`)
+    }
+    return r.body
   }
 }
 
@@ -172,7 +202,7 @@ export async function openDatastoreVmdk(
   const f = parseDatastorePath(fileName)
   const siblingsOf = (at: DatastorePath) => (name: string) => http.open({ datastore: at.datastore, path: dirOf(at) + name })
   const layers: DatastorePath[] = [f]
-  return openVmdkChain(
+  const reader = await openVmdkChain(
     await http.open(f),
     siblingsOf(f),
     async (hint, depth) => {
@@ -182,4 +212,5 @@ export async function openDatastoreVmdk(
     },
     opts,
   )
+  return Object.assign(reader, { readAhead: DATASTORE_READ_AHEAD })
 }

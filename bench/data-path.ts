@@ -51,7 +51,7 @@ import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/he
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
 import { startServer } from '../test/helpers/server.ts'
 import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
-import { allocatedBytes, alternate, cliArg, median, onInterrupt, sampleWorkerPeakRss, span } from './source.ts'
+import { allocatedBytes, alternate, cliArg, copyPhaseSeconds, median, onInterrupt, sampleWorkerPeakRss, sawTerminal, span } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -162,7 +162,6 @@ function tarMemberOffset(tar: string, name: string): { offset: number; size: num
   }
 }
 
-const TERMINAL = ['completed', 'failed', 'cancelled']
 /** The worker entries the supervisor forked (the bytecode bundle or the .ts module), printed at the end. */
 const entries = new Set<string>()
 
@@ -322,18 +321,14 @@ try {
         const job = await submit(srv.base, { ...plan, name: `migbench-${++runNo}`, start: false })
         const rss = sampleWorkerPeakRss(base, job.id)
         // the end is the terminal state's SSE event as the client receives it (no poll interval)
-        const terminal = () => stream.events.some((e) => e.event === 'migration' && e.data.id === job.id && TERMINAL.includes(e.data.status))
-        const deadline = Date.now() + 1_800_000
-        while (!terminal() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 2))
+        await sawTerminal(stream.events, job.id, 1_800_000)
         const sec = (performance.now() - t0) / 1000
         const seenAt = Date.now()
         const hwm = rss.stop()
         const done = await waitJob(srv.base, job.id, undefined, 60_000)
         stream.close()
         if (done.state !== 'Completed') throw new Error(`${kind}/${layout}: job ended ${done.state}: ${JSON.stringify(done.last_error)}`)
-        const evs = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id)
-        const i = evs.findIndex((e) => e.data.state === 'CopyingFull')
-        copySec.push((Date.parse(evs[i + 1]!.data.updated_at) - Date.parse(evs[i]!.data.updated_at)) / 1000)
+        copySec.push(copyPhaseSeconds(stream.events, job.id))
         jobSec.push(sec)
         peak = Math.max(peak, hwm)
         lastJob = { id: job.id, label: done.progress.disks[0].label }

@@ -10,7 +10,7 @@ import * as path from 'node:path'
 import { copyDisk, type CopyDiskOptions, type CopyDiskResult } from '../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../lib/pipeline/readers/open.ts'
 import type { Sink } from '../lib/sink/types.ts'
-import { workerPid } from '../test/helpers/jobs.ts'
+import { workerPid, type SseEvent } from '../test/helpers/jobs.ts'
 
 /** Cluster size of the benchmark qcow2, bytes. */
 export const CLUSTER = 64 * 1024
@@ -209,4 +209,28 @@ export function onInterrupt(cleanup: () => void | Promise<void>): void {
         .finally(() => process.exit(128 + constants.signals[sig]))
     })
   }
+}
+
+const TERMINAL = ['completed', 'failed', 'cancelled']
+
+/**
+ * Resolves once `events` (an open stream's) holds job `id`'s terminal `migration` event, as the
+ * client receives it (checked every 2 ms, no poll of the API), or after `timeoutMs`.
+ */
+export async function sawTerminal(events: SseEvent[], id: string, timeoutMs: number): Promise<void> {
+  const terminal = () => events.some((e) => e.event === 'migration' && e.data.id === id && TERMINAL.includes(e.data.status))
+  const deadline = Date.now() + timeoutMs
+  while (!terminal() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 2))
+}
+
+/**
+ * Seconds job `id` spent in `CopyingFull`, from a stream's `migration` events: from its first
+ * `CopyingFull` event to the first event of another state (a live job publishes `CopyingFull`
+ * again once its snapshot is taken).
+ */
+export function copyPhaseSeconds(events: SseEvent[], id: string): number {
+  const evs = events.filter((e) => e.event === 'migration' && e.data.id === id)
+  const i = evs.findIndex((e) => e.data.state === 'CopyingFull')
+  const next = evs.findIndex((e, k) => k > i && e.data.state !== 'CopyingFull')
+  return (Date.parse(evs[next]!.data.updated_at) - Date.parse(evs[i]!.data.updated_at)) / 1000
 }

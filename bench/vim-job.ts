@@ -29,7 +29,7 @@ import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libv
 import { startServer } from '../test/helpers/server.ts'
 import { putVmdk, registerVcsim, SMALL_LINUX_VM, startVcsim, type Vcsim } from '../test/helpers/vcsim.ts'
 import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
-import { cliArg, median, onInterrupt, sampleWorkerPeakRss, span } from './source.ts'
+import { cliArg, copyPhaseSeconds, median, onInterrupt, sampleWorkerPeakRss, sawTerminal, span } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -57,7 +57,6 @@ const cleanup = async () => {
 }
 onInterrupt(cleanup)
 const mbs = (sec: number) => size / MiB / sec
-const TERMINAL = ['completed', 'failed', 'cancelled']
 let failed = false
 let runNo = 0
 /** The worker entries the supervisor forked (the bytecode bundle or the .ts module). */
@@ -108,20 +107,14 @@ try {
         start: false,
       })
       const rss = sampleWorkerPeakRss(base, job.id)
-      const terminal = () => stream.events.some((e) => e.event === 'migration' && e.data.id === job.id && TERMINAL.includes(e.data.status))
-      const deadline = Date.now() + 3_600_000
-      while (!terminal() && Date.now() < deadline) await new Promise((res) => setTimeout(res, 2))
+      await sawTerminal(stream.events, job.id, 3_600_000)
       jobSec.push((performance.now() - s0) / 1000)
       peak = Math.max(peak, rss.stop())
       const done = await waitJob(srv.base, job.id, undefined, 60_000)
       stream.close()
       if (done.state !== 'Completed') throw new Error(`${layout}: job ended ${done.state}: ${JSON.stringify(done.last_error)}`)
       served = (await v.folderBytes()) - servedBefore
-      const evs = stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id)
-      // a live job publishes CopyingFull again once its snapshot is taken: the phase ends at the next state
-      const i = evs.findIndex((e) => e.data.state === 'CopyingFull')
-      const next = evs.findIndex((e, k) => k > i && e.data.state !== 'CopyingFull')
-      copySec.push((Date.parse(evs[next]!.data.updated_at) - Date.parse(evs[i]!.data.updated_at)) / 1000)
+      copySec.push(copyPhaseSeconds(stream.events, job.id))
       const img = volumePath(base, job.id, done.progress.disks[0].label)
       equal &&= spawnSync('cmp', ['-s', img, ref]).status === 0
       rmSync(path.join(base, 'volumes', 'migrations', job.id), { recursive: true, force: true })

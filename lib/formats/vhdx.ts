@@ -11,6 +11,7 @@
  * use the Microsoft mixed-endian layout. Only the first 320 KiB and the metadata items are read.
  */
 import { MigError } from '../errors.ts'
+import type { FileHandle } from 'node:fs/promises'
 import { type FileWindow, malformed, openRead, readInWindow } from './io.ts'
 
 const KiB = 1024
@@ -50,6 +51,10 @@ const KNOWN_ITEMS = new Set([
  *   `data_write_guid`: GUIDs as upper-case `XXXXXXXX-XXXX-XXXX-XXXX-XXXXXXXXXXXX`.
  * - `needs_log_replay`: the current header's LogGuid is set (unreplayed log; qemu refuses such
  *   an image read-only). `header_sequence`: sequence number of the current header (decimal).
+ * - `bat_offset`: byte offset of the BAT region in the file (relative to the window when one was
+ *   given), `chunk_ratio`: payload blocks per sector bitmap block (2.5; the BAT holds one sector
+ *   bitmap entry after every `chunk_ratio` payload entries). The region holds at least the
+ *   entries the virtual size needs (checked).
  */
 export interface VhdxInfo {
   virtual_size: number
@@ -64,6 +69,8 @@ export interface VhdxInfo {
   data_write_guid: string
   needs_log_replay: boolean
   header_sequence: string
+  bat_offset: number
+  chunk_ratio: number
 }
 
 let CRC32C_TABLE: Uint32Array | null = null
@@ -149,128 +156,162 @@ interface Region {
 export async function readVhdxInfo(file: string, win?: FileWindow): Promise<VhdxInfo> {
   const fh = await openRead(file)
   try {
-    const fileSize = win ? win.length : (await fh.stat()).size
-    const head = await readInWindow(fh, file, win, Math.min(fileSize, 320 * KiB), 0)
-    if (head.length < 8 || head.toString('latin1', 0, 8) !== 'vhdxfile')
-      throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHDX image (no vhdxfile identifier)`)
-    if (head.length < 320 * KiB) throw malformed(file, `VHDX cut short: ${fileSize} bytes, the headers and region tables need ${320 * KiB}`)
-    const creator = utf16z(head.subarray(8, 8 + 512))
-
-    // Headers (2.2.2): take the valid one with the higher sequence number.
-    const h1 = parseHeader(head.subarray(64 * KiB, 68 * KiB))
-    const h2 = parseHeader(head.subarray(128 * KiB, 132 * KiB))
-    if (!h1 && !h2) throw malformed(file, 'neither VHDX header has a valid signature, version and CRC-32C')
-    const cur = !h1 ? h2! : !h2 ? h1 : h2.seq > h1.seq ? h2 : h1
-
-    // Region table (2.2.3): the first with a valid CRC-32C.
-    let table: Buffer | null = null
-    for (const off of [192 * KiB, 256 * KiB]) {
-      const t = head.subarray(off, off + 64 * KiB)
-      if (t.toString('latin1', 0, 4) === 'regi' && checksumOk(t, 4)) {
-        table = t
-        break
-      }
-    }
-    if (!table) throw malformed(file, 'neither VHDX region table has a valid signature and CRC-32C')
-    const count = table.readUInt32LE(8)
-    if (count > 2047) throw malformed(file, `region table declares ${count} entries (limit 2047)`)
-    const regions = new Map<string, Region>()
-    for (let i = 0; i < count; i++) {
-      const at = 16 + i * 32
-      const guid = guidAt(table, at)
-      const offset = table.readBigUInt64LE(at + 16)
-      const length = table.readUInt32LE(at + 24)
-      const required = (table.readUInt32LE(at + 28) & 1) === 1
-      if (offset % BigInt(MiB) !== 0n || offset < BigInt(MiB) || length % MiB !== 0 || length === 0)
-        throw malformed(file, `region ${guid} at ${offset} (+${length}) is not 1 MiB aligned`)
-      if (offset + BigInt(length) > BigInt(fileSize))
-        throw malformed(file, `region ${guid} at ${offset} (+${length}) lies outside the file of ${fileSize} bytes`)
-      if (regions.has(guid)) throw malformed(file, `region ${guid} listed twice`)
-      if (guid !== VHDX_REGION_BAT && guid !== VHDX_REGION_METADATA && required)
-        throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown required VHDX region ${guid}`)
-      regions.set(guid, { offset: Number(offset), length })
-    }
-    const bat = regions.get(VHDX_REGION_BAT)
-    const meta = regions.get(VHDX_REGION_METADATA)
-    if (!bat) throw malformed(file, 'no BAT region')
-    if (!meta) throw malformed(file, 'no metadata region')
-    if (meta.length < 64 * KiB) throw malformed(file, 'metadata region smaller than its 64 KiB table')
-
-    // Metadata table (2.6.1).
-    const mt = await readInWindow(fh, file, win, 64 * KiB, meta.offset)
-    if (mt.length < 64 * KiB || mt.toString('latin1', 0, 8) !== 'metadata') throw malformed(file, `no metadata table signature at offset ${meta.offset}`)
-    const entries = mt.readUInt16LE(10)
-    if (entries > 2047) throw malformed(file, `metadata table declares ${entries} entries (limit 2047)`)
-    const items = new Map<string, { offset: number; length: number }>()
-    for (let i = 0; i < entries; i++) {
-      const at = 32 + i * 32
-      const id = guidAt(mt, at)
-      const offset = mt.readUInt32LE(at + 16)
-      const length = mt.readUInt32LE(at + 20)
-      const required = (mt.readUInt32LE(at + 24) & 4) !== 0
-      if (!KNOWN_ITEMS.has(id)) {
-        if (required) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown required VHDX metadata item ${id}`)
-        continue
-      }
-      if (items.has(id)) throw malformed(file, `metadata item ${id} listed twice`)
-      if (length === 0 || length > MiB || offset < 64 * KiB || offset + length > meta.length)
-        throw malformed(file, `metadata item ${id} at ${offset} (+${length}) lies outside the metadata region`)
-      items.set(id, { offset, length })
-    }
-    const readItem = async (id: string, name: string, min: number): Promise<Buffer> => {
-      const it = items.get(id)
-      if (!it) throw malformed(file, `missing required metadata item ${name}`)
-      if (it.length < min) throw malformed(file, `metadata item ${name} is ${it.length} bytes, needs ${min}`)
-      const b = await readInWindow(fh, file, win, it.length, meta.offset + it.offset)
-      if (b.length < it.length) throw malformed(file, `metadata item ${name} cut short by the end of the file`)
-      return b
-    }
-
-    const fp = await readItem(ITEM_FILE_PARAMETERS, 'File Parameters', 8)
-    const block_size = fp.readUInt32LE(0)
-    const flags = fp.readUInt32LE(4)
-    if (block_size < MiB || block_size > 256 * MiB || (block_size & (block_size - 1)) !== 0)
-      throw malformed(file, `block size ${block_size} is not a power of two in 1..256 MiB`)
-    const fixed = (flags & 1) !== 0
-    const has_parent = (flags & 2) !== 0
-
-    const vs = (await readItem(ITEM_VIRTUAL_DISK_SIZE, 'Virtual Disk Size', 8)).readBigUInt64LE(0)
-    const logical_sector_size = (await readItem(ITEM_LOGICAL_SECTOR_SIZE, 'Logical Sector Size', 4)).readUInt32LE(0)
-    const physical_sector_size = (await readItem(ITEM_PHYSICAL_SECTOR_SIZE, 'Physical Sector Size', 4)).readUInt32LE(0)
-    if (logical_sector_size !== 512 && logical_sector_size !== 4096) throw malformed(file, `logical sector size ${logical_sector_size} (512 or 4096)`)
-    if (physical_sector_size !== 512 && physical_sector_size !== 4096) throw malformed(file, `physical sector size ${physical_sector_size} (512 or 4096)`)
-    if (vs === 0n || vs > BigInt(VHDX_MAX_VIRTUAL_SIZE)) throw malformed(file, `virtual disk size ${vs} outside 1 byte..64 TiB`)
-    const virtual_size = Number(vs)
-    if (virtual_size % logical_sector_size !== 0)
-      throw malformed(file, `virtual disk size ${virtual_size} is not a multiple of the ${logical_sector_size}-byte logical sector`)
-    const virtual_disk_id = items.has(ITEM_VIRTUAL_DISK_ID) ? guidAt(await readItem(ITEM_VIRTUAL_DISK_ID, 'Virtual Disk ID', 16), 0) : null
-
-    // BAT size (2.5): payload blocks plus interleaved sector bitmap blocks, one per chunk.
-    const chunkRatio = (2 ** 23 * logical_sector_size) / block_size
-    const dataBlocks = Math.ceil(virtual_size / block_size)
-    const batEntries = has_parent ? Math.ceil(dataBlocks / chunkRatio) * (chunkRatio + 1) : dataBlocks + Math.floor((dataBlocks - 1) / chunkRatio)
-    if (batEntries * 8 > bat.length) throw malformed(file, `BAT region of ${bat.length} bytes cannot hold the ${batEntries} entries the virtual size needs`)
-
-    let parent_locator: Record<string, string> | null = null
-    if (has_parent) parent_locator = parseParentLocator(await readItem(ITEM_PARENT_LOCATOR, 'Parent Locator', 20), file)
-
-    return {
-      virtual_size,
-      block_size,
-      logical_sector_size,
-      physical_sector_size,
-      fixed,
-      has_parent,
-      parent_locator,
-      creator,
-      virtual_disk_id,
-      data_write_guid: cur.dataWriteGuid,
-      needs_log_replay: cur.logGuid !== ZERO_GUID,
-      header_sequence: cur.seq.toString(),
-    }
+    return await readVhdxInfoFrom(fh, file, win)
   } finally {
     await fh.close()
   }
+}
+
+/**
+ * {@link readVhdxInfo} of an open file: `fh` is read (never closed), `file` names it in messages.
+ * Same result and errors.
+ */
+export async function readVhdxInfoFrom(fh: FileHandle, file: string, win?: FileWindow): Promise<VhdxInfo> {
+  const fileSize = win ? win.length : (await fh.stat()).size
+  const head = await readInWindow(fh, file, win, Math.min(fileSize, 320 * KiB), 0)
+  if (head.length < 8 || head.toString('latin1', 0, 8) !== 'vhdxfile')
+    throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHDX image (no vhdxfile identifier)`)
+  if (head.length < 320 * KiB) throw malformed(file, `VHDX cut short: ${fileSize} bytes, the headers and region tables need ${320 * KiB}`)
+  const creator = utf16z(head.subarray(8, 8 + 512))
+
+  // Headers (2.2.2): take the valid one with the higher sequence number.
+  const h1 = parseHeader(head.subarray(64 * KiB, 68 * KiB))
+  const h2 = parseHeader(head.subarray(128 * KiB, 132 * KiB))
+  if (!h1 && !h2) throw malformed(file, 'neither VHDX header has a valid signature, version and CRC-32C')
+  const cur = !h1 ? h2! : !h2 ? h1 : h2.seq > h1.seq ? h2 : h1
+
+  // Region table (2.2.3): the first with a valid CRC-32C.
+  let table: Buffer | null = null
+  for (const off of [192 * KiB, 256 * KiB]) {
+    const t = head.subarray(off, off + 64 * KiB)
+    if (t.toString('latin1', 0, 4) === 'regi' && checksumOk(t, 4)) {
+      table = t
+      break
+    }
+  }
+  if (!table) throw malformed(file, 'neither VHDX region table has a valid signature and CRC-32C')
+  const count = table.readUInt32LE(8)
+  if (count > 2047) throw malformed(file, `region table declares ${count} entries (limit 2047)`)
+  const regions = new Map<string, Region>()
+  for (let i = 0; i < count; i++) {
+    const at = 16 + i * 32
+    const guid = guidAt(table, at)
+    const offset = table.readBigUInt64LE(at + 16)
+    const length = table.readUInt32LE(at + 24)
+    const required = (table.readUInt32LE(at + 28) & 1) === 1
+    if (offset % BigInt(MiB) !== 0n || offset < BigInt(MiB) || length % MiB !== 0 || length === 0)
+      throw malformed(file, `region ${guid} at ${offset} (+${length}) is not 1 MiB aligned`)
+    if (offset + BigInt(length) > BigInt(fileSize)) throw malformed(file, `region ${guid} at ${offset} (+${length}) lies outside the file of ${fileSize} bytes`)
+    if (regions.has(guid)) throw malformed(file, `region ${guid} listed twice`)
+    if (guid !== VHDX_REGION_BAT && guid !== VHDX_REGION_METADATA && required)
+      throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown required VHDX region ${guid}`)
+    regions.set(guid, { offset: Number(offset), length })
+  }
+  const bat = regions.get(VHDX_REGION_BAT)
+  const meta = regions.get(VHDX_REGION_METADATA)
+  if (!bat) throw malformed(file, 'no BAT region')
+  if (!meta) throw malformed(file, 'no metadata region')
+  if (meta.length < 64 * KiB) throw malformed(file, 'metadata region smaller than its 64 KiB table')
+
+  // Metadata table (2.6.1).
+  const mt = await readInWindow(fh, file, win, 64 * KiB, meta.offset)
+  if (mt.length < 64 * KiB || mt.toString('latin1', 0, 8) !== 'metadata') throw malformed(file, `no metadata table signature at offset ${meta.offset}`)
+  const entries = mt.readUInt16LE(10)
+  if (entries > 2047) throw malformed(file, `metadata table declares ${entries} entries (limit 2047)`)
+  const items = new Map<string, { offset: number; length: number }>()
+  for (let i = 0; i < entries; i++) {
+    const at = 32 + i * 32
+    const id = guidAt(mt, at)
+    const offset = mt.readUInt32LE(at + 16)
+    const length = mt.readUInt32LE(at + 20)
+    const required = (mt.readUInt32LE(at + 24) & 4) !== 0
+    if (!KNOWN_ITEMS.has(id)) {
+      if (required) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown required VHDX metadata item ${id}`)
+      continue
+    }
+    if (items.has(id)) throw malformed(file, `metadata item ${id} listed twice`)
+    if (length === 0 || length > MiB || offset < 64 * KiB || offset + length > meta.length)
+      throw malformed(file, `metadata item ${id} at ${offset} (+${length}) lies outside the metadata region`)
+    items.set(id, { offset, length })
+  }
+  const readItem = async (id: string, name: string, min: number): Promise<Buffer> => {
+    const it = items.get(id)
+    if (!it) throw malformed(file, `missing required metadata item ${name}`)
+    if (it.length < min) throw malformed(file, `metadata item ${name} is ${it.length} bytes, needs ${min}`)
+    const b = await readInWindow(fh, file, win, it.length, meta.offset + it.offset)
+    if (b.length < it.length) throw malformed(file, `metadata item ${name} cut short by the end of the file`)
+    return b
+  }
+
+  const fp = await readItem(ITEM_FILE_PARAMETERS, 'File Parameters', 8)
+  const block_size = fp.readUInt32LE(0)
+  const flags = fp.readUInt32LE(4)
+  if (block_size < MiB || block_size > 256 * MiB || (block_size & (block_size - 1)) !== 0)
+    throw malformed(file, `block size ${block_size} is not a power of two in 1..256 MiB`)
+  const fixed = (flags & 1) !== 0
+  const has_parent = (flags & 2) !== 0
+
+  const vs = (await readItem(ITEM_VIRTUAL_DISK_SIZE, 'Virtual Disk Size', 8)).readBigUInt64LE(0)
+  const logical_sector_size = (await readItem(ITEM_LOGICAL_SECTOR_SIZE, 'Logical Sector Size', 4)).readUInt32LE(0)
+  const physical_sector_size = (await readItem(ITEM_PHYSICAL_SECTOR_SIZE, 'Physical Sector Size', 4)).readUInt32LE(0)
+  if (logical_sector_size !== 512 && logical_sector_size !== 4096) throw malformed(file, `logical sector size ${logical_sector_size} (512 or 4096)`)
+  if (physical_sector_size !== 512 && physical_sector_size !== 4096) throw malformed(file, `physical sector size ${physical_sector_size} (512 or 4096)`)
+  if (vs === 0n || vs > BigInt(VHDX_MAX_VIRTUAL_SIZE)) throw malformed(file, `virtual disk size ${vs} outside 1 byte..64 TiB`)
+  const virtual_size = Number(vs)
+  if (virtual_size % logical_sector_size !== 0)
+    throw malformed(file, `virtual disk size ${virtual_size} is not a multiple of the ${logical_sector_size}-byte logical sector`)
+  const virtual_disk_id = items.has(ITEM_VIRTUAL_DISK_ID) ? guidAt(await readItem(ITEM_VIRTUAL_DISK_ID, 'Virtual Disk ID', 16), 0) : null
+
+  // BAT size (2.5): payload blocks plus interleaved sector bitmap blocks, one per chunk.
+  const chunkRatio = (2 ** 23 * logical_sector_size) / block_size
+  const dataBlocks = Math.ceil(virtual_size / block_size)
+  const batEntries = has_parent ? Math.ceil(dataBlocks / chunkRatio) * (chunkRatio + 1) : dataBlocks + Math.floor((dataBlocks - 1) / chunkRatio)
+  if (batEntries * 8 > bat.length) throw malformed(file, `BAT region of ${bat.length} bytes cannot hold the ${batEntries} entries the virtual size needs`)
+
+  let parent_locator: Record<string, string> | null = null
+  if (has_parent) parent_locator = parseParentLocator(await readItem(ITEM_PARENT_LOCATOR, 'Parent Locator', 20), file)
+
+  return {
+    virtual_size,
+    block_size,
+    logical_sector_size,
+    physical_sector_size,
+    fixed,
+    has_parent,
+    parent_locator,
+    creator,
+    virtual_disk_id,
+    data_write_guid: cur.dataWriteGuid,
+    needs_log_replay: cur.logGuid !== ZERO_GUID,
+    header_sequence: cur.seq.toString(),
+    bat_offset: bat.offset,
+    chunk_ratio: chunkRatio,
+  }
+}
+
+/**
+ * Payload block states of a BAT entry (MS-VHDX 2.5.1.1). In a VHDX without a parent,
+ * NOT_PRESENT, UNDEFINED, ZERO and UNMAPPED read as zeros and FULLY_PRESENT from the file;
+ * PARTIALLY_PRESENT exists only in differencing images (its sector bitmap says which sectors come
+ * from the parent); states 4 and 5 are not defined.
+ */
+export const VHDX_BLOCK = { NOT_PRESENT: 0, UNDEFINED: 1, ZERO: 2, UNMAPPED: 3, FULLY_PRESENT: 6, PARTIALLY_PRESENT: 7 } as const
+
+/**
+ * One BAT entry (MS-VHDX 2.5.1: State in bits 0-2, FileOffsetMB in bits 20-63), read little-endian
+ * at `at` of `bat`: the payload block's state ({@link VHDX_BLOCK}) and file offset, bytes (the
+ * entry's megabyte count times 1 MiB; meaningful for FULLY_PRESENT and PARTIALLY_PRESENT only).
+ */
+export function batEntryAt(bat: Buffer, at: number): { state: number; fileOffset: number } {
+  const lo = bat.readUInt32LE(at)
+  const hi = bat.readUInt32LE(at + 4)
+  // FileOffsetMB = bits 20..63: the low word's top 12 bits, then the high word (44 bits in all).
+  return { state: lo & 7, fileOffset: (hi * 4096 + (lo >>> 20)) * MiB }
+}
+
+/** Index in the BAT of payload block `block` (2.5: a sector bitmap entry follows every `chunkRatio` payload entries). */
+export function batIndexOfBlock(block: number, chunkRatio: number): number {
+  return block + Math.floor(block / chunkRatio)
 }
 
 const FORBIDDEN_KEYS = new Set(['__proto__', 'constructor', 'prototype'])

@@ -187,6 +187,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
   let destinationRunning = false
 
   let source: PreparedSource | null = null
+  let early: EarlyReader | null = null
   let volumes: SinkVolume[] = []
   let tracker: ProgressTracker | null = null
   let lastEmit = 0
@@ -220,6 +221,8 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     const resumed = new Map((await deps.watermarks.list(jobId)).map((w) => [w.disk_label, w.watermark_bytes]))
     if (source.strategy === 'live') resumed.clear()
     tracker = new ProgressTracker(manifest.disks, resumed, () => deps.now().getTime())
+    const copies = (!reached('DeltaSyncing') && !reached('CuttingOver')) || (source.strategy === 'live' && job.state === 'CuttingOver')
+    if (source.strategy === 'offline' && copies) early = openFirstReader(source, resumed)
     await deps.preflight?.(job, manifest)
     volumes = []
     for (const d of manifest.disks) volumes.push(await deps.sink.create(jobId, d.label, d.capacity_bytes))
@@ -232,8 +235,8 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
 
     // A live job resumed in CuttingOver copies again (the source is down: one snapshot, full copy).
     const liveResumedInCutover = source.strategy === 'live' && job.state === 'CuttingOver'
-    if ((!reached('DeltaSyncing') && !reached('CuttingOver')) || liveResumedInCutover) {
-      if (source.strategy === 'offline') await copyOffline(deps, source, volumes, tracker, resumed, emit)
+    if (copies) {
+      if (source.strategy === 'offline') await copyOffline(deps, source, volumes, tracker, resumed, emit, early)
       else if (source.strategy === 'passthrough') {
         await source.runFullImport(volumes, (label, done) => (tracker!.setDone(label, done), emit()), signal)
         for (const d of manifest.disks) tracker.finish(d.label)
@@ -314,11 +317,34 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     return job
   } finally {
     for (const v of volumes) await v.close().catch(() => {})
+    if (early && !early.taken) await early.reader.then((r) => r.close()).catch(() => {})
     await source?.close().catch(() => {})
   }
 }
 
-/** The offline `read_disk` loop: every disk from its durable watermark to its end. */
+/** The first disk's reader, opened ahead of the copy ({@link openFirstReader}); `taken` once the copy has it. */
+interface EarlyReader {
+  index: number
+  reader: Promise<DiskReader>
+  taken: boolean
+}
+
+/**
+ * Starts opening the reader of the first disk an offline copy will read (from its durable
+ * watermark; none when every disk is copied), so that its fixed cost (qemu-nbd's start, a BAT
+ * check) runs while the pre-copy checks run, the volumes are made and `CopyingFull` is written
+ * (issue 15). Nothing is read from it before the copy; its error is the copy's, raised when the
+ * copy takes it (a pre-copy refusal still comes first); an untaken reader is closed by the job.
+ */
+function openFirstReader(source: Extract<PreparedSource, { strategy: 'offline' }>, resumed: Map<string, number>): EarlyReader | null {
+  const index = source.manifest.disks.findIndex((d) => Math.min(resumed.get(d.label) ?? 0, d.capacity_bytes) < d.capacity_bytes)
+  if (index < 0) return null
+  const reader = source.openReader(source.manifest.disks[index]!)
+  reader.catch(() => {}) // observed when taken, or closed unused
+  return { index, reader, taken: false }
+}
+
+/** The offline `read_disk` loop: every disk from its durable watermark to its end (the first reader maybe opened already: `early`). */
 async function copyOffline(
   deps: OrchestratorDeps,
   source: Extract<PreparedSource, { strategy: 'offline' }>,
@@ -326,13 +352,19 @@ async function copyOffline(
   tracker: ProgressTracker,
   resumed: Map<string, number>,
   emit: (force?: boolean) => void,
+  early: EarlyReader | null,
 ): Promise<void> {
   const disks = source.manifest.disks
   for (let i = 0; i < disks.length; i++) {
     const disk = disks[i]
     const from = Math.min(resumed.get(disk.label) ?? 0, disk.capacity_bytes)
     if (from >= disk.capacity_bytes) continue
-    const reader = await source.openReader(disk)
+    let opening: Promise<DiskReader>
+    if (early?.index === i) {
+      early.taken = true
+      opening = early.reader
+    } else opening = source.openReader(disk)
+    const reader = await opening
     deps.mark?.('reader')
     // The packed file's digest is read on the other core while qemu-img copies (a second
     // sequential read of the file); a mismatch fails the job before the disk counts as copied.

@@ -407,3 +407,84 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     expect(existsSync(bad.sink.jobDir(bad.id))).toBe(false)
   })
 })
+
+describe('orchestrator, offline path: the first reader opens while the pre-copy checks run', () => {
+  /** A reader over `data` in memory (TEST DOUBLE of an image reader), recording its close. */
+  function memoryReader(data: Buffer, log: string[], name: string): DiskReader {
+    return {
+      size: data.length,
+      async *extents(from: number) {
+        yield { offset: from, length: data.length - from, zero: false }
+      },
+      async read(offset: number, length: number) {
+        return data.subarray(offset, offset + length)
+      },
+      async close() {
+        log.push(`close ${name}`)
+      },
+    }
+  }
+  const manifest = (disks: Buffer[]): VmManifest => ({
+    ...new ScriptedLiveSource(disks, { warm: false, cbt: false }).manifest(),
+    source_format: 'qcow2',
+  })
+  /** An offline source whose `openReader` is slow (20 ms, like qemu-nbd's start) and logged. */
+  function offline(disks: Buffer[], log: string[], failOpen?: MigError) {
+    return async () => ({
+      strategy: 'offline' as const,
+      manifest: manifest(disks),
+      openReader: async (d: ManifestDisk) => {
+        log.push(`open ${d.label}`)
+        await new Promise((r) => setTimeout(r, 20))
+        if (failOpen) throw failOpen
+        log.push(`opened ${d.label}`)
+        return memoryReader(disks[Number(d.label.slice(4))]!, log, d.label)
+      },
+      close: async () => void log.push('source closed'),
+    })
+  }
+
+  test('disk0 opens during preflight, is used by the copy (one open per disk), both images bit-exact', async () => {
+    const disks = [randomBytes(2 * MiB), randomBytes(MiB)]
+    const log: string[] = []
+    const s = await setup(new ScriptedLiveSource([], { warm: false, cbt: false }), 'Cold', {
+      prepare: offline(disks, log) as OrchestratorDeps['prepare'],
+      preflight: async () => {
+        log.push('preflight')
+        await new Promise((r) => setTimeout(r, 40))
+        log.push('preflight done')
+      },
+    })
+    const job = await runJob(s.deps)
+    expect(job.state).toBe('Completed')
+    expect(log.indexOf('opened disk0')).toBeLessThan(log.indexOf('preflight done'))
+    expect(log.filter((l) => l.startsWith('open '))).toEqual(['open disk0', 'open disk1'])
+    expect(log.filter((l) => l.startsWith('close '))).toEqual(['close disk0', 'close disk1'])
+    expect(image(s.sink, s.id, 'disk0').equals(disks[0]!)).toBe(true)
+    expect(image(s.sink, s.id, 'disk1').equals(disks[1]!)).toBe(true)
+  })
+
+  test("a preflight refusal wins over the early open and closes the opened reader; an open failure is the copy's error", async () => {
+    const disks = [randomBytes(MiB)]
+    const log: string[] = []
+    const refused = await setup(new ScriptedLiveSource([], { warm: false, cbt: false }), 'Cold', {
+      prepare: offline(disks, log) as OrchestratorDeps['prepare'],
+      preflight: async () => {
+        await new Promise((r) => setTimeout(r, 40))
+        throw new MigError('E_MIG_DISK_WRITE_FAILED', 'scripted: not enough space for the disks')
+      },
+    })
+    const job = await runJob(refused.deps)
+    expect([job.state, job.last_error?.code]).toEqual(['Failed', 'E_MIG_DISK_WRITE_FAILED'])
+    expect(log).toContain('close disk0')
+    expect(log.indexOf('close disk0')).toBeLessThan(log.indexOf('source closed'))
+
+    const log2: string[] = []
+    const broken = await setup(new ScriptedLiveSource([], { warm: false, cbt: false }), 'Cold', {
+      prepare: offline(disks, log2, new MigError('E_MIG_DISK_READ_FAILED', 'scripted: qemu-nbd refused')) as OrchestratorDeps['prepare'],
+    })
+    const failed = await runJob(broken.deps)
+    expect([failed.state, failed.last_error?.code]).toEqual(['Failed', 'E_MIG_DISK_READ_FAILED'])
+    expect(broken.states).toContain('CopyingFull')
+  })
+})

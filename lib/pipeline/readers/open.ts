@@ -6,8 +6,11 @@
  * - `source.layout === 'xva_blocks'`: {@link openXvaBlocksReader} over `source.member`;
  * - `disk_format === 'raw'`: {@link openRawFileReader}, at `source.offset`/`source.length` for a
  *   tar member;
- * - `qcow2`, `vmdk`, `vhdx`, `vpc`, `vdi`: {@link openNbdReader} (qemu-nbd), through the raw
- *   driver's offset/size for a tar member, with the manifest's validated `backing_chain`.
+ * - `vhdx` without a parent or an unreplayed log: {@link openVhdxBlocksReader} (its BAT, the
+ *   file's holes skipped; its own checks of every BAT entry replace `qemu-img check`);
+ * - `qcow2`, `vmdk`, `vhdx` (differencing), `vpc`, `vdi`: {@link openNbdReader} (qemu-nbd),
+ *   through the raw driver's offset/size for a tar member, with the manifest's validated
+ *   `backing_chain`.
  */
 import { rm, rmdir } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
@@ -19,6 +22,7 @@ import { openNbdReader } from './nbd.ts'
 import { stageOvfFile } from './ovf-staged.ts'
 import { openRawFileReader } from './raw-file.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
+import { openVhdxBlocksReader } from './vhdx-blocks.ts'
 import { openXvaBlocksReader } from './xva-blocks.ts'
 
 /** Options of {@link openDiskReader}. */
@@ -86,6 +90,11 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     if ((src.offset === undefined) !== (src.length === undefined)) {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: a member range needs both offset and length`)
     }
+    const native =
+      disk.disk_format === 'vhdx' && !disk.backing_chain?.length
+        ? await openVhdxBlocksReader(src.path, { offset: src.offset, length: src.length, label })
+        : null
+    if (native) return refuseLarger(native, disk, label)
     // `qemu-img check` runs while qemu-nbd starts (both fixed costs of every job, issue 15);
     // nothing is read before the check passed, and its refusal wins over qemu-nbd's.
     const check = src.offset === undefined ? refuseDamaged(src.path, disk.disk_format, label) : Promise.resolve()
@@ -109,6 +118,11 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     })
     reader = opened
   }
+  return refuseLarger(reader, disk, label)
+}
+
+/** `reader`, unless it is larger than the disk's capacity (then closed, `E_MIG_DISK_READ_FAILED`). */
+async function refuseLarger(reader: DiskReader, disk: ManifestDisk, label: string): Promise<DiskReader> {
   if (disk.capacity_bytes > 0 && reader.size > disk.capacity_bytes) {
     await reader.close()
     throw new MigError(

@@ -1,0 +1,299 @@
+/**
+ * The VHDX reader by its BAT (lib/pipeline/readers/vhdx-blocks.ts), against real VHDX files
+ * written by qemu-img: bytes equal to `qemu-img convert -f vhdx -O raw`, only the file's data
+ * read (present blocks' holes skipped), BAT entries past a sector bitmap entry, a member of a
+ * tar, blocks stored out of order, and the refusals (undefined and differencing states, blocks in
+ * the header section or beyond the end of the file, a file cut short after open). Also the
+ * file hole map it uses (lib/pipeline/readers/file-holes.ts).
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { createHash, randomBytes } from 'node:crypto'
+import { closeSync, mkdirSync, openSync, readFileSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
+import * as path from 'node:path'
+import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
+import { MigError } from '../../lib/errors.ts'
+import { listTarMembers } from '../../lib/formats/tar.ts'
+import { batEntryAt, batIndexOfBlock, crc32c, readVhdxInfo } from '../../lib/formats/vhdx.ts'
+import type { ManifestDisk } from '../../lib/manifest.ts'
+import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
+import { FileHoleMap, MAX_RESTARTS } from '../../lib/pipeline/readers/file-holes.ts'
+import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
+import { openVhdxBlocksReader } from '../../lib/pipeline/readers/vhdx-blocks.ts'
+import { FileSink } from '../../lib/sink/file.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const KiB = 1024
+const MiB = 1024 * 1024
+const SIZE = 64 * MiB
+/** Random data pieces [offset, length]: inside a block, across block boundaries, at the end. */
+const PIECES: Array<[number, number]> = [
+  [0, 64 * KiB],
+  [MiB + 64 * KiB, 192 * KiB],
+  [7 * MiB, MiB],
+  [20 * MiB - 64 * KiB, 128 * KiB],
+  [33 * MiB, 4 * MiB + 64 * KiB],
+  [SIZE - 64 * KiB, 64 * KiB],
+]
+const DATA_BYTES = PIECES.reduce((a, [, l]) => a + l, 0)
+
+const tmp = tempDir('mig-vhdx-blocks-')
+const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
+let RAW = ''
+let RAW_SHA = ''
+afterAll(() => tmp.cleanup())
+
+const sha256File = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex')
+const vhdxDisk = (p: string, capacity = SIZE, src: Partial<ManifestDisk['source']> = {}): ManifestDisk => ({
+  label: 'disk vhdx',
+  capacity_bytes: capacity,
+  disk_format: 'vhdx',
+  source: { path: p, ...src },
+  controller: 'virtio',
+  address: '0:0',
+})
+
+/** A VHDX of `raw` written by qemu-img with `opts`. */
+function vhdxOf(raw: string, name: string, opts: string[] = []): string {
+  const out = path.join(tmp.dir, name)
+  execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'vhdx', ...opts, raw, out])
+  return out
+}
+
+let job = 0
+/** openDiskReader + copyDisk (default engine) into a fresh file-sink volume. */
+async function copy(d: ManifestDisk) {
+  const reader = await openDiskReader(d)
+  const vol = await sink.create(`job${job++}`, d.label, reader.size)
+  try {
+    const res = await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
+    return { path: vol.path, res, qemuNode: reader.qemuNode }
+  } finally {
+    await vol.close()
+    await reader.close()
+  }
+}
+
+async function errorOf(p: Promise<unknown>): Promise<MigError> {
+  try {
+    await p
+  } catch (e) {
+    expect(e).toBeInstanceOf(MigError)
+    return e as MigError
+  }
+  throw new Error('expected an error')
+}
+
+async function collect(it: AsyncIterable<DiskExtent>): Promise<DiskExtent[]> {
+  const out: DiskExtent[] = []
+  for await (const x of it) out.push(x)
+  return out
+}
+
+/** Overwrites the 8-byte BAT entry of payload block `block` of `file` with `entry`. */
+async function patchBat(file: string, block: number, entry: bigint): Promise<void> {
+  const info = await readVhdxInfo(file)
+  const b = Buffer.alloc(8)
+  b.writeBigUInt64LE(entry)
+  const fd = openSync(file, 'r+')
+  writeSync(fd, b, 0, 8, info.bat_offset + batIndexOfBlock(block, info.chunk_ratio) * 8)
+  closeSync(fd)
+}
+
+/** The BAT entry of payload block `block` of `file`. */
+async function batEntry(file: string, block: number): Promise<{ state: number; fileOffset: number }> {
+  const info = await readVhdxInfo(file)
+  const b = Buffer.alloc(8)
+  const fd = openSync(file, 'r')
+  readSync(fd, b, 0, 8, info.bat_offset + batIndexOfBlock(block, info.chunk_ratio) * 8)
+  closeSync(fd)
+  return batEntryAt(b, 0)
+}
+
+beforeAll(() => {
+  RAW = path.join(tmp.dir, 'src.raw')
+  const fd = openSync(RAW, 'w')
+  for (const [o, l] of PIECES) writeSync(fd, randomBytes(l), 0, l, o)
+  closeSync(fd)
+  truncateSync(RAW, SIZE)
+  RAW_SHA = sha256File(RAW)
+})
+
+describe('VHDX read by its BAT, without qemu-nbd', () => {
+  for (const bs of ['1M', '8M', '32M']) {
+    test(`block size ${bs}: bit-exact, only the file's data read, no qemu node`, async () => {
+      const img = vhdxOf(RAW, `bs${bs}.vhdx`, ['-o', `block_size=${bs}`])
+      const out = await copy(vhdxDisk(img))
+      expect(out.qemuNode).toBeUndefined() // the BAT reader (node engine), not qemu-nbd
+      expect(sha256File(out.path)).toBe(RAW_SHA)
+      // qemu writes only the data sectors of a block: the rest are holes, never read.
+      expect(out.res.bytes_read).toBe(DATA_BYTES)
+      expect(out.res.bytes_written).toBe(DATA_BYTES)
+      expect(statSync(out.path).blocks * 512).toBeLessThanOrEqual(DATA_BYTES * 1.05)
+    })
+  }
+
+  test('a fixed VHDX (every block present) and a tar member read in place', async () => {
+    const img = vhdxOf(RAW, 'fixed.vhdx', ['-o', 'subformat=fixed'])
+    const fixed = await copy(vhdxDisk(img))
+    expect(sha256File(fixed.path)).toBe(RAW_SHA)
+    const dir = path.join(tmp.dir, 'tar')
+    mkdirSync(dir)
+    vhdxOf(RAW, 'tar/disk.vhdx', ['-o', 'block_size=2M'])
+    const tar = path.join(tmp.dir, 'vm.tar')
+    execFileSync('tar', ['-C', dir, '-cf', tar, 'disk.vhdx'])
+    const m = (await listTarMembers(tar))[0]!
+    const member = await copy(vhdxDisk(tar, SIZE, { offset: m.offset, length: m.size, member: m.name }))
+    expect(sha256File(member.path)).toBe(RAW_SHA)
+    // tar stores the member's holes as zeros: the 8 present 2 MiB blocks are read whole, and
+    // only their data written.
+    expect(member.res.bytes_read).toBe(8 * 2 * MiB)
+    expect(member.res.bytes_written).toBe(DATA_BYTES)
+  })
+
+  test('blocks after a sector bitmap entry (256 MiB blocks, 16 per chunk, 5 GiB): extents and bytes where qemu-img has them', async () => {
+    const size = 5 * 1024 * MiB
+    const raw = path.join(tmp.dir, 'big.raw')
+    const pieces: Array<[number, number, Buffer]> = [
+      [3 * MiB, 64 * KiB],
+      [15 * 256 * MiB + 5 * MiB, 128 * KiB],
+      [16 * 256 * MiB + MiB, 64 * KiB], // block 16: BAT index 17, after the first sector bitmap entry
+      [size - 64 * KiB, 64 * KiB],
+    ].map(([o, l]) => [o!, l!, randomBytes(l!)])
+    const fd = openSync(raw, 'w')
+    for (const [o, l, b] of pieces) writeSync(fd, b, 0, l, o)
+    closeSync(fd)
+    truncateSync(raw, size)
+    const img = vhdxOf(raw, 'big.vhdx', ['-o', 'block_size=256M'])
+    const info = await readVhdxInfo(img)
+    expect(info.chunk_ratio).toBe(16)
+    const reader = (await openVhdxBlocksReader(img))!
+    try {
+      expect(reader.size).toBe(size)
+      const data = (await collect(reader.extents(0))).filter((x) => !x.zero)
+      expect(data.map((x) => [x.offset, x.length])).toEqual(pieces.map(([o, l]) => [o, l]))
+      for (const [o, l, b] of pieces) expect((await reader.read(o, l)).equals(b)).toBe(true)
+      // A read across blocks 15 and 16 (the sector bitmap entry between them in the BAT).
+      const across = await reader.read(16 * 256 * MiB - MiB, 3 * MiB)
+      const want = Buffer.alloc(3 * MiB)
+      pieces[2]![2].copy(want, 2 * MiB)
+      expect(across.equals(want)).toBe(true)
+      // From the middle: extents start there.
+      const tail = await collect(reader.extents(16 * 256 * MiB + MiB + 32 * KiB))
+      expect(tail[0]).toEqual({ offset: 16 * 256 * MiB + MiB + 32 * KiB, length: 32 * KiB, zero: false })
+    } finally {
+      await reader.close()
+    }
+  })
+
+  test('blocks stored out of order in the file: bit-exact, the hole map restarts behind its position', async () => {
+    const img = vhdxOf(RAW, 'swapped.vhdx', ['-o', 'block_size=1M'])
+    // Swap the file offsets of blocks 0 and 7 (both present) and their bytes: same virtual disk.
+    const a = await batEntry(img, 0)
+    const b = await batEntry(img, 7)
+    expect([a.state, b.state]).toEqual([6, 6])
+    const fd = openSync(img, 'r+')
+    const ba = Buffer.alloc(MiB)
+    const bb = Buffer.alloc(MiB)
+    readSync(fd, ba, 0, MiB, a.fileOffset)
+    readSync(fd, bb, 0, MiB, b.fileOffset)
+    writeSync(fd, bb, 0, MiB, a.fileOffset)
+    writeSync(fd, ba, 0, MiB, b.fileOffset)
+    closeSync(fd)
+    await patchBat(img, 0, (BigInt(b.fileOffset / MiB) * (1n << 20n)) | 6n)
+    await patchBat(img, 7, (BigInt(a.fileOffset / MiB) * (1n << 20n)) | 6n)
+    expect(b.fileOffset).toBeGreaterThan(a.fileOffset)
+    const ref = path.join(tmp.dir, 'swapped.raw')
+    execFileSync('qemu-img', ['convert', '-f', 'vhdx', '-O', 'raw', img, ref])
+    expect(sha256File(ref)).toBe(RAW_SHA)
+    const out = await copy(vhdxDisk(img))
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+  })
+
+  test('a VHDX whose header names a log is left to qemu (null here; qemu-nbd replays or refuses a log)', async () => {
+    const img = vhdxOf(RAW, 'dirty-log.vhdx', ['-o', 'block_size=1M'])
+    const fd = openSync(img, 'r+')
+    for (const off of [64 * KiB, 128 * KiB]) {
+      const h = Buffer.alloc(4096)
+      readSync(fd, h, 0, 4096, off)
+      h.fill(0x5a, 48, 64) // LogGuid
+      h.writeUInt32LE(0, 4)
+      h.writeUInt32LE(crc32c(h), 4)
+      writeSync(fd, h, 0, 4096, off)
+    }
+    closeSync(fd)
+    expect(await openVhdxBlocksReader(img)).toBeNull()
+    // This LogGuid has no log entries behind it: qemu finds nothing to replay and reads the disk.
+    const out = await copy(vhdxDisk(img))
+    expect(out.qemuNode).toBeDefined()
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+  })
+})
+
+describe('VHDX BAT refusals: before any copy, naming the block', () => {
+  const cases: Array<[string, (img: string, off: number) => bigint, string]> = [
+    ['an undefined state (4)', (_img, off) => (BigInt(off / MiB) * (1n << 20n)) | 4n, 'does not define'],
+    ['PARTIALLY_PRESENT without a parent', (_img, off) => (BigInt(off / MiB) * (1n << 20n)) | 7n, 'differencing'],
+    ['a block inside the header section', () => 6n, 'header section'],
+    ['a block beyond the end of the file', () => (1n << 40n) | 6n, 'beyond the end of the file'],
+  ]
+  for (const [name, entry, words] of cases) {
+    test(`${name}: E_MIG_DISK_READ_FAILED`, async () => {
+      const img = vhdxOf(RAW, `bad-${name.replace(/\W+/g, '_')}.vhdx`, ['-o', 'block_size=1M'])
+      const { fileOffset } = await batEntry(img, 33)
+      await patchBat(img, 33, entry(img, fileOffset))
+      const err = await errorOf(openDiskReader(vhdxDisk(img)))
+      expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+      expect(err.message).toContain(img)
+      expect(err.message).toContain('block 33')
+      expect(err.message).toContain(words)
+    })
+  }
+
+  test('a file cut short after it was opened: the read fails, no zeros copied', async () => {
+    const img = vhdxOf(RAW, 'shrinks.vhdx', ['-o', 'block_size=1M'])
+    const reader: DiskReader = (await openVhdxBlocksReader(img))!
+    try {
+      truncateSync(img, 2 * MiB)
+      const err = await errorOf(reader.read(33 * MiB, MiB))
+      expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+      expect(err.message).toContain('short read')
+    } finally {
+      await reader.close()
+    }
+  })
+})
+
+describe('file hole map', () => {
+  test('pieces in order, behind the position (a restart), and everything data after too many restarts', async () => {
+    const node = { driver: 'raw', file: { driver: 'file', filename: RAW } }
+    const map = new FileHoleMap({ node, size: SIZE, label: 'src.raw' })
+    try {
+      const s = async (o: number, l: number) => (await collect(map.split(o, l))).map((x) => [x.offset, x.length, x.zero])
+      expect(await s(0, 2 * MiB)).toEqual([
+        [0, 64 * KiB, false],
+        [64 * KiB, MiB, true],
+        [MiB + 64 * KiB, 192 * KiB, false],
+        [MiB + 256 * KiB, 768 * KiB, true],
+      ])
+      expect(await s(7 * MiB - KiB, 2 * KiB)).toEqual([
+        [7 * MiB - KiB, KiB, true],
+        [7 * MiB, KiB, false],
+      ])
+      expect(map.restartCount).toBe(0)
+      expect(await s(0, 128 * KiB)).toEqual([
+        [0, 64 * KiB, false],
+        [64 * KiB, 64 * KiB, true],
+      ])
+      expect(map.restartCount).toBe(1)
+      for (let i = 0; i < MAX_RESTARTS; i++) {
+        await s(MiB, KiB)
+        await s(0, KiB)
+      }
+      expect(map.restartCount).toBeGreaterThan(MAX_RESTARTS)
+      expect(await s(64 * KiB, KiB)).toEqual([[64 * KiB, KiB, false]]) // given up: data, read and zero-checked
+    } finally {
+      await map.close()
+    }
+  })
+})

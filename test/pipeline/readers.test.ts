@@ -155,7 +155,7 @@ describe('qemu formats through qemu-nbd', () => {
   })
 })
 
-describe('damaged images are refused before any copy (qemu-img check; for VHDX the BAT reader\'s own check)', () => {
+describe("damaged images are refused before any copy (qemu-img check; for VHDX the BAT reader's own check)", () => {
   for (const fmt of ['qcow2', 'vdi', 'vhdx', 'vmdk'] as const) {
     test(`${fmt} cut short: E_MIG_DISK_READ_FAILED instead of zeros where the data was`, async () => {
       const img = path.join(tmp.dir, `cut.${fmt}`)

@@ -27,9 +27,9 @@ const FAN_OUT_BYTES = 1024 * 1024
 /**
  * Reads the copy loop keeps in flight for a datastore disk: each read fans out over the pool
  * itself ({@link FAN_OUT_BYTES}), so one at a time keeps the connections busy. Measured with
- * bench/vim-job.ts (vCenter simulator, 8 GiB, one run per line): worker peak RSS 160-196 MiB on
- * every layout this way, against 207-225 on `runs` and `long` with 2 or 4 reads of one request
- * each.
+ * bench/vim-job.ts (vCenter simulator, 1, 8 and 32 GiB; the README's run): worker peak RSS
+ * 133-194 MiB on every line this way, against 207-225 on 8 GiB `runs` and `long` with 2 or 4
+ * reads of one request each (eleventh session).
  */
 const DATASTORE_READ_AHEAD = 1
 
@@ -133,7 +133,9 @@ export class DatastoreHttp {
           const l = Math.min(FAN_OUT_BYTES, length - at)
           parts.push(this.readRange(f, name, size, offset + at, l, out.subarray(at, at + l)))
         }
-        await Promise.all(parts)
+        // Every part settles before the read answers: none writes into `out` after a failure.
+        const failed = (await Promise.allSettled(parts)).find((r) => r.status === 'rejected')
+        if (failed) throw failed.reason
         return out
       },
     }

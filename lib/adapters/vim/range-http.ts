@@ -71,7 +71,12 @@ export class RangeHttp {
   private readonly waiters: Array<() => void> = []
   private closed = false
 
-  constructor(private readonly opts: { origin: string; trust: TlsTrust; connectTimeoutMs: number; connections?: number }) {}
+  /** The origin, parsed once. */
+  private readonly url: URL
+
+  constructor(private readonly opts: { origin: string; trust: TlsTrust; connectTimeoutMs: number; connections?: number }) {
+    this.url = new URL(opts.origin)
+  }
 
   /**
    * `GET path` (path and query of the origin) with `headers`; resolves when the whole answer
@@ -152,7 +157,7 @@ export class RangeHttp {
 
   /** A new connection (busy), its socket reading into its own receive buffer. */
   private connect(): Conn {
-    const url = new URL(this.opts.origin)
+    const url = this.url
     const rx = Buffer.allocUnsafe(RX_BYTES)
     const c: Conn = { socket: null, ready: Promise.resolve(), busy: true, dead: false, used: false, ex: null }
     const fail = (e: Error) => {
@@ -202,7 +207,7 @@ export class RangeHttp {
   }
 
   private exchange(c: Conn, path: string, headers: Record<string, string>, o: { max: number; into?: Buffer; timeoutMs: number }): Promise<RangeAnswer> {
-    const url = new URL(this.opts.origin)
+    const url = this.url
     let req = `GET ${path} HTTP/1.1\r\nhost: ${url.host}\r\n`
     for (const [k, v] of Object.entries(headers)) {
       if (/[\r\n\0]/.test(k + v)) return Promise.reject(new Error(`header ${k}: control characters`))

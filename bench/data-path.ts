@@ -17,14 +17,14 @@
  * worker's fork or to the hand-over to the warm spare worker (supervisor log `worker started`),
  * process start, module evaluation, the configuration over IPC (these three are 0 for a spare:
  * done before the job existed), the spare's receipt of its job, store and job wiring, inspection, pre-copy checks and volumes, the
- * `CopyingFull` write, the reader's open (qemu-nbd, a packed digest), then after the copy the
+ * `CopyingFull` write, the wait for the reader's open (qemu-nbd, a BAT check, a packed digest;
+ * it starts before the pre-copy checks), then after the copy the
  * domain definition, the `Completed` write and the client's receipt of it (the worker's `job
  * timings` log line, runtime/worker.ts); `fixed` is the whole job minus the copy. The server runs
  * at log level info for these lines. The worker entry the supervisor used is printed at the end.
  *
- * Reader kinds: `qcow2`, `vmdk` (monolithicSparse), `vhdx`, `vhd` (dynamic VHD, qemu `vpc`, read
- * by the vhdx importer), `vdi` (VirtualBox folder) through
- * qemu-nbd; `ova` (a streamOptimized VMDK read in place as a tar member); `flat` (a VMX folder
+ * Reader kinds: `qcow2`, `vmdk` (monolithicSparse), `vdi` (VirtualBox folder) through qemu-nbd;
+ * `vhdx`, `vhd` (dynamic VHD, qemu `vpc`, read by the vhdx importer) by their BAT; `ova` (a streamOptimized VMDK read in place as a tar member); `flat` (a VMX folder
  * with a monolithicFlat VMDK: a raw file); `xva` (XVA 1 MiB blocks, each checked by the reader
  * against its XXH64 `.xxhash` companion, as xapi writes them today); `xva-sha1` (the same with
  * SHA-1 `.checksum` companions, as older xapi wrote them). The qemu-img reference reads the same
@@ -225,7 +225,7 @@ function printBreakdown(rows: Array<[string, Record<string, number>[]]>): void {
   )
   console.log(`  -> a spare's receipt of its job (assign; spawn, load and config are 0 for a spare: done before the job existed),`)
   console.log(
-    `  -> store/job wiring (deps), -> inspection (inspect), -> pre-copy checks + volumes (volumes), -> CopyingFull written (state), -> reader open (reader),`,
+    `  -> store/job wiring (deps), -> inspection (inspect), -> pre-copy checks + volumes (volumes), -> CopyingFull written (state), -> the wait for the reader opened since inspection (reader),`,
   )
   console.log(`  copy end -> domain defined (define), -> Completed written (complete), -> client sees it (seen); fixed = whole job - copy`)
   console.log(['  kind'.padEnd(8), ...PHASES.map((p) => p.padStart(9))].join(''))

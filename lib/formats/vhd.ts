@@ -13,8 +13,20 @@
  * 0, used when the last sector is damaged. The guest-visible size follows qemu `block/vpc.c`:
  * CHS geometry for creators `vpc `, `qemu`, others the footer's current size.
  */
+import type { FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import { type FileWindow, malformed, openRead, readInWindow } from './io.ts'
+
+/** A BAT entry of a block not allocated: it reads as zeros (VHD spec, "Block Allocation Table"). */
+export const VHD_UNALLOCATED = 0xffffffff
+
+/**
+ * Bytes of the sector bitmap in front of each block of a dynamic VHD: one bit per 512-byte
+ * sector, padded to a whole sector (VHD spec, "Block Format"; qemu `block/vpc.c` bitmap_size).
+ */
+export function vhdBitmapBytes(blockSize: number): number {
+  return Math.ceil(blockSize / 512 / 8 / 512) * 512
+}
 
 /** Largest VHD virtual size accepted, bytes (the format's 2040 GiB limit, rounded up to 2 TiB). */
 export const VHD_MAX_VIRTUAL_SIZE = 2 * 2 ** 40
@@ -40,6 +52,9 @@ export interface VhdParentLocator {
  * - `footer_offset`: where the footer used was found.
  * - `unique_id`: the footer's unique id (32 hex digits); `parent_unique_id`: the dynamic
  *   header's parent unique id of a differencing disk (must equal the parent's `unique_id`), else null.
+ * - `bat_offset`: byte offset of the BAT (big-endian 32-bit sector numbers, one per block,
+ *   `0xFFFFFFFF` unallocated; checked: inside the file, entries enough for the virtual size);
+ *   null for a fixed disk.
  */
 export interface VhdInfo {
   disk_type: 'fixed' | 'dynamic' | 'differencing'
@@ -53,6 +68,7 @@ export interface VhdInfo {
   footer_offset: number
   unique_id: string
   parent_unique_id: string | null
+  bat_offset: number | null
 }
 
 /** One's complement of the byte sum of `buf` with the 4-byte checksum at `at` skipped. */
@@ -94,121 +110,129 @@ export function hasVhdCookie(tail: Buffer): boolean {
 export async function readVhdInfo(file: string, win?: FileWindow): Promise<VhdInfo> {
   const fh = await openRead(file)
   try {
-    const fileSize = win ? win.length : (await fh.stat()).size
-    const candidates: number[] = []
-    if (fileSize >= 512) candidates.push(fileSize - 512)
-    if (fileSize >= 511) candidates.push(fileSize - 511)
-    candidates.push(0)
-    let footer: Buffer | null = null
-    let footerOffset = -1
-    let sawCookie = false
-    for (const off of candidates) {
-      const b = await readInWindow(fh, file, win, Math.min(512, fileSize - off), off)
-      if (b.toString('latin1', 0, 8) !== 'conectix') continue
-      sawCookie = true
-      if (footerOk(b)) {
-        footer = b.length >= 512 ? b : Buffer.concat([b, Buffer.alloc(512 - b.length)])
-        footerOffset = off
-        break
-      }
+    return await readVhdInfoFrom(fh, file, win)
+  } finally {
+    await fh.close()
+  }
+}
+
+/**
+ * {@link readVhdInfo} of an open file: `fh` is read (never closed), `file` names it in messages.
+ * Same result and errors.
+ */
+export async function readVhdInfoFrom(fh: FileHandle, file: string, win?: FileWindow): Promise<VhdInfo> {
+  const fileSize = win ? win.length : (await fh.stat()).size
+  const candidates: number[] = []
+  if (fileSize >= 512) candidates.push(fileSize - 512)
+  if (fileSize >= 511) candidates.push(fileSize - 511)
+  candidates.push(0)
+  let footer: Buffer | null = null
+  let footerOffset = -1
+  let sawCookie = false
+  for (const off of candidates) {
+    const b = await readInWindow(fh, file, win, Math.min(512, fileSize - off), off)
+    if (b.toString('latin1', 0, 8) !== 'conectix') continue
+    sawCookie = true
+    if (footerOk(b)) {
+      footer = b.length >= 512 ? b : Buffer.concat([b, Buffer.alloc(512 - b.length)])
+      footerOffset = off
+      break
     }
-    if (!sawCookie) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHD image (no conectix footer)`)
-    if (!footer) throw malformed(file, 'VHD footer checksum mismatch (no intact footer copy)')
+  }
+  if (!sawCookie) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHD image (no conectix footer)`)
+  if (!footer) throw malformed(file, 'VHD footer checksum mismatch (no intact footer copy)')
 
-    const version = footer.readUInt32BE(12)
-    if (version >>> 16 !== 1) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VHD format version 0x${version.toString(16)} is not 1.x`)
-    const dataOffset = footer.readBigUInt64BE(16)
-    const creator_app = footer.toString('latin1', 28, 32)
-    const unique_id = footer.toString('hex', 68, 84)
-    const currentBig = footer.readBigUInt64BE(48)
-    const geometry = { cylinders: footer.readUInt16BE(56), heads: footer[58]!, sectors: footer[59]! }
-    const type = footer.readUInt32BE(60)
-    const disk_type = type === 2 ? 'fixed' : type === 3 ? 'dynamic' : type === 4 ? 'differencing' : null
-    if (!disk_type) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VHD disk type ${type} is not fixed (2), dynamic (3) or differencing (4)`)
-    if (currentBig > BigInt(VHD_MAX_VIRTUAL_SIZE)) throw malformed(file, `current size ${currentBig} bytes exceeds 2 TiB`)
-    const current_size = Number(currentBig)
+  const version = footer.readUInt32BE(12)
+  if (version >>> 16 !== 1) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VHD format version 0x${version.toString(16)} is not 1.x`)
+  const dataOffset = footer.readBigUInt64BE(16)
+  const creator_app = footer.toString('latin1', 28, 32)
+  const unique_id = footer.toString('hex', 68, 84)
+  const currentBig = footer.readBigUInt64BE(48)
+  const geometry = { cylinders: footer.readUInt16BE(56), heads: footer[58]!, sectors: footer[59]! }
+  const type = footer.readUInt32BE(60)
+  const disk_type = type === 2 ? 'fixed' : type === 3 ? 'dynamic' : type === 4 ? 'differencing' : null
+  if (!disk_type) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VHD disk type ${type} is not fixed (2), dynamic (3) or differencing (4)`)
+  if (currentBig > BigInt(VHD_MAX_VIRTUAL_SIZE)) throw malformed(file, `current size ${currentBig} bytes exceeds 2 TiB`)
+  const current_size = Number(currentBig)
 
-    // qemu block/vpc.c: CHS size for Virtual PC and old qemu, current size otherwise and for the
-    // maximum geometry 65535/16/255.
-    const chs = geometry.cylinders * geometry.heads * geometry.sectors * 512
-    const maxChs = geometry.cylinders === 65535 && geometry.heads === 16 && geometry.sectors === 255
-    const virtual_size = !maxChs && (creator_app === 'vpc ' || creator_app === 'qemu') ? chs : current_size
+  // qemu block/vpc.c: CHS size for Virtual PC and old qemu, current size otherwise and for the
+  // maximum geometry 65535/16/255.
+  const chs = geometry.cylinders * geometry.heads * geometry.sectors * 512
+  const maxChs = geometry.cylinders === 65535 && geometry.heads === 16 && geometry.sectors === 255
+  const virtual_size = !maxChs && (creator_app === 'vpc ' || creator_app === 'qemu') ? chs : current_size
 
-    if (disk_type === 'fixed') {
-      if (footerOffset === 0) throw malformed(file, 'fixed VHD has no footer at its end')
-      if (virtual_size > footerOffset) throw malformed(file, `fixed VHD declares ${virtual_size} bytes but holds ${footerOffset}`)
-      return {
-        disk_type,
-        virtual_size,
-        current_size,
-        geometry,
-        parent_name: null,
-        parent_locators: [],
-        block_size: null,
-        creator_app,
-        footer_offset: footerOffset,
-        unique_id,
-        parent_unique_id: null,
-      }
-    }
-
-    // Dynamic disk header.
-    if (dataOffset === NO_OFFSET || dataOffset + 1024n > BigInt(fileSize))
-      throw malformed(file, `dynamic disk header offset ${dataOffset} lies outside the file`)
-    const dhOff = Number(dataOffset)
-    const dh = await readInWindow(fh, file, win, 1024, dhOff)
-    if (dh.toString('latin1', 0, 8) !== 'cxsparse') throw malformed(file, `no cxsparse dynamic disk header at offset ${dhOff}`)
-    if (vhdChecksum(dh, 36) !== dh.readUInt32BE(36)) throw malformed(file, 'dynamic disk header checksum mismatch')
-    const batOffset = dh.readBigUInt64BE(16)
-    const maxEntries = dh.readUInt32BE(28)
-    const block_size = dh.readUInt32BE(32)
-    if (block_size < 512 || block_size > 256 * 1024 * 1024 || (block_size & (block_size - 1)) !== 0)
-      throw malformed(file, `block size ${block_size} is not a power of two in 512 B..256 MiB`)
-    if (maxEntries * block_size < virtual_size) throw malformed(file, `BAT of ${maxEntries} entries of ${block_size} bytes cannot map ${virtual_size} bytes`)
-    if (batOffset + BigInt(maxEntries) * 4n > BigInt(fileSize))
-      throw malformed(file, `BAT at offset ${batOffset} (${maxEntries} entries) lies outside the file`)
-
-    let parent_name: string | null = null
-    let parent_unique_id: string | null = null
-    const parent_locators: VhdParentLocator[] = []
-    if (disk_type === 'differencing') {
-      parent_unique_id = dh.toString('hex', 40, 56)
-      const nameBuf = dh.subarray(64, 64 + 512)
-      const s = Buffer.from(nameBuf).swap16().toString('utf16le')
-      const nul = s.indexOf('\0')
-      parent_name = (nul < 0 ? s : s.slice(0, nul)) || null
-      for (let i = 0; i < 8; i++) {
-        const at = 576 + i * 24
-        const code = dh.toString('latin1', at, at + 4)
-        if (dh.readUInt32BE(at) === 0) continue
-        const enc = PLATFORMS[code]
-        if (!enc) continue
-        const len = dh.readUInt32BE(at + 8)
-        const off = dh.readBigUInt64BE(at + 16)
-        if (len === 0) continue
-        if (len > 4096 || off + BigInt(len) > BigInt(fileSize)) throw malformed(file, `parent locator ${code} at ${off} (+${len}) lies outside the file`)
-        const data = await readInWindow(fh, file, win, len, Number(off))
-        let p = data.toString(enc)
-        const nul2 = p.indexOf('\0')
-        if (nul2 >= 0) p = p.slice(0, nul2)
-        if (p) parent_locators.push({ platform: code, path: p })
-      }
-      if (!parent_name && parent_locators.length === 0) throw malformed(file, 'differencing VHD names no parent')
-    }
+  if (disk_type === 'fixed') {
+    if (footerOffset === 0) throw malformed(file, 'fixed VHD has no footer at its end')
+    if (virtual_size > footerOffset) throw malformed(file, `fixed VHD declares ${virtual_size} bytes but holds ${footerOffset}`)
     return {
       disk_type,
       virtual_size,
       current_size,
       geometry,
-      parent_name,
-      parent_locators,
-      block_size,
+      parent_name: null,
+      parent_locators: [],
+      block_size: null,
       creator_app,
       footer_offset: footerOffset,
       unique_id,
-      parent_unique_id,
+      parent_unique_id: null,
+      bat_offset: null,
     }
-  } finally {
-    await fh.close()
+  }
+
+  // Dynamic disk header.
+  if (dataOffset === NO_OFFSET || dataOffset + 1024n > BigInt(fileSize)) throw malformed(file, `dynamic disk header offset ${dataOffset} lies outside the file`)
+  const dhOff = Number(dataOffset)
+  const dh = await readInWindow(fh, file, win, 1024, dhOff)
+  if (dh.toString('latin1', 0, 8) !== 'cxsparse') throw malformed(file, `no cxsparse dynamic disk header at offset ${dhOff}`)
+  if (vhdChecksum(dh, 36) !== dh.readUInt32BE(36)) throw malformed(file, 'dynamic disk header checksum mismatch')
+  const batOffset = dh.readBigUInt64BE(16)
+  const maxEntries = dh.readUInt32BE(28)
+  const block_size = dh.readUInt32BE(32)
+  if (block_size < 512 || block_size > 256 * 1024 * 1024 || (block_size & (block_size - 1)) !== 0)
+    throw malformed(file, `block size ${block_size} is not a power of two in 512 B..256 MiB`)
+  if (maxEntries * block_size < virtual_size) throw malformed(file, `BAT of ${maxEntries} entries of ${block_size} bytes cannot map ${virtual_size} bytes`)
+  if (batOffset + BigInt(maxEntries) * 4n > BigInt(fileSize)) throw malformed(file, `BAT at offset ${batOffset} (${maxEntries} entries) lies outside the file`)
+
+  let parent_name: string | null = null
+  let parent_unique_id: string | null = null
+  const parent_locators: VhdParentLocator[] = []
+  if (disk_type === 'differencing') {
+    parent_unique_id = dh.toString('hex', 40, 56)
+    const nameBuf = dh.subarray(64, 64 + 512)
+    const s = Buffer.from(nameBuf).swap16().toString('utf16le')
+    const nul = s.indexOf('\0')
+    parent_name = (nul < 0 ? s : s.slice(0, nul)) || null
+    for (let i = 0; i < 8; i++) {
+      const at = 576 + i * 24
+      const code = dh.toString('latin1', at, at + 4)
+      if (dh.readUInt32BE(at) === 0) continue
+      const enc = PLATFORMS[code]
+      if (!enc) continue
+      const len = dh.readUInt32BE(at + 8)
+      const off = dh.readBigUInt64BE(at + 16)
+      if (len === 0) continue
+      if (len > 4096 || off + BigInt(len) > BigInt(fileSize)) throw malformed(file, `parent locator ${code} at ${off} (+${len}) lies outside the file`)
+      const data = await readInWindow(fh, file, win, len, Number(off))
+      let p = data.toString(enc)
+      const nul2 = p.indexOf('\0')
+      if (nul2 >= 0) p = p.slice(0, nul2)
+      if (p) parent_locators.push({ platform: code, path: p })
+    }
+    if (!parent_name && parent_locators.length === 0) throw malformed(file, 'differencing VHD names no parent')
+  }
+  return {
+    disk_type,
+    virtual_size,
+    current_size,
+    geometry,
+    parent_name,
+    parent_locators,
+    block_size,
+    creator_app,
+    footer_offset: footerOffset,
+    unique_id,
+    parent_unique_id,
+    bat_offset: Number(batOffset),
   }
 }

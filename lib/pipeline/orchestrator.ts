@@ -221,7 +221,9 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     const resumed = new Map((await deps.watermarks.list(jobId)).map((w) => [w.disk_label, w.watermark_bytes]))
     if (source.strategy === 'live') resumed.clear()
     tracker = new ProgressTracker(manifest.disks, resumed, () => deps.now().getTime())
-    const copies = (!reached('DeltaSyncing') && !reached('CuttingOver')) || (source.strategy === 'live' && job.state === 'CuttingOver')
+    // A live job resumed in CuttingOver copies again (the source is down: one snapshot, full copy).
+    const liveResumedInCutover = source.strategy === 'live' && job.state === 'CuttingOver'
+    const copies = (!reached('DeltaSyncing') && !reached('CuttingOver')) || liveResumedInCutover
     if (source.strategy === 'offline' && copies) early = openFirstReader(source, resumed)
     await deps.preflight?.(job, manifest)
     volumes = []
@@ -233,8 +235,6 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     deps.mark?.('copying')
 
-    // A live job resumed in CuttingOver copies again (the source is down: one snapshot, full copy).
-    const liveResumedInCutover = source.strategy === 'live' && job.state === 'CuttingOver'
     if (copies) {
       if (source.strategy === 'offline') await copyOffline(deps, source, volumes, tracker, resumed, emit, early)
       else if (source.strategy === 'passthrough') {

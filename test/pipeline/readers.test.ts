@@ -3,7 +3,8 @@
  * random data at scattered offsets, opened with openDiskReader, copied with copyDisk into the
  * file sink; the destination must be sha256-equal to `qemu-img convert -O raw` of the source
  * and no more allocated than the source's data + 5%. Also tar members read in place, XVA
- * blocks, the corpus images, and the refusals. VHDX read by its BAT: vhdx-blocks.test.ts.
+ * blocks, the corpus images, and the refusals. VHDX and dynamic VHD read by their BAT:
+ * vhdx-blocks.test.ts, vhd-blocks.test.ts.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
@@ -91,7 +92,6 @@ describe('qemu formats through qemu-nbd', () => {
     ['qcow2', 'qcow2', []],
     ['vmdk streamOptimized', 'vmdk', ['-o', 'subformat=streamOptimized']],
     ['vmdk monolithicSparse', 'vmdk', ['-o', 'subformat=monolithicSparse']],
-    ['vpc', 'vpc', []],
     ['vdi', 'vdi', []],
   ]
   for (const [name, fmt, opts] of cases) {

@@ -6,9 +6,11 @@
  * - `source.layout === 'xva_blocks'`: {@link openXvaBlocksReader} over `source.member`;
  * - `disk_format === 'raw'`: {@link openRawFileReader}, at `source.offset`/`source.length` for a
  *   tar member;
- * - `vhdx` without a parent or an unreplayed log: {@link openVhdxBlocksReader} (its BAT, the
- *   file's holes skipped; its own checks of every BAT entry replace `qemu-img check`);
- * - `qcow2`, `vmdk`, `vhdx` (differencing), `vpc`, `vdi`: {@link openNbdReader} (qemu-nbd),
+ * - `vhdx` without a parent or an unreplayed log, `vpc` dynamic: {@link openVhdxBlocksReader},
+ *   {@link openVhdBlocksReader} (their BAT, the file's holes skipped; their own checks of every
+ *   BAT entry replace `qemu-img check`);
+ * - `qcow2`, `vmdk`, `vhdx` (differencing), `vpc` (fixed, differencing), `vdi`:
+ *   {@link openNbdReader} (qemu-nbd),
  *   through the raw driver's offset/size for a tar member, with the manifest's validated
  *   `backing_chain`.
  */
@@ -22,6 +24,8 @@ import { openNbdReader } from './nbd.ts'
 import { stageOvfFile } from './ovf-staged.ts'
 import { openRawFileReader } from './raw-file.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
+import type { ImageFileOptions } from './block-map.ts'
+import { openVhdBlocksReader } from './vhd-blocks.ts'
 import { openVhdxBlocksReader } from './vhdx-blocks.ts'
 import { openXvaBlocksReader } from './xva-blocks.ts'
 
@@ -90,10 +94,7 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     if ((src.offset === undefined) !== (src.length === undefined)) {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: a member range needs both offset and length`)
     }
-    const native =
-      disk.disk_format === 'vhdx' && !disk.backing_chain?.length
-        ? await openVhdxBlocksReader(src.path, { offset: src.offset, length: src.length, label })
-        : null
+    const native = disk.backing_chain?.length ? null : await openByBlockTable(disk.disk_format, src.path, { offset: src.offset, length: src.length, label })
     if (native) return refuseLarger(native, disk, label)
     // `qemu-img check` runs while qemu-nbd starts (both fixed costs of every job, issue 15);
     // nothing is read before the check passed, and its refusal wins over qemu-nbd's.
@@ -119,6 +120,16 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     reader = opened
   }
   return refuseLarger(reader, disk, label)
+}
+
+/**
+ * The reader of an image by its block table (`vhdx-blocks.ts`, `vhd-blocks.ts`), or null for a
+ * format or an image these do not read (then qemu-nbd reads it). Errors of those readers.
+ */
+function openByBlockTable(format: DiskFormat, path: string, opts: ImageFileOptions): Promise<DiskReader | null> {
+  if (format === 'vhdx') return openVhdxBlocksReader(path, opts)
+  if (format === 'vpc') return openVhdBlocksReader(path, opts)
+  return Promise.resolve(null)
 }
 
 /** `reader`, unless it is larger than the disk's capacity (then closed, `E_MIG_DISK_READ_FAILED`). */

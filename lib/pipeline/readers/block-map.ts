@@ -1,0 +1,242 @@
+/**
+ * Disk reader of an image whose virtual disk is cut into fixed-size blocks, each either stored
+ * whole at a file offset or reading as zeros (issue 15): the VHDX BAT (`vhdx-blocks.ts`) and the
+ * dynamic VHD BAT (`vhd-blocks.ts`) describe their images this way. The format module supplies
+ * the {@link BlockTable}; this reader does the rest, with positioned reads on the one open file:
+ * - `extents()`: a block reading as zeros is a zero extent (never read); a stored block is data,
+ *   except the holes the file has inside it ({@link FileHoleMap}: a file written by qemu, or
+ *   copied sparse), which are zero extents too. Adjacent extents of a kind are merged (at most
+ *   1 GiB each).
+ * - `read()`: stored blocks at their file offsets, zeros elsewhere; a short read (a file cut
+ *   short since it was opened) is `E_MIG_DISK_READ_FAILED`, never zeros.
+ * - The table reads its entries in windows ({@link TableWindows}), so memory stays flat
+ *   whatever the disk size; every entry is checked by the table when used.
+ * No `qemuNode`: these readers are copied by the node engine.
+ */
+import { open, type FileHandle } from 'node:fs/promises'
+import { MigError } from '../../errors.ts'
+import { pinnedPath } from '../../hostpath.ts'
+import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
+import { FileHoleMap } from './file-holes.ts'
+
+/** Longest extent yielded, bytes (the copy loop cuts its own chunks). */
+const EXTENT_SPAN = 1024 * 1024 * 1024
+
+/**
+ * Where each block of an image lies. `size`: virtual size, bytes; `blockSize`: bytes per block
+ * (the last block may be partial); `blocks`: `ceil(size / blockSize)`.
+ * `dataOffset(b)`: the file offset (bytes, inside the image's byte range) of block `b`'s first
+ * byte, or null when it reads as zeros; throws `E_MIG_DISK_READ_FAILED` for an entry that cannot
+ * be trusted (the format's checks, naming the block).
+ */
+export interface BlockTable {
+  size: number
+  blockSize: number
+  blocks: number
+  dataOffset(b: number): Promise<number | null>
+}
+
+/** The open image file: descriptor, byte range (a tar member) and name. Bytes. */
+export interface ImageFile {
+  fh: FileHandle
+  /** Start of the image in the file. */
+  base: number
+  /** Length of the image in the file. */
+  length: number
+  /** A block device (no holes to look for). */
+  isBlock: boolean
+  /** Name used in messages. */
+  label: string
+}
+
+/** Options of {@link openImageFile}. Bytes. */
+export interface ImageFileOptions {
+  /** Start of the image inside the file (tar member data offset); default 0. */
+  offset?: number
+  /** Length of the image (tar member size); default: the file's size minus `offset`. */
+  length?: number
+  /** Name used in messages (e.g. `disk1.vhd in vm.tar`); defaults to the path. */
+  label?: string
+}
+
+/**
+ * Opens `path` once (inside an input scope, its pinned descriptor), a regular file or a block
+ * device, and checks the byte range. Throws `E_MIG_DISK_READ_FAILED` (cannot open or stat, not a
+ * file, range outside the file); the caller closes `fh`.
+ */
+export async function openImageFile(path: string, opts: ImageFileOptions = {}): Promise<ImageFile> {
+  const label = opts.label ?? path
+  const fail = (why: string, cause?: unknown) => new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${why}`, cause ? { cause } : {})
+  let fh: FileHandle
+  try {
+    fh = await open(pinnedPath(path), 'r')
+  } catch (e) {
+    throw fail(`cannot open: ${(e as Error).message}`, e)
+  }
+  try {
+    const st = await fh.stat()
+    if (!st.isFile() && !st.isBlockDevice()) throw fail('not a regular file or block device')
+    const base = opts.offset ?? 0
+    const length = opts.length ?? st.size - base
+    if (!Number.isSafeInteger(base) || base < 0 || !Number.isSafeInteger(length) || length < 0 || base + length > st.size)
+      throw fail(`range of ${length} bytes at offset ${base} lies outside the file (${st.size} bytes)`)
+    return { fh, base, length, isBlock: st.isBlockDevice(), label }
+  } catch (e) {
+    await fh.close().catch(() => {})
+    throw e instanceof MigError ? e : fail((e as Error).message, e)
+  }
+}
+
+/**
+ * Positioned reads of a table of fixed-size entries (`entryBytes` each) at `offset` of the image
+ * (bytes, inside its range), `perWindow` entries at a time, the last few windows kept.
+ * `window(w)` resolves to the bytes of window `w`, shorter where the image ends; a failed read is
+ * `E_MIG_DISK_READ_FAILED` (and is not kept).
+ */
+export class TableWindows {
+  private readonly cache = new Map<number, Promise<Buffer>>()
+
+  constructor(
+    private readonly file: ImageFile,
+    private readonly offset: number,
+    readonly perWindow: number,
+    private readonly entryBytes: number,
+    private readonly kept = 4,
+  ) {}
+
+  window(w: number): Promise<Buffer> {
+    let p = this.cache.get(w)
+    if (p) return p
+    p = this.load(w)
+    p.catch(() => this.cache.delete(w))
+    this.cache.set(w, p)
+    if (this.cache.size > this.kept) this.cache.delete(this.cache.keys().next().value!)
+    return p
+  }
+
+  /** The `entryBytes` bytes of entry `index`, or null when the image ends before it. */
+  async entry(index: number): Promise<Buffer | null> {
+    const win = await this.window(Math.floor(index / this.perWindow))
+    const at = (index % this.perWindow) * this.entryBytes
+    return at + this.entryBytes <= win.length ? win.subarray(at, at + this.entryBytes) : null
+  }
+
+  private async load(w: number): Promise<Buffer> {
+    const len = this.perWindow * this.entryBytes
+    const at = this.offset + w * len
+    const buf = Buffer.alloc(len)
+    const want = Math.max(0, Math.min(len, this.file.length - at))
+    let got = 0
+    try {
+      while (got < want) {
+        const { bytesRead } = await this.file.fh.read(buf, got, want - got, this.file.base + at + got)
+        if (bytesRead === 0) break
+        got += bytesRead
+      }
+    } catch (e) {
+      throw new MigError('E_MIG_DISK_READ_FAILED', `${this.file.label}: read of the block table at offset ${at} failed: ${(e as Error).message}`, { cause: e })
+    }
+    return buf.subarray(0, got)
+  }
+}
+
+/**
+ * The reader of `file` by `table` (see the module comment). Checks every table entry first
+ * (before any copy: a damaged table fails the open, not the copy half-way); `close()` closes
+ * `file.fh`. Throws what `table.dataOffset` throws.
+ */
+export async function openBlockMapReader(file: ImageFile, table: BlockTable): Promise<DiskReader> {
+  for (let b = 0; b < table.blocks; b++) await table.dataOffset(b)
+  return new BlockMapReader(file, table)
+}
+
+class BlockMapReader implements DiskReader {
+  readonly size: number
+  private closed = false
+  private readonly maps = new Set<FileHoleMap>()
+
+  constructor(
+    private readonly file: ImageFile,
+    private readonly table: BlockTable,
+  ) {
+    this.size = table.size
+  }
+
+  private fail(why: string, cause?: unknown): MigError {
+    return new MigError('E_MIG_DISK_READ_FAILED', `${this.file.label}: ${why}`, cause ? { cause } : {})
+  }
+
+  async *extents(from: number): AsyncIterable<DiskExtent> {
+    if (this.closed) throw this.fail('extents after close')
+    const { fh, base, length, isBlock, label } = this.file
+    const B = this.table.blockSize
+    const node = { driver: 'raw', offset: base, size: length, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } }
+    const holes = new FileHoleMap({ node, size: length, label, noHoles: isBlock })
+    this.maps.add(holes)
+    let run: DiskExtent | null = null
+    try {
+      for (let b = Math.floor(Math.max(0, from) / B); b < this.table.blocks; b++) {
+        const vStart = Math.max(from, b * B)
+        const vEnd = Math.min((b + 1) * B, this.size)
+        const at = await this.table.dataOffset(b)
+        const pieces: Iterable<DiskExtent> | AsyncIterable<DiskExtent> =
+          at === null ? [{ offset: vStart, length: vEnd - vStart, zero: true }] : shifted(holes.split(at + (vStart - b * B), vEnd - vStart), b * B - at)
+        for await (const x of pieces) {
+          if (run && run.zero === x.zero && run.offset + run.length === x.offset && run.length + x.length <= EXTENT_SPAN) run.length += x.length
+          else {
+            if (run) yield run
+            run = { ...x }
+          }
+        }
+      }
+      if (run) yield run
+    } finally {
+      this.maps.delete(holes)
+      await holes.close()
+    }
+  }
+
+  async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
+    if (this.closed) throw this.fail(`read at offset ${offset} after close`)
+    if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length < 0 || offset + length > this.size)
+      throw this.fail(`read of ${length} bytes at offset ${offset} is outside the disk (${this.size} bytes)`)
+    const buf = into && into.length >= length ? into.subarray(0, length) : Buffer.allocUnsafe(length)
+    const B = this.table.blockSize
+    let done = 0
+    while (done < length) {
+      const v = offset + done
+      const b = Math.floor(v / B)
+      const n = Math.min(length - done, (b + 1) * B - v)
+      const at = await this.table.dataOffset(b)
+      if (at === null) buf.fill(0, done, done + n)
+      else {
+        const pos = this.file.base + at + (v - b * B)
+        let got = 0
+        try {
+          while (got < n) {
+            const { bytesRead } = await this.file.fh.read(buf, done + got, n - got, pos + got)
+            if (bytesRead === 0) break
+            got += bytesRead
+          }
+        } catch (e) {
+          throw this.fail(`read of ${n} bytes at offset ${v} (file offset ${pos}) failed: ${(e as Error).message}`, e)
+        }
+        if (got !== n) throw this.fail(`short read at offset ${v + got} (file offset ${pos + got}; file truncated?)`)
+      }
+      done += n
+    }
+    return buf
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return
+    this.closed = true
+    await Promise.all([...this.maps].map((m) => m.close()))
+    await this.file.fh.close().catch(() => {})
+  }
+}
+
+/** File pieces moved to virtual offsets by `shift` bytes. */
+async function* shifted(pieces: AsyncIterable<DiskExtent>, shift: number): AsyncIterable<DiskExtent> {
+  for await (const p of pieces) yield { offset: p.offset + shift, length: p.length, zero: p.zero }
+}

@@ -1,0 +1,178 @@
+/**
+ * The dynamic VHD reader by its BAT (lib/pipeline/readers/vhd-blocks.ts), against real VHD files
+ * written by qemu-img (`vpc`): bytes equal to `qemu-img convert -f vpc -O raw`, only the file's
+ * data read, the CHS-rounded size qemu presents, a tar member read in place, and the refusals
+ * (a block over the footer copy or beyond the end of the file). Fixed disks stay with qemu-nbd.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { createHash, randomBytes } from 'node:crypto'
+import { closeSync, mkdirSync, openSync, readFileSync, statSync, truncateSync, writeSync } from 'node:fs'
+import * as path from 'node:path'
+import { MigError } from '../../lib/errors.ts'
+import { listTarMembers } from '../../lib/formats/tar.ts'
+import { readVhdInfo } from '../../lib/formats/vhd.ts'
+import type { ManifestDisk } from '../../lib/manifest.ts'
+import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
+import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
+import { openVhdBlocksReader } from '../../lib/pipeline/readers/vhd-blocks.ts'
+import { FileSink } from '../../lib/sink/file.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const KiB = 1024
+const MiB = 1024 * 1024
+const SIZE = 64 * MiB
+/** Random data pieces [offset, length]: inside a 2 MiB block, across blocks, at the end. */
+const PIECES: Array<[number, number]> = [
+  [0, 64 * KiB],
+  [MiB + 64 * KiB, 192 * KiB],
+  [7 * MiB, MiB],
+  [20 * MiB - 64 * KiB, 128 * KiB],
+  [33 * MiB, 4 * MiB + 64 * KiB],
+  [SIZE - 64 * KiB, 64 * KiB],
+]
+const DATA_BYTES = PIECES.reduce((a, [, l]) => a + l, 0)
+
+const tmp = tempDir('mig-vhd-blocks-')
+const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
+let RAW = ''
+let RAW_SHA = ''
+afterAll(() => tmp.cleanup())
+
+const sha256File = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex')
+const vhdDisk = (p: string, capacity: number, src: Partial<ManifestDisk['source']> = {}): ManifestDisk => ({
+  label: 'disk vhd',
+  capacity_bytes: capacity,
+  disk_format: 'vpc',
+  source: { path: p, ...src },
+  controller: 'virtio',
+  address: '0:0',
+})
+
+/** A VHD of `raw` written by qemu-img with `opts`. */
+function vhdOf(raw: string, name: string, opts: string[] = []): string {
+  const out = path.join(tmp.dir, name)
+  execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'vpc', ...opts, raw, out])
+  return out
+}
+
+/** `qemu-img convert -f vpc -O raw` of `src`. */
+function qemuRaw(src: string): string {
+  const out = `${src}.ref.raw`
+  execFileSync('qemu-img', ['convert', '-f', 'vpc', '-O', 'raw', src, out])
+  return out
+}
+
+let job = 0
+async function copy(d: ManifestDisk) {
+  const reader = await openDiskReader(d)
+  const vol = await sink.create(`job${job++}`, d.label, reader.size)
+  try {
+    const res = await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
+    return { path: vol.path, res, size: reader.size, qemuNode: reader.qemuNode }
+  } finally {
+    await vol.close()
+    await reader.close()
+  }
+}
+
+async function errorOf(p: Promise<unknown>): Promise<MigError> {
+  try {
+    await p
+  } catch (e) {
+    expect(e).toBeInstanceOf(MigError)
+    return e as MigError
+  }
+  throw new Error('expected an error')
+}
+
+/** Overwrites the BAT entry of block `block` of `file` with the sector number `sector`. */
+async function patchBat(file: string, block: number, sector: number): Promise<void> {
+  const info = await readVhdInfo(file)
+  const b = Buffer.alloc(4)
+  b.writeUInt32BE(sector)
+  const fd = openSync(file, 'r+')
+  writeSync(fd, b, 0, 4, info.bat_offset! + block * 4)
+  closeSync(fd)
+}
+
+beforeAll(() => {
+  RAW = path.join(tmp.dir, 'src.raw')
+  const fd = openSync(RAW, 'w')
+  for (const [o, l] of PIECES) writeSync(fd, randomBytes(l), 0, l, o)
+  closeSync(fd)
+  truncateSync(RAW, SIZE)
+  RAW_SHA = sha256File(RAW)
+})
+
+describe('dynamic VHD read by its BAT, without qemu-nbd', () => {
+  test("exact size (force_size): bit-exact, only the file's data read, no qemu node", async () => {
+    const img = vhdOf(RAW, 'exact.vhd', ['-o', 'force_size=on'])
+    const out = await copy(vhdDisk(img, SIZE))
+    expect(out.qemuNode).toBeUndefined()
+    expect(out.size).toBe(SIZE)
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+    // qemu writes a new block's bitmap and data sectors only: the rest of the block is a hole.
+    // Holes are whole 4 KiB file-system blocks and a block's data starts 512 bytes into one
+    // (after its bitmap): at most 4 KiB more per allocated block (8 here) is read, not 16 MiB.
+    expect(out.res.bytes_read).toBeGreaterThanOrEqual(DATA_BYTES)
+    expect(out.res.bytes_read).toBeLessThanOrEqual(DATA_BYTES + 8 * 4 * KiB)
+    expect(out.res.bytes_written).toBe(DATA_BYTES)
+  })
+
+  test("CHS geometry size (qemu creator): the size qemu presents, bytes equal to qemu-img's", async () => {
+    const img = vhdOf(RAW, 'chs.vhd')
+    const info = await readVhdInfo(img)
+    expect(info.virtual_size).not.toBe(SIZE) // rounded to the CHS geometry
+    const ref = qemuRaw(img)
+    const out = await copy(vhdDisk(img, statSync(ref).size))
+    expect(out.qemuNode).toBeUndefined()
+    expect(out.size).toBe(statSync(ref).size)
+    expect(sha256File(out.path)).toBe(sha256File(ref))
+  })
+
+  test('a VHD inside a tar is read in place at its member offset', async () => {
+    const dir = path.join(tmp.dir, 'tar')
+    mkdirSync(dir)
+    vhdOf(RAW, 'tar/disk.vhd', ['-o', 'force_size=on'])
+    const tar = path.join(tmp.dir, 'vm.tar')
+    execFileSync('tar', ['-C', dir, '-cf', tar, 'disk.vhd'])
+    const m = (await listTarMembers(tar))[0]!
+    const out = await copy(vhdDisk(tar, SIZE, { offset: m.offset, length: m.size, member: m.name }))
+    expect(out.qemuNode).toBeUndefined()
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+  })
+
+  test('a fixed VHD is left to qemu-nbd (null here)', async () => {
+    const img = vhdOf(RAW, 'fixed.vhd', ['-o', 'subformat=fixed,force_size=on'])
+    expect(await openVhdBlocksReader(img)).toBeNull()
+    const out = await copy(vhdDisk(img, SIZE))
+    expect(out.qemuNode).toBeDefined()
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+  })
+})
+
+describe('VHD BAT refusals: before any copy, naming the block', () => {
+  for (const [name, sector, words] of [
+    ['a block over the footer copy', 0, 'footer copy'],
+    ['a block beyond the end of the file', 0x7fffffff, 'beyond the end of the file'],
+  ] as const) {
+    test(`${name}: E_MIG_DISK_READ_FAILED`, async () => {
+      const img = vhdOf(RAW, `bad-${sector}.vhd`, ['-o', 'force_size=on'])
+      await patchBat(img, 16, sector)
+      const err = await errorOf(openDiskReader(vhdDisk(img, SIZE)))
+      expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+      expect(err.message).toContain(img)
+      expect(err.message).toContain('block 16')
+      expect(err.message).toContain(words)
+    })
+  }
+
+  test('an image cut short: refused at open, as qemu refuses it', async () => {
+    const img = vhdOf(RAW, 'cut.vhd', ['-o', 'force_size=on'])
+    truncateSync(img, Math.floor(statSync(img).size / 2))
+    const err = await errorOf(openDiskReader(vhdDisk(img, SIZE)))
+    expect(['E_MIG_DISK_READ_FAILED', 'E_MIG_MALFORMED_ARCHIVE']).toContain(err.code)
+    expect(err.message).toContain(img)
+  })
+})

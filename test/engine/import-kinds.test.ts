@@ -33,6 +33,7 @@ const KINDS: Array<{ kind: string; disks: 1 | 2; format?: string; packing?: Inpu
   { kind: 'ova_archive', disks: 2, packing: { gzip: true, chunkSize: 256 * 1024 }, how: 'gzip-compressed 256 KiB chunks' },
   { kind: 'vmx_folder', disks: 2 },
   { kind: 'vhdx', disks: 1, format: 'vhdx' },
+  { kind: 'vhdx', disks: 1, format: 'vpc', packing: { vhd: true }, how: 'a dynamic VHD' },
   { kind: 'qcow2', disks: 1, format: 'qcow2' },
   { kind: 'vmdk', disks: 1, format: 'vmdk' },
   { kind: 'vbox_folder', disks: 2 },

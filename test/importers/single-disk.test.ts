@@ -12,12 +12,13 @@ import * as path from 'node:path'
 import { gunzipSync } from 'node:zlib'
 import { MigError } from '../../lib/errors.ts'
 import { readVhdInfo } from '../../lib/formats/vhd.ts'
-import { crc32c, readVhdxInfo } from '../../lib/formats/vhdx.ts'
+import { readVhdxInfo } from '../../lib/formats/vhdx.ts'
 import { inspectInput } from '../../lib/importers/index.ts'
 import { DEFAULTS_WARNING, importer as qcow2 } from '../../lib/importers/qcow2.ts'
 import { importer as vhdx } from '../../lib/importers/vhdx.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { setVhdxLogGuid } from '../helpers/vhdx-log.ts'
 
 const MiB = 1024 * 1024
 const tmp = tempDir('mig-single-')
@@ -324,16 +325,7 @@ describe('vhdx importer (VHDX and VHD)', () => {
   test('a VHDX with an unreplayed log is E_MIG_MALFORMED_ARCHIVE', async () => {
     const f = p('dirty-log.vhdx')
     copyFileSync(p('fixed.vhdx'), f)
-    const fd = openSync(f, 'r+')
-    for (const off of [64 * 1024, 128 * 1024]) {
-      const h = Buffer.alloc(4096)
-      readSync(fd, h, 0, 4096, off)
-      h.fill(0x5a, 48, 64) // LogGuid
-      h.writeUInt32LE(0, 4)
-      h.writeUInt32LE(crc32c(h), 4)
-      writeSync(fd, h, 0, 4096, off)
-    }
-    closeSync(fd)
+    setVhdxLogGuid(f)
     expect((await readVhdxInfo(f)).needs_log_replay).toBe(true)
     expect((await expectCode(() => vhdx.inspect(f, ctx), 'E_MIG_MALFORMED_ARCHIVE')).message).toContain('log')
   })

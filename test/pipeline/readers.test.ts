@@ -9,30 +9,21 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
-import { closeSync, mkdirSync, openSync, readFileSync, readSync, statSync, writeFileSync, writeSync } from 'node:fs'
+import { closeSync, mkdirSync, openSync, readFileSync, readSync, statSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
-import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { xxh64Upper } from '../helpers/inputs.ts'
+import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
 import { CORPUS, tempDir } from '../helpers/tmp.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
-const SIZE = 64 * MiB
-/** Random data pieces [offset, length], 64 KiB aligned: inside a window, across 4 MiB boundaries, at the end. */
-const PIECES: Array<[number, number]> = [
-  [0, 64 * KiB],
-  [MiB + 64 * KiB, 192 * KiB],
-  [7 * MiB, MiB],
-  [20 * MiB - 64 * KiB, 128 * KiB],
-  [33 * MiB, 4 * MiB + 64 * KiB],
-  [SIZE - 64 * KiB, 64 * KiB],
-]
-const DATA_BYTES = PIECES.reduce((a, [, l]) => a + l, 0)
+const SIZE = SCATTERED_SIZE
+const DATA_BYTES = SCATTERED_DATA_BYTES
 
 const tmp = tempDir('mig-readers-')
 const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
@@ -54,19 +45,8 @@ function disk(format: ManifestDisk['disk_format'], source: ManifestDisk['source'
   return { label: `disk ${format}`, capacity_bytes: capacity, disk_format: format, source, controller: 'virtio', address: '0:0', ...extra }
 }
 
-let job = 0
 /** openDiskReader + copyDisk into a fresh file-sink volume (default engine: qemu-img where the reader allows it). */
-async function copy(d: ManifestDisk, engine: 'auto' | 'node' = 'auto') {
-  const reader = await openDiskReader(d)
-  const vol = await sink.create(`job${job++}`, d.label, reader.size)
-  try {
-    const res = await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, engine, onProgress() {}, async onWatermark() {} })
-    return { path: vol.path, res, size: reader.size }
-  } finally {
-    await vol.close()
-    await reader.close()
-  }
-}
+const copy = (d: ManifestDisk, engine: 'auto' | 'node' = 'auto') => copyIntoSink(sink, d, engine)
 
 async function codeOf(p: Promise<unknown>): Promise<MigError> {
   try {
@@ -79,11 +59,7 @@ async function codeOf(p: Promise<unknown>): Promise<MigError> {
 }
 
 beforeAll(() => {
-  RAW = path.join(tmp.dir, 'src.raw')
-  const fd = openSync(RAW, 'w')
-  for (const [o, l] of PIECES) writeSync(fd, randomBytes(l), 0, l, o)
-  closeSync(fd)
-  execFileSync('truncate', ['-s', String(SIZE), RAW])
+  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
   RAW_SHA = sha256File(RAW)
 })
 

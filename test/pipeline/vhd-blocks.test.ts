@@ -6,32 +6,22 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { createHash, randomBytes } from 'node:crypto'
+import { createHash } from 'node:crypto'
 import { closeSync, mkdirSync, openSync, readFileSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import { readVhdInfo } from '../../lib/formats/vhd.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
-import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdBlocksReader } from '../../lib/pipeline/readers/vhd-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { tempDir, thrown } from '../helpers/tmp.ts'
 
 const KiB = 1024
-const MiB = 1024 * 1024
-const SIZE = 64 * MiB
-/** Random data pieces [offset, length]: inside a 2 MiB block, across blocks, at the end. */
-const PIECES: Array<[number, number]> = [
-  [0, 64 * KiB],
-  [MiB + 64 * KiB, 192 * KiB],
-  [7 * MiB, MiB],
-  [20 * MiB - 64 * KiB, 128 * KiB],
-  [33 * MiB, 4 * MiB + 64 * KiB],
-  [SIZE - 64 * KiB, 64 * KiB],
-]
-const DATA_BYTES = PIECES.reduce((a, [, l]) => a + l, 0)
+const SIZE = SCATTERED_SIZE
+const DATA_BYTES = SCATTERED_DATA_BYTES
 
 const tmp = tempDir('mig-vhd-blocks-')
 const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
@@ -63,27 +53,13 @@ function qemuRaw(src: string): string {
   return out
 }
 
-let job = 0
-async function copy(d: ManifestDisk) {
-  const reader = await openDiskReader(d)
-  const vol = await sink.create(`job${job++}`, d.label, reader.size)
-  try {
-    const res = await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
-    return { path: vol.path, res, size: reader.size, qemuNode: reader.qemuNode }
-  } finally {
-    await vol.close()
-    await reader.close()
-  }
-}
+const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
 
+/** The MigError `p` rejects with (the test fails when it resolves). */
 async function errorOf(p: Promise<unknown>): Promise<MigError> {
-  try {
-    await p
-  } catch (e) {
-    expect(e).toBeInstanceOf(MigError)
-    return e as MigError
-  }
-  throw new Error('expected an error')
+  const e = await thrown(() => p)
+  expect(e).toBeInstanceOf(MigError)
+  return e as MigError
 }
 
 /** Overwrites the BAT entry of block `block` of `file` with the sector number `sector`. */
@@ -97,11 +73,7 @@ async function patchBat(file: string, block: number, sector: number): Promise<vo
 }
 
 beforeAll(() => {
-  RAW = path.join(tmp.dir, 'src.raw')
-  const fd = openSync(RAW, 'w')
-  for (const [o, l] of PIECES) writeSync(fd, randomBytes(l), 0, l, o)
-  closeSync(fd)
-  truncateSync(RAW, SIZE)
+  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
   RAW_SHA = sha256File(RAW)
 })
 

@@ -14,28 +14,20 @@ import * as path from 'node:path'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { MigError } from '../../lib/errors.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
-import { batEntryAt, batIndexOfBlock, crc32c, readVhdxInfo } from '../../lib/formats/vhdx.ts'
+import { batEntryAt, batIndexOfBlock, readVhdxInfo } from '../../lib/formats/vhdx.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
-import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
 import { FileHoleMap, MAX_RESTARTS } from '../../lib/pipeline/readers/file-holes.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdxBlocksReader } from '../../lib/pipeline/readers/vhdx-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { tempDir, thrown } from '../helpers/tmp.ts'
+import { setVhdxLogGuid } from '../helpers/vhdx-log.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
-const SIZE = 64 * MiB
-/** Random data pieces [offset, length]: inside a block, across block boundaries, at the end. */
-const PIECES: Array<[number, number]> = [
-  [0, 64 * KiB],
-  [MiB + 64 * KiB, 192 * KiB],
-  [7 * MiB, MiB],
-  [20 * MiB - 64 * KiB, 128 * KiB],
-  [33 * MiB, 4 * MiB + 64 * KiB],
-  [SIZE - 64 * KiB, 64 * KiB],
-]
-const DATA_BYTES = PIECES.reduce((a, [, l]) => a + l, 0)
+const SIZE = SCATTERED_SIZE
+const DATA_BYTES = SCATTERED_DATA_BYTES
 
 const tmp = tempDir('mig-vhdx-blocks-')
 const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
@@ -60,28 +52,13 @@ function vhdxOf(raw: string, name: string, opts: string[] = []): string {
   return out
 }
 
-let job = 0
-/** openDiskReader + copyDisk (default engine) into a fresh file-sink volume. */
-async function copy(d: ManifestDisk) {
-  const reader = await openDiskReader(d)
-  const vol = await sink.create(`job${job++}`, d.label, reader.size)
-  try {
-    const res = await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
-    return { path: vol.path, res, qemuNode: reader.qemuNode }
-  } finally {
-    await vol.close()
-    await reader.close()
-  }
-}
+const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
 
+/** The MigError `p` rejects with (the test fails when it resolves). */
 async function errorOf(p: Promise<unknown>): Promise<MigError> {
-  try {
-    await p
-  } catch (e) {
-    expect(e).toBeInstanceOf(MigError)
-    return e as MigError
-  }
-  throw new Error('expected an error')
+  const e = await thrown(() => p)
+  expect(e).toBeInstanceOf(MigError)
+  return e as MigError
 }
 
 async function collect(it: AsyncIterable<DiskExtent>): Promise<DiskExtent[]> {
@@ -111,11 +88,7 @@ async function batEntry(file: string, block: number): Promise<{ state: number; f
 }
 
 beforeAll(() => {
-  RAW = path.join(tmp.dir, 'src.raw')
-  const fd = openSync(RAW, 'w')
-  for (const [o, l] of PIECES) writeSync(fd, randomBytes(l), 0, l, o)
-  closeSync(fd)
-  truncateSync(RAW, SIZE)
+  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
   RAW_SHA = sha256File(RAW)
 })
 
@@ -212,16 +185,7 @@ describe('VHDX read by its BAT, without qemu-nbd', () => {
 
   test('a VHDX whose header names a log is left to qemu (null here; qemu-nbd replays or refuses a log)', async () => {
     const img = vhdxOf(RAW, 'dirty-log.vhdx', ['-o', 'block_size=1M'])
-    const fd = openSync(img, 'r+')
-    for (const off of [64 * KiB, 128 * KiB]) {
-      const h = Buffer.alloc(4096)
-      readSync(fd, h, 0, 4096, off)
-      h.fill(0x5a, 48, 64) // LogGuid
-      h.writeUInt32LE(0, 4)
-      h.writeUInt32LE(crc32c(h), 4)
-      writeSync(fd, h, 0, 4096, off)
-    }
-    closeSync(fd)
+    setVhdxLogGuid(img)
     expect(await openVhdxBlocksReader(img)).toBeNull()
     // This LogGuid has no log entries behind it: qemu finds nothing to replay and reads the disk.
     const out = await copy(vhdxDisk(img))

@@ -1,0 +1,58 @@
+/**
+ * The reader tests' source disk: 64 MiB of zeros with random data in six 64 KiB-aligned pieces
+ * (inside a block, across 1, 2 and 4 MiB boundaries, at both ends), written as a sparse raw file,
+ * and the copy of a manifest disk into a fresh file-sink volume as a job does it.
+ */
+import { randomBytes } from 'node:crypto'
+import { closeSync, openSync, truncateSync, writeSync } from 'node:fs'
+import type { ManifestDisk } from '../../lib/manifest.ts'
+import { copyDisk, type CopyDiskResult } from '../../lib/pipeline/copy-disk.ts'
+import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
+import type { FileSink } from '../../lib/sink/file.ts'
+
+const KiB = 1024
+const MiB = 1024 * 1024
+/** Virtual size of the scattered disk, bytes. */
+export const SCATTERED_SIZE = 64 * MiB
+/** Its data pieces, [offset, length] in bytes. */
+export const SCATTERED_PIECES: ReadonlyArray<readonly [number, number]> = [
+  [0, 64 * KiB],
+  [MiB + 64 * KiB, 192 * KiB],
+  [7 * MiB, MiB],
+  [20 * MiB - 64 * KiB, 128 * KiB],
+  [33 * MiB, 4 * MiB + 64 * KiB],
+  [SCATTERED_SIZE - 64 * KiB, 64 * KiB],
+]
+/** Bytes of data in the pieces. */
+export const SCATTERED_DATA_BYTES = SCATTERED_PIECES.reduce((a, [, l]) => a + l, 0)
+
+/** Writes the scattered disk (fresh random data) to `file`, sparse; returns `file`. */
+export function writeScatteredRaw(file: string): string {
+  const fd = openSync(file, 'w')
+  for (const [o, l] of SCATTERED_PIECES) writeSync(fd, randomBytes(l), 0, l, o)
+  closeSync(fd)
+  truncateSync(file, SCATTERED_SIZE)
+  return file
+}
+
+let job = 0
+/**
+ * `openDiskReader(disk)` + `copyDisk` (from 0, `engine`, default `auto`) into a new volume of
+ * `sink` under a fresh job id; both closed. Returns the volume's path, the copy's byte counts,
+ * the reader's size and whether it offered a qemu node.
+ */
+export async function copyIntoSink(
+  sink: FileSink,
+  disk: ManifestDisk,
+  engine: 'auto' | 'node' = 'auto',
+): Promise<{ path: string; res: CopyDiskResult; size: number; qemuNode: unknown }> {
+  const reader = await openDiskReader(disk)
+  const vol = await sink.create(`job${job++}`, disk.label, reader.size)
+  try {
+    const res = await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, engine, onProgress() {}, async onWatermark() {} })
+    return { path: vol.path, res, size: reader.size, qemuNode: reader.qemuNode }
+  } finally {
+    await vol.close()
+    await reader.close()
+  }
+}

@@ -11,7 +11,6 @@ import { execFileSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
 import { closeSync, mkdirSync, openSync, readFileSync, readSync, statSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { MigError } from '../../lib/errors.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
@@ -19,6 +18,7 @@ import { FileSink } from '../../lib/sink/file.ts'
 import { xxh64Upper } from '../helpers/inputs.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
 import { CORPUS, tempDir } from '../helpers/tmp.ts'
+import { migErrorOf } from '../helpers/mig-error.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
@@ -47,16 +47,6 @@ function disk(format: ManifestDisk['disk_format'], source: ManifestDisk['source'
 
 /** openDiskReader + copyDisk into a fresh file-sink volume (default engine: qemu-img where the reader allows it). */
 const copy = (d: ManifestDisk, engine: 'auto' | 'node' = 'auto') => copyIntoSink(sink, d, engine)
-
-async function codeOf(p: Promise<unknown>): Promise<MigError> {
-  try {
-    await p
-  } catch (e) {
-    expect(e).toBeInstanceOf(MigError)
-    return e as MigError
-  }
-  throw new Error('expected an error')
-}
 
 beforeAll(() => {
   RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
@@ -110,14 +100,14 @@ describe('qemu formats through qemu-nbd', () => {
     const ova = path.join(tmp.dir, 'evil.ova')
     execFileSync('tar', ['-C', dir, '-cf', ova, 'd.vmdk'])
     const m = (await listTarMembers(ova))[0]
-    const err = await codeOf(openDiskReader(disk('vmdk', { path: ova, offset: m.offset, length: m.size, member: m.name }, 4096)))
+    const err = await migErrorOf(openDiskReader(disk('vmdk', { path: ova, offset: m.offset, length: m.size, member: m.name }, 4096)))
     expect(err.code).toBe('E_MIG_UNSUPPORTED_FORMAT')
   })
 
   test('a qcow2 with an external data file is refused (E_MIG_UNSUPPORTED_FORMAT)', async () => {
     const img = path.join(tmp.dir, 'ext.qcow2')
     execFileSync('qemu-img', ['create', '-f', 'qcow2', '-o', `data_file=${path.join(tmp.dir, 'ext.data')}`, img, '1M'])
-    const err = await codeOf(openDiskReader(disk('qcow2', { path: img }, MiB)))
+    const err = await migErrorOf(openDiskReader(disk('qcow2', { path: img }, MiB)))
     expect(err.code).toBe('E_MIG_UNSUPPORTED_FORMAT')
     expect(err.message).toContain('external data file')
   })
@@ -125,7 +115,7 @@ describe('qemu formats through qemu-nbd', () => {
   test('an image larger than the manifest capacity is refused', async () => {
     const img = path.join(tmp.dir, 'cap.qcow2')
     execFileSync('qemu-img', ['create', '-f', 'qcow2', img, '8M'])
-    const err = await codeOf(openDiskReader(disk('qcow2', { path: img }, 4 * MiB)))
+    const err = await migErrorOf(openDiskReader(disk('qcow2', { path: img }, 4 * MiB)))
     expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
     expect(err.message).toContain('8388608')
   })
@@ -137,7 +127,7 @@ describe("damaged images are refused before any copy (qemu-img check; for VHDX t
       const img = path.join(tmp.dir, `cut.${fmt}`)
       execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', fmt, RAW, img])
       execFileSync('truncate', ['-s', String(Math.floor(statSync(img).size / 3)), img])
-      const err = await codeOf(openDiskReader(disk(fmt, { path: img })))
+      const err = await migErrorOf(openDiskReader(disk(fmt, { path: img })))
       expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
       expect(err.message).toContain(img)
     })
@@ -169,7 +159,7 @@ describe('raw and XVA readers', () => {
   })
 
   test('a raw member range beyond the archive is E_MIG_DISK_READ_FAILED', async () => {
-    const err = await codeOf(openDiskReader(disk('raw', { path: RAW, offset: SIZE - 512, length: 1024 })))
+    const err = await migErrorOf(openDiskReader(disk('raw', { path: RAW, offset: SIZE - 512, length: 1024 })))
     expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
   })
 
@@ -259,11 +249,11 @@ describe('raw and XVA readers', () => {
       expect((await reader.read(0, MiB)).equals(good)).toBe(true)
       // Part of the block: not checked (a resumed copy may start inside a block).
       expect((await reader.read(2 * MiB + 512, 1024)).equals(bad.subarray(512, 1536))).toBe(true)
-      const err = await codeOf(reader.read(2 * MiB, MiB))
+      const err = await migErrorOf(reader.read(2 * MiB, MiB))
       expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
       expect(err.message).toContain(`block Ref:7/00000002: ${name}`)
       await reader.close()
-      const copied = await codeOf(copy(d))
+      const copied = await migErrorOf(copy(d))
       expect(copied.code).toBe('E_MIG_MALFORMED_ARCHIVE')
     })
   }
@@ -274,13 +264,13 @@ describe('raw and XVA readers', () => {
     writeFileSync(path.join(dir, 'Ref:1', '00000005'), Buffer.alloc(MiB, 1))
     const xva = path.join(tmp.dir, 'bad.xva')
     execFileSync('tar', ['-C', dir, '-cf', xva, 'Ref:1'])
-    const err = await codeOf(openDiskReader(disk('raw', { path: xva, member: 'Ref:1', layout: 'xva_blocks' }, 2 * MiB)))
+    const err = await migErrorOf(openDiskReader(disk('raw', { path: xva, member: 'Ref:1', layout: 'xva_blocks' }, 2 * MiB)))
     expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
   })
 
   test('gzip-compressed and chunked OVF disks are E_MIG_UNSUPPORTED_FORMAT', async () => {
-    expect((await codeOf(openDiskReader(disk('vmdk', { path: RAW, compression: 'gzip' })))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
-    expect((await codeOf(openDiskReader(disk('vmdk', { path: RAW, layout: 'ovf_chunks', member: 'x.vmdk' })))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
+    expect((await migErrorOf(openDiskReader(disk('vmdk', { path: RAW, compression: 'gzip' })))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
+    expect((await migErrorOf(openDiskReader(disk('vmdk', { path: RAW, layout: 'ovf_chunks', member: 'x.vmdk' })))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
   })
 })
 
@@ -350,7 +340,7 @@ describe('corpus images', () => {
   })
 
   test('legacy qcow v1 with a 152 TiB header opened as qcow2: qemu-nbd refuses, stderr in the message', async () => {
-    const err = await codeOf(openDiskReader(disk('qcow2', { path: path.join(CORPUS, 'containerized-data-importer/invalid-qcow-large-size.img') }, 0)))
+    const err = await migErrorOf(openDiskReader(disk('qcow2', { path: path.join(CORPUS, 'containerized-data-importer/invalid-qcow-large-size.img') }, 0)))
     expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
     expect(err.message).toContain('Unsupported qcow2 version 1')
   })
@@ -359,7 +349,7 @@ describe('corpus images', () => {
     const ova = path.join(CORPUS, 'govmomi/ttylinux-pc_i486-16.1.ova')
     const m = (await listTarMembers(ova)).find((x) => x.name.endsWith('.vmdk'))!
     expect([m.offset, m.size]).toEqual([7168, 1048576])
-    const err = await codeOf(openDiskReader(disk('vmdk', { path: ova, offset: m.offset, length: m.size, member: m.name }, 61440 * 512)))
+    const err = await migErrorOf(openDiskReader(disk('vmdk', { path: ova, offset: m.offset, length: m.size, member: m.name }, 61440 * 512)))
     expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
     expect(err.message).toContain('Invalid footer')
   })

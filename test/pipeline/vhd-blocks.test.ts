@@ -9,7 +9,6 @@ import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { closeSync, mkdirSync, openSync, readFileSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
-import { MigError } from '../../lib/errors.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import { readVhdInfo } from '../../lib/formats/vhd.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
@@ -17,7 +16,8 @@ import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdBlocksReader } from '../../lib/pipeline/readers/vhd-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { tempDir, thrown } from '../helpers/tmp.ts'
+import { tempDir } from '../helpers/tmp.ts'
+import { migErrorOf } from '../helpers/mig-error.ts'
 
 const KiB = 1024
 const SIZE = SCATTERED_SIZE
@@ -54,13 +54,6 @@ function qemuRaw(src: string): string {
 }
 
 const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
-
-/** The MigError `p` rejects with (the test fails when it resolves). */
-async function errorOf(p: Promise<unknown>): Promise<MigError> {
-  const e = await thrown(() => p)
-  expect(e).toBeInstanceOf(MigError)
-  return e as MigError
-}
 
 /** Overwrites the BAT entry of block `block` of `file` with the sector number `sector`. */
 async function patchBat(file: string, block: number, sector: number): Promise<void> {
@@ -132,7 +125,7 @@ describe('VHD BAT refusals: before any copy, naming the block', () => {
     test(`${name}: E_MIG_DISK_READ_FAILED`, async () => {
       const img = vhdOf(RAW, `bad-${sector}.vhd`, ['-o', 'force_size=on'])
       await patchBat(img, 16, sector)
-      const err = await errorOf(openDiskReader(vhdDisk(img, SIZE)))
+      const err = await migErrorOf(openDiskReader(vhdDisk(img, SIZE)))
       expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
       expect(err.message).toContain(img)
       expect(err.message).toContain('block 16')
@@ -143,7 +136,7 @@ describe('VHD BAT refusals: before any copy, naming the block', () => {
   test('an image cut short: refused at open, as qemu refuses it', async () => {
     const img = vhdOf(RAW, 'cut.vhd', ['-o', 'force_size=on'])
     truncateSync(img, Math.floor(statSync(img).size / 2))
-    const err = await errorOf(openDiskReader(vhdDisk(img, SIZE)))
+    const err = await migErrorOf(openDiskReader(vhdDisk(img, SIZE)))
     expect(['E_MIG_DISK_READ_FAILED', 'E_MIG_MALFORMED_ARCHIVE']).toContain(err.code)
     expect(err.message).toContain(img)
   })

@@ -12,7 +12,6 @@ import { createHash, randomBytes } from 'node:crypto'
 import { closeSync, mkdirSync, openSync, readFileSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
-import { MigError } from '../../lib/errors.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import { batEntryAt, batIndexOfBlock, readVhdxInfo } from '../../lib/formats/vhdx.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
@@ -21,8 +20,9 @@ import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdxBlocksReader } from '../../lib/pipeline/readers/vhdx-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { tempDir, thrown } from '../helpers/tmp.ts'
+import { tempDir } from '../helpers/tmp.ts'
 import { setVhdxLogGuid } from '../helpers/vhdx-log.ts'
+import { migErrorOf } from '../helpers/mig-error.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
@@ -53,13 +53,6 @@ function vhdxOf(raw: string, name: string, opts: string[] = []): string {
 }
 
 const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
-
-/** The MigError `p` rejects with (the test fails when it resolves). */
-async function errorOf(p: Promise<unknown>): Promise<MigError> {
-  const e = await thrown(() => p)
-  expect(e).toBeInstanceOf(MigError)
-  return e as MigError
-}
 
 async function collect(it: AsyncIterable<DiskExtent>): Promise<DiskExtent[]> {
   const out: DiskExtent[] = []
@@ -206,7 +199,7 @@ describe('VHDX BAT refusals: before any copy, naming the block', () => {
       const img = vhdxOf(RAW, `bad-${name.replace(/\W+/g, '_')}.vhdx`, ['-o', 'block_size=1M'])
       const { fileOffset } = await batEntry(img, 33)
       await patchBat(img, 33, entry(img, fileOffset))
-      const err = await errorOf(openDiskReader(vhdxDisk(img)))
+      const err = await migErrorOf(openDiskReader(vhdxDisk(img)))
       expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
       expect(err.message).toContain(img)
       expect(err.message).toContain('block 33')
@@ -219,7 +212,7 @@ describe('VHDX BAT refusals: before any copy, naming the block', () => {
     const reader: DiskReader = (await openVhdxBlocksReader(img))!
     try {
       truncateSync(img, 2 * MiB)
-      const err = await errorOf(reader.read(33 * MiB, MiB))
+      const err = await migErrorOf(reader.read(33 * MiB, MiB))
       expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
       expect(err.message).toContain('short read')
     } finally {

@@ -11,6 +11,7 @@ import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { tempDir } from '../helpers/tmp.ts'
+import { migErrorOf } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
 const tmp = tempDir('mig-filesink-')
@@ -18,16 +19,6 @@ afterAll(() => tmp.cleanup())
 const blocks = (p: string) => statSync(p).blocks * 512
 /** Bytes of file `p` in the page cache (fincore). */
 const resident = (p: string) => Number(execFileSync('fincore', ['-b', '-n', '--raw', '-o', 'RES', p], { encoding: 'utf8' }).trim())
-
-async function codeOf(p: Promise<unknown>): Promise<MigError> {
-  try {
-    await p
-  } catch (e) {
-    expect(e).toBeInstanceOf(MigError)
-    return e as MigError
-  }
-  throw new Error('expected an error')
-}
 
 describe('FileSink', () => {
   const sink = new FileSink({ dataDir: tmp.dir })
@@ -97,11 +88,11 @@ describe('FileSink', () => {
 
   test('writes outside the volume and after close are E_MIG_DISK_WRITE_FAILED', async () => {
     const v = await sink.create('job-4', 'disk', MiB)
-    const e1 = await codeOf(v.write(MiB - 10, Buffer.alloc(20)))
+    const e1 = await migErrorOf(v.write(MiB - 10, Buffer.alloc(20)))
     expect(e1.code).toBe('E_MIG_DISK_WRITE_FAILED')
     expect(e1.message).toContain('disk.img')
     await v.close()
-    expect((await codeOf(v.write(0, Buffer.alloc(1)))).code).toBe('E_MIG_DISK_WRITE_FAILED')
+    expect((await migErrorOf(v.write(0, Buffer.alloc(1)))).code).toBe('E_MIG_DISK_WRITE_FAILED')
     expect(statSync(v.path).size).toBe(MiB)
   })
 
@@ -144,8 +135,8 @@ describe('FileSink', () => {
   })
 
   test('a job id that is not a safe path segment is refused', async () => {
-    expect((await codeOf(sink.create('../x', 'a', MiB))).code).toBe('E_MIG_INTERNAL')
-    expect((await codeOf(sink.remove('..'))).code).toBe('E_MIG_INTERNAL')
+    expect((await migErrorOf(sink.create('../x', 'a', MiB))).code).toBe('E_MIG_INTERNAL')
+    expect((await migErrorOf(sink.remove('..'))).code).toBe('E_MIG_INTERNAL')
   })
 })
 

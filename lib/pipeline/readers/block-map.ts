@@ -13,11 +13,11 @@
  *   whatever the disk size; every entry is checked by the table when used.
  * No `qemuNode`: these readers are copied by the node engine.
  */
-import { open, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
-import { pinnedPath } from '../../hostpath.ts'
+import { readAt } from '../../formats/io.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 import { FileHoleMap } from './file-holes.ts'
+import type { ImageFile } from './image-file.ts'
 
 /** Longest extent yielded, bytes (the copy loop cuts its own chunks). */
 const EXTENT_SPAN = 1024 * 1024 * 1024
@@ -34,57 +34,6 @@ export interface BlockTable {
   blockSize: number
   blocks: number
   dataOffset(b: number): Promise<number | null>
-}
-
-/** The open image file: descriptor, byte range (a tar member) and name. Bytes. */
-export interface ImageFile {
-  fh: FileHandle
-  /** Start of the image in the file. */
-  base: number
-  /** Length of the image in the file. */
-  length: number
-  /** A block device (no holes to look for). */
-  isBlock: boolean
-  /** Name used in messages. */
-  label: string
-}
-
-/** Options of {@link openImageFile}. Bytes. */
-export interface ImageFileOptions {
-  /** Start of the image inside the file (tar member data offset); default 0. */
-  offset?: number
-  /** Length of the image (tar member size); default: the file's size minus `offset`. */
-  length?: number
-  /** Name used in messages (e.g. `disk1.vhd in vm.tar`); defaults to the path. */
-  label?: string
-}
-
-/**
- * Opens `path` once (inside an input scope, its pinned descriptor), a regular file or a block
- * device, and checks the byte range. Throws `E_MIG_DISK_READ_FAILED` (cannot open or stat, not a
- * file, range outside the file); the caller closes `fh`.
- */
-export async function openImageFile(path: string, opts: ImageFileOptions = {}): Promise<ImageFile> {
-  const label = opts.label ?? path
-  const fail = (why: string, cause?: unknown) => new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${why}`, cause ? { cause } : {})
-  let fh: FileHandle
-  try {
-    fh = await open(pinnedPath(path), 'r')
-  } catch (e) {
-    throw fail(`cannot open: ${(e as Error).message}`, e)
-  }
-  try {
-    const st = await fh.stat()
-    if (!st.isFile() && !st.isBlockDevice()) throw fail('not a regular file or block device')
-    const base = opts.offset ?? 0
-    const length = opts.length ?? st.size - base
-    if (!Number.isSafeInteger(base) || base < 0 || !Number.isSafeInteger(length) || length < 0 || base + length > st.size)
-      throw fail(`range of ${length} bytes at offset ${base} lies outside the file (${st.size} bytes)`)
-    return { fh, base, length, isBlock: st.isBlockDevice(), label }
-  } catch (e) {
-    await fh.close().catch(() => {})
-    throw e instanceof MigError ? e : fail((e as Error).message, e)
-  }
 }
 
 /**
@@ -124,19 +73,8 @@ export class TableWindows {
   private async load(w: number): Promise<Buffer> {
     const len = this.perWindow * this.entryBytes
     const at = this.offset + w * len
-    const buf = Buffer.alloc(len)
     const want = Math.max(0, Math.min(len, this.file.length - at))
-    let got = 0
-    try {
-      while (got < want) {
-        const { bytesRead } = await this.file.fh.read(buf, got, want - got, this.file.base + at + got)
-        if (bytesRead === 0) break
-        got += bytesRead
-      }
-    } catch (e) {
-      throw new MigError('E_MIG_DISK_READ_FAILED', `${this.file.label}: read of the block table at offset ${at} failed: ${(e as Error).message}`, { cause: e })
-    }
-    return buf.subarray(0, got)
+    return readAt(this.file.fh, `${this.file.label} (block table)`, want, this.file.base + at)
   }
 }
 
@@ -211,16 +149,7 @@ class BlockMapReader implements DiskReader {
       if (at === null) buf.fill(0, done, done + n)
       else {
         const pos = this.file.base + at + (v - b * B)
-        let got = 0
-        try {
-          while (got < n) {
-            const { bytesRead } = await this.file.fh.read(buf, done + got, n - got, pos + got)
-            if (bytesRead === 0) break
-            got += bytesRead
-          }
-        } catch (e) {
-          throw this.fail(`read of ${n} bytes at offset ${v} (file offset ${pos}) failed: ${(e as Error).message}`, e)
-        }
+        const got = (await readAt(this.file.fh, this.file.label, n, pos, buf.subarray(done))).length
         if (got !== n) throw this.fail(`short read at offset ${v + got} (file offset ${pos + got}; file truncated?)`)
       }
       done += n

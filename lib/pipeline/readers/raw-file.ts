@@ -10,56 +10,23 @@
  * open descriptor (`/proc/<pid>/fd/<fd>`: the file opened once, never its name again), so the copy
  * loop may let qemu-img read it directly, and the map is taken on that same descriptor.
  */
-import { open, type FileHandle } from 'node:fs/promises'
-import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
+import { readAt } from '../../formats/io.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 import { qemuImgMap } from '../qemu-img-map.ts'
-
-/** Options of {@link openRawFileReader}. Bytes. */
-export interface RawFileReaderOptions {
-  /** Start of the disk's bytes inside the file (tar member data offset); default 0. */
-  offset?: number
-  /** Length of the disk's bytes (tar member size); default: the file's size minus `offset`. */
-  length?: number
-  /** Name used in messages (e.g. `disk1.img in vm.ova`); defaults to the path. */
-  label?: string
-}
+import { openImageFile, type ImageFileOptions } from './image-file.ts'
 
 /** Extent granularity reported by raw readers: at most 1 GiB per extent. */
 const EXTENT_SPAN = 1024 * 1024 * 1024
 
 /**
  * Opens a reader of `length` bytes at `offset` of the file `path`; `size` is `length`.
- * Throws `E_MIG_DISK_READ_FAILED` when the file cannot be opened, the range is invalid or lies
- * beyond the end of the file, and on read errors or short reads (file truncated meanwhile).
+ * Throws `E_MIG_DISK_READ_FAILED` when the file cannot be opened ({@link openImageFile}: not a
+ * file or block device, the range outside the file), and on read errors or short reads (file
+ * truncated meanwhile).
  */
-export async function openRawFileReader(path: string, opts: RawFileReaderOptions = {}): Promise<DiskReader> {
-  const label = opts.label ?? path
-  const base = opts.offset ?? 0
-  if (!Number.isSafeInteger(base) || base < 0) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: invalid offset ${base}`)
-  let fh: FileHandle
-  try {
-    fh = await open(pinnedPath(path), 'r')
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot open: ${(e as Error).message}`, { cause: e })
-  }
-  let fileSize: number
-  let isBlock = false
-  try {
-    const st = await fh.stat()
-    if (!st.isFile() && !st.isBlockDevice()) throw new Error('not a regular file')
-    isBlock = st.isBlockDevice()
-    fileSize = st.size
-  } catch (e) {
-    await fh.close().catch(() => {})
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot stat: ${(e as Error).message}`, { cause: e })
-  }
-  const size = opts.length ?? fileSize - base
-  if (!Number.isSafeInteger(size) || size < 0 || base + size > fileSize) {
-    await fh.close().catch(() => {})
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: range of ${size} bytes at offset ${base} lies beyond the end of the file (${fileSize} bytes)`)
-  }
+export async function openRawFileReader(path: string, opts: ImageFileOptions = {}): Promise<DiskReader> {
+  const { fh, base, length: size, isBlock, label } = await openImageFile(path, opts)
   let closed = false
   const qemuNode = { driver: 'raw', offset: base, size, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } }
 
@@ -81,16 +48,7 @@ export async function openRawFileReader(path: string, opts: RawFileReaderOptions
         throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of ${length} bytes at offset ${offset} is outside the disk (${size} bytes)`)
       }
       const buf = into && into.length >= length ? into.subarray(0, length) : Buffer.allocUnsafe(length)
-      let got = 0
-      try {
-        while (got < length) {
-          const { bytesRead } = await fh.read(buf, got, length - got, base + offset + got)
-          if (bytesRead === 0) break
-          got += bytesRead
-        }
-      } catch (e) {
-        throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: read of ${length} bytes at offset ${offset} failed: ${(e as Error).message}`, { cause: e })
-      }
+      const got = (await readAt(fh, label, length, base + offset, buf)).length
       if (got !== length) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: short read at offset ${offset + got} (file truncated?)`)
       return buf
     },

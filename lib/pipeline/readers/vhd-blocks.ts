@@ -21,7 +21,8 @@
 import { MigError } from '../../errors.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { readVhdInfoFrom, VHD_UNALLOCATED, vhdBitmapBytes, type VhdInfo } from '../../formats/vhd.ts'
-import { type BlockTable, type ImageFile, type ImageFileOptions, openBlockMapReader, openImageFile, TableWindows } from './block-map.ts'
+import { type BlockTable, openBlockMapReader, TableWindows } from './block-map.ts'
+import { type ImageFile, type ImageFileOptions, openImageFile } from './image-file.ts'
 
 /**
  * Most blocks read here (2^24: 32 TiB of 2 MiB blocks, the size every VHD writer uses): the BAT

@@ -19,7 +19,8 @@
 import { MigError } from '../../errors.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { batEntryAt, batIndexOfBlock, readVhdxInfoFrom, VHDX_BLOCK, type VhdxInfo } from '../../formats/vhdx.ts'
-import { type BlockTable, type ImageFile, type ImageFileOptions, openBlockMapReader, openImageFile, TableWindows } from './block-map.ts'
+import { type BlockTable, openBlockMapReader, TableWindows } from './block-map.ts'
+import { type ImageFile, type ImageFileOptions, openImageFile } from './image-file.ts'
 
 const MiB = 1024 * 1024
 /** BAT entries per window read at once (64 KiB). */

@@ -1,0 +1,11 @@
+/** The MigError a rejected promise carries, for tests that check codes and messages. */
+import { expect } from 'bun:test'
+import { MigError } from '../../lib/errors.ts'
+import { thrown } from './tmp.ts'
+
+/** The MigError `p` rejects with (the test fails when it resolves, or rejects with anything else). */
+export async function migErrorOf(p: Promise<unknown>): Promise<MigError> {
+  const e = await thrown(() => p)
+  expect(e).toBeInstanceOf(MigError)
+  return e as MigError
+}

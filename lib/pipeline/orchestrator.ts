@@ -576,8 +576,8 @@ async function copyLive(
         return null
       }
     }
-    const deltaPass = async (n: number): Promise<DeltaPassRecord> => {
-      const startedAt = deps.now()
+    /** Copies what changed since the last pass; `startedAt`: the pass's recorded start (default now). */
+    const deltaPass = async (n: number, startedAt = deps.now()): Promise<DeltaPassRecord> => {
       const next = await snap(n)
       let changed = 0
       let copyMs = 0
@@ -610,8 +610,8 @@ async function copyLive(
       }
     }
     /** Runs pass `n` and records it (and the projected downtime) on the job. */
-    const recordedPass = async (n: number): Promise<DeltaPassRecord> => {
-      const rec = await deltaPass(n)
+    const recordedPass = async (n: number, startedAt?: Date): Promise<DeltaPassRecord> => {
+      const rec = await deltaPass(n, startedAt)
       const c = ctl.job().cutover
       if (c) {
         const passes = [...c.passes, rec].slice(-20)
@@ -637,8 +637,10 @@ async function copyLive(
       const due = async () => (at !== null && deps.now().getTime() >= at) || (await deps.jobs.cutoverRequestedAt(deps.jobId)) !== null
       for (;;) {
         if (deps.signal.aborted) throw cancelled()
-        const started = deps.now().getTime()
-        await recordedPass(++passes)
+        // the pass records as its start the instant the interval is timed from
+        const startedAt = deps.now()
+        const started = startedAt.getTime()
+        await recordedPass(++passes, startedAt)
         if (await due()) break
         let fired = false
         for (let left = started + intervalMs - deps.now().getTime(); left > 0 && !fired; left = started + intervalMs - deps.now().getTime()) {

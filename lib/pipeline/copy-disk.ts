@@ -32,6 +32,7 @@ import { CHUNK_BYTES, ZERO_BUFFER, chunkExtents, splitZeroRuns, type Chunk } fro
 import { landInto, type DiskReader } from '../contracts/disk-reader.ts'
 import type { SinkVolume } from '../sink/types.ts'
 import { qemuImgCopyRange } from './qemu-img-copy.ts'
+import { prefetch } from './prefetch.ts'
 
 /**
  * Progress of a copy. Bytes. `bytes_done`: `from` plus bytes handled (written or discarded) in
@@ -379,6 +380,9 @@ async function hashPrefix(reader: DiskReader, hash: Hash, end: number, signal: A
 /** Ranges handed to qemu-img are cut on this alignment, bytes (1 MiB). */
 const RANGE_ALIGN = 1024 * 1024
 
+/** Ranges of the qemu-img engine found ahead of the one being copied (each a few numbers: memory stays flat). */
+const RANGES_AHEAD = 2
+
 /** One range of the qemu-img engine: `[offset, end)`, its data and zero extent bytes. */
 interface QemuRange {
   offset: number
@@ -428,6 +432,8 @@ async function* qemuRanges(reader: DiskReader, from: number, size: number, flush
  * The qemu-img engine of {@link copyDisk} (issue 15): the bytes are moved by `qemu-img convert`
  * ({@link qemuImgCopyRange}) one range at a time, each range holding about `flushEveryBytes` of
  * data (per the reader's extents); the migrator keeps the rest of the contract:
+ * - the ranges are found up to two ahead of the one being copied (the reader's extents walked
+ *   while qemu-img copies);
  * - after each range, `volume.flush()` (fsync of the whole volume) runs in the background while
  *   the next range copies (at most one at a time), then `onWatermark(end of the range)`; the
  *   final flush is awaited, then `onWatermark(size)`;
@@ -460,7 +466,9 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   const rate = opts.maxBytesPerSecond ?? 0
   const t0 = performance.now()
   try {
-    for await (const r of qemuRanges(reader, from, size, flushEvery, label)) {
+    // The ranges are found (the reader's extents: NBD block status, qemu-img map) up to
+    // RANGES_AHEAD ahead, while qemu-img copies the one before.
+    for await (const r of prefetch(qemuRanges(reader, from, size, flushEvery, label), RANGES_AHEAD)) {
       if (signal.aborted) throw cancelled(label, r.offset)
       const len = r.end - r.offset
       if (r.data === 0) await volume.zero(r.offset, len)

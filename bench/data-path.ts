@@ -3,7 +3,7 @@
  * migrator job against `qemu-img convert -O raw` + `sync` of the same input, alternating, in one
  * run, and one table per layout:
  *
- *   kind | qemu-img MB/s | job MB/s | copy MB/s | ratio (job/qemu-img) | allocated ref/ours | worker RSS | bytes equal
+ *   kind | qemu-img MB/s | job MB/s | copy MB/s | ratio (job/qemu-img) | allocated ref/ours (KiB, exact) | worker RSS | bytes equal
  *
  * MB/s are MiB of virtual size per second; figures are medians over the repetitions with
  * [min-max]. "job" is `POST /migrations` (offline plan, `start: false`) to `Completed` as the
@@ -277,7 +277,7 @@ try {
         'job MB/s'.padStart(18),
         'copy MB/s'.padStart(18),
         'ratio'.padStart(16),
-        'alloc ref / ours (MiB)'.padStart(24),
+        'alloc ref / ours (KiB)'.padStart(24),
         'RSS MiB'.padStart(8),
         'equal'.padStart(8),
         'reps'.padStart(5),
@@ -350,7 +350,8 @@ try {
           `${median(refSec) / median(jobSec) > 0 ? (median(refSec) / median(jobSec)).toFixed(2) : '-'} [${Math.min(...ratio).toFixed(2)}-${Math.max(...ratio).toFixed(2)}]`.padStart(
             16,
           ),
-          `${(allocatedBytes(ref) / MiB).toFixed(0)} / ${(allocatedBytes(img) / MiB).toFixed(0)}`.padStart(24),
+          // exact (st_blocks, KiB), "over" when ours is more than qemu-img's
+          `${allocatedBytes(ref) / 1024} / ${allocatedBytes(img) / 1024}${allocatedBytes(img) > allocatedBytes(ref) ? ' over' : ''}`.padStart(24),
           (peak / MiB).toFixed(0).padStart(8),
           (equal ? 'yes' : 'NO').padStart(8),
           String(repsDone).padStart(5),

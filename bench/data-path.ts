@@ -341,6 +341,9 @@ try {
       const equal = spawnSync('cmp', ['-s', img, ref]).status === 0
       if (!equal) failed = true
       const ratio = jobSec.map((s, i) => refSec[i]! / s)
+      // allocation exact (st_blocks, KiB), "over" when ours is more than qemu-img's
+      const refAlloc = allocatedBytes(ref)
+      const imgAlloc = allocatedBytes(img)
       console.log(
         [
           kind.padEnd(6),
@@ -350,8 +353,7 @@ try {
           `${median(refSec) / median(jobSec) > 0 ? (median(refSec) / median(jobSec)).toFixed(2) : '-'} [${Math.min(...ratio).toFixed(2)}-${Math.max(...ratio).toFixed(2)}]`.padStart(
             16,
           ),
-          // exact (st_blocks, KiB), "over" when ours is more than qemu-img's
-          `${allocatedBytes(ref) / 1024} / ${allocatedBytes(img) / 1024}${allocatedBytes(img) > allocatedBytes(ref) ? ' over' : ''}`.padStart(24),
+          `${refAlloc / 1024} / ${imgAlloc / 1024}${imgAlloc > refAlloc ? ' over' : ''}`.padStart(24),
           (peak / MiB).toFixed(0).padStart(8),
           (equal ? 'yes' : 'NO').padStart(8),
           String(repsDone).padStart(5),

@@ -17,7 +17,7 @@ import { MigError } from '../../errors.ts'
 import { readAt } from '../../formats/io.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 import { FileHoleMap } from './file-holes.ts'
-import type { ImageFile } from './image-file.ts'
+import { imageFileNode, type ImageFile } from './image-file.ts'
 
 /** Longest extent yielded, bytes (the copy loop cuts its own chunks). */
 const EXTENT_SPAN = 1024 * 1024 * 1024
@@ -106,10 +106,9 @@ class BlockMapReader implements DiskReader {
 
   async *extents(from: number): AsyncIterable<DiskExtent> {
     if (this.closed) throw this.fail('extents after close')
-    const { fh, base, length, isBlock, label } = this.file
+    const { length, isBlock, label } = this.file
     const B = this.table.blockSize
-    const node = { driver: 'raw', offset: base, size: length, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } }
-    const holes = new FileHoleMap({ node, size: length, label, noHoles: isBlock })
+    const holes = new FileHoleMap({ node: imageFileNode(this.file), size: length, label, noHoles: isBlock })
     this.maps.add(holes)
     let run: DiskExtent | null = null
     try {

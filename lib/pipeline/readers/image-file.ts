@@ -6,6 +6,7 @@
 import { open, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
 import { pinnedPath } from '../../hostpath.ts'
+import type { QemuNode } from '../qemu-img-copy.ts'
 
 /** The open image file: descriptor, byte range (a tar member) and name. Bytes. */
 export interface ImageFile {
@@ -56,4 +57,14 @@ export async function openImageFile(path: string, opts: ImageFileOptions = {}): 
     await fh.close().catch(() => {})
     throw e instanceof MigError ? e : fail((e as Error).message, e)
   }
+}
+
+/**
+ * The qemu block node over the image's byte range in `file`: the `raw` driver's `offset`/`size`
+ * window on the open descriptor (`/proc/<pid>/fd/<fd>`, never the name again), a `host_device` or
+ * `file` protocol node below it (qemu docs, "Block device options": raw, file, host_device).
+ */
+export function imageFileNode(file: ImageFile): QemuNode {
+  const { fh, base, length, isBlock } = file
+  return { driver: 'raw', offset: base, size: length, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } }
 }

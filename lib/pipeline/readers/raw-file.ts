@@ -14,7 +14,7 @@ import { MigError } from '../../errors.ts'
 import { readAt } from '../../formats/io.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 import { qemuImgMap } from '../qemu-img-map.ts'
-import { openImageFile, type ImageFileOptions } from './image-file.ts'
+import { imageFileNode, openImageFile, type ImageFileOptions } from './image-file.ts'
 
 /** Extent granularity reported by raw readers: at most 1 GiB per extent. */
 const EXTENT_SPAN = 1024 * 1024 * 1024
@@ -26,9 +26,10 @@ const EXTENT_SPAN = 1024 * 1024 * 1024
  * truncated meanwhile).
  */
 export async function openRawFileReader(path: string, opts: ImageFileOptions = {}): Promise<DiskReader> {
-  const { fh, base, length: size, isBlock, label } = await openImageFile(path, opts)
+  const file = await openImageFile(path, opts)
+  const { fh, base, length: size, label } = file
   let closed = false
-  const qemuNode = { driver: 'raw', offset: base, size, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } }
+  const qemuNode = imageFileNode(file)
 
   return {
     size,

@@ -4,7 +4,7 @@
  * virt-v2v's output volumes), and the job-id check that makes a job id a safe path segment and
  * dataset name.
  */
-import { constants as C, writeSync } from 'node:fs'
+import { constants as C } from 'node:fs'
 import { open, readFile, realpath, type FileHandle } from 'node:fs/promises'
 import { basename } from 'node:path'
 import { MigError } from '../errors.ts'
@@ -56,16 +56,15 @@ export async function openDirect(fh: FileHandle): Promise<FileHandle | null> {
 
 /**
  * Writes `buf` from index `done` on at `offset + done` through `h` until all of it is written or a
- * write fails, as blocking `pwrite`s on the calling thread: writes reach the file in the order
- * they are made (see {@link HandleVolume.write}). Returns the index reached and the failure, if
- * any (a write that makes no progress is ENOSPC); never throws.
+ * write fails. Resolves the index reached and the failure, if any (a write that makes no
+ * progress is ENOSPC); never rejects.
  */
-function writeAll(h: FileHandle, buf: Buffer, offset: number, done: number): { done: number; error?: unknown } {
+async function writeAll(h: FileHandle, buf: Buffer, offset: number, done: number): Promise<{ done: number; error?: unknown }> {
   try {
     while (done < buf.length) {
-      const n = writeSync(h.fd, buf, done, buf.length - done, offset + done)
-      if (n === 0) throw Object.assign(new Error('no progress (ENOSPC?)'), { code: 'ENOSPC' })
-      done += n
+      const { bytesWritten } = await h.write(buf, done, buf.length - done, offset + done)
+      if (bytesWritten === 0) throw Object.assign(new Error('no progress (ENOSPC?)'), { code: 'ENOSPC' })
+      done += bytesWritten
     }
     return { done }
   } catch (error) {
@@ -88,11 +87,6 @@ export type Discarder = (offset: number, length: number) => Promise<boolean>
  * are multiples of {@link DIRECT_ALIGN} go through it (and qemu-img writes with `-t none`); the
  * rest, and any the kernel refuses with EINVAL (a buffer not aligned in memory), through the page
  * cache. `flush()` fsyncs the file, which covers both.
- * Writes are blocking `pwrite`s on the calling thread, so they reach the file in the order the
- * copy loop makes them (disk order): a file system allocates the file's extents in that order,
- * as for qemu-img's in-order writes. Writes racing on the thread pool landed out of order and
- * grew ext4's extent tree: 8 GiB `alternating` layout (4 GiB of 64 KiB pieces), 4,195,952-4,196,508
- * KiB allocated against qemu-img's 4,195,080, and 8.1-9.9 s against 7.3-8.5 s in order (issue 15).
  */
 export class HandleVolume implements SinkVolume {
   private writtenEnd = 0
@@ -162,7 +156,7 @@ export class HandleVolume implements SinkVolume {
     let done = 0
     const direct = this.opts.direct
     if (direct && this.cacheLeft() <= 0 && offset % DIRECT_ALIGN === 0 && buf.length % DIRECT_ALIGN === 0) {
-      const d = writeAll(direct, buf, offset, 0)
+      const d = await writeAll(direct, buf, offset, 0)
       // EINVAL: the kernel refused this buffer's memory alignment (or a short write left the rest
       // unaligned); the page cache takes the rest.
       if (d.error && (d.error as NodeJS.ErrnoException).code !== 'EINVAL')
@@ -170,7 +164,7 @@ export class HandleVolume implements SinkVolume {
       done = d.done
     }
     const cached = buf.length - done
-    const r = writeAll(this.fh, buf, offset, done)
+    const r = await writeAll(this.fh, buf, offset, done)
     if (r.error) throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + r.done, r.error)
     this.cachedBytes += cached
     if (offset + buf.length > this.writtenEnd) this.writtenEnd = offset + buf.length
@@ -179,7 +173,7 @@ export class HandleVolume implements SinkVolume {
   private async fill(offset: number, length: number): Promise<void> {
     for (let o = offset; o < offset + length; ) {
       const n = Math.min(ZERO_BUFFER.length, offset + length - o)
-      const r = writeAll(this.fh, ZERO_BUFFER.subarray(0, n), o, 0)
+      const r = await writeAll(this.fh, ZERO_BUFFER.subarray(0, n), o, 0)
       if (r.error) throw writeFailed(this.path, `zero-fill of ${length} bytes`, o + r.done, r.error)
       o += n
     }

@@ -505,8 +505,10 @@ export async function checkXvaBlock(label: string, block: XvaBlock, data: Uint8A
     throw malformed(label, `checksum member ${name} does not hold a ${d.name} hex digest (${d.hexDigits} hex digits)`, { member: name })
   let got: string
   if (block.checksum.algorithm === 'sha1') {
-    // `data` is a Buffer or a view of one: never backed by a SharedArrayBuffer.
-    got = Buffer.from(await crypto.subtle.digest('SHA-1', data as Uint8Array<ArrayBuffer>)).toString('hex')
+    // WebCrypto refuses a view on a SharedArrayBuffer (the copy loop's buffers are, for the
+    // volume's writer thread): it then gets a copy, as it would make one itself.
+    const bytes = data.buffer instanceof SharedArrayBuffer ? new Uint8Array(data) : data
+    got = Buffer.from(await crypto.subtle.digest('SHA-1', bytes as Uint8Array<ArrayBuffer>)).toString('hex')
   } else {
     const now = xxh64Hex(data)
     if (now !== null) got = now

@@ -6,7 +6,9 @@
  *   (spec 8); zero extents are never read, they become zero runs.
  * - Keeps up to `readAhead` reads (default 4) and the writes of up to `writeDepth` chunks
  *   (default 2) in flight so reading and writing overlap; reads reuse a fixed pool of 4 MiB
- *   buffers, so memory stays flat (at most `readAhead + writeDepth + 1` chunk buffers).
+ *   buffers, so memory stays flat (at most `readAhead + writeDepth + 1` chunk buffers). The
+ *   buffers are on `SharedArrayBuffer`s: the volume's writer thread writes from them without a
+ *   copy (lib/sink/writer-thread.ts).
  * - Each chunk read is cut into data and zero segments at the volume's block size; data is
  *   written, adjacent zero segments and zero extents are merged into runs discarded with
  *   `volume.zero()`.
@@ -162,7 +164,7 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
         queue.push({ chunk: c })
         continue
       }
-      const buf = pool.pop() ?? Buffer.allocUnsafe(CHUNK_BYTES)
+      const buf = pool.pop() ?? Buffer.from(new SharedArrayBuffer(CHUNK_BYTES))
       const read = readChunk(reader, c, buf)
       read.catch(() => {}) // observed when its turn comes
       queue.push({ chunk: c, read, buf })
@@ -482,6 +484,7 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
           offset: r.offset,
           length: len,
           targetIsZero,
+          outOfOrder: !target.inOrder,
           targetDirect: target.takeDirect(r.data),
           maxBytesPerSecond: opts.maxBytesPerSecond,
           signal,

@@ -8,13 +8,17 @@
  * (qemu `docs/system/qemu-block-drivers`, QAPI `BlockdevOptionsRaw`), passed as `json:` node
  * specifications (no file name is parsed for a protocol prefix):
  *
- *   qemu-img convert -n -W -p [--target-is-zero] [-t none] [-r <bytes/s>]
+ *   qemu-img convert -n [-W] -p [--target-is-zero] [-t none] [-r <bytes/s>]
  *     'json:{"driver":"raw","offset":O,"size":L,"file":<source node>}'
  *     'json:{"driver":"raw","offset":O,"size":L,"file":<target node>}'
  *
- * - `-n`: the target exists (the sink created and sized it); `-W`: out-of-order writes (the copy
- *   loop fsyncs the whole range before it reports a watermark, so order inside a range does not
- *   matter); `-p`: progress, parsed from stdout (`(NN.NN/100%)`).
+ * - `-n`: the target exists (the sink created and sized it); `-p`: progress, parsed from stdout
+ *   (`(NN.NN/100%)`).
+ * - `-W` (out-of-order writes) only into a block device: the copy loop fsyncs the whole range
+ *   before it reports a watermark, so order inside a range does not matter to resume, but into
+ *   an image file writes landing out of disk order grow ext4's extent tree, and the file then
+ *   takes more blocks than `qemu-img convert`'s own (issue 15, measured on an 8 GiB disk of
+ *   65,536 64 KiB extents: 92-560 KiB more); in order, the whole job was 12-29% slower there.
  * - Zeros are never written: qemu-img skips what its block status or its 4 KiB scan finds zero;
  *   with `--target-is-zero` (a range of a fresh volume nothing was written to) it does nothing
  *   for them, otherwise it first discards the range (`BDRV_REQ_MAY_UNMAP`: punch-hole on a file,
@@ -40,6 +44,8 @@ export interface QemuImgCopyRangeOptions {
   length: number
   /** The range of the target reads as zeros already (fresh volume, never written there). */
   targetIsZero: boolean
+  /** Let qemu-img write out of order (`-W`; see the module comment). */
+  outOfOrder?: boolean
   /** Write the target with `-t none` (cache=none, `O_DIRECT`: past the page cache). */
   targetDirect?: boolean
   /** qemu-img's rate limit, bytes per second (0: none). */
@@ -67,7 +73,8 @@ const window = (node: QemuNode, offset: number, length: number): string => `json
 export function qemuImgCopyRange(o: QemuImgCopyRangeOptions): Promise<void> {
   const at = `${o.label}: qemu-img convert of ${o.length} bytes at offset ${o.offset}`
   if (o.signal.aborted) return Promise.reject(new MigError('E_MIG_CANCELLED', `${o.label}: copy cancelled at offset ${o.offset}`))
-  const args = ['convert', '-n', '-W', '-p']
+  const args = ['convert', '-n', '-p']
+  if (o.outOfOrder) args.push('-W')
   if (o.targetIsZero) args.push('--target-is-zero')
   if (o.targetDirect) args.push('-t', 'none')
   if (o.maxBytesPerSecond && o.maxBytesPerSecond > 0) args.push('-r', String(Math.max(1, Math.floor(o.maxBytesPerSecond))))

@@ -31,9 +31,18 @@ export interface SinkVolume {
    * (a fresh volume never written there); `noteWritten(end)` records that bytes up to `end` may
    * have been written outside `write()`; `takeDirect(length)`: whether qemu writes the next
    * `length` data bytes with `-t none` (cache=none, `O_DIRECT`: past the page cache); when not,
-   * they are counted against the volume's page-cache budget.
+   * they are counted against the volume's page-cache budget. `inOrder`: qemu must write in disk
+   * order (an image file: writes out of order grow its file system's extent tree, so the file
+   * takes more blocks than `qemu-img convert`'s); a block device takes out-of-order writes
+   * (`qemu-img -W`).
    */
-  qemuTarget?: { node: Record<string, unknown>; takeDirect(length: number): boolean; isZero(offset: number): boolean; noteWritten(end: number): void }
+  qemuTarget?: {
+    node: Record<string, unknown>
+    inOrder: boolean
+    takeDirect(length: number): boolean
+    isZero(offset: number): boolean
+    noteWritten(end: number): void
+  }
   write(offset: number, buf: Buffer): Promise<void>
   zero(offset: number, length: number): Promise<void>
   flush(): Promise<void>

@@ -8,8 +8,8 @@ import { constants as C } from 'node:fs'
 import { open, readFile, realpath, type FileHandle } from 'node:fs/promises'
 import { basename } from 'node:path'
 import { MigError } from '../errors.ts'
-import { ZERO_BUFFER } from '../pipeline/chunker.ts'
 import type { SinkVolume } from './types.ts'
+import { WriterThread, type WriteOutcome } from './writer-thread.ts'
 
 /** Zero runs shorter than this are written as zeros instead of discarded (a discard spawns a process), bytes. */
 export const DISCARD_MIN_BYTES = 1024 * 1024
@@ -54,24 +54,6 @@ export async function openDirect(fh: FileHandle): Promise<FileHandle | null> {
   return open(`/proc/self/fd/${fh.fd}`, C.O_WRONLY | C.O_DIRECT).catch(() => null)
 }
 
-/**
- * Writes `buf` from index `done` on at `offset + done` through `h` until all of it is written or a
- * write fails. Resolves the index reached and the failure, if any (a write that makes no
- * progress is ENOSPC); never rejects.
- */
-async function writeAll(h: FileHandle, buf: Buffer, offset: number, done: number): Promise<{ done: number; error?: unknown }> {
-  try {
-    while (done < buf.length) {
-      const { bytesWritten } = await h.write(buf, done, buf.length - done, offset + done)
-      if (bytesWritten === 0) throw Object.assign(new Error('no progress (ENOSPC?)'), { code: 'ENOSPC' })
-      done += bytesWritten
-    }
-    return { done }
-  } catch (error) {
-    return { done, error }
-  }
-}
-
 /** How a {@link HandleVolume} discards a range: resolves true when done, false to fall back to zero-fill. */
 export type Discarder = (offset: number, length: number) => Promise<boolean>
 
@@ -86,13 +68,15 @@ export type Discarder = (offset: number, length: number) => Promise<boolean>
  * {@link PAGE_CACHE_BYTES}) of data went through the page cache, writes whose offset and length
  * are multiples of {@link DIRECT_ALIGN} go through it (and qemu-img writes with `-t none`); the
  * rest, and any the kernel refuses with EINVAL (a buffer not aligned in memory), through the page
- * cache. `flush()` fsyncs the file, which covers both.
+ * cache. Writes and zero-fills are done in the order they were called, on the volume's
+ * {@link WriterThread}. `flush()` waits for them and fsyncs the file, which covers both handles.
  */
 export class HandleVolume implements SinkVolume {
   private writtenEnd = 0
   private closed = false
   /** Data bytes written through the page cache so far (see `pageCacheBytes`). */
   private cachedBytes = 0
+  private readonly writer = new WriterThread()
 
   constructor(
     private readonly fh: FileHandle,
@@ -111,6 +95,7 @@ export class HandleVolume implements SinkVolume {
     if (opts.qemuDriver) {
       this.qemuTarget = {
         node: { driver: opts.qemuDriver, filename: path },
+        inOrder: opts.qemuDriver === 'file',
         takeDirect: (length: number) => {
           if (this.cacheLeft() > 0 || !this.opts.direct) {
             this.cachedBytes += length
@@ -148,35 +133,29 @@ export class HandleVolume implements SinkVolume {
   }
 
   /**
-   * Writes all of `buf` at `offset`: through the O_DIRECT handle when it is aligned (see the
-   * class), else through the page cache. `E_MIG_DISK_WRITE_FAILED` (ENOSPC, EIO, out of range).
+   * Writes all of `buf` at `offset` (bytes): through the O_DIRECT handle when it is aligned (see
+   * the class), else through the page cache; after the writes called before it. Resolves when
+   * written. `E_MIG_DISK_WRITE_FAILED` (ENOSPC, EIO, out of range), naming the volume and the
+   * offset where the write stopped.
    */
   async write(offset: number, buf: Buffer): Promise<void> {
     this.check('write', offset, buf.length)
-    let done = 0
     const direct = this.opts.direct
-    if (direct && this.cacheLeft() <= 0 && offset % DIRECT_ALIGN === 0 && buf.length % DIRECT_ALIGN === 0) {
-      const d = await writeAll(direct, buf, offset, 0)
-      // EINVAL: the kernel refused this buffer's memory alignment (or a short write left the rest
-      // unaligned); the page cache takes the rest.
-      if (d.error && (d.error as NodeJS.ErrnoException).code !== 'EINVAL')
-        throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + d.done, d.error)
-      done = d.done
-    }
-    const cached = buf.length - done
-    const r = await writeAll(this.fh, buf, offset, done)
-    if (r.error) throw writeFailed(this.path, `write of ${buf.length} bytes`, offset + r.done, r.error)
-    this.cachedBytes += cached
+    const viaDirect = !!direct && this.cacheLeft() <= 0 && offset % DIRECT_ALIGN === 0 && buf.length % DIRECT_ALIGN === 0
+    if (!viaDirect) this.cachedBytes += buf.length
+    const o = await this.writer.write(viaDirect ? direct.fd : this.fh.fd, this.fh.fd, offset, buf)
+    if (o.fellBack) this.cachedBytes += buf.length
+    this.landed(`write of ${buf.length} bytes`, offset, o)
     if (offset + buf.length > this.writtenEnd) this.writtenEnd = offset + buf.length
   }
 
+  /** Throws `E_MIG_DISK_WRITE_FAILED` for an outcome with an error, at the offset it reached. */
+  private landed(what: string, offset: number, o: WriteOutcome): void {
+    if (o.error) throw writeFailed(this.path, what, offset + o.done, Object.assign(new Error(o.error.message), { code: o.error.code }))
+  }
+
   private async fill(offset: number, length: number): Promise<void> {
-    for (let o = offset; o < offset + length; ) {
-      const n = Math.min(ZERO_BUFFER.length, offset + length - o)
-      const r = await writeAll(this.fh, ZERO_BUFFER.subarray(0, n), o, 0)
-      if (r.error) throw writeFailed(this.path, `zero-fill of ${length} bytes`, o + r.done, r.error)
-      o += n
-    }
+    if (length > 0) this.landed(`zero-fill of ${length} bytes`, offset, await this.writer.zeros(this.fh.fd, offset, length))
   }
 
   /**
@@ -206,6 +185,7 @@ export class HandleVolume implements SinkVolume {
   /** fsync: everything written or zeroed before is durable afterwards. `E_MIG_DISK_WRITE_FAILED`. */
   async flush(): Promise<void> {
     if (this.closed) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${this.path}: flush after close`)
+    await this.writer.drain()
     try {
       await this.fh.sync()
     } catch (e) {
@@ -213,10 +193,11 @@ export class HandleVolume implements SinkVolume {
     }
   }
 
-  /** Closes the handle; never throws. */
+  /** Waits for the writes called before, ends the writer thread and closes the handles; never throws. */
   async close(): Promise<void> {
     if (this.closed) return
     this.closed = true
+    await this.writer.close()
     await this.opts.direct?.close().catch(() => {})
     await this.fh.close().catch(() => {})
   }

@@ -53,13 +53,17 @@ interface Running {
 }
 
 /**
- * Under Bun, the worker's JavaScriptCore heap is sized as if the machine had 256 MiB of RAM
- * (`BUN_JSC_forceRAMSize`, unless the operator set it), so its collector keeps up with the copy
- * loop's buffer churn: the worker's peak RSS on a 4 GiB import drops from 196-215 MiB to
- * 174-187 MiB at the same throughput (bench/import.ts). Node needs nothing (148 MiB).
+ * Under Bun, the worker's JavaScriptCore heap is sized as if the machine had 128 MiB of RAM
+ * (`BUN_JSC_forceRAMSize`, unless the operator set it), so its collector keeps up with the
+ * garbage of socket reads (a vim_api copy's datastore HTTPS reads) and the copy loop's buffer
+ * churn. Measured with bench/vim-job.ts, 8 GiB `long`, 2 jobs each, one after the other
+ * (sixteenth session): worker peak RSS 188 MiB with 256 MiB (201 in a third run), 160 with
+ * 128 MiB, against the issue's 200; job 340 against 313 MB/s, within this machine's spread. At
+ * 256 MiB a 4 GiB import had dropped from 196-215 MiB to 174-187 (bench/import.ts). Node needs
+ * nothing (148 MiB).
  */
 const BUN_WORKER_ENV: Record<string, string> =
-  process.versions.bun && !process.env.BUN_JSC_forceRAMSize ? { BUN_JSC_forceRAMSize: String(256 * 1024 * 1024) } : {}
+  process.versions.bun && !process.env.BUN_JSC_forceRAMSize ? { BUN_JSC_forceRAMSize: String(128 * 1024 * 1024) } : {}
 
 /**
  * Path of the worker entry: under Bun the bytecode bundle when it is fresh

@@ -58,8 +58,8 @@ parentPort.on('message', (batch) => {
 
 /**
  * The writer thread of one volume. The thread starts at the first write and ends at
- * {@link close}; it never keeps the process alive. Writes are sent in batches, one per turn of
- * the event loop, and done in the order of the calls.
+ * {@link close}; it keeps the process alive only while writes are pending. Writes are sent in
+ * batches, one per turn of the event loop, and done in the order of the calls.
  */
 export class WriterThread {
   private worker: Worker | null = null
@@ -67,7 +67,7 @@ export class WriterThread {
   private batch: WriteMessage[] = []
   private transfer: ArrayBuffer[] = []
   private nextId = 1
-  private last: Promise<unknown> = Promise.resolve()
+  private last: Promise<WriteOutcome | void> = Promise.resolve()
   private failure: Error | null = null
 
   /**
@@ -92,7 +92,7 @@ export class WriterThread {
 
   /** Resolves once every write sent before is done (whatever its outcome). */
   async drain(): Promise<void> {
-    await this.last.catch(() => {})
+    await this.last
   }
 
   /** Waits for the writes sent before, then ends the thread. Never throws. */
@@ -124,19 +124,22 @@ export class WriterThread {
     this.batch = []
     this.transfer = []
     if (batch.length === 0) return
-    this.thread().postMessage(batch, transfer)
+    const w = this.thread()
+    w.ref()
+    w.postMessage(batch, transfer)
   }
 
   private thread(): Worker {
     if (this.worker) return this.worker
     const w = new Worker(SCRIPT, { eval: true })
-    w.unref()
     w.on('message', (out: Array<WriteOutcome & { id: number }>) => {
       for (const o of out) {
         const resolve = this.waiting.get(o.id)
         this.waiting.delete(o.id)
         resolve?.(o)
       }
+      // Idle: the thread no longer keeps the process alive.
+      if (this.waiting.size === 0) w.unref()
     })
     const die = (e: unknown) => {
       this.failure = e instanceof Error ? e : new Error(`writer thread ended (${String(e)})`)

@@ -1,0 +1,139 @@
+/**
+ * A `worker_threads` thread running a short script string (issue 15): the data path's helpers
+ * that must leave the job's event loop free (a volume's ordered writes, lib/sink/writer-thread.ts;
+ * SHA-1 of XVA blocks, lib/crypto/sha1-threads.ts). The script is run with `eval` and may only
+ * `require` Node's built-in modules, so it runs alike under Bun (also from the bundled job worker)
+ * and from Node's compiled output.
+ *
+ * Calls made in one turn of the event loop go to the thread as one message (an array) and are
+ * handled in call order; the thread answers each batch with one array. The thread starts at the
+ * first call, keeps the process alive only while calls are pending, and ends at {@link close}.
+ */
+import { Worker } from 'node:worker_threads'
+
+/**
+ * The thread: `handler` is the source of a function expression `(request) => result` (it may
+ * use the script's `require`); a request that throws answers `{ error: { code, message } }`.
+ */
+function script(handler: string): string {
+  return `
+const { parentPort } = require('node:worker_threads')
+const handle = ${handler}
+parentPort.on('message', (batch) => {
+  parentPort.postMessage(batch.map((m) => {
+    try { return { id: m.id, result: handle(m.request) } }
+    catch (e) { return { id: m.id, error: { code: e && e.code, message: String((e && e.message) || e) } } }
+  }))
+})
+`
+}
+
+/** A call the thread could not answer: the handler threw (`code` its errno code, if any), or the thread died. */
+export class ScriptThreadError extends Error {
+  constructor(
+    message: string,
+    readonly code?: string,
+  ) {
+    super(message)
+  }
+}
+
+type Answer<Res> = { id: number; result?: Res; error?: { code?: string; message: string } }
+
+/**
+ * One thread running `handler` (see {@link script}) on requests of type `Req`, answering `Res`.
+ * `name` prefixes the messages of a dead thread.
+ */
+export class ScriptThread<Req, Res> {
+  private worker: Worker | null = null
+  private readonly waiting = new Map<number, { resolve(r: Res): void; reject(e: Error): void }>()
+  private batch: Array<{ id: number; request: Req }> = []
+  private transfer: ArrayBuffer[] = []
+  private nextId = 1
+  private last: Promise<unknown> = Promise.resolve()
+  private failure: Error | null = null
+  private readonly source: string
+
+  constructor(
+    handler: string,
+    private readonly name: string,
+  ) {
+    this.source = script(handler)
+  }
+
+  /**
+   * Sends `request` (and moves the buffers in `transfer` to the thread). Resolves the handler's
+   * result; rejects with a {@link ScriptThreadError} when the handler threw or the thread died.
+   * A request's views on a `SharedArrayBuffer` reach the thread without a copy: the caller keeps
+   * that memory unchanged until the call settles.
+   */
+  call(request: Req, transfer?: ArrayBuffer): Promise<Res> {
+    if (this.failure) return Promise.reject(this.dead())
+    const id = this.nextId++
+    const p = new Promise<Res>((resolve, reject) => this.waiting.set(id, { resolve, reject }))
+    if (this.batch.length === 0) setImmediate(() => this.post())
+    this.batch.push({ id, request })
+    if (transfer) this.transfer.push(transfer)
+    this.last = p
+    return p
+  }
+
+  /** Calls pending (sent and not yet answered). */
+  get pending(): number {
+    return this.waiting.size
+  }
+
+  /** Resolves once every call made before is answered (whatever the answer). */
+  async drain(): Promise<void> {
+    await this.last.catch(() => {})
+  }
+
+  /** Waits for the calls made before, then ends the thread. Never throws. */
+  async close(): Promise<void> {
+    await this.drain()
+    const w = this.worker
+    this.worker = null
+    await w?.terminate().catch(() => {})
+  }
+
+  private dead(): ScriptThreadError {
+    return new ScriptThreadError(`${this.name}: ${this.failure?.message}`)
+  }
+
+  private post(): void {
+    const batch = this.batch
+    const transfer = this.transfer
+    this.batch = []
+    this.transfer = []
+    if (batch.length === 0) return
+    const w = this.thread()
+    w.ref()
+    w.postMessage(batch, transfer)
+  }
+
+  private thread(): Worker {
+    if (this.worker) return this.worker
+    const w = new Worker(this.source, { eval: true })
+    w.on('message', (answers: Answer<Res>[]) => {
+      for (const a of answers) {
+        const p = this.waiting.get(a.id)
+        this.waiting.delete(a.id)
+        if (a.error) p?.reject(new ScriptThreadError(a.error.message, a.error.code))
+        else p?.resolve(a.result as Res)
+      }
+      // Idle: the thread no longer keeps the process alive.
+      if (this.waiting.size === 0) w.unref()
+    })
+    const die = (e: unknown) => {
+      this.failure = e instanceof Error ? e : new Error(`thread ended (${String(e)})`)
+      for (const p of this.waiting.values()) p.reject(this.dead())
+      this.waiting.clear()
+    }
+    w.on('error', die)
+    w.on('exit', (code) => {
+      if (this.worker === w) die(new Error(`thread exited with code ${code}`))
+    })
+    this.worker = w
+    return w
+  }
+}

@@ -19,6 +19,7 @@
  */
 
 import { createXXHash64, type IHasher } from 'hash-wasm'
+import { sha1Hex, xxh64HexOnThread } from '../crypto/hash-threads.ts'
 import { normalizeMac } from '../mac.ts'
 import { malformed, openRead, readAt } from './io.ts'
 import type { TarMember } from './tar.ts'
@@ -488,10 +489,11 @@ const DIGESTS = {
  * Checks one block's bytes (`data`, the whole block) against the text of its checksum companion
  * (xapi `stream_vdi`): a `.checksum` holds a SHA-1 hex digest (older xapi), an `.xxhash` the XXH64
  * (seed 0) as 16 hex digits (xapi writes `%016LX`; either case and surrounding white space are
- * accepted). `data` is read at the call, before this returns its promise, so the caller may reuse
- * the buffer at once: the SHA-1 runs on WebCrypto's thread pool (`crypto.subtle.digest` copies its
- * input at the call, Bun and Node), the XXH64 on the calling thread ({@link xxh64Hex}; under Node
- * the first call copies `data` while the hasher loads). A block without a companion
+ * accepted). The caller keeps `data` unchanged until the promise settles: the SHA-1 runs off the
+ * event loop ({@link sha1Hex}: a `SharedArrayBuffer` view hashed in place on a hashing thread,
+ * any other copied to WebCrypto), the XXH64 likewise under Bun ({@link xxh64HexOnThread}), else on
+ * the calling thread ({@link xxh64Hex}; under Node the first call copies `data` while the hasher
+ * loads). A block without a companion
  * resolves at once. `label` names the archive in messages. Rejects with `E_MIG_MALFORMED_ARCHIVE`
  * when the companion holds no digest of its kind, or when the digests differ (details: `member`,
  * `expected`, `actual`).
@@ -505,12 +507,9 @@ export async function checkXvaBlock(label: string, block: XvaBlock, data: Uint8A
     throw malformed(label, `checksum member ${name} does not hold a ${d.name} hex digest (${d.hexDigits} hex digits)`, { member: name })
   let got: string
   if (block.checksum.algorithm === 'sha1') {
-    // WebCrypto refuses a view on a SharedArrayBuffer (the copy loop's buffers are, for the
-    // volume's writer thread): it then gets a copy, as it would make one itself.
-    const bytes = data.buffer instanceof SharedArrayBuffer ? new Uint8Array(data) : data
-    got = Buffer.from(await crypto.subtle.digest('SHA-1', bytes as Uint8Array<ArrayBuffer>)).toString('hex')
+    got = await sha1Hex(data)
   } else {
-    const now = xxh64Hex(data)
+    const now = (await xxh64HexOnThread(data)) ?? xxh64Hex(data)
     if (now !== null) got = now
     else {
       const copy = new Uint8Array(data) // a copy (Buffer#slice would share the bytes)

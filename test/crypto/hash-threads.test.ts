@@ -1,0 +1,96 @@
+/**
+ * Hashing threads (lib/crypto/hash-threads.ts) and the script thread they run on
+ * (lib/script-thread.ts): digests of SharedArrayBuffer views computed in place on a thread equal
+ * the reference digests; other views go through WebCrypto / the caller's thread; a handler's
+ * error and a dead thread are rejections, never hangs; the same code runs under Node (compiled).
+ */
+import { afterAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { createHash, randomBytes } from 'node:crypto'
+import * as path from 'node:path'
+import { sha1Hex, xxh64HexOnThread } from '../../lib/crypto/hash-threads.ts'
+import { ScriptThread, ScriptThreadError } from '../../lib/script-thread.ts'
+import { ensureNodeBuild } from '../helpers/server.ts'
+
+const MiB = 1024 * 1024
+const REPO = path.resolve(import.meta.dir, '../..')
+
+/** `n` random bytes at offset 4096 of a SharedArrayBuffer (a view not at the buffer's start). */
+function sharedView(n: number): Buffer {
+  const b = Buffer.from(new SharedArrayBuffer(n + 8192), 4096, n)
+  randomBytes(n).copy(b)
+  return b
+}
+
+describe('hashing threads', () => {
+  test('SHA-1 of many SharedArrayBuffer views at once, and of ordinary buffers, equals node:crypto', async () => {
+    const views = Array.from({ length: 24 }, (_, i) => sharedView(MiB - i * 4096))
+    const got = await Promise.all(views.map((v) => sha1Hex(v)))
+    expect(got).toEqual(views.map((v) => createHash('sha1').update(v).digest('hex')))
+    const plain = randomBytes(MiB + 3)
+    expect(await sha1Hex(plain)).toBe(createHash('sha1').update(plain).digest('hex'))
+  })
+
+  test('XXH64 on a thread (Bun) equals Bun.hash.xxHash64; an ordinary buffer is left to the caller (null)', async () => {
+    const v = sharedView(MiB)
+    expect(await xxh64HexOnThread(v)).toBe(Bun.hash.xxHash64(v).toString(16).padStart(16, '0'))
+    expect(xxh64HexOnThread(Buffer.alloc(16))).toBeNull()
+  })
+
+  test('a changed byte changes the digest (the thread reads the memory it was given, not a stale copy)', async () => {
+    const v = sharedView(MiB)
+    const before = await sha1Hex(v)
+    v[MiB - 1] = (v[MiB - 1]! + 1) & 0xff
+    const after = await sha1Hex(v)
+    expect(after).not.toBe(before)
+    expect(after).toBe(createHash('sha1').update(v).digest('hex'))
+  })
+})
+
+describe('script thread', () => {
+  const threads: Array<ScriptThread<unknown, unknown>> = []
+  afterAll(async () => {
+    for (const t of threads) await t.close()
+  })
+
+  test('answers in call order; a handler that throws is a ScriptThreadError with its errno code; later calls still run', async () => {
+    const t = new ScriptThread<number, number>(
+      `(n) => { if (n < 0) { const e = new Error('negative ' + n); e.code = 'EDOM'; throw e } return n * 2 }`,
+      'doubler',
+    )
+    threads.push(t as ScriptThread<unknown, unknown>)
+    const calls = [1, 2, -3, 4].map((n) => t.call(n).catch((e: unknown) => e))
+    const out = await Promise.all(calls)
+    expect(out[0]).toBe(2)
+    expect(out[1]).toBe(4)
+    expect(out[2]).toBeInstanceOf(ScriptThreadError)
+    expect((out[2] as ScriptThreadError).code).toBe('EDOM')
+    expect((out[2] as ScriptThreadError).message).toBe('negative -3')
+    expect(out[3]).toBe(8)
+    expect(t.pending).toBe(0)
+  })
+
+  test('a thread that dies rejects what was pending and every later call, naming the thread', async () => {
+    const t = new ScriptThread<number, number>(`(n) => { if (n === 0) process.exit(7); return n }`, 'fragile')
+    threads.push(t as ScriptThread<unknown, unknown>)
+    expect(await t.call(5)).toBe(5)
+    const dying = await t.call(0).catch((e: Error) => e)
+    expect(dying).toBeInstanceOf(ScriptThreadError)
+    expect((dying as Error).message).toContain('fragile: thread exited with code 7')
+    const later = await t.call(1).catch((e: Error) => e)
+    expect((later as Error).message).toContain('fragile')
+    await t.drain() // settles, never hangs
+  })
+
+  test('under Node (compiled output): SHA-1 of a SharedArrayBuffer view on a thread equals node:crypto', async () => {
+    await ensureNodeBuild()
+    const script = `
+      const { sha1Hex, xxh64HexOnThread } = require(${JSON.stringify(path.join(REPO, 'dist/lib/crypto/hash-threads.js'))})
+      const b = Buffer.from(new SharedArrayBuffer(1 << 20)); b.fill(7, 0, 1000)
+      sha1Hex(b).then((h) => console.log(JSON.stringify({ h, want: require('node:crypto').createHash('sha1').update(b).digest('hex'), xxh: xxh64HexOnThread(b) })))
+    `
+    const out = JSON.parse(execFileSync('node', ['-e', script], { encoding: 'utf8', timeout: 30_000 }))
+    expect(out.h).toBe(out.want)
+    expect(out.xxh).toBeNull()
+  })
+})

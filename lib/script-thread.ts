@@ -1,7 +1,7 @@
 /**
  * A `worker_threads` thread running a short script string (issue 15): the data path's helpers
  * that must leave the job's event loop free (a volume's ordered writes, lib/sink/writer-thread.ts;
- * SHA-1 of XVA blocks, lib/crypto/sha1-threads.ts). The script is run with `eval` and may only
+ * the XVA block digests, lib/crypto/hash-threads.ts). The script is run with `eval` and may only
  * `require` Node's built-in modules, so it runs alike under Bun (also from the bundled job worker)
  * and from Node's compiled output.
  *

@@ -1,11 +1,11 @@
 /**
  * Block digests off the job's event loop (issue 15): the XVA reader checks every 1 MiB block
- * against its `.checksum` (SHA-1) or `.xxhash` (XXH64) companion, and on the event loop those
- * digests held the copy of an 8 GiB archive to about 900 MB/s with SHA-1 (with the copy WebCrypto
- * needs of a `SharedArrayBuffer` view, and its garbage) and about 1,200 MB/s with XXH64. Here a
- * view on a `SharedArrayBuffer` (the copy loop's buffers) is hashed in place on one of a few
- * {@link ScriptThread}s: SHA-1 with `node:crypto`, XXH64 with `Bun.hash.xxHash64` (under Bun only;
- * Node has no native XXH64).
+ * against its `.checksum` (SHA-1) or `.xxhash` (XXH64) companion. With the SHA-1 on the event
+ * loop (after the copy WebCrypto needs of a `SharedArrayBuffer` view, and that copy's garbage)
+ * an 8 GiB archive's job ran at about 900 MB/s, with it here at about 1,450 (8 GiB `long`,
+ * docs/benchmark-history.md, seventeenth session). Here a view on a `SharedArrayBuffer` (the copy
+ * loop's buffers) is hashed in place on one of a few {@link ScriptThread}s: SHA-1 with
+ * `node:crypto`, XXH64 with `Bun.hash.xxHash64` (under Bun only; Node has no native XXH64).
  */
 import { availableParallelism } from 'node:os'
 import { ScriptThread } from '../script-thread.ts'

@@ -493,8 +493,7 @@ const DIGESTS = {
  * event loop ({@link sha1Hex}: a `SharedArrayBuffer` view hashed in place on a hashing thread,
  * any other copied to WebCrypto), the XXH64 likewise under Bun ({@link xxh64HexOnThread}), else on
  * the calling thread ({@link xxh64Hex}; under Node the first call copies `data` while the hasher
- * loads). A block without a companion
- * resolves at once. `label` names the archive in messages. Rejects with `E_MIG_MALFORMED_ARCHIVE`
+ * loads). A block without a companion resolves at once. `label` names the archive in messages. Rejects with `E_MIG_MALFORMED_ARCHIVE`
  * when the companion holds no digest of its kind, or when the digests differ (details: `member`,
  * `expected`, `actual`).
  */

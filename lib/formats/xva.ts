@@ -18,8 +18,7 @@
  * 4 MiB cap, prototype-safe maps).
  */
 
-import { createXXHash64, type IHasher } from 'hash-wasm'
-import { sha1Hex, xxh64HexOnThread } from '../crypto/hash-threads.ts'
+import { sha1Hex, xxh64Hex } from '../crypto/hash-threads.ts'
 import { normalizeMac } from '../mac.ts'
 import { malformed, openRead, readAt } from './io.ts'
 import type { TarMember } from './tar.ts'
@@ -463,22 +462,6 @@ export function indexXvaBlocks(
   return { dirs, ignored }
 }
 
-/** Under Node, the XXH64 hasher (seed 0), loaded on first use: hash-wasm's WebAssembly build. */
-let wasmXxh64: IHasher | null = null
-
-/**
- * XXH64 (seed 0) of `data` as 16 lower-case hex digits, computed at the call (synchronously):
- * Bun's native XXH64 (`Bun.hash.xxHash64`, about 11 GB/s per core here) under Bun, else
- * hash-wasm's (7 GB/s, and a copy into its memory); `null` under Node until that is loaded.
- */
-function xxh64Hex(data: Uint8Array): string | null {
-  if (typeof Bun !== 'undefined') return Bun.hash.xxHash64(data).toString(16).padStart(16, '0')
-  if (!wasmXxh64) return null
-  wasmXxh64.init()
-  wasmXxh64.update(data)
-  return wasmXxh64.digest('hex')
-}
-
 /** Digest of each companion kind: name for messages, companion extension, hex digits. */
 const DIGESTS = {
   sha1: { name: 'SHA-1', ext: '.checksum', hexDigits: 40 },
@@ -489,13 +472,11 @@ const DIGESTS = {
  * Checks one block's bytes (`data`, the whole block) against the text of its checksum companion
  * (xapi `stream_vdi`): a `.checksum` holds a SHA-1 hex digest (older xapi), an `.xxhash` the XXH64
  * (seed 0) as 16 hex digits (xapi writes `%016LX`; either case and surrounding white space are
- * accepted). The caller keeps `data` unchanged until the promise settles: the SHA-1 runs off the
- * event loop ({@link sha1Hex}: a `SharedArrayBuffer` view hashed in place on a hashing thread,
- * any other copied to WebCrypto), the XXH64 likewise under Bun ({@link xxh64HexOnThread}), else on
- * the calling thread ({@link xxh64Hex}; under Node the first call copies `data` while the hasher
- * loads). A block without a companion resolves at once. `label` names the archive in messages. Rejects with `E_MIG_MALFORMED_ARCHIVE`
- * when the companion holds no digest of its kind, or when the digests differ (details: `member`,
- * `expected`, `actual`).
+ * accepted). The caller keeps `data` unchanged until the promise settles: the digests run off
+ * the event loop where they can ({@link sha1Hex}, {@link xxh64Hex}: a `SharedArrayBuffer` view is
+ * hashed in place on a hashing thread). A block without a companion resolves at once. `label`
+ * names the archive in messages. Rejects with `E_MIG_MALFORMED_ARCHIVE` when the companion holds
+ * no digest of its kind, or when the digests differ (details: `member`, `expected`, `actual`).
  */
 export async function checkXvaBlock(label: string, block: XvaBlock, data: Uint8Array, companion: string): Promise<void> {
   if (!block.checksum) return
@@ -504,18 +485,7 @@ export async function checkXvaBlock(label: string, block: XvaBlock, data: Uint8A
   const want = companion.trim().toLowerCase()
   if (want.length !== d.hexDigits || !/^[0-9a-f]+$/.test(want))
     throw malformed(label, `checksum member ${name} does not hold a ${d.name} hex digest (${d.hexDigits} hex digits)`, { member: name })
-  let got: string
-  if (block.checksum.algorithm === 'sha1') {
-    got = await sha1Hex(data)
-  } else {
-    const now = (await xxh64HexOnThread(data)) ?? xxh64Hex(data)
-    if (now !== null) got = now
-    else {
-      const copy = new Uint8Array(data) // a copy (Buffer#slice would share the bytes)
-      wasmXxh64 ??= await createXXHash64(0, 0)
-      got = xxh64Hex(copy)!
-    }
-  }
+  const got = await (block.checksum.algorithm === 'sha1' ? sha1Hex(data) : xxh64Hex(data))
   if (got !== want)
     throw malformed(label, `block ${block.member.name}: ${d.name} ${got} does not match its ${d.ext} ${want}`, {
       member: block.member.name,

@@ -8,7 +8,7 @@ import { afterAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
 import * as path from 'node:path'
-import { sha1Hex, xxh64HexOnThread } from '../../lib/crypto/hash-threads.ts'
+import { sha1Hex, xxh64Hex } from '../../lib/crypto/hash-threads.ts'
 import { ScriptThread, ScriptThreadError } from '../../lib/script-thread.ts'
 import { ensureNodeBuild } from '../helpers/server.ts'
 
@@ -31,10 +31,11 @@ describe('hashing threads', () => {
     expect(await sha1Hex(plain)).toBe(createHash('sha1').update(plain).digest('hex'))
   })
 
-  test('XXH64 on a thread (Bun) equals Bun.hash.xxHash64; an ordinary buffer is left to the caller (null)', async () => {
+  test('XXH64 of a SharedArrayBuffer view (on a thread) and of an ordinary buffer (at the call) equals Bun.hash.xxHash64', async () => {
     const v = sharedView(MiB)
-    expect(await xxh64HexOnThread(v)).toBe(Bun.hash.xxHash64(v).toString(16).padStart(16, '0'))
-    expect(xxh64HexOnThread(Buffer.alloc(16))).toBeNull()
+    expect(await xxh64Hex(v)).toBe(Bun.hash.xxHash64(v).toString(16).padStart(16, '0'))
+    const plain = randomBytes(4099)
+    expect(await xxh64Hex(plain)).toBe(Bun.hash.xxHash64(plain).toString(16).padStart(16, '0'))
   })
 
   test('a changed byte changes the digest (the thread reads the memory it was given, not a stale copy)', async () => {
@@ -82,15 +83,17 @@ describe('script thread', () => {
     await t.drain() // settles, never hangs
   })
 
-  test('under Node (compiled output): SHA-1 of a SharedArrayBuffer view on a thread equals node:crypto', async () => {
+  test('under Node (compiled output): SHA-1 of a SharedArrayBuffer view on a thread equals node:crypto; XXH64 (hash-wasm) equals the XXH64 reference vectors', async () => {
     await ensureNodeBuild()
     const script = `
-      const { sha1Hex, xxh64HexOnThread } = require(${JSON.stringify(path.join(REPO, 'dist/lib/crypto/hash-threads.js'))})
+      const { sha1Hex, xxh64Hex } = require(${JSON.stringify(path.join(REPO, 'dist/lib/crypto/hash-threads.js'))})
       const b = Buffer.from(new SharedArrayBuffer(1 << 20)); b.fill(7, 0, 1000)
-      sha1Hex(b).then((h) => console.log(JSON.stringify({ h, want: require('node:crypto').createHash('sha1').update(b).digest('hex'), xxh: xxh64HexOnThread(b) })))
+      Promise.all([sha1Hex(b), xxh64Hex(new Uint8Array(0)), xxh64Hex(Buffer.from('a')), xxh64Hex(Buffer.from('abc'))]).then(([h, e, a, abc]) =>
+        console.log(JSON.stringify({ h, want: require('node:crypto').createHash('sha1').update(b).digest('hex'), xxh: [e, a, abc] })))
     `
     const out = JSON.parse(execFileSync('node', ['-e', script], { encoding: 'utf8', timeout: 30_000 }))
     expect(out.h).toBe(out.want)
-    expect(out.xxh).toBeNull()
+    const ref = (s: string) => Bun.hash.xxHash64(Buffer.from(s)).toString(16).padStart(16, '0')
+    expect(out.xxh).toEqual([ref(''), ref('a'), ref('abc')])
   })
 })

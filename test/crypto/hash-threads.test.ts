@@ -1,8 +1,9 @@
 /**
  * Hashing threads (lib/crypto/hash-threads.ts) and the script thread they run on
- * (lib/script-thread.ts): digests of SharedArrayBuffer views computed in place on a thread equal
- * the reference digests; other views go through WebCrypto / the caller's thread; a handler's
- * error and a dead thread are rejections, never hangs; the same code runs under Node (compiled).
+ * (lib/script-thread.ts): SHA-1s of SharedArrayBuffer views computed in place on a thread equal
+ * the reference digests; other views go through WebCrypto, XXH64 stays on the caller's thread; a
+ * shared buffer goes to a thread once and is let go with the caller's; a handler's error and a
+ * dead thread are rejections, never hangs; the same code runs under Node (compiled).
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
@@ -31,7 +32,7 @@ describe('hashing threads', () => {
     expect(await sha1Hex(plain)).toBe(createHash('sha1').update(plain).digest('hex'))
   })
 
-  test('XXH64 of a SharedArrayBuffer view (on a thread) and of an ordinary buffer (at the call) equals Bun.hash.xxHash64', async () => {
+  test('XXH64 of a SharedArrayBuffer view and of an ordinary buffer (both at the call) equals Bun.hash.xxHash64', async () => {
     const v = sharedView(MiB)
     expect(await xxh64Hex(v)).toBe(Bun.hash.xxHash64(v).toString(16).padStart(16, '0'))
     const plain = randomBytes(4099)
@@ -69,6 +70,50 @@ describe('script thread', () => {
     expect((out[2] as ScriptThreadError).message).toBe('negative -3')
     expect(out[3]).toBe(8)
     expect(t.pending).toBe(0)
+  })
+
+  test('a SharedArrayBuffer goes to the thread once: later views of it arrive as the same buffer there, at their offsets, reading its memory as it is at the call', async () => {
+    // The thread answers whether the view's buffer is the one of its previous call, and the view's first byte.
+    const t = new ScriptThread<{ data: Uint8Array; tag: number }, [boolean, number, number]>(
+      `(() => { let prev = null; return (m) => { const same = m.data.buffer === prev; prev = m.data.buffer; return [same, m.data[0], m.tag] } })()`,
+      'shared views',
+    )
+    threads.push(t as ScriptThread<unknown, unknown>)
+    const a = Buffer.from(new SharedArrayBuffer(4 * MiB))
+    const b = Buffer.from(new SharedArrayBuffer(MiB))
+    for (let i = 0; i < 4; i++) a[i * MiB] = 10 + i
+    b[0] = 99
+    const got = await Promise.all([0, 1, 2, 3].map((i) => t.call({ data: a.subarray(i * MiB, (i + 1) * MiB), tag: i })))
+    expect(got).toEqual([
+      [false, 10, 0],
+      [true, 11, 1],
+      [true, 12, 2],
+      [true, 13, 3],
+    ])
+    expect(await t.call({ data: b, tag: 4 })).toEqual([false, 99, 4])
+    a[2 * MiB] = 77 // changed after the buffer went over: the thread sees the change
+    expect(await t.call({ data: a.subarray(2 * MiB), tag: 5 })).toEqual([false, 77, 5])
+    expect(await t.call({ data: a.subarray(2 * MiB), tag: 6 })).toEqual([true, 77, 6])
+  })
+
+  test('a SharedArrayBuffer the caller let go of is let go by the thread too (memory stays flat over many buffers)', async () => {
+    const t = new ScriptThread<{ data: Uint8Array }, number>('(m) => m.data[0]', 'forgetful')
+    threads.push(t as ScriptThread<unknown, unknown>)
+    const rss = () => process.memoryUsage().rss
+    const start = rss()
+    let peak = 0
+    // 5 rounds of 40 buffers of 8 MiB, each touched whole: 1,600 MiB if the thread kept them all.
+    for (let round = 0; round < 5; round++) {
+      for (let i = 0; i < 40; i++) {
+        const buf = Buffer.from(new SharedArrayBuffer(8 * MiB)).fill(round + 1)
+        expect(await t.call({ data: buf.subarray(0, MiB) })).toBe(round + 1)
+      }
+      Bun.gc(true)
+      await Bun.sleep(20)
+      await t.call({ data: Buffer.from(new SharedArrayBuffer(16)) }) // carries the ids to forget
+      peak = Math.max(peak, rss() - start)
+    }
+    expect(peak).toBeLessThan(800 * MiB)
   })
 
   test('a thread that dies rejects what was pending and every later call, naming the thread', async () => {

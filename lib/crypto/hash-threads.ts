@@ -52,7 +52,7 @@ let wasmXxh64: Promise<IHasher> | null = null
  * `Bun.hash.xxHash64` at the call (any view, a `SharedArrayBuffer`'s too; about 8 GB/s here).
  * Node has no native XXH64: hash-wasm's (7 GB/s, and a copy into its memory), loaded at the first
  * call (the caller keeps `data` unchanged until the promise settles, so the bytes are read after
- * the load). Never rejects.
+ * the load). Rejects only if hash-wasm's module cannot be loaded (Node).
  */
 export async function xxh64Hex(data: Uint8Array): Promise<string> {
   if (typeof Bun !== 'undefined') return Bun.hash.xxHash64(data).toString(16).padStart(16, '0')

@@ -19,7 +19,7 @@ import * as path from 'node:path'
 import { HostBackupApiTestDouble } from '../helpers/backup-double.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput } from '../helpers/inputs.ts'
-import { offlinePlan, openStream, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -85,6 +85,7 @@ describe('plan restore_point: the host backup runs before any destination write'
     const runsBefore = double.runs.length
     const job = await submit(srv.base, offlinePlan('qcow2', rel, { name: `${PREFIX}ok`, restore_point: { backup_job_id: OK_JOB, require_quiesced: true } }))
     const done = await waitJob(srv.base, job.id, undefined, 90_000)
+    await streamSaw(stream, job.id, 'Completed')
     stream.close()
     expect(done.state).toBe('Completed')
     expect(done.last_error).toBeNull()
@@ -122,6 +123,7 @@ describe('plan restore_point: the host backup runs before any destination write'
     await stream.ready
     const job = await submit(base, plan)
     const done = await waitJob(base, job.id, undefined, 30_000)
+    await streamSaw(stream, job.id, 'Failed') // the event may arrive just after the GET saw the state
     stream.close()
     expect(done.state).toBe('Failed')
     expect(done.restore_point).toBeNull()

@@ -19,6 +19,11 @@
  */
 import { Worker } from 'node:worker_threads'
 
+/** Whether `view` lies on a `SharedArrayBuffer`: a thread reads such a view in place, without a copy. */
+export function isSharedView(view: Uint8Array): boolean {
+  return view.buffer instanceof SharedArrayBuffer
+}
+
 /** The marker field of a shared view sent as numbers: `{ [SHARED_VIEW]: id, offset, length }` (bytes). */
 const SHARED_VIEW = '__sharedView'
 
@@ -112,8 +117,8 @@ export class ScriptThread<Req, Res> {
     if (!request || typeof request !== 'object') return request
     let out: Record<string, unknown> | null = null
     for (const [k, v] of Object.entries(request)) {
-      if (!(v instanceof Uint8Array) || !(v.buffer instanceof SharedArrayBuffer)) continue
-      const sab = v.buffer
+      if (!(v instanceof Uint8Array) || !isSharedView(v)) continue
+      const sab = v.buffer as SharedArrayBuffer
       let sid = this.sharedIds.get(sab)
       if (sid === undefined) {
         sid = this.nextShared++

@@ -10,7 +10,7 @@
  */
 import { createXXHash64, type IHasher } from 'hash-wasm'
 import { availableParallelism } from 'node:os'
-import { ScriptThread } from '../script-thread.ts'
+import { isSharedView, ScriptThread } from '../script-thread.ts'
 
 /** The handler: the SHA-1 of the view, lower-case hex. */
 const HANDLER = `(() => {
@@ -31,8 +31,6 @@ function onThread(data: Uint8Array): Promise<string> {
   return best.call({ data })
 }
 
-const shared = (data: Uint8Array): boolean => data.buffer instanceof SharedArrayBuffer
-
 /**
  * SHA-1 (FIPS 180-4) of `data` as 40 lower-case hex digits. A view on a `SharedArrayBuffer` is
  * hashed in place on a hashing thread: the caller keeps those bytes unchanged until the promise
@@ -40,7 +38,7 @@ const shared = (data: Uint8Array): boolean => data.buffer instanceof SharedArray
  * Rejects only if a hashing thread died (`ScriptThreadError`).
  */
 export function sha1Hex(data: Uint8Array): Promise<string> {
-  if (shared(data)) return onThread(data)
+  if (isSharedView(data)) return onThread(data)
   return crypto.subtle.digest('SHA-1', data as Uint8Array<ArrayBuffer>).then((d) => Buffer.from(d).toString('hex'))
 }
 

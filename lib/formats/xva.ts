@@ -472,9 +472,9 @@ const DIGESTS = {
  * Checks one block's bytes (`data`, the whole block) against the text of its checksum companion
  * (xapi `stream_vdi`): a `.checksum` holds a SHA-1 hex digest (older xapi), an `.xxhash` the XXH64
  * (seed 0) as 16 hex digits (xapi writes `%016LX`; either case and surrounding white space are
- * accepted). The caller keeps `data` unchanged until the promise settles: the digests run off
- * the event loop where they can ({@link sha1Hex}, {@link xxh64Hex}: a `SharedArrayBuffer` view is
- * hashed in place on a hashing thread). A block without a companion resolves at once. `label`
+ * accepted). The caller keeps `data` unchanged until the promise settles: a SHA-1 of a
+ * `SharedArrayBuffer` view runs in place on a hashing thread ({@link sha1Hex}), an XXH64 on the
+ * calling thread ({@link xxh64Hex}). A block without a companion resolves at once. `label`
  * names the archive in messages. Rejects with `E_MIG_MALFORMED_ARCHIVE` when the companion holds
  * no digest of its kind, or when the digests differ (details: `member`, `expected`, `actual`).
  */

@@ -11,7 +11,7 @@
  * Buffers on a `SharedArrayBuffer` reach the thread without a copy; any other buffer is copied
  * once (only its view) and the copy transferred. The thread is a {@link ScriptThread}.
  */
-import { ScriptThread } from '../script-thread.ts'
+import { isSharedView, ScriptThread } from '../script-thread.ts'
 
 /** One write as the thread receives it: `data` at `offset` through `fd`; on EINVAL through `alt`. */
 type WriteMessage = { fd: number; alt: number; offset: number; data?: Uint8Array; zeros?: number }
@@ -62,7 +62,7 @@ export class WriterThread {
    * death, is an outcome with an `error` (the caller names the volume and offset).
    */
   write(fd: number, alt: number, offset: number, data: Uint8Array): Promise<WriteOutcome> {
-    if (data.buffer instanceof SharedArrayBuffer) return this.send({ fd, alt, offset, data })
+    if (isSharedView(data)) return this.send({ fd, alt, offset, data })
     // A copy of the view only (a Buffer's `slice` would be a view of the same memory, and the
     // transfer would take the caller's buffer away).
     const copy = new Uint8Array(data)

@@ -12,9 +12,11 @@
  * [min-max] of MB/s (virtual size), and whether `qemu-img compare` finds the device equal to
  * the source after each side.
  *
- *   ./node_modules/.bin/bun bench/zvol.ts [--size GiB] [--layouts runs,...] [--reps 3] [--dir DIR] [--cache DIR|none] [--page-cache-mib N]
+ *   ./node_modules/.bin/bun bench/zvol.ts [--size GiB] [--layouts runs,...] [--reps 3] [--dir DIR] [--cache DIR|none] [--page-cache-mib N] [--qemu-processes N]
  * `--page-cache-mib`: the sink's page-cache budget before it writes `O_DIRECT` (default the
  * sink's, `PAGE_CACHE_BYTES`), to compare the two write paths on the same device.
+ * `--qemu-processes`: qemu-img processes the copy runs at once (default the engine's into a
+ * block device, `QEMU_IMG_PROCESSES`), to compare with one at a time.
  * One line per layout; the raw layout images come from the same cache as bench/data-path.ts's
  * (default /var/tmp/mig-bench-cache; `--cache none` builds them in DIR and deletes them).
  * Needs root (losetup), qemu-utils.
@@ -22,6 +24,7 @@
 import { execFileSync, spawnSync } from 'node:child_process'
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
+import { QEMU_IMG_PROCESSES } from '../lib/pipeline/copy-disk.ts'
 import { ZvolSink } from '../lib/sink/zvol.ts'
 import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
 import { alternate, cliArg, copyQcow2In, median, onInterrupt } from './source.ts'
@@ -35,6 +38,8 @@ const cache = cacheDirArg()
 const pageCacheMib = arg('page-cache-mib', '')
 const pageCacheBytes = pageCacheMib === '' ? undefined : Number(pageCacheMib) * MiB
 const reps = Math.max(1, Number(arg('reps', '3')))
+const qemuProcessesArg = arg('qemu-processes', '')
+const qemuProcesses = qemuProcessesArg === '' ? undefined : Number(qemuProcessesArg)
 const dir = arg('dir', '/var/tmp/mig-bench-zvol')
 
 rmSync(dir, { recursive: true, force: true })
@@ -70,7 +75,7 @@ try {
   const mbs = (s: number) => (size / MiB / s).toFixed(0)
   const fmt = (xs: number[]) => `${mbs(median(xs))} [${mbs(Math.max(...xs))}-${mbs(Math.min(...xs))}]`
   console.log(
-    `zvol block-device path (a loop device standing in for the zvol, zfs TEST DOUBLE), ${size / GiB} GiB, ${reps} repetitions alternating, medians [min-max], page-cache budget ${pageCacheMib === '' ? 'default' : `${pageCacheMib} MiB`}`,
+    `zvol block-device path (a loop device standing in for the zvol, zfs TEST DOUBLE), ${size / GiB} GiB, ${reps} repetitions alternating, medians [min-max], page-cache budget ${pageCacheMib === '' ? 'default' : `${pageCacheMib} MiB`}, qemu-img processes at once ${qemuProcesses ?? `default (${QEMU_IMG_PROCESSES})`}`,
   )
   for (const layout of layouts) {
     const { path: raw, dataBytes } = cachedRawLayout(cache, dir, layout, size)
@@ -91,7 +96,7 @@ try {
     const runOurs = async () => {
       await reset()
       const t0 = performance.now()
-      await copyQcow2In(sink, src, size)
+      await copyQcow2In(sink, src, size, { qemuProcesses })
       ourSec.push((performance.now() - t0) / 1000)
       equal &&= same()
     }

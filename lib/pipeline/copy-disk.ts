@@ -28,6 +28,7 @@
  *   target; the checkpoints, watermarks, progress, cap and cancel stay this module's (issue 15).
  */
 import { createHash, type Hash } from 'node:crypto'
+import { availableParallelism } from 'node:os'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError } from '../errors.ts'
 import { CHUNK_BYTES, ZERO_BUFFER, chunkExtents, splitZeroRuns, type Chunk } from './chunker.ts'
@@ -92,6 +93,11 @@ export interface CopyDiskOptions {
   engine?: 'auto' | 'node' | 'qemu-img'
   /** qemu-img binary (default from PATH). */
   qemuImgPath?: string
+  /**
+   * qemu-img engine: ranges copied at once, each by its own `qemu-img convert` (1..4; default
+   * and limits: {@link qemuImgProcesses}).
+   */
+  qemuProcesses?: number
 }
 
 /** Whether {@link copyDisk} hands this copy to qemu-img (see {@link CopyDiskOptions.engine}). */
@@ -431,20 +437,61 @@ async function* qemuRanges(reader: DiskReader, from: number, size: number, flush
 }
 
 /**
+ * qemu-img processes the qemu-img engine runs at once into a block device (a zvol) by default,
+ * each on its own range: 2, or 1 on a one-CPU host. qemu-img does its format work (inflating a
+ * streamOptimized VMDK's grains, scanning for zeros) on one thread, so on two cores two ranges
+ * side by side use both (issue 15, this project's machine: the 8 GiB `ext4` layout's
+ * streamOptimized VMDK into an image file, two ranges at once 19.3-20.9 s against one at a time
+ * 33.9-36.8 s).
+ * Into an image file the default stays 1: two ranges written at once insert their extents into
+ * the file's extent tree out of disk order, and the file then takes more blocks than
+ * `qemu-img convert`'s own (same run: 5,756,912 KiB against 5,756,904, 64 extents against 52),
+ * which issue 15 rules out; a block device has no such tree (as for `-W`, see
+ * lib/pipeline/qemu-img-copy.ts).
+ */
+export const QEMU_IMG_PROCESSES = Math.min(2, availableParallelism())
+
+/**
+ * How many qemu-img the engine runs at once: `requested` (1..4) when given, else
+ * {@link QEMU_IMG_PROCESSES} into a target that takes writes out of order (a block device) and 1
+ * into one that must be written in order (an image file); always 1 under a bandwidth cap
+ * (`maxBytesPerSecond` > 0: each qemu-img's `-r` holds one process to it).
+ */
+export function qemuImgProcesses(target: { inOrder: boolean }, maxBytesPerSecond: number, requested?: number): number {
+  if (maxBytesPerSecond > 0) return 1
+  if (requested !== undefined) return Math.max(1, Math.min(4, Math.floor(requested)))
+  return target.inOrder ? 1 : QEMU_IMG_PROCESSES
+}
+
+/** One range being copied by the qemu-img engine, with how much of it is done (bytes). */
+interface QemuSlot {
+  r: QemuRange
+  done: number
+  finished: boolean
+}
+
+/**
  * The qemu-img engine of {@link copyDisk} (issue 15): the bytes are moved by `qemu-img convert`
- * ({@link qemuImgCopyRange}) one range at a time, each range holding about `flushEveryBytes` of
- * data (per the reader's extents); the migrator keeps the rest of the contract:
- * - the ranges are found up to two ahead of the one being copied (the reader's extents walked
- *   while qemu-img copies);
- * - after each range, `volume.flush()` (fsync of the whole volume) runs in the background while
- *   the next range copies (at most one at a time), then `onWatermark(end of the range)`; the
- *   final flush is awaited, then `onWatermark(size)`;
+ * ({@link qemuImgCopyRange}) one range per process, each range holding about `flushEveryBytes`
+ * of data (per the reader's extents), up to {@link qemuImgProcesses} ranges at once; the migrator
+ * keeps the rest of the contract:
+ * - the ranges are found up to two ahead of those being copied (the reader's extents walked
+ *   while qemu-img copies), and started in disk order;
+ * - when the ranges done reach further without a gap (every range below done too), a checkpoint:
+ *   `volume.flush()` (fsync of the whole volume, covering every range below), then
+ *   `onWatermark(end of those ranges)`. Checkpoints run in the background, one at a time, in
+ *   order; a failed one stops the copy. The final flush is awaited, then `onWatermark(size)`. A
+ *   range copied past a range still running is not below any watermark until that one is done:
+ *   after a kill, the copy resumes below both;
+ * - while any qemu-img runs, the volume is flushed back to back (writeback, see
+ *   {@link startWriteback});
  * - ranges with no data extents are not given to qemu-img: `volume.zero()` (nothing on a fresh
  *   volume); zeros inside ranges are skipped by qemu-img, never written;
- * - progress after each qemu-img progress line (`bytes_done` inside the range by qemu-img's
- *   fraction), the bandwidth cap as qemu-img's `-r` inside a range and a pause between ranges
- *   (each qemu-img starts with a fresh budget) so the data extents read stay under the cap
- *   overall, cancel kills qemu-img (and ends a pause).
+ * - progress after each qemu-img progress line: `bytes_done` is `from` plus the ranges done plus
+ *   the running ranges' parts done (qemu-img's fraction); the bandwidth cap as qemu-img's `-r`
+ *   inside a range and a pause between ranges (each qemu-img starts with a fresh budget) so the
+ *   data extents read stay under the cap overall; cancel kills every qemu-img (and ends a pause);
+ *   a failing range kills the others, and its error is thrown once all have exited.
  * `bytes_read`/`bytes_written` count the data extents of the ranges copied, `bytes_zero` the
  * zero extents. Errors as {@link copyDisk}.
  */
@@ -457,79 +504,116 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   const target = volume.qemuTarget!
   const res: CopyDiskResult = { bytes_read: 0, bytes_written: 0, bytes_zero: 0 }
   if (signal.aborted) throw cancelled(label, from)
-  let watermark = from
-  let checkpoint: Promise<void> | null = null
-  const awaitCheckpoint = async () => {
-    const c = checkpoint
-    checkpoint = null
-    if (c) await c
-  }
-  const progress = (done: number) => opts.onProgress({ bytes_done: done, bytes_zero: res.bytes_zero, watermark, bytes_read: res.bytes_read })
   const rate = opts.maxBytesPerSecond ?? 0
+  const lanes = qemuImgProcesses(target, rate, opts.qemuProcesses)
+  // Aborted by the caller's signal, or by the first failure (the other qemu-imgs are killed).
+  const stop = new AbortController()
+  const onAbort = () => stop.abort()
+  signal.addEventListener('abort', onAbort, { once: true })
+  let failure: { error: unknown } | null = null
+  const fail = (error: unknown) => {
+    failure ??= { error }
+    stop.abort()
+  }
+
+  let watermark = from
+  // Ranges started and not yet below the point the checkpoints reached, in disk order.
+  const open: QemuSlot[] = []
+  let reached = from
+  let checkpoint: Promise<void> = Promise.resolve()
+  const progress = () => {
+    let done = reached
+    for (const s of open) done += s.done
+    opts.onProgress({ bytes_done: done, bytes_zero: res.bytes_zero, watermark, bytes_read: res.bytes_read })
+  }
+  /** Moves `reached` over the ranges done from the lowest up, and asks for a checkpoint there. */
+  const advance = () => {
+    const before = reached
+    while (open.length > 0 && open[0].finished) reached = open.shift()!.r.end
+    if (reached === before) return
+    const mark = reached
+    checkpoint = checkpoint.then(async () => {
+      await volume.flush()
+      watermark = mark
+      await opts.onWatermark(mark)
+    })
+    checkpoint.catch(fail)
+  }
+  const copyRange = async (slot: QemuSlot): Promise<void> => {
+    const r = slot.r
+    const len = r.end - r.offset
+    if (r.data === 0) await volume.zero(r.offset, len)
+    else {
+      const targetIsZero = target.isZero(r.offset)
+      target.noteWritten(r.end)
+      await qemuImgCopyRange({
+        source: reader.qemuNode!,
+        target: target.node,
+        offset: r.offset,
+        length: len,
+        targetIsZero,
+        outOfOrder: !target.inOrder,
+        targetDirect: target.takeDirect(r.data),
+        maxBytesPerSecond: opts.maxBytesPerSecond,
+        signal: stop.signal,
+        label,
+        qemuImgPath: opts.qemuImgPath,
+        onFraction: (f) => {
+          slot.done = Math.floor(len * f)
+          progress()
+        },
+      })
+    }
+    res.bytes_read += r.data
+    res.bytes_written += r.data
+    res.bytes_zero += r.zero
+    slot.done = len
+    slot.finished = true
+    advance()
+    progress()
+  }
+
+  const running = new Set<Promise<void>>()
+  const writeback = startWriteback(volume, stop.signal)
   const t0 = performance.now()
   try {
     // The ranges are found (the reader's extents: NBD block status, qemu-img map) up to
-    // RANGES_AHEAD ahead, while qemu-img copies the one before.
+    // RANGES_AHEAD ahead, while qemu-img copies those before.
     for await (const r of prefetch(qemuRanges(reader, from, size, flushEvery, label), RANGES_AHEAD)) {
-      if (signal.aborted) throw cancelled(label, r.offset)
-      const len = r.end - r.offset
-      if (r.data === 0) await volume.zero(r.offset, len)
-      else {
-        const targetIsZero = target.isZero(r.offset)
-        target.noteWritten(r.end)
-        const writeback = startWriteback(volume, signal)
-        const copyError = await qemuImgCopyRange({
-          source: reader.qemuNode!,
-          target: target.node,
-          offset: r.offset,
-          length: len,
-          targetIsZero,
-          outOfOrder: !target.inOrder,
-          targetDirect: target.takeDirect(r.data),
-          maxBytesPerSecond: opts.maxBytesPerSecond,
-          signal,
-          label,
-          qemuImgPath: opts.qemuImgPath,
-          onFraction: (f) => progress(r.offset + Math.floor(len * f)),
-        }).then(
-          () => null,
-          (e: unknown) => e,
-        )
-        // A failed writeback fsync fails the copy too; qemu-img's own failure is reported first.
-        const flushError = await writeback.stop().then(
-          () => null,
-          (e: unknown) => e,
-        )
-        if (copyError ?? flushError) throw copyError ?? flushError
-      }
-      res.bytes_read += r.data
-      res.bytes_written += r.data
-      res.bytes_zero += r.zero
-      await awaitCheckpoint()
-      const mark = r.end
-      checkpoint = volume.flush().then(async () => {
-        watermark = mark
-        await opts.onWatermark(mark)
-      })
-      checkpoint.catch(() => {}) // observed in awaitCheckpoint
-      progress(r.end)
+      while (running.size >= lanes && !failure) await Promise.race(running)
       // Each qemu-img starts with a fresh rate budget: the cap also holds across ranges.
-      if (rate > 0) {
+      if (rate > 0 && !failure) {
         const ahead = (res.bytes_read / rate) * 1000 - (performance.now() - t0)
-        if (ahead > 1) await sleep(ahead, undefined, { signal }).catch(() => {})
+        if (ahead > 1) await sleep(ahead, undefined, { signal: stop.signal }).catch(() => {})
       }
+      if (failure || signal.aborted) break
+      const slot: QemuSlot = { r, done: 0, finished: false }
+      open.push(slot)
+      const p: Promise<void> = copyRange(slot).then(
+        () => {
+          running.delete(p)
+        },
+        (e: unknown) => {
+          running.delete(p)
+          fail(e)
+        },
+      )
+      running.add(p)
     }
-    if (signal.aborted) throw cancelled(label, size)
-    await awaitCheckpoint()
-    if (signal.aborted) throw cancelled(label, size)
-    await volume.flush()
-    watermark = size
-    await opts.onWatermark(size)
-    progress(size)
   } catch (e) {
-    if (checkpoint) await Promise.allSettled([checkpoint])
-    throw e
+    fail(e)
   }
+  await Promise.all(running)
+  // A failed writeback fsync fails the copy too; qemu-img's own failure is reported first.
+  await writeback.stop().catch(fail)
+  await checkpoint.catch(() => {}) // a failure is in `failure`
+  signal.removeEventListener('abort', onAbort)
+  if (signal.aborted) throw cancelled(label, reached)
+  if (failure) throw (failure as { error: unknown }).error
+  await volume.flush()
+  watermark = size
+  await opts.onWatermark(size)
+  progress()
   return res
 }
 
@@ -537,12 +621,12 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
 const WRITEBACK_IDLE_MS = 10
 
 /**
- * While qemu-img writes a range into the page cache, flushes the volume back to back (one fsync
- * after the other, never two at once) so the kernel writes the range back as it is written,
- * instead of all of it at the next checkpoint: on this machine a 428 MiB copy with its final
+ * While the qemu-img engine copies (from its first range to its last), flushes the volume back to
+ * back (one fsync after the other, never two at once) so the kernel writes the ranges back as
+ * qemu-img writes them into the page cache, instead of all of a range at its checkpoint: on this machine a 428 MiB copy with its final
  * fsync took 414-463 ms this way and 535-700 ms with one fsync at the end (issue 15). These
- * flushes are no checkpoints: no watermark follows them (qemu-img writes out of order inside a
- * range). `stop()` ends the loop, waits for the flush in flight and rejects with its error
+ * flushes are no checkpoints: no watermark follows them (a range is only durable as a whole
+ * once qemu-img exited). A flush that found nothing to write is followed by a 10 ms pause. `stop()` ends the loop, waits for the flush in flight and rejects with its error
  * (`E_MIG_DISK_WRITE_FAILED` from the volume); an aborted `signal` ends the loop too.
  */
 function startWriteback(volume: SinkVolume, signal: AbortSignal): { stop(): Promise<void> } {

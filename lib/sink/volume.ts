@@ -94,7 +94,10 @@ export class HandleVolume implements SinkVolume {
   ) {
     if (opts.qemuDriver) {
       this.qemuTarget = {
-        node: { driver: opts.qemuDriver, filename: path },
+        // No image locks: the qemu-img engine runs several qemu-img on disjoint ranges of the
+        // volume at once, and qemu's locks refuse a second writer ("Failed to get "resize" lock").
+        // The volume is the job's own; nothing else opens it while the copy runs.
+        node: { driver: opts.qemuDriver, filename: path, locking: 'off' },
         inOrder: opts.qemuDriver === 'file',
         takeDirect: (length: number) => {
           if (this.cacheLeft() > 0 || !this.opts.direct) {

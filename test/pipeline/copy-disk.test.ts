@@ -5,12 +5,13 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
-import { closeSync, openSync, readFileSync, statSync, writeSync } from 'node:fs'
+import { closeSync, openSync, readFileSync, statSync, writeFileSync, writeSync } from 'node:fs'
+import { availableParallelism } from 'node:os'
 import * as path from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError } from '../../lib/errors.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
-import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
+import { copyDisk, QEMU_IMG_PROCESSES, qemuImgProcesses } from '../../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { FileSink } from '../../lib/sink/file.ts'
@@ -418,7 +419,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     return log
   }
 
-  test('watermarks only after a flush, one per range of about flushEveryBytes of data; zero tail not written; progress rises to the end', async () => {
+  test('one qemu-img at a time: watermarks only after a flush, one per range of about flushEveryBytes of data; zero tail not written; progress rises to the end', async () => {
     const { src, q, v } = await rawCopy('q1', 48 * MiB, 24 * MiB)
     const log = logFlushes(v)
     const done: number[] = []
@@ -426,6 +427,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
       from: 0,
       signal: new AbortController().signal,
       flushEveryBytes: 8 * MiB,
+      qemuProcesses: 1,
       onProgress: (p) => done.push(p.bytes_done),
       async onWatermark(w) {
         log.push(`w ${w}`)
@@ -445,6 +447,89 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     expect(res.bytes_read).toBe(24 * MiB)
     expect(res.bytes_zero).toBe(24 * MiB)
     expect(statSync(v.path).blocks * 512).toBeLessThanOrEqual(24 * MiB + 64 * KiB)
+  })
+
+  /**
+   * A wrapper around the real qemu-img (test double for timing only: the bytes are still moved by
+   * qemu-img) that logs `start <offset>` / `end <offset>` of each range to `log` and, for the range
+   * at offset `slowOffset`, sleeps `slowSeconds` before copying; every other range sleeps 0.3 s.
+   */
+  const slowQemuImg = (name: string, slowOffset: number, slowSeconds: number): { bin: string; log: string } => {
+    const bin = path.join(tmp.dir, `${name}-qemu-img`)
+    const log = path.join(tmp.dir, `${name}-qemu-img.log`)
+    writeFileSync(
+      bin,
+      [
+        '#!/bin/sh',
+        `off=$(printf '%s' "$*" | sed -n 's/.*"offset":\\([0-9]*\\).*/\\1/p')`,
+        `echo "start $off" >> ${log}`,
+        `if [ "$off" = ${slowOffset} ]; then sleep ${slowSeconds}; else sleep 0.3; fi`,
+        'qemu-img "$@"; rc=$?',
+        `echo "end $off" >> ${log}`,
+        'exit $rc',
+        '',
+      ].join('\n'),
+      { mode: 0o755 },
+    )
+    return { bin, log }
+  }
+
+  test('two qemu-img at once (asked for; the default into a block device on two cores): ranges overlap in time, watermarks ascend over ranges done, the copy is exact', async () => {
+    const { src, q, v } = await rawCopy('qpar', 48 * MiB, 32 * MiB)
+    const log = logFlushes(v)
+    const qi = slowQemuImg('qpar', -1, 0)
+    const res = await copyDisk(q, v, {
+      from: 0,
+      signal: new AbortController().signal,
+      flushEveryBytes: 8 * MiB,
+      qemuProcesses: 2,
+      qemuImgPath: qi.bin,
+      onProgress() {},
+      async onWatermark(w) {
+        log.push(`w ${w}`)
+      },
+    })
+    await v.close()
+    await q.close()
+    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
+    expect(res.bytes_read).toBe(32 * MiB)
+    // The second range starts before the first ends (each qemu-img takes at least 0.3 s).
+    const events = readFileSync(qi.log, 'utf8').trim().split('\n')
+    expect(events.slice(0, 2)).toEqual(['start 0', `start ${8 * MiB}`])
+    expect(events.filter((e) => e.startsWith('start')).length).toBe(4)
+    const marks = log.filter((l) => l.startsWith('w ')).map((l) => Number(l.slice(2)))
+    for (let i = 1; i < marks.length; i++) expect(marks[i]).toBeGreaterThanOrEqual(marks[i - 1])
+    for (const m of marks) expect(m % (8 * MiB)).toBe(0)
+    expect(marks[marks.length - 1]).toBe(48 * MiB)
+    for (let i = 0; i < log.length; i++) if (log[i].startsWith('w ')) expect(log[i - 1]).toBe('flush')
+  })
+
+  test('a range done while a lower one still runs moves no watermark past the lower one', async () => {
+    const { src, q, v } = await rawCopy('qlag', 32 * MiB, 32 * MiB)
+    // The first range's qemu-img takes 2 s; the three above it finish in that time.
+    const qi = slowQemuImg('qlag', 0, 2)
+    const marks: Array<{ w: number; firstDone: boolean }> = []
+    await copyDisk(q, v, {
+      from: 0,
+      signal: new AbortController().signal,
+      flushEveryBytes: 8 * MiB,
+      qemuProcesses: 2,
+      qemuImgPath: qi.bin,
+      onProgress() {},
+      async onWatermark(w) {
+        marks.push({ w, firstDone: readFileSync(qi.log, 'utf8').includes('end 0\n') })
+      },
+    })
+    await v.close()
+    await q.close()
+    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
+    const events = readFileSync(qi.log, 'utf8').trim().split('\n')
+    // Ranges at 8 and 16 MiB ran and ended while the one at 0 slept.
+    expect(events.indexOf(`end ${16 * MiB}`)).toBeLessThan(events.indexOf('end 0'))
+    // No watermark before the range at 0 was done; the first one covers the ranges done above it.
+    expect(marks.length).toBeGreaterThan(0)
+    for (const m of marks) expect(m.firstDone).toBe(true)
+    expect(marks[0].w).toBeGreaterThanOrEqual(24 * MiB)
   })
 
   test('past the page-cache budget qemu-img writes the volume with -t none: none of its pages stay in the page cache', async () => {
@@ -503,6 +588,49 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     for (const pid of pids) expect(alive(pid)).toBe(false)
     await v.close()
     await q.close()
+  })
+
+  test('qemu-img processes at once: QEMU_IMG_PROCESSES into a block device, 1 into an image file, 1 under a cap, a request wins (1..4)', () => {
+    expect(QEMU_IMG_PROCESSES).toBe(Math.min(2, availableParallelism()))
+    expect(qemuImgProcesses({ inOrder: false }, 0)).toBe(QEMU_IMG_PROCESSES)
+    expect(qemuImgProcesses({ inOrder: true }, 0)).toBe(1)
+    expect(qemuImgProcesses({ inOrder: false }, 16 * MiB)).toBe(1)
+    expect(qemuImgProcesses({ inOrder: false }, 16 * MiB, 3)).toBe(1)
+    expect(qemuImgProcesses({ inOrder: true }, 0, 3)).toBe(3)
+    expect(qemuImgProcesses({ inOrder: true }, 0, 9)).toBe(4)
+    expect(qemuImgProcesses({ inOrder: false }, 0, 0)).toBe(1)
+  })
+
+  test('cancel with two qemu-img running kills both: E_MIG_CANCELLED, no process left', async () => {
+    const { q, v } = await rawCopy('qpar-cancel', 32 * MiB, 32 * MiB)
+    // A qemu-img that never ends (test double: it only waits, under a name to find it by).
+    const bin = path.join(tmp.dir, 'qpar-cancel-qemu-img')
+    const tag = `mig-test-qemu-${process.pid}`
+    writeFileSync(bin, `#!/bin/bash\nexec -a ${tag} sleep 60\n`, { mode: 0o755 })
+    const ac = new AbortController()
+    const p = copyDisk(q, v, { from: 0, signal: ac.signal, flushEveryBytes: 8 * MiB, qemuProcesses: 2, qemuImgPath: bin, ...noop })
+    const running = () =>
+      execFileSync('sh', ['-c', `pgrep -f "^${tag}" || true`], { encoding: 'utf8' })
+        .trim()
+        .split('\n')
+        .filter(Boolean)
+        .map(Number)
+    let pids: number[] = []
+    for (let i = 0; i < 100 && pids.length < 2; i++) {
+      await new Promise((res) => setTimeout(res, 20))
+      pids = running()
+    }
+    ac.abort()
+    const err = await p.catch((e) => e)
+    const left = running()
+    if (left.length > 0) execFileSync('pkill', ['-KILL', '-f', `^${tag}`]) // never leave them behind, even when failing
+    await v.close()
+    await q.close()
+    expect(pids.length).toBe(2)
+    expect(err).toBeInstanceOf(MigError)
+    expect(err.code).toBe('E_MIG_CANCELLED')
+    expect(left).toEqual([])
+    for (const pid of pids) expect(alive(pid)).toBe(false)
   })
 
   /** Copies a raw source of `bytes` of data under the cap; returns the seconds it took, after checking the copy is exact. */

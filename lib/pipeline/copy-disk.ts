@@ -604,6 +604,12 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
     fail(e)
   }
   await Promise.all(running)
+  // The cap holds to the end, as between ranges: the copy takes at least its data at the cap's rate
+  // (qemu-img's own `-r` lets a small range through at once).
+  if (rate > 0 && !failure) {
+    const ahead = (res.bytes_read / rate) * 1000 - (performance.now() - t0)
+    if (ahead > 1) await sleep(ahead, undefined, { signal: stop.signal }).catch(() => {})
+  }
   // A failed writeback fsync fails the copy too; qemu-img's own failure is reported first.
   await writeback.stop().catch(fail)
   await checkpoint.catch(() => {}) // a failure is in `failure`

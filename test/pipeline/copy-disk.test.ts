@@ -11,7 +11,7 @@ import * as path from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError } from '../../lib/errors.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
-import { copyDisk, QEMU_IMG_PROCESSES, qemuImgProcesses } from '../../lib/pipeline/copy-disk.ts'
+import { type CopyDiskOptions, copyDisk, QEMU_IMG_PROCESSES, qemuImgProcesses } from '../../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { FileSink } from '../../lib/sink/file.ts'
@@ -419,25 +419,34 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     return log
   }
 
-  test('one qemu-img at a time: watermarks only after a flush, one per range of about flushEveryBytes of data; zero tail not written; progress rises to the end', async () => {
-    const { src, q, v } = await rawCopy('q1', 48 * MiB, 24 * MiB)
-    const log = logFlushes(v)
-    const done: number[] = []
-    const res = await copyDisk(q, v, {
+  /**
+   * Copies `c` with `opts`, logging `flush` for each volume flush and `w <watermark>` for each
+   * watermark; closes both sides and checks the copy is bit-exact. Returns the result, the log and
+   * the watermarks in order.
+   */
+  const loggedCopy = async (c: Awaited<ReturnType<typeof rawCopy>>, opts: Partial<CopyDiskOptions>) => {
+    const log = logFlushes(c.v)
+    const res = await copyDisk(c.q, c.v, {
       from: 0,
       signal: new AbortController().signal,
-      flushEveryBytes: 8 * MiB,
-      qemuProcesses: 1,
-      onProgress: (p) => done.push(p.bytes_done),
+      onProgress() {},
+      ...opts,
       async onWatermark(w) {
         log.push(`w ${w}`)
       },
     })
-    await v.close()
-    await q.close()
-    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
-    // 24 MiB of data in 8 MiB ranges: 3 watermarks inside the data, then the end; each after a flush.
+    await c.v.close()
+    await c.q.close()
+    expect(sha(readFileSync(c.v.path))).toBe(sha(c.src.bytes))
     const marks = log.filter((l) => l.startsWith('w ')).map((l) => Number(l.slice(2)))
+    return { res, log, marks }
+  }
+
+  test('one qemu-img at a time: watermarks only after a flush, one per range of about flushEveryBytes of data; zero tail not written; progress rises to the end', async () => {
+    const c = await rawCopy('q1', 48 * MiB, 24 * MiB)
+    const done: number[] = []
+    const { res, log, marks } = await loggedCopy(c, { flushEveryBytes: 8 * MiB, qemuProcesses: 1, onProgress: (p) => done.push(p.bytes_done) })
+    // 24 MiB of data in 8 MiB ranges: 3 watermarks inside the data, then the end; each after a flush.
     expect(marks.slice(0, 3)).toEqual([8 * MiB, 16 * MiB, 24 * MiB])
     expect(marks[marks.length - 1]).toBe(48 * MiB)
     for (let i = 0; i < log.length; i++) if (log[i].startsWith('w ')) expect(log[i - 1]).toBe('flush')
@@ -446,13 +455,15 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     // The raw reader maps the file's holes (qemu-img map): the sparse tail is never read.
     expect(res.bytes_read).toBe(24 * MiB)
     expect(res.bytes_zero).toBe(24 * MiB)
-    expect(statSync(v.path).blocks * 512).toBeLessThanOrEqual(24 * MiB + 64 * KiB)
+    expect(statSync(c.v.path).blocks * 512).toBeLessThanOrEqual(24 * MiB + 64 * KiB)
   })
 
   /**
    * A wrapper around the real qemu-img (test double for timing only: the bytes are still moved by
    * qemu-img) that logs `start <offset>` / `end <offset>` of each range to `log` and, for the range
    * at offset `slowOffset`, sleeps `slowSeconds` before copying; every other range sleeps 0.3 s.
+   * It sleeps in 0.1 s steps, so a wrapper killed while it waits leaves no sleep behind for long
+   * (its qemu-img never starts).
    */
   const slowQemuImg = (name: string, slowOffset: number, slowSeconds: number): { bin: string; log: string } => {
     const bin = path.join(tmp.dir, `${name}-qemu-img`)
@@ -463,7 +474,8 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
         '#!/bin/sh',
         `off=$(printf '%s' "$*" | sed -n 's/.*"offset":\\([0-9]*\\).*/\\1/p')`,
         `echo "start $off" >> ${log}`,
-        `if [ "$off" = ${slowOffset} ]; then sleep ${slowSeconds}; else sleep 0.3; fi`,
+        `if [ "$off" = ${slowOffset} ]; then n=${Math.round(slowSeconds * 10)}; else n=3; fi`,
+        'while [ "$n" -gt 0 ]; do sleep 0.1; n=$((n - 1)); done',
         'qemu-img "$@"; rc=$?',
         `echo "end $off" >> ${log}`,
         'exit $rc',
@@ -475,29 +487,13 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
   }
 
   test('two qemu-img at once (asked for; the default into a block device on two cores): ranges overlap in time, watermarks ascend over ranges done, the copy is exact', async () => {
-    const { src, q, v } = await rawCopy('qpar', 48 * MiB, 32 * MiB)
-    const log = logFlushes(v)
     const qi = slowQemuImg('qpar', -1, 0)
-    const res = await copyDisk(q, v, {
-      from: 0,
-      signal: new AbortController().signal,
-      flushEveryBytes: 8 * MiB,
-      qemuProcesses: 2,
-      qemuImgPath: qi.bin,
-      onProgress() {},
-      async onWatermark(w) {
-        log.push(`w ${w}`)
-      },
-    })
-    await v.close()
-    await q.close()
-    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
+    const { res, log, marks } = await loggedCopy(await rawCopy('qpar', 48 * MiB, 32 * MiB), { flushEveryBytes: 8 * MiB, qemuProcesses: 2, qemuImgPath: qi.bin })
     expect(res.bytes_read).toBe(32 * MiB)
     // The second range starts before the first ends (each qemu-img takes at least 0.3 s).
     const events = readFileSync(qi.log, 'utf8').trim().split('\n')
     expect(events.slice(0, 2)).toEqual(['start 0', `start ${8 * MiB}`])
     expect(events.filter((e) => e.startsWith('start')).length).toBe(4)
-    const marks = log.filter((l) => l.startsWith('w ')).map((l) => Number(l.slice(2)))
     for (let i = 1; i < marks.length; i++) expect(marks[i]).toBeGreaterThanOrEqual(marks[i - 1])
     for (const m of marks) expect(m % (8 * MiB)).toBe(0)
     expect(marks[marks.length - 1]).toBe(48 * MiB)
@@ -545,20 +541,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
 
   test('while qemu-img writes a range, the volume is flushed again and again (writeback), yet watermarks come only at range ends', async () => {
     // 24 MiB of data at 16 MiB/s: one range that qemu-img writes for about 1.5 s.
-    const { src, q, v } = await rawCopy('q3', 32 * MiB, 24 * MiB)
-    const log = logFlushes(v)
-    await copyDisk(q, v, {
-      from: 0,
-      signal: new AbortController().signal,
-      maxBytesPerSecond: 16 * MiB,
-      onProgress() {},
-      async onWatermark(w) {
-        log.push(`w ${w}`)
-      },
-    })
-    await v.close()
-    await q.close()
-    expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))
+    const { log } = await loggedCopy(await rawCopy('q3', 32 * MiB, 24 * MiB), { maxBytesPerSecond: 16 * MiB })
     // One range (under the 256 MiB interval): its checkpoint, the final flush, and the writeback
     // flushes during the copy before them (at least one per 10 ms pause over about 1.5 s).
     expect(log.filter((l) => l.startsWith('w '))).toEqual([`w ${32 * MiB}`, `w ${32 * MiB}`])
@@ -615,6 +598,10 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     ac.abort()
     expect((await p.catch((e) => e)).code).toBe('E_MIG_CANCELLED')
     await v.close()
+    // A qemu-img whose wrapper was killed mid-copy finishes on its own: wait for it before resuming.
+    const stray = () => execFileSync('sh', ['-c', 'pgrep -f "^qemu-img convert.*var-qresume" || true'], { encoding: 'utf8' }).trim()
+    for (let i = 0; i < 100 && stray() !== ''; i++) await sleep(50)
+    expect(stray()).toBe('')
     expect(log()).not.toContain(`end ${8 * MiB}\n`)
     expect(durable).toBe(8 * MiB)
     // A new attempt on the same volume (reopened, as a restarted worker does) from the watermark:

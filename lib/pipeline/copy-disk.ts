@@ -576,16 +576,19 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   const running = new Set<Promise<void>>()
   const writeback = startWriteback(volume, stop.signal)
   const t0 = performance.now()
+  /** Under the cap, waits until the data read so far is within it (ended early by a failure or cancel). */
+  const capPause = async () => {
+    if (rate <= 0 || failure) return
+    const ahead = (res.bytes_read / rate) * 1000 - (performance.now() - t0)
+    if (ahead > 1) await sleep(ahead, undefined, { signal: stop.signal }).catch(() => {})
+  }
   try {
     // The ranges are found (the reader's extents: NBD block status, qemu-img map) up to
     // RANGES_AHEAD ahead, while qemu-img copies those before.
     for await (const r of prefetch(qemuRanges(reader, from, size, flushEvery, label), RANGES_AHEAD)) {
       while (running.size >= lanes && !failure) await Promise.race(running)
       // Each qemu-img starts with a fresh rate budget: the cap also holds across ranges.
-      if (rate > 0 && !failure) {
-        const ahead = (res.bytes_read / rate) * 1000 - (performance.now() - t0)
-        if (ahead > 1) await sleep(ahead, undefined, { signal: stop.signal }).catch(() => {})
-      }
+      await capPause()
       if (failure || signal.aborted) break
       const slot: QemuSlot = { r, done: 0, finished: false }
       open.push(slot)
@@ -606,10 +609,7 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   await Promise.all(running)
   // The cap holds to the end, as between ranges: the copy takes at least its data at the cap's rate
   // (qemu-img's own `-r` lets a small range through at once).
-  if (rate > 0 && !failure) {
-    const ahead = (res.bytes_read / rate) * 1000 - (performance.now() - t0)
-    if (ahead > 1) await sleep(ahead, undefined, { signal: stop.signal }).catch(() => {})
-  }
+  await capPause()
   // A failed writeback fsync fails the copy too; qemu-img's own failure is reported first.
   await writeback.stop().catch(fail)
   await checkpoint.catch(() => {}) // a failure is in `failure`
@@ -629,11 +629,13 @@ const WRITEBACK_IDLE_MS = 10
 /**
  * While the qemu-img engine copies (from its first range to its last), flushes the volume back to
  * back (one fsync after the other, never two at once) so the kernel writes the ranges back as
- * qemu-img writes them into the page cache, instead of all of a range at its checkpoint: on this machine a 428 MiB copy with its final
- * fsync took 414-463 ms this way and 535-700 ms with one fsync at the end (issue 15). These
- * flushes are no checkpoints: no watermark follows them (a range is only durable as a whole
- * once qemu-img exited). A flush that found nothing to write is followed by a 10 ms pause. `stop()` ends the loop, waits for the flush in flight and rejects with its error
- * (`E_MIG_DISK_WRITE_FAILED` from the volume); an aborted `signal` ends the loop too.
+ * qemu-img writes them into the page cache, instead of all of a range at its checkpoint: on this
+ * machine a 428 MiB copy with its final fsync took 414-463 ms this way and 535-700 ms with one
+ * fsync at the end (issue 15). These flushes are no checkpoints: no watermark follows them (a
+ * range is only durable as a whole once qemu-img exited). A flush that found nothing to write is
+ * followed by a 10 ms pause. `stop()` ends the loop, waits for the flush in flight and rejects
+ * with its error (`E_MIG_DISK_WRITE_FAILED` from the volume); an aborted `signal` ends the loop
+ * too.
  */
 function startWriteback(volume: SinkVolume, signal: AbortSignal): { stop(): Promise<void> } {
   const stopped = new AbortController()

@@ -390,6 +390,13 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     controller: 'virtio',
     address: '0',
   })
+  /** Pids of the processes `pgrep <args>` finds (none: an empty list). */
+  const pgrep = (args: string): number[] =>
+    execFileSync('sh', ['-c', `pgrep ${args} || true`], { encoding: 'utf8' })
+      .trim()
+      .split('\n')
+      .filter(Boolean)
+      .map(Number)
   const alive = (pid: number) => {
     try {
       process.kill(pid, 0)
@@ -554,13 +561,13 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     const { q, v } = await rawCopy('q2', 64 * MiB, 64 * MiB)
     const ac = new AbortController()
     const pids: number[] = []
-    const before = execFileSync('sh', ['-c', 'pgrep -x qemu-img || true'], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
+    const before = pgrep('-x qemu-img')
     const t0 = performance.now()
     const p = copyDisk(q, v, { from: 0, signal: ac.signal, maxBytesPerSecond: 4 * MiB, onProgress() {}, async onWatermark() {} })
     // The capped qemu-img runs for seconds; find it, then cancel.
     for (let i = 0; i < 100 && pids.length === 0; i++) {
       await new Promise((res) => setTimeout(res, 20))
-      const now = execFileSync('sh', ['-c', 'pgrep -x qemu-img || true'], { encoding: 'utf8' }).trim().split('\n').filter(Boolean).map(Number)
+      const now = pgrep('-x qemu-img')
       pids.push(...now.filter((x) => !before.includes(x)))
     }
     expect(pids.length).toBeGreaterThan(0)
@@ -600,9 +607,9 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     expect((await p.catch((e) => e)).code).toBe('E_MIG_CANCELLED')
     await v.close()
     // A qemu-img whose wrapper was killed mid-copy finishes on its own: wait for it before resuming.
-    const stray = () => execFileSync('sh', ['-c', 'pgrep -f "^qemu-img convert.*var-qresume" || true'], { encoding: 'utf8' }).trim()
-    for (let i = 0; i < 100 && stray() !== ''; i++) await sleep(50)
-    expect(stray()).toBe('')
+    const stray = () => pgrep('-f "^qemu-img convert.*var-qresume"')
+    for (let i = 0; i < 100 && stray().length > 0; i++) await sleep(50)
+    expect(stray()).toEqual([])
     expect(log()).not.toContain(`end ${8 * MiB}\n`)
     expect(durable).toBe(8 * MiB)
     // A new attempt on the same volume (reopened, as a restarted worker does) from the watermark:
@@ -635,12 +642,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     writeFileSync(bin, `#!/bin/bash\nexec -a ${tag} sleep 60\n`, { mode: 0o755 })
     const ac = new AbortController()
     const p = copyDisk(q, v, { from: 0, signal: ac.signal, flushEveryBytes: 8 * MiB, qemuProcesses: 2, qemuImgPath: bin, ...noop })
-    const running = () =>
-      execFileSync('sh', ['-c', `pgrep -f "^${tag}" || true`], { encoding: 'utf8' })
-        .trim()
-        .split('\n')
-        .filter(Boolean)
-        .map(Number)
+    const running = () => pgrep(`-f "^${tag}"`)
     let pids: number[] = []
     for (let i = 0; i < 100 && pids.length < 2; i++) {
       await new Promise((res) => setTimeout(res, 20))

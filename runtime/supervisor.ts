@@ -66,6 +66,13 @@ const BUN_WORKER_ENV: Record<string, string> =
   process.versions.bun && !process.env.BUN_JSC_forceRAMSize ? { BUN_JSC_forceRAMSize: String(128 * 1024 * 1024) } : {}
 
 /**
+ * Under Node, job workers run with `--expose-gc`: a worker thread (lib/script-thread.ts) collects
+ * its heap when it forgets the copy loop's shared buffers, which otherwise stay in memory until
+ * that thread's heap is collected on its own (Bun has `Bun.gc` in every thread).
+ */
+const WORKER_EXEC_ARGV: string[] = process.versions.bun ? [] : ['--expose-gc']
+
+/**
  * Path of the worker entry: under Bun the bytecode bundle when it is fresh
  * (runtime/worker-bundle.ts), else the `.ts` module next to this one; under Node the compiled `.js`.
  */
@@ -152,7 +159,7 @@ export class Supervisor {
     const entry = workerPath()
     const child = fork(entry, [arg], {
       execPath: process.execPath,
-      execArgv: [],
+      execArgv: WORKER_EXEC_ARGV,
       detached: true,
       serialization: 'json',
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],

@@ -1,7 +1,10 @@
 /**
  * The SSE hub (DESIGN.md section 3): job events are stored with an increasing sequence number
  * (the SSE `id:`) and fanned out to every open `GET /migrations/stream`. `progress` events are
- * throttled to one per job every 500 ms; `migration` events are never dropped.
+ * throttled to one per job every 500 ms: one that comes sooner is held, replaced by any later one,
+ * and sent when the 500 ms are over (so the latest progress is never lost to the throttle), unless
+ * a `migration` event of that job comes first (it carries the job's progress too). `migration`
+ * events are never dropped.
  */
 import type { EventsRepo, StoredEvent } from '../lib/store/events.ts'
 import type { Logger } from './logger.ts'
@@ -13,6 +16,9 @@ export interface Subscriber {
   close(): void
 }
 
+/** A `progress` event's data before its `at`. */
+type ProgressData = { id: string; state: string; progress: unknown }
+
 /** Minimum milliseconds between two `progress` events of one job. */
 export const PROGRESS_INTERVAL_MS = 500
 
@@ -20,6 +26,8 @@ export const PROGRESS_INTERVAL_MS = 500
 export class SseHub {
   private readonly subs = new Set<Subscriber>()
   private readonly lastProgress = new Map<string, number>()
+  /** Per job, the latest `progress` event the throttle held back, and the timer that sends it. */
+  private readonly held = new Map<string, { data: ProgressData; timer: ReturnType<typeof setTimeout> }>()
   private appends = 0
 
   constructor(
@@ -31,21 +39,48 @@ export class SseHub {
 
   /** Stores and broadcasts a `migration` event carrying the whole job. */
   async publishJob(job: { id: string }): Promise<void> {
+    this.release(job.id)
     await this.publish(job.id, 'migration', job)
   }
 
   /**
    * Stores and broadcasts a `progress` event `{id, state, progress, at}` (`at`: ISO-8601 time of
-   * the sample, so a replayed history can be charted over time) unless one for the same job went
-   * out less than 500 ms ago (`force` bypasses the throttle). Returns whether it was sent.
+   * the sample, so a replayed history can be charted over time). When one for the same job went
+   * out less than 500 ms ago (and not `force`), this one is held and sent when the 500 ms are over
+   * (see the module comment). Returns whether it was sent now.
    */
-  async publishProgress(data: { id: string; state: string; progress: unknown }, force = false): Promise<boolean> {
+  async publishProgress(data: ProgressData, force = false): Promise<boolean> {
     const t = this.now().getTime()
     const last = this.lastProgress.get(data.id)
-    if (!force && last !== undefined && t - last < PROGRESS_INTERVAL_MS) return false
+    const wait = last === undefined ? 0 : PROGRESS_INTERVAL_MS - (t - last)
+    if (!force && wait > 0) {
+      const h = this.held.get(data.id)
+      if (h) h.data = data
+      else {
+        const timer = setTimeout(
+          () => {
+            const latest = this.held.get(data.id)?.data
+            if (latest) this.publishProgress(latest, true).catch((e) => this.logger.warn({ err: e }, 'held progress event failed'))
+          },
+          Math.min(wait, PROGRESS_INTERVAL_MS),
+        )
+        timer.unref?.()
+        this.held.set(data.id, { data, timer })
+      }
+      return false
+    }
+    this.release(data.id)
     this.lastProgress.set(data.id, t)
     await this.publish(data.id, 'progress', { ...data, at: new Date(t).toISOString() })
     return true
+  }
+
+  /** Forgets the `progress` event held for job `id`, if any. */
+  private release(id: string): void {
+    const h = this.held.get(id)
+    if (!h) return
+    clearTimeout(h.timer)
+    this.held.delete(id)
   }
 
   private async publish(jobId: string, event: string, data: unknown): Promise<void> {
@@ -81,6 +116,7 @@ export class SseHub {
 
   /** Closes every subscriber (graceful shutdown). */
   closeAll(): void {
+    for (const id of [...this.held.keys()]) this.release(id)
     for (const s of this.subs) s.close()
     this.subs.clear()
   }

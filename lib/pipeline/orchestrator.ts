@@ -111,7 +111,10 @@ export interface OrchestratorDeps {
   signal: AbortSignal
   /** Called after every state change with the whole job (SSE `migration`). */
   onJob(job: Job): void
-  /** Called with progress snapshots, at most every 500 ms (SSE `progress`). */
+  /**
+   * Called with progress snapshots, at most every {@link PROGRESS_EVERY_MS} (SSE `progress`); a
+   * change inside an interval is sent when the interval ends.
+   */
   onProgress(p: { id: string; state: JobState; progress: Job['progress'] }): void
   prepare(job: Job, signal: AbortSignal): Promise<PreparedSource>
   sink: Sink
@@ -153,6 +156,9 @@ export interface OrchestratorDeps {
   mark?(name: string): void
 }
 
+/** Least time between two progress snapshots of a job (ms); the job's stored progress and SSE `progress`. */
+export const PROGRESS_EVERY_MS = 500
+
 const ORDER: JobState[] = ['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'V2vProcessing', 'Starting', 'Completed']
 
 function cancelled(): MigError {
@@ -191,10 +197,24 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
   let volumes: SinkVolume[] = []
   let tracker: ProgressTracker | null = null
   let lastEmit = 0
+  // A throttled update goes out when its interval ends, so the last one is never lost.
+  let trailing: ReturnType<typeof setTimeout> | null = null
   const emit = (force = false) => {
     if (!tracker) return
     const t = deps.now().getTime()
-    if (!force && t - lastEmit < 500) return
+    const wait = PROGRESS_EVERY_MS - (t - lastEmit)
+    if (!force && wait > 0) {
+      trailing ??= setTimeout(
+        () => {
+          trailing = null
+          emit(true)
+        },
+        Math.min(wait, PROGRESS_EVERY_MS),
+      )
+      return
+    }
+    if (trailing) clearTimeout(trailing)
+    trailing = null
     lastEmit = t
     const progress = tracker.snapshot()
     void jobs.update(jobId, { progress }, iso()).catch(() => {})
@@ -316,6 +336,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     return job
   } finally {
+    if (trailing) clearTimeout(trailing)
     for (const v of volumes) await v.close().catch(() => {})
     if (early && !early.taken) await early.reader.then((r) => r.close()).catch(() => {})
     await source?.close().catch(() => {})

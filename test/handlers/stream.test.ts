@@ -68,6 +68,23 @@ describe('GET /migrations/stream', () => {
     expect(ctx.hub.size).toBe(0)
   })
 
+  test('a progress event the throttle held goes out once the 500 ms are over: the latest one only', async () => {
+    const res = await stream.handle(req('GET', '/migrations/stream'), ctx)
+    const held = (f: Sse[]) => f.filter((x) => x.event && x.data.id === 'held')
+    const pending = readFrames(res, (f) => held(f).length >= 2)
+    await Bun.sleep(20)
+    const progress = (n: number) => ({ id: 'held', state: 'CopyingFull', progress: { bytes_done: n } })
+    expect(await ctx.hub.publishProgress(progress(1))).toBe(true)
+    expect(await ctx.hub.publishProgress(progress(2))).toBe(false)
+    expect(await ctx.hub.publishProgress(progress(3))).toBe(false)
+    const frames = held(await pending)
+    expect(frames.map((f) => [f.event, f.data.progress.bytes_done])).toEqual([
+      ['progress', 1],
+      ['progress', 3],
+    ])
+    expect(Date.parse(frames[1].data.at) - Date.parse(frames[0].data.at)).toBeGreaterThanOrEqual(490)
+  })
+
   test('Last-Event-ID replays what the client missed; ?id= filters one job', async () => {
     const first = (await ctx.store.events.since(0, 1))[0].seq
     const res = await stream.handle(req('GET', '/migrations/stream', undefined, { 'last-event-id': String(first) }), ctx)

@@ -18,7 +18,7 @@ import { MigError } from '../../lib/errors.ts'
 import type { Job, JobState } from '../../lib/job.ts'
 import type { ManifestDisk, VmManifest } from '../../lib/manifest.ts'
 import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
-import { runJob, type OrchestratorDeps } from '../../lib/pipeline/orchestrator.ts'
+import { PROGRESS_EVERY_MS, runJob, type OrchestratorDeps } from '../../lib/pipeline/orchestrator.ts'
 import type { DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { openStore, type Store } from '../../lib/store/index.ts'
@@ -365,6 +365,29 @@ describe('orchestrator, live path (scripted live-source TEST DOUBLE)', () => {
     expect([job.state, job.last_error?.code]).toEqual(['Cancelled', 'E_MIG_CANCELLED'])
     expect(existsSync(sink.jobDir(id))).toBe(false)
     expect(await store.watermarks.list(id)).toEqual([])
+  })
+
+  test('progress: an update inside the throttle interval goes out when the interval ends, to the job and to listeners', async () => {
+    const src = new ScriptedLiveSource([randomBytes(2 * MiB)], { warm: false, cbt: false })
+    const sent: number[] = []
+    let duringPause: { sent: number[]; stored: number | undefined } | null = null
+    const { deps, store, id } = await setup(src, 'Cold', {
+      onProgress: (p) => sent.push(p.progress.bytes_done),
+      // Two updates at once and a pause (as under a bandwidth cap): the second must not wait for
+      // the copy's end. Then the real copy, its own updates silenced.
+      copyDisk: async (r, v, o) => {
+        o.onProgress({ bytes_done: MiB, bytes_zero: 0, watermark: 0 })
+        o.onProgress({ bytes_done: MiB + 4096, bytes_zero: 0, watermark: 0 })
+        await Bun.sleep(PROGRESS_EVERY_MS + 300)
+        duringPause = { sent: [...sent], stored: (await store.jobs.get(id)).progress?.bytes_done }
+        return copyDisk(r, v, { ...o, onProgress: () => {} })
+      },
+    })
+    const job = await runJob(deps)
+    expect(job.state).toBe('Completed')
+    expect(duringPause!.sent).toEqual([MiB, MiB + 4096])
+    expect(duringPause!.stored).toBe(MiB + 4096)
+    await store.close()
   })
 
   test('Windows guests (plan guest_os) go through V2vProcessing between the copy and Starting', async () => {

@@ -236,10 +236,6 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
 
   const rate = opts.maxBytesPerSecond ?? 0
   const t0 = performance.now()
-  const throttle = async () => {
-    const ahead = (res.bytes_read / rate) * 1000 - (performance.now() - t0)
-    if (ahead > 1) await sleep(ahead, undefined, { signal }).catch(() => {})
-  }
 
   try {
     await fill()
@@ -309,7 +305,7 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
         sinceFlush = 0
       }
       opts.onProgress({ bytes_done: from + res.bytes_written + res.bytes_zero, bytes_zero: res.bytes_zero, watermark, bytes_read: res.bytes_read })
-      if (rate > 0) await throttle()
+      if (rate > 0) await capWait(res.bytes_read, rate, t0, signal)
     }
     if (signal.aborted) throw cancelled(label, position)
     await issueZero()
@@ -578,9 +574,7 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   const t0 = performance.now()
   /** Under the cap, waits until the data read so far is within it (ended early by a failure or cancel). */
   const capPause = async () => {
-    if (rate <= 0 || failure) return
-    const ahead = (res.bytes_read / rate) * 1000 - (performance.now() - t0)
-    if (ahead > 1) await sleep(ahead, undefined, { signal: stop.signal }).catch(() => {})
+    if (rate > 0 && !failure) await capWait(res.bytes_read, rate, t0, stop.signal)
   }
   try {
     // The ranges are found (the reader's extents: NBD block status, qemu-img map) up to
@@ -621,6 +615,15 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   await opts.onWatermark(size)
   progress()
   return res
+}
+
+/**
+ * The bandwidth cap's wait: resolves once `bytesRead` bytes read since `t0` (`performance.now()`
+ * ms) are within `rate` bytes per second, or at once when `signal` aborts. Never rejects.
+ */
+async function capWait(bytesRead: number, rate: number, t0: number, signal: AbortSignal): Promise<void> {
+  const ahead = (bytesRead / rate) * 1000 - (performance.now() - t0)
+  if (ahead > 1) await sleep(ahead, undefined, { signal }).catch(() => {})
 }
 
 /** Pause after a writeback flush that found nothing to write, ms (no busy loop over an idle volume). */

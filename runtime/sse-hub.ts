@@ -7,6 +7,7 @@
  * events are never dropped.
  */
 import type { EventsRepo, StoredEvent } from '../lib/store/events.ts'
+import { TrailingThrottle } from '../lib/throttle.ts'
 import type { Logger } from './logger.ts'
 
 /** A live subscriber: receives events, is closed on shutdown. */
@@ -25,9 +26,8 @@ export const PROGRESS_INTERVAL_MS = 500
 /** Fans job events out to SSE subscribers and stores them for `Last-Event-ID` replay. */
 export class SseHub {
   private readonly subs = new Set<Subscriber>()
-  private readonly lastProgress = new Map<string, number>()
-  /** Per job, the latest `progress` event the throttle held back, and the timer that sends it. */
-  private readonly held = new Map<string, { data: ProgressData; timer: ReturnType<typeof setTimeout> }>()
+  /** Per job, the throttle of its `progress` events (it holds the latest one back). */
+  private readonly progress = new Map<string, TrailingThrottle<ProgressData>>()
   private appends = 0
 
   constructor(
@@ -39,7 +39,7 @@ export class SseHub {
 
   /** Stores and broadcasts a `migration` event carrying the whole job. */
   async publishJob(job: { id: string }): Promise<void> {
-    this.release(job.id)
+    this.progress.get(job.id)?.drop()
     await this.publish(job.id, 'migration', job)
   }
 
@@ -49,38 +49,18 @@ export class SseHub {
    * out less than 500 ms ago (and not `force`), this one is held and sent when the 500 ms are over
    * (see the module comment). Returns whether it was sent now.
    */
-  async publishProgress(data: ProgressData, force = false): Promise<boolean> {
-    const t = this.now().getTime()
-    const last = this.lastProgress.get(data.id)
-    const wait = last === undefined ? 0 : PROGRESS_INTERVAL_MS - (t - last)
-    if (!force && wait > 0) {
-      const h = this.held.get(data.id)
-      if (h) h.data = data
-      else {
-        const timer = setTimeout(
-          () => {
-            const latest = this.held.get(data.id)?.data
-            if (latest) this.publishProgress(latest, true).catch((e) => this.logger.warn({ err: e }, 'held progress event failed'))
-          },
-          Math.min(wait, PROGRESS_INTERVAL_MS),
-        )
-        timer.unref?.()
-        this.held.set(data.id, { data, timer })
-      }
-      return false
+  publishProgress(data: ProgressData, force = false): Promise<boolean> {
+    let throttle = this.progress.get(data.id)
+    if (!throttle) {
+      throttle = new TrailingThrottle<ProgressData>(
+        PROGRESS_INTERVAL_MS,
+        (d) => this.publish(d.id, 'progress', { ...d, at: this.now().toISOString() }),
+        (e) => this.logger.warn({ err: e }, 'held progress event failed'),
+        () => this.now().getTime(),
+      )
+      this.progress.set(data.id, throttle)
     }
-    this.release(data.id)
-    this.lastProgress.set(data.id, t)
-    await this.publish(data.id, 'progress', { ...data, at: new Date(t).toISOString() })
-    return true
-  }
-
-  /** Forgets the `progress` event held for job `id`, if any. */
-  private release(id: string): void {
-    const h = this.held.get(id)
-    if (!h) return
-    clearTimeout(h.timer)
-    this.held.delete(id)
+    return throttle.offer(data, force)
   }
 
   private async publish(jobId: string, event: string, data: unknown): Promise<void> {
@@ -116,7 +96,7 @@ export class SseHub {
 
   /** Closes every subscriber (graceful shutdown). */
   closeAll(): void {
-    for (const id of [...this.held.keys()]) this.release(id)
+    for (const t of this.progress.values()) t.drop()
     for (const s of this.subs) s.close()
     this.subs.clear()
   }

@@ -28,6 +28,7 @@ import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { Sink, SinkVolume } from '../sink/types.ts'
 import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
 import { ProgressTracker } from './progress.ts'
+import { TrailingThrottle } from '../throttle.ts'
 
 /** What `start` reports: the domain, the hardware chosen, and a boot notice (null: boot verified or not started). */
 export interface StartOutcome {
@@ -196,29 +197,20 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
   let early: EarlyReader | null = null
   let volumes: SinkVolume[] = []
   let tracker: ProgressTracker | null = null
-  let lastEmit = 0
   // A throttled update goes out when its interval ends, so the last one is never lost.
-  let trailing: ReturnType<typeof setTimeout> | null = null
+  const progressThrottle = new TrailingThrottle<void>(
+    PROGRESS_EVERY_MS,
+    () => {
+      if (!tracker) return
+      const progress = tracker.snapshot()
+      void jobs.update(jobId, { progress }, iso()).catch(() => {})
+      deps.onProgress({ id: jobId, state: job.state, progress })
+    },
+    () => {},
+    () => deps.now().getTime(),
+  )
   const emit = (force = false) => {
-    if (!tracker) return
-    const t = deps.now().getTime()
-    const wait = PROGRESS_EVERY_MS - (t - lastEmit)
-    if (!force && wait > 0) {
-      trailing ??= setTimeout(
-        () => {
-          trailing = null
-          emit(true)
-        },
-        Math.min(wait, PROGRESS_EVERY_MS),
-      )
-      return
-    }
-    if (trailing) clearTimeout(trailing)
-    trailing = null
-    lastEmit = t
-    const progress = tracker.snapshot()
-    void jobs.update(jobId, { progress }, iso()).catch(() => {})
-    deps.onProgress({ id: jobId, state: job.state, progress })
+    if (tracker) void progressThrottle.offer(undefined, force).catch(() => {})
   }
 
   try {
@@ -336,7 +328,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     return job
   } finally {
-    if (trailing) clearTimeout(trailing)
+    progressThrottle.drop()
     for (const v of volumes) await v.close().catch(() => {})
     if (early && !early.taken) await early.reader.then((r) => r.close()).catch(() => {})
     await source?.close().catch(() => {})

@@ -24,6 +24,9 @@ const HEADER_END = 0x1c8 // end of the v1.1 header's parent-modification UUID
  * - `virtual_size`: `cbDisk`; `block_size`: `cbBlock` (1 MiB in practice).
  * - `uuid`: the image UUID; `parent_uuid`: the link UUID of a differencing image, else null.
  * - `blocks`: entries of the block map; `blocks_allocated`: allocated blocks.
+ * - `bmap_offset`, `data_offset`: file offsets of the block map (`offBlocks`, little-endian 32-bit
+ *   entries) and of the first block (`offData`); `block_extra`: `cbBlockExtra`, bytes stored
+ *   before each block's data; `sector_size`: the legacy geometry's `cbSector` (512 in practice).
  */
 export interface VdiInfo {
   image_type: 'dynamic' | 'fixed' | 'undo' | 'differencing'
@@ -33,6 +36,10 @@ export interface VdiInfo {
   parent_uuid: string | null
   blocks: number
   blocks_allocated: number
+  bmap_offset: number
+  data_offset: number
+  block_extra: number
+  sector_size: number
 }
 
 /** An RTUUID (little-endian first three fields) as lower-case text. */
@@ -90,7 +97,20 @@ export function parseVdiHeader(buf: Buffer, fileSize: number, file: string): Vdi
   const link = uuidAt(buf, 0x1a8)
   const parent_uuid = link === NIL ? null : link
   if (image_type === 'differencing' && parent_uuid === null) throw malformed(file, 'differencing VDI without a parent UUID')
-  return { image_type, virtual_size, block_size, uuid, parent_uuid, blocks, blocks_allocated }
+  const sector_size = buf.readUInt32LE(0x168)
+  return {
+    image_type,
+    virtual_size,
+    block_size,
+    uuid,
+    parent_uuid,
+    blocks,
+    blocks_allocated,
+    bmap_offset: offBlocks,
+    data_offset: offData,
+    block_extra: extra,
+    sector_size,
+  }
 }
 
 /**

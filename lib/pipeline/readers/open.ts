@@ -6,10 +6,12 @@
  * - `source.layout === 'xva_blocks'`: {@link openXvaBlocksReader} over `source.member`;
  * - `disk_format === 'raw'`: {@link openRawFileReader}, at `source.offset`/`source.length` for a
  *   tar member;
- * - `vhdx` without a parent or an unreplayed log, `vpc` dynamic: {@link openVhdxBlocksReader},
- *   {@link openVhdBlocksReader} (their BAT, the file's holes skipped; their own checks of every
- *   BAT entry replace `qemu-img check`);
- * - `qcow2`, `vmdk`, `vhdx` (differencing), `vpc` (fixed, differencing), `vdi`:
+ * - `vhdx` without a parent or an unreplayed log, `vpc` dynamic, `vdi` dynamic or fixed:
+ *   {@link openVhdxBlocksReader}, {@link openVhdBlocksReader}, {@link openVdiBlocksReader} (their
+ *   BAT or block map, the file's holes skipped; their own checks of every entry replace `qemu-img
+ *   check`);
+ * - `qcow2`, `vmdk`, `vhdx` (differencing), `vpc` (fixed, differencing), `vdi` (the images the
+ *   block map reader leaves to qemu, differencing):
  *   {@link openNbdReader} (qemu-nbd),
  *   through the raw driver's offset/size for a tar member, with the manifest's validated
  *   `backing_chain`.
@@ -25,6 +27,7 @@ import { stageOvfFile } from './ovf-staged.ts'
 import { openRawFileReader } from './raw-file.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import type { ImageFileOptions } from './image-file.ts'
+import { openVdiBlocksReader } from './vdi-blocks.ts'
 import { openVhdBlocksReader } from './vhd-blocks.ts'
 import { openVhdxBlocksReader } from './vhdx-blocks.ts'
 import { openXvaBlocksReader } from './xva-blocks.ts'
@@ -123,12 +126,13 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
 }
 
 /**
- * The reader of an image by its block table (`vhdx-blocks.ts`, `vhd-blocks.ts`), or null for a
+ * The reader of an image by its block table (`vhdx-blocks.ts`, `vhd-blocks.ts`, `vdi-blocks.ts`), or null for a
  * format or an image these do not read (then qemu-nbd reads it). Errors of those readers.
  */
 function openByBlockTable(format: DiskFormat, path: string, opts: ImageFileOptions): Promise<DiskReader | null> {
   if (format === 'vhdx') return openVhdxBlocksReader(path, opts)
   if (format === 'vpc') return openVhdBlocksReader(path, opts)
+  if (format === 'vdi') return openVdiBlocksReader(path, opts)
   return Promise.resolve(null)
 }
 

@@ -1,0 +1,165 @@
+/**
+ * The VDI reader by its block map (lib/pipeline/readers/vdi-blocks.ts), against real VDI files
+ * written by qemu-img: bytes equal to `qemu-img convert -f vdi -O raw` (dynamic and fixed), only
+ * the stored blocks read, the odd size qemu rounds up, a tar member read in place, discarded
+ * blocks as zeros, the refusals (a block beyond the end of the file, a truncated image), and the
+ * images left to qemu-nbd.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { createHash } from 'node:crypto'
+import { closeSync, mkdirSync, openSync, readFileSync, statSync, truncateSync, writeSync } from 'node:fs'
+import * as path from 'node:path'
+import { listTarMembers } from '../../lib/formats/tar.ts'
+import { readVdiInfo } from '../../lib/formats/vdi.ts'
+import type { ManifestDisk } from '../../lib/manifest.ts'
+import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
+import { openVdiBlocksReader } from '../../lib/pipeline/readers/vdi-blocks.ts'
+import { FileSink } from '../../lib/sink/file.ts'
+import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { tempDir } from '../helpers/tmp.ts'
+import { migErrorOf } from '../helpers/mig-error.ts'
+
+const MiB = 1024 * 1024
+const SIZE = SCATTERED_SIZE
+const DATA_BYTES = SCATTERED_DATA_BYTES
+/** 1 MiB blocks the scattered disk's pieces touch (0, 1, 7, 19-20, 33-37, 63). */
+const BLOCKS_WITH_DATA = 11
+
+const tmp = tempDir('mig-vdi-blocks-')
+const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
+let RAW = ''
+let RAW_SHA = ''
+afterAll(() => tmp.cleanup())
+
+const sha256File = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex')
+const vdiDisk = (p: string, capacity: number, src: Partial<ManifestDisk['source']> = {}): ManifestDisk => ({
+  label: 'disk vdi',
+  capacity_bytes: capacity,
+  disk_format: 'vdi',
+  source: { path: p, ...src },
+  controller: 'virtio',
+  address: '0:0',
+})
+
+/** A VDI of `raw` written by qemu-img with `opts`. */
+function vdiOf(raw: string, name: string, opts: string[] = []): string {
+  const out = path.join(tmp.dir, name)
+  execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'vdi', ...opts, raw, out])
+  return out
+}
+
+/** `qemu-img convert -f vdi -O raw` of `src`. */
+function qemuRaw(src: string): string {
+  const out = `${src}.ref.raw`
+  execFileSync('qemu-img', ['convert', '-f', 'vdi', '-O', 'raw', src, out])
+  return out
+}
+
+/** Writes `value` as a little-endian 32-bit word at `at` of `file` (`big`: 64-bit). */
+function patch(file: string, at: number, value: number, big = false): void {
+  const b = Buffer.alloc(big ? 8 : 4)
+  if (big) b.writeBigUInt64LE(BigInt(value))
+  else b.writeUInt32LE(value)
+  const fd = openSync(file, 'r+')
+  writeSync(fd, b, 0, b.length, at)
+  closeSync(fd)
+}
+
+/** Overwrites the block map entry of block `block` of `file` with `entry`. */
+async function patchMap(file: string, block: number, entry: number): Promise<void> {
+  patch(file, (await readVdiInfo(file)).bmap_offset + block * 4, entry)
+}
+
+const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
+
+beforeAll(() => {
+  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
+  RAW_SHA = sha256File(RAW)
+})
+
+describe('VDI read by its block map, without qemu-nbd', () => {
+  test('dynamic: bit-exact, only the stored blocks read, zeros inside them never written, no qemu node', async () => {
+    const img = vdiOf(RAW, 'dyn.vdi')
+    expect((await readVdiInfo(img)).blocks_allocated).toBe(BLOCKS_WITH_DATA)
+    const out = await copy(vdiDisk(img, SIZE))
+    expect(out.qemuNode).toBeUndefined()
+    expect(out.size).toBe(SIZE)
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+    expect(out.res.bytes_read).toBeGreaterThanOrEqual(DATA_BYTES)
+    expect(out.res.bytes_read).toBeLessThanOrEqual(BLOCKS_WITH_DATA * MiB)
+    expect(out.res.bytes_written).toBe(DATA_BYTES)
+  })
+
+  test('fixed (static): bit-exact, no qemu node', async () => {
+    const img = vdiOf(RAW, 'static.vdi', ['-o', 'static=on'])
+    expect((await readVdiInfo(img)).image_type).toBe('fixed')
+    const out = await copy(vdiDisk(img, SIZE))
+    expect(out.qemuNode).toBeUndefined()
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+    expect(out.res.bytes_written).toBe(DATA_BYTES)
+  })
+
+  test('an odd disk size (as VBoxManage convertfromraw writes): rounded up to 512 bytes as qemu presents it, bytes equal to qemu-img convert', async () => {
+    const img = vdiOf(RAW, 'odd.vdi')
+    patch(img, 0x170, SIZE - 1000, true) // cbDisk
+    const ref = qemuRaw(img)
+    expect(statSync(ref).size).toBe(SIZE - 512)
+    const out = await copy(vdiDisk(img, SIZE - 512))
+    expect(out.qemuNode).toBeUndefined()
+    expect(out.size).toBe(SIZE - 512)
+    expect(sha256File(out.path)).toBe(sha256File(ref))
+  })
+
+  test('a VDI inside a tar is read in place at its member offset', async () => {
+    const dir = path.join(tmp.dir, 'tar')
+    mkdirSync(dir)
+    vdiOf(RAW, 'tar/disk.vdi')
+    const tar = path.join(tmp.dir, 'vm.tar')
+    execFileSync('tar', ['-C', dir, '-cf', tar, 'disk.vdi'])
+    const m = (await listTarMembers(tar))[0]!
+    const out = await copy(vdiDisk(tar, SIZE, { offset: m.offset, length: m.size, member: m.name }))
+    expect(out.qemuNode).toBeUndefined()
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+  })
+
+  test('a discarded block (0xFFFFFFFE) reads as zeros, as qemu reads it', async () => {
+    const img = vdiOf(RAW, 'discarded.vdi')
+    await patchMap(img, 7, 0xfffffffe) // the block holding the piece at 7 MiB
+    const ref = qemuRaw(img)
+    expect(sha256File(ref)).not.toBe(RAW_SHA)
+    const out = await copy(vdiDisk(img, SIZE))
+    expect(out.qemuNode).toBeUndefined()
+    expect(sha256File(out.path)).toBe(sha256File(ref))
+  })
+})
+
+describe('VDI block map refusals and the images left to qemu-nbd', () => {
+  test('a block beyond the end of the file: E_MIG_DISK_READ_FAILED before any copy, naming the block', async () => {
+    const img = vdiOf(RAW, 'beyond.vdi')
+    await patchMap(img, 33, 0x7fffffff)
+    const err = await migErrorOf(openDiskReader(vdiDisk(img, SIZE)))
+    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+    expect(err.message).toContain(img)
+    expect(err.message).toContain('block 33')
+    expect(err.message).toContain('beyond the end of the file')
+  })
+
+  test('an image cut short: E_MIG_DISK_READ_FAILED at open', async () => {
+    const img = vdiOf(RAW, 'cut.vdi')
+    truncateSync(img, Math.floor(statSync(img).size / 2))
+    const err = await migErrorOf(openDiskReader(vdiDisk(img, SIZE)))
+    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+    expect(err.message).toContain(img)
+    expect(err.message).toContain('truncated')
+  })
+
+  test('an image with a link UUID is left to qemu-nbd (null here), which refuses it', async () => {
+    const img = vdiOf(RAW, 'linked.vdi')
+    patch(img, 0x1a8, 0x12345678) // first word of the link UUID
+    expect(await openVdiBlocksReader(img)).toBeNull()
+    const err = await migErrorOf(openDiskReader(vdiDisk(img, SIZE)))
+    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+    expect(err.message).toContain('link UUID')
+  })
+})

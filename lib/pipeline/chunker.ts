@@ -135,23 +135,42 @@ export function isAllZero(buf: Uint8Array): boolean {
   return true
 }
 
+/** Granules of {@link splitZeroRuns} checked at once before any is checked alone. */
+const ZERO_SCAN_FANOUT = 16
+
 /**
  * Cuts `buf`, the bytes at disk offset `offset`, into alternating data and zero segments whose
  * inner boundaries fall on multiples of `granularity` (absolute disk offsets; the first and last
  * segments may be partial). Adjacent segments of the same kind are merged. Bytes.
+ * Each span of 16 granules (fewer when 16 exceed 4 MiB) is compared whole first (one memcmp against {@link ZERO_BUFFER}); only a
+ * span holding data is compared granule by granule, so a zero area costs one call per 16 granules
+ * (the calls, not the bytes, were most of the scan's time with 4 KiB granules). The segments are
+ * the same as a granule-by-granule scan's.
  */
 export function splitZeroRuns(buf: Buffer, offset: number, granularity: number): Chunk[] {
   const out: Chunk[] = []
   const g = Math.max(512, Math.min(granularity, CHUNK_BYTES))
+  const span = g * Math.max(1, Math.min(ZERO_SCAN_FANOUT, Math.floor(CHUNK_BYTES / g))) // a multiple of g, at most ZERO_BUFFER's length
   const end = offset + buf.length
+  const zeroAt = (from: number, to: number) => buf.compare(ZERO_BUFFER, 0, to - from, from - offset, to - offset) === 0
+  const add = (from: number, to: number, zero: boolean) => {
+    const last = out[out.length - 1]
+    if (last && last.zero === zero) last.length += to - from
+    else out.push({ offset: from, length: to - from, zero })
+  }
   let o = offset
   while (o < end) {
-    const next = Math.min(end, (Math.floor(o / g) + 1) * g)
-    const zero = buf.compare(ZERO_BUFFER, 0, next - o, o - offset, next - offset) === 0
-    const last = out[out.length - 1]
-    if (last && last.zero === zero) last.length += next - o
-    else out.push({ offset: o, length: next - o, zero })
-    o = next
+    const spanEnd = Math.min(end, (Math.floor(o / span) + 1) * span)
+    if (zeroAt(o, spanEnd)) {
+      add(o, spanEnd, true)
+      o = spanEnd
+      continue
+    }
+    while (o < spanEnd) {
+      const next = Math.min(spanEnd, (Math.floor(o / g) + 1) * g)
+      add(o, next, zeroAt(o, next))
+      o = next
+    }
   }
   return out
 }

@@ -147,4 +147,41 @@ describe('zero detection', () => {
     const total = segs.reduce((a, s) => a + s.length, 0)
     expect(total).toBe(64 * KiB)
   })
+
+  test('splitZeroRuns (16 granules compared at once first) gives the segments of a granule-by-granule scan', () => {
+    /** The plain scan: one memcmp per granule. */
+    const plain = (buf: Buffer, offset: number, g: number): Chunk[] => {
+      const out: Chunk[] = []
+      for (let o = offset; o < offset + buf.length; ) {
+        const next = Math.min(offset + buf.length, (Math.floor(o / g) + 1) * g)
+        const zero = buf.subarray(o - offset, next - offset).every((x) => x === 0)
+        const last = out[out.length - 1]
+        if (last && last.zero === zero) last.length += next - o
+        else out.push({ offset: o, length: next - o, zero })
+        o = next
+      }
+      return out
+    }
+    let seed = 7
+    const rand = (n: number) => {
+      seed = (seed * 1103515245 + 12345) % 2 ** 31
+      return seed % n
+    }
+    let checked = 0
+    for (const g of [512, 4 * KiB, 3 * KiB, 64 * KiB, CHUNK_BYTES]) {
+      for (let round = 0; round < 12; round++) {
+        const len = 1 + rand(g === CHUNK_BYTES ? 2 * CHUNK_BYTES : 40 * g)
+        const buf = Buffer.alloc(len)
+        // data in a few runs (some single bytes), the rest zeros
+        for (let k = rand(6); k > 0; k--) {
+          const at = rand(len)
+          buf.fill(1 + rand(255), at, Math.min(len, at + 1 + rand(3 * g)))
+        }
+        const offset = rand(4) * g + (round % 3 === 0 ? rand(g) : 0) // aligned and not
+        expect(splitZeroRuns(buf, offset, g)).toEqual(plain(buf, offset, g))
+        checked++
+      }
+    }
+    expect(checked).toBe(60)
+  })
 })

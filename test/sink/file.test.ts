@@ -90,6 +90,22 @@ describe('FileSink', () => {
     expect(blocks(mixed)).toBe(blocks(cached))
   })
 
+  test('writes called while the first O_DIRECT write waits for its fsync land after it, in the order they were called', async () => {
+    const v = await new FileSink({ dataDir: tmp.dir, pageCacheBytes: 4 * MiB }).create('job-gate-order', 'd', 16 * MiB)
+    await v.write(0, randomBytes(4 * MiB)) // the page-cache budget
+    const direct = Buffer.alloc(MiB, 1) // aligned: the first O_DIRECT write, behind the fsync
+    const later = Buffer.alloc(1000, 2) // unaligned: through the cache, called after it, over its range
+    const p1 = v.write(8 * MiB, direct)
+    const p2 = v.write(8 * MiB + 100, later)
+    await Promise.all([p1, p2])
+    await v.flush()
+    await v.close()
+    const back = readFileSync(v.path).subarray(8 * MiB, 9 * MiB)
+    expect(back.subarray(0, 100).equals(direct.subarray(0, 100))).toBe(true)
+    expect(back.subarray(100, 1100).equals(later)).toBe(true)
+    expect(back.subarray(1100).equals(direct.subarray(1100))).toBe(true)
+  })
+
   test('a resumed job reopens the image with its data; zero runs over old data punch holes', async () => {
     const v1 = await sink.create('job-3', 'disk', 8 * MiB)
     await v1.write(0, randomBytes(4 * MiB))

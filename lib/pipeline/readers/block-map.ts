@@ -17,7 +17,7 @@ import { MigError } from '../../errors.ts'
 import { readAt } from '../../formats/io.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 import { FileHoleMap } from './file-holes.ts'
-import { imageFileNode, type ImageFile } from './image-file.ts'
+import { imageFileNode, type ImageFile, type ImageFileOptions, openImageFile } from './image-file.ts'
 
 /** Longest extent yielded, bytes (the copy loop cuts its own chunks). */
 const EXTENT_SPAN = 1024 * 1024 * 1024
@@ -79,13 +79,31 @@ export class TableWindows {
 }
 
 /**
- * The reader of `file` by `table` (see the module comment). Checks every table entry first
- * (before any copy: a damaged table fails the open, not the copy half-way); `close()` closes
- * `file.fh`. Throws what `table.dataOffset` throws.
+ * Opens the image at `path` once ({@link openImageFile}: the byte range `opts.offset`/`length` of
+ * it for a tar member) and reads it by the {@link BlockTable} `tableOf` makes of it (see the
+ * module comment), or resolves null, the file closed, when `tableOf` does (an image the caller
+ * leaves to qemu-nbd). Checks every table entry first (before any copy: a damaged table fails the
+ * open, not the copy half-way). The reader's `close()` closes the file; an error closes it too.
+ * Throws what {@link openImageFile}, `tableOf` and the table's `dataOffset` throw.
  */
-export async function openBlockMapReader(file: ImageFile, table: BlockTable): Promise<DiskReader> {
-  for (let b = 0; b < table.blocks; b++) await table.dataOffset(b)
-  return new BlockMapReader(file, table)
+export async function openBlockMapReader(
+  path: string,
+  opts: ImageFileOptions,
+  tableOf: (file: ImageFile) => Promise<BlockTable | null>,
+): Promise<DiskReader | null> {
+  const file = await openImageFile(path, opts)
+  try {
+    const table = await tableOf(file)
+    if (!table) {
+      await file.fh.close()
+      return null
+    }
+    for (let b = 0; b < table.blocks; b++) await table.dataOffset(b)
+    return new BlockMapReader(file, table)
+  } catch (e) {
+    await file.fh.close().catch(() => {})
+    throw e
+  }
 }
 
 class BlockMapReader implements DiskReader {

@@ -23,7 +23,7 @@ import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { readAt } from '../../formats/io.ts'
 import { parseVdiHeader, type VdiInfo } from '../../formats/vdi.ts'
 import { type BlockTable, openBlockMapReader, TableWindows } from './block-map.ts'
-import { type ImageFile, type ImageFileOptions, openImageFile } from './image-file.ts'
+import type { ImageFile, ImageFileOptions } from './image-file.ts'
 
 /** Block size qemu reads (1 MiB), bytes. */
 const QEMU_BLOCK_SIZE = 1024 * 1024
@@ -62,9 +62,8 @@ function readableHere(info: VdiInfo): boolean {
  * `E_MIG_MALFORMED_ARCHIVE` findings of `parseVdiHeader`), `E_MIG_UNSUPPORTED_FORMAT` (not a VDI
  * 1.1 image).
  */
-export async function openVdiBlocksReader(path: string, opts: ImageFileOptions = {}): Promise<DiskReader | null> {
-  const file = await openImageFile(path, opts)
-  try {
+export function openVdiBlocksReader(path: string, opts: ImageFileOptions = {}): Promise<DiskReader | null> {
+  return openBlockMapReader(path, opts, async (file) => {
     const head = await readAt(file.fh, file.label, Math.min(512, file.length), file.base)
     let info: VdiInfo
     try {
@@ -75,15 +74,8 @@ export async function openVdiBlocksReader(path: string, opts: ImageFileOptions =
         throw new MigError('E_MIG_DISK_READ_FAILED', `${e.message}; refusing to copy it`, { cause: e })
       throw e
     }
-    if (!readableHere(info)) {
-      await file.fh.close()
-      return null
-    }
-    return await openBlockMapReader(file, new VdiBlockMap(file, info))
-  } catch (e) {
-    await file.fh.close().catch(() => {})
-    throw e
-  }
+    return readableHere(info) ? new VdiBlockMap(file, info) : null
+  })
 }
 
 /** The block map of a VDI as a {@link BlockTable}. */

@@ -22,7 +22,7 @@ import { MigError } from '../../errors.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { readVhdInfoFrom, VHD_UNALLOCATED, vhdBitmapBytes, type VhdInfo } from '../../formats/vhd.ts'
 import { type BlockTable, openBlockMapReader, TableWindows } from './block-map.ts'
-import { type ImageFile, type ImageFileOptions, openImageFile } from './image-file.ts'
+import type { ImageFile, ImageFileOptions } from './image-file.ts'
 
 /**
  * Most blocks read here (2^24: 32 TiB of 2 MiB blocks, the size every VHD writer uses): the BAT
@@ -43,19 +43,12 @@ const BAT_WINDOW = 16384
  * outside the file), and the errors of `readVhdInfo` (`E_MIG_UNSUPPORTED_FORMAT`,
  * `E_MIG_MALFORMED_ARCHIVE`).
  */
-export async function openVhdBlocksReader(path: string, opts: ImageFileOptions = {}): Promise<DiskReader | null> {
-  const file = await openImageFile(path, opts)
-  try {
+export function openVhdBlocksReader(path: string, opts: ImageFileOptions = {}): Promise<DiskReader | null> {
+  return openBlockMapReader(path, opts, async (file) => {
     const info = await readVhdInfoFrom(file.fh, file.label, { offset: file.base, length: file.length })
-    if (info.disk_type !== 'dynamic' || Math.ceil(info.virtual_size / info.block_size!) > MAX_BLOCKS) {
-      await file.fh.close()
-      return null
-    }
-    return await openBlockMapReader(file, new VhdBat(file, info))
-  } catch (e) {
-    await file.fh.close().catch(() => {})
-    throw e
-  }
+    if (info.disk_type !== 'dynamic' || Math.ceil(info.virtual_size / info.block_size!) > MAX_BLOCKS) return null
+    return new VhdBat(file, info)
+  })
 }
 
 /** The BAT of a dynamic VHD as a {@link BlockTable}. */

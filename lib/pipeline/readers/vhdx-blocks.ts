@@ -20,7 +20,7 @@ import { MigError } from '../../errors.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { batEntryAt, batIndexOfBlock, readVhdxInfoFrom, VHDX_BLOCK, type VhdxInfo } from '../../formats/vhdx.ts'
 import { type BlockTable, openBlockMapReader, TableWindows } from './block-map.ts'
-import { type ImageFile, type ImageFileOptions, openImageFile } from './image-file.ts'
+import type { ImageFile, ImageFileOptions } from './image-file.ts'
 
 const MiB = 1024 * 1024
 /** BAT entries per window read at once (64 KiB). */
@@ -34,19 +34,12 @@ const BAT_WINDOW = 8192
  * entry that is undefined, differencing, in the header section or beyond the end of the file),
  * and the errors of `readVhdxInfo` (`E_MIG_UNSUPPORTED_FORMAT`, `E_MIG_MALFORMED_ARCHIVE`).
  */
-export async function openVhdxBlocksReader(path: string, opts: ImageFileOptions = {}): Promise<DiskReader | null> {
-  const file = await openImageFile(path, opts)
-  try {
+export function openVhdxBlocksReader(path: string, opts: ImageFileOptions = {}): Promise<DiskReader | null> {
+  return openBlockMapReader(path, opts, async (file) => {
     const info = await readVhdxInfoFrom(file.fh, file.label, { offset: file.base, length: file.length })
-    if (info.has_parent || info.needs_log_replay) {
-      await file.fh.close()
-      return null
-    }
-    return await openBlockMapReader(file, new VhdxBat(file, info))
-  } catch (e) {
-    await file.fh.close().catch(() => {})
-    throw e
-  }
+    if (info.has_parent || info.needs_log_replay) return null
+    return new VhdxBat(file, info)
+  })
 }
 
 /** The BAT of a VHDX without a parent as a {@link BlockTable}. */

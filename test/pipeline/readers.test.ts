@@ -17,6 +17,7 @@ import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { xxh64Upper } from '../helpers/inputs.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuRawOf, sha256File } from '../helpers/reader-fixtures.ts'
 import { CORPUS, tempDir } from '../helpers/tmp.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
@@ -31,19 +32,13 @@ let RAW = ''
 let RAW_SHA = ''
 afterAll(() => tmp.cleanup())
 
-const sha256File = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex')
 const allocated = (p: string) => statSync(p).blocks * 512
 
 /** `qemu-img convert -O raw` of `src` (the reference bytes). */
-function qemuRaw(src: string, fmt?: string): string {
-  const out = path.join(tmp.dir, `ref-${path.basename(src)}-${Math.random().toString(36).slice(2)}.raw`)
-  execFileSync('qemu-img', ['convert', ...(fmt ? ['-f', fmt] : []), '-O', 'raw', src, out])
-  return out
-}
+const qemuRaw = (src: string, fmt?: string) => qemuRawOf(src, path.join(tmp.dir, `ref-${path.basename(src)}-${Math.random().toString(36).slice(2)}.raw`), fmt)
 
-function disk(format: ManifestDisk['disk_format'], source: ManifestDisk['source'], capacity = SIZE, extra: Partial<ManifestDisk> = {}): ManifestDisk {
-  return { label: `disk ${format}`, capacity_bytes: capacity, disk_format: format, source, controller: 'virtio', address: '0:0', ...extra }
-}
+const disk = (format: ManifestDisk['disk_format'], source: ManifestDisk['source'], capacity = SIZE, extra: Partial<ManifestDisk> = {}) =>
+  manifestDisk(format, source, capacity, extra)
 
 /** openDiskReader + copyDisk into a fresh file-sink volume (default engine: qemu-img where the reader allows it). */
 const copy = (d: ManifestDisk, engine: 'auto' | 'node' = 'auto') => copyIntoSink(sink, d, engine)

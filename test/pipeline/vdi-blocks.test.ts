@@ -7,8 +7,7 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { createHash } from 'node:crypto'
-import { closeSync, mkdirSync, openSync, readFileSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { closeSync, mkdirSync, openSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import { readVdiInfo } from '../../lib/formats/vdi.ts'
@@ -17,6 +16,7 @@ import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVdiBlocksReader } from '../../lib/pipeline/readers/vdi-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File } from '../helpers/reader-fixtures.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
@@ -32,29 +32,11 @@ let RAW = ''
 let RAW_SHA = ''
 afterAll(() => tmp.cleanup())
 
-const sha256File = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex')
-const vdiDisk = (p: string, capacity: number, src: Partial<ManifestDisk['source']> = {}): ManifestDisk => ({
-  label: 'disk vdi',
-  capacity_bytes: capacity,
-  disk_format: 'vdi',
-  source: { path: p, ...src },
-  controller: 'virtio',
-  address: '0:0',
-})
-
+const vdiDisk = (p: string, capacity: number, src: Partial<ManifestDisk['source']> = {}) => manifestDisk('vdi', { path: p, ...src }, capacity)
 /** A VDI of `raw` written by qemu-img with `opts`. */
-function vdiOf(raw: string, name: string, opts: string[] = []): string {
-  const out = path.join(tmp.dir, name)
-  execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'vdi', ...opts, raw, out])
-  return out
-}
-
+const vdiOf = (raw: string, name: string, opts: string[] = []) => qemuImageOf(raw, path.join(tmp.dir, name), 'vdi', opts)
 /** `qemu-img convert -f vdi -O raw` of `src`. */
-function qemuRaw(src: string): string {
-  const out = `${src}.ref.raw`
-  execFileSync('qemu-img', ['convert', '-f', 'vdi', '-O', 'raw', src, out])
-  return out
-}
+const qemuRaw = (src: string) => qemuRawOf(src, `${src}.ref.raw`, 'vdi')
 
 /** Writes `value` as a little-endian 32-bit word at `at` of `file` (`big`: 64-bit). */
 function patch(file: string, at: number, value: number, big = false): void {

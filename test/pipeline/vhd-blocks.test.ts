@@ -6,8 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { createHash } from 'node:crypto'
-import { closeSync, mkdirSync, openSync, readFileSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { closeSync, mkdirSync, openSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import { readVhdInfo } from '../../lib/formats/vhd.ts'
@@ -16,6 +15,7 @@ import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdBlocksReader } from '../../lib/pipeline/readers/vhd-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File } from '../helpers/reader-fixtures.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
@@ -29,29 +29,12 @@ let RAW = ''
 let RAW_SHA = ''
 afterAll(() => tmp.cleanup())
 
-const sha256File = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex')
-const vhdDisk = (p: string, capacity: number, src: Partial<ManifestDisk['source']> = {}): ManifestDisk => ({
-  label: 'disk vhd',
-  capacity_bytes: capacity,
-  disk_format: 'vpc',
-  source: { path: p, ...src },
-  controller: 'virtio',
-  address: '0:0',
-})
-
+const vhdDisk = (p: string, capacity: number, src: Partial<ManifestDisk['source']> = {}) =>
+  manifestDisk('vpc', { path: p, ...src }, capacity, { label: 'disk vhd' })
 /** A VHD of `raw` written by qemu-img with `opts`. */
-function vhdOf(raw: string, name: string, opts: string[] = []): string {
-  const out = path.join(tmp.dir, name)
-  execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'vpc', ...opts, raw, out])
-  return out
-}
-
+const vhdOf = (raw: string, name: string, opts: string[] = []) => qemuImageOf(raw, path.join(tmp.dir, name), 'vpc', opts)
 /** `qemu-img convert -f vpc -O raw` of `src`. */
-function qemuRaw(src: string): string {
-  const out = `${src}.ref.raw`
-  execFileSync('qemu-img', ['convert', '-f', 'vpc', '-O', 'raw', src, out])
-  return out
-}
+const qemuRaw = (src: string) => qemuRawOf(src, `${src}.ref.raw`, 'vpc')
 
 const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
 

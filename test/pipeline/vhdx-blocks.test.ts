@@ -8,8 +8,8 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { createHash, randomBytes } from 'node:crypto'
-import { closeSync, mkdirSync, openSync, readFileSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { randomBytes } from 'node:crypto'
+import { closeSync, mkdirSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
@@ -20,6 +20,7 @@ import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdxBlocksReader } from '../../lib/pipeline/readers/vhdx-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, sha256File } from '../helpers/reader-fixtures.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { setVhdxLogGuid } from '../helpers/vhdx-log.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
@@ -35,22 +36,9 @@ let RAW = ''
 let RAW_SHA = ''
 afterAll(() => tmp.cleanup())
 
-const sha256File = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex')
-const vhdxDisk = (p: string, capacity = SIZE, src: Partial<ManifestDisk['source']> = {}): ManifestDisk => ({
-  label: 'disk vhdx',
-  capacity_bytes: capacity,
-  disk_format: 'vhdx',
-  source: { path: p, ...src },
-  controller: 'virtio',
-  address: '0:0',
-})
-
+const vhdxDisk = (p: string, capacity = SIZE, src: Partial<ManifestDisk['source']> = {}) => manifestDisk('vhdx', { path: p, ...src }, capacity)
 /** A VHDX of `raw` written by qemu-img with `opts`. */
-function vhdxOf(raw: string, name: string, opts: string[] = []): string {
-  const out = path.join(tmp.dir, name)
-  execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'vhdx', ...opts, raw, out])
-  return out
-}
+const vhdxOf = (raw: string, name: string, opts: string[] = []) => qemuImageOf(raw, path.join(tmp.dir, name), 'vhdx', opts)
 
 const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
 

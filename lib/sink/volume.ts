@@ -87,6 +87,15 @@ export class HandleVolume implements SinkVolume {
    * are queued at once).
    */
   private directGate: Promise<void> | null = null
+  /**
+   * The first fsync failure, thrown by every later flush: Linux reports a failed writeback to one
+   * fsync of the file only (of two at once, to one of them), and the pages it could not write are
+   * marked clean, so a later fsync that succeeds says nothing of them. A checkpoint beside the
+   * copy's writeback flushes must not move a watermark over lost data; so fsyncs also run one at
+   * a time (`lastSync`).
+   */
+  private syncFailure: MigError | null = null
+  private lastSync: Promise<void> = Promise.resolve()
   private readonly writer = new WriterThread()
 
   constructor(
@@ -200,21 +209,34 @@ export class HandleVolume implements SinkVolume {
     await this.fill(offset, len)
   }
 
-  /** fsync: everything written or zeroed before is durable afterwards. `E_MIG_DISK_WRITE_FAILED`. */
+  /**
+   * fsync: everything written or zeroed before is durable afterwards. `E_MIG_DISK_WRITE_FAILED`;
+   * once an fsync failed, every later flush fails with that error.
+   */
   async flush(): Promise<void> {
     if (this.closed) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${this.path}: flush after close`)
     if (this.directGate) await this.directGate
     await this.syncFile()
   }
 
-  /** Waits for the writes queued on the writer thread, then fsyncs the file. `E_MIG_DISK_WRITE_FAILED`. */
-  private async syncFile(): Promise<void> {
-    await this.writer.drain()
-    try {
-      await this.fh.sync()
-    } catch (e) {
-      throw writeFailed(this.path, 'flush (fsync)', this.writtenEnd, e)
+  /**
+   * After the fsync in flight (if any), waits for the writes queued on the writer thread, then
+   * fsyncs the file. `E_MIG_DISK_WRITE_FAILED`, and the first failure again ever after.
+   */
+  private syncFile(): Promise<void> {
+    const run = async (): Promise<void> => {
+      await this.writer.drain()
+      if (this.syncFailure) throw this.syncFailure
+      try {
+        await this.fh.sync()
+      } catch (e) {
+        this.syncFailure ??= writeFailed(this.path, 'flush (fsync)', this.writtenEnd, e)
+        throw this.syncFailure
+      }
     }
+    const p = this.lastSync.then(run)
+    this.lastSync = p.catch(() => {})
+    return p
   }
 
   /** Waits for the writes called before, ends the writer thread and closes the handles; never throws. */

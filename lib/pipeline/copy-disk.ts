@@ -15,7 +15,8 @@
  * - Every `flushEveryBytes` (default 256 MiB) of data read from the source, and at the end:
  *   pending zero run issued and writes completed, `volume.flush()` (fsync), then
  *   `onWatermark(w)`: all bytes below `w` are durable, so a persisted watermark never runs ahead
- *   of the destination (DESIGN.md section 4). Zero extents, which a resumed copy handles again
+ *   of the destination (DESIGN.md section 4); between checkpoints the volume is flushed back to
+ *   back (writeback, {@link startWriteback}), which moves no watermark. Zero extents, which a resumed copy handles again
  *   without reading anything, do not count (as the qemu-img engine's ranges): a sparse disk is
  *   not fsynced every 256 MiB of holes. A resumed copy reads at most the data above the
  *   watermark plus one interval (and one chunk). Intermediate flushes run in the background
@@ -98,6 +99,12 @@ export interface CopyDiskOptions {
    * and limits: {@link qemuImgProcesses}).
    */
   qemuProcesses?: number
+  /**
+   * Flush the volume back to back while the copy runs (default true; see {@link startWriteback}),
+   * so the kernel writes the page cache's data back as it comes instead of all at the next
+   * checkpoint. false: flushes only at checkpoints and at the end.
+   */
+  writeback?: boolean
 }
 
 /** Whether {@link copyDisk} hands this copy to qemu-img (see {@link CopyDiskOptions.engine}). */
@@ -236,6 +243,7 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
 
   const rate = opts.maxBytesPerSecond ?? 0
   const t0 = performance.now()
+  const writeback = opts.writeback === false ? null : startWriteback(volume, signal)
 
   try {
     await fill()
@@ -311,12 +319,14 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
     await issueZero()
     await drainWrites(0)
     await awaitCheckpoint()
+    await writeback?.stop()
     await volume.flush()
     watermark = size
     await opts.onWatermark(watermark)
     opts.onProgress({ bytes_done: from + res.bytes_written + res.bytes_zero, bytes_zero: res.bytes_zero, watermark, bytes_read: res.bytes_read })
   } catch (e) {
     await settle()
+    await writeback?.stop().catch(() => {})
     throw e
   }
   if (hash && opts.digest) {
@@ -570,7 +580,7 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   }
 
   const running = new Set<Promise<void>>()
-  const writeback = startWriteback(volume, stop.signal)
+  const writeback = opts.writeback === false ? null : startWriteback(volume, stop.signal)
   const t0 = performance.now()
   /** Under the cap, waits until the data read so far is within it (ended early by a failure or cancel). */
   const capPause = async () => {
@@ -605,7 +615,7 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   // (qemu-img's own `-r` lets a small range through at once).
   await capPause()
   // A failed writeback fsync fails the copy too; qemu-img's own failure is reported first.
-  await writeback.stop().catch(fail)
+  await writeback?.stop().catch(fail)
   await checkpoint.catch(() => {}) // a failure is in `failure`
   signal.removeEventListener('abort', onAbort)
   if (signal.aborted) throw cancelled(label, reached)
@@ -630,13 +640,14 @@ async function capWait(bytesRead: number, rate: number, t0: number, signal: Abor
 const WRITEBACK_IDLE_MS = 10
 
 /**
- * While the qemu-img engine copies (from its first range to its last), flushes the volume back to
- * back (one fsync after the other, never two at once) so the kernel writes the ranges back as
- * qemu-img writes them into the page cache, instead of all of a range at its checkpoint: on this
- * machine a 428 MiB copy with its final fsync took 414-463 ms this way and 535-700 ms with one
- * fsync at the end (issue 15). These flushes are no checkpoints: no watermark follows them (a
- * range is only durable as a whole once qemu-img exited). A flush that found nothing to write is
- * followed by a 10 ms pause. `stop()` ends the loop, waits for the flush in flight and rejects
+ * While a copy runs (either engine, from its start to its last write), flushes the volume back to
+ * back (one fsync after the other, never two at once) so the kernel writes the data back as it
+ * reaches the page cache, instead of all of it at the next checkpoint: on this machine a 428 MiB
+ * qemu-img-engine copy with its final fsync took 414-463 ms this way and 535-700 ms with one
+ * fsync at the end; the node engine's 1 GiB jobs gained 4-12% on every layout of a VDI
+ * (issue 15, docs/benchmark-history.md). These flushes are no checkpoints: no watermark follows
+ * them (the checkpoints keep their own flush). A flush that found nothing to write is followed by
+ * a 10 ms pause. `stop()` ends the loop, waits for the flush in flight and rejects
  * with its error (`E_MIG_DISK_WRITE_FAILED` from the volume); an aborted `signal` ends the loop
  * too.
  */

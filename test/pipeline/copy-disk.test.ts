@@ -196,6 +196,7 @@ describe('copyDisk', () => {
       from: 0,
       signal: new AbortController().signal,
       flushEveryBytes: 16 * MiB,
+      writeback: false, // only the checkpoints' flushes in the log
       onProgress() {},
       async onWatermark(w) {
         order.push(`mark ${w} after ${v.log.lastIndexOf('flush') >= 0 ? 'flush' : 'nothing'}`)
@@ -222,6 +223,23 @@ describe('copyDisk', () => {
     }
     expect(order[order.length - 1]).toBe(`mark ${SIZE} after flush`)
     expect(v.log.filter((x) => x.startsWith('w ')).length).toBeLessThanOrEqual(PIECES.length + 2)
+  })
+
+  test('between checkpoints the node engine flushes the volume again and again (writeback); writeback false: only at checkpoints', async () => {
+    const flushesBeforeLastWrite = async (writeback?: boolean) => {
+      const v = memVolume(SIZE)
+      // 64 MiB in 4 MiB reads of 20 ms each: the copy takes about 0.3 s; one checkpoint, at the end.
+      const r = memReader(RAW_BYTES)
+      const read = r.read.bind(r)
+      r.read = async (o, l, into) => (await sleep(20), read(o, l, into))
+      await copyDisk(r, v, { from: 0, signal: new AbortController().signal, flushEveryBytes: 2 * SIZE, writeback, ...noop })
+      expect(v.bytes.equals(RAW_BYTES)).toBe(true)
+      const lastWrite = v.log.findLastIndex((l) => l.startsWith('w '))
+      return { before: v.log.slice(0, lastWrite).filter((l) => l === 'flush').length, all: v.log.filter((l) => l === 'flush').length }
+    }
+    // A flush every 10 ms pause at least (a memory volume's flush takes no time).
+    expect((await flushesBeforeLastWrite()).before).toBeGreaterThan(5)
+    expect(await flushesBeforeLastWrite(false)).toEqual({ before: 0, all: 1 })
   })
 
   test('gaps between extents (changed areas only) are left untouched', async () => {

@@ -16,9 +16,9 @@
  *   pending zero run issued and writes completed, `volume.flush()` (fsync), then
  *   `onWatermark(w)`: all bytes below `w` are durable, so a persisted watermark never runs ahead
  *   of the destination (DESIGN.md section 4); between checkpoints the volume is flushed back to
- *   back (writeback, {@link startWriteback}), which moves no watermark. Zero extents, which a resumed copy handles again
- *   without reading anything, do not count (as the qemu-img engine's ranges): a sparse disk is
- *   not fsynced every 256 MiB of holes. A resumed copy reads at most the data above the
+ *   back (writeback, {@link startWriteback}), which moves no watermark. Zero extents, which a
+ *   resumed copy handles again without reading anything, do not count (as the qemu-img engine's
+ *   ranges): a sparse disk is not fsynced every 256 MiB of holes. A resumed copy reads at most the data above the
  *   watermark plus one interval (and one chunk). Intermediate flushes run in the background
  *   while the copy goes on (at most one at a time); the final one is awaited.
  * - Optional digest: the bytes of `[0, size)` are hashed in order (bytes below `from` are

@@ -18,9 +18,9 @@
  *   of the destination (DESIGN.md section 4); between checkpoints the volume is flushed back to
  *   back (writeback, {@link startWriteback}), which moves no watermark. Zero extents, which a
  *   resumed copy handles again without reading anything, do not count (as the qemu-img engine's
- *   ranges): a sparse disk is not fsynced every 256 MiB of holes. A resumed copy reads at most the data above the
- *   watermark plus one interval (and one chunk). Intermediate flushes run in the background
- *   while the copy goes on (at most one at a time); the final one is awaited.
+ *   ranges): a sparse disk is not fsynced every 256 MiB of holes. A resumed copy reads at most
+ *   the data above the watermark plus one interval (and one chunk). Intermediate checkpoints run
+ *   in the background while the copy goes on (at most one at a time); the final one is awaited.
  * - Optional digest: the bytes of `[0, size)` are hashed in order (bytes below `from` are
  *   re-read, not re-written) and compared at the end; only meaningful when the reader's bytes
  *   are the digested file's bytes (raw disks).

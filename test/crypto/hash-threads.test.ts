@@ -146,7 +146,11 @@ describe('script thread', () => {
 
   test('under Node with --expose-gc (as job workers run): buffers the caller let go of are let go by the thread too', async () => {
     await ensureNodeBuild()
-    // The test above under Node: without the thread's collection, memory grew by 320 MiB a round.
+    // The test above under Node: without the thread's collection, memory grew by 320 MiB a round
+    // (0, 320, 640, 960, 1280 MiB over the first round, 3 of 3 runs). With it, the first round
+    // leaves 8-178 MiB once (18 runs; a CI run failed on 163 MiB against the old 160 MiB bound on
+    // the total) and later rounds add 0-8 MiB: so the bound is on the growth after the first round,
+    // plus one round's worth on the total.
     const script = `
       const { ScriptThread } = require(${JSON.stringify(path.join(REPO, 'dist/lib/script-thread.js'))})
       const t = new ScriptThread('(m) => m.data[0]', 'forgetful')
@@ -168,6 +172,7 @@ describe('script thread', () => {
     `
     const after: number[] = JSON.parse(execFileSync('node', ['--expose-gc', '-e', script], { encoding: 'utf8', timeout: 60_000 }))
     expect(after).toHaveLength(5)
-    expect(Math.max(...after) - after[0]!).toBeLessThan(160 * MiB)
+    expect(Math.max(...after.slice(1)) - after[1]!).toBeLessThan(100 * MiB)
+    expect(Math.max(...after) - after[0]!).toBeLessThan(320 * MiB)
   })
 })

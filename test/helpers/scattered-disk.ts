@@ -26,10 +26,13 @@ export const SCATTERED_PIECES: ReadonlyArray<readonly [number, number]> = [
 /** Bytes of data in the pieces. */
 export const SCATTERED_DATA_BYTES = SCATTERED_PIECES.reduce((a, [, l]) => a + l, 0)
 
-/** Writes the scattered disk (fresh random data) to `file`, sparse; returns `file`. */
-export function writeScatteredRaw(file: string): string {
+/**
+ * Writes the scattered disk to `file`, sparse; returns `file`. Its data is fresh random bytes, or
+ * with `fill: 'hex'` fresh random bytes spelled in hex digits (text that deflate halves).
+ */
+export function writeScatteredRaw(file: string, fill: 'random' | 'hex' = 'random'): string {
   const fd = openSync(file, 'w')
-  for (const [o, l] of SCATTERED_PIECES) writeSync(fd, randomBytes(l), 0, l, o)
+  for (const [o, l] of SCATTERED_PIECES) writeSync(fd, fill === 'hex' ? Buffer.from(randomBytes(l / 2).toString('hex')) : randomBytes(l), 0, l, o)
   closeSync(fd)
   truncateSync(file, SCATTERED_SIZE)
   return file

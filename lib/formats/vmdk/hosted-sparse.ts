@@ -181,6 +181,23 @@ export function hostedSparseCodec(h: VmdkSparseHeader, label: string): SparseCod
 }
 
 /**
+ * The grain table codec of a stream-optimized extent (VMDK 5.0 "Stream-Optimized Compressed
+ * Sparse Extents"; qemu `block/vmdk.c` reads the same): `h` the header with the grain directory
+ * in place (the footer's, when the first header says `GD_AT_END`), grains compressed with
+ * deflate (`compressAlgorithm` 1) and preceded by a grain marker (flag bit 17). A table entry is
+ * the sector of the grain's marker (0: absent; 1: zero when `zeroedGrainTableEntries` is set).
+ * Throws `E_MIG_UNSUPPORTED_FORMAT` for any other hosted sparse extent (the
+ * {@link hostedSparseCodec} reads the uncompressed ones), `E_MIG_MALFORMED_ARCHIVE` when the
+ * grain directory is still `GD_AT_END`.
+ */
+export function streamOptimizedCodec(h: VmdkSparseHeader, label: string): SparseCodec {
+  if (!h.compressedGrains || !h.markers || h.compressAlgorithm !== 1)
+    throw unsupported(label, 'not a stream-optimized extent (deflate-compressed grains with markers)')
+  if (h.gdOffset === null) throw malformed(label, 'stream-optimized extent without a footer: its grain directory is not known (truncated?)')
+  return { ...sectorCodec('hosted', h.capacity, h.grainSize, h.numGTEsPerGT, h.gdOffset, h.gdEntries, h.zeroedGrainTableEntries), compressed: true }
+}
+
+/**
  * The codec shared by the two formats with 32-bit sector entries (hosted sparse and COWD): a
  * directory entry is the sector of a grain table (0: none), a table entry the sector of a grain
  * (0: absent; 1: zero when `zeroGrain`).

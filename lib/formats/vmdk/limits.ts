@@ -39,3 +39,5 @@ export const MAX_GTES_PER_GT = 512
 export const MAX_GD_ENTRIES = 4 * 1024 * 1024
 /** Most grain directory entries of all sparse extents of one chain together. */
 export const MAX_GD_ENTRIES_PER_CHAIN = 4 * MAX_GD_ENTRIES
+/** Bytes of a stream-optimized grain marker: the grain's first sector (u64) and its compressed size (u32). */
+export const GRAIN_MARKER_BYTES = 12

@@ -13,7 +13,10 @@ export type Grain = number | 'zero' | 'absent'
  * - `entryBytes`: bytes per directory and table entry (4 or 8);
  * - `tableAt(gd, i)`: file offset of grain table `i`, or -1 when unallocated;
  * - `grainOf(words, k, g)`: entry `k` of a table loaded as 32-bit words (two per 64-bit entry),
- *   `g` the grain's index for messages.
+ *   `g` the grain's index for messages;
+ * - `compressed`: the grains are stored compressed, each behind a grain marker (stream-optimized
+ *   hosted sparse): a table entry gives the marker's offset, and the grain takes less than
+ *   `grainBytes` of the file.
  */
 export interface SparseCodec {
   format: 'hosted' | 'cowd' | 'sesparse'
@@ -25,4 +28,5 @@ export interface SparseCodec {
   entryBytes: 4 | 8
   tableAt(gd: Buffer, i: number): number
   grainOf(words: Uint32Array, k: number, g: number): Grain
+  compressed?: boolean
 }

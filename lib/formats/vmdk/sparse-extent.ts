@@ -13,8 +13,8 @@
 import { BufferPool } from '../../buffer-pool.ts'
 import { cowdCodec, COWD_HEADER_BYTES, parseCowdHeader } from './cowd.ts'
 import { malformed } from './faults.ts'
-import { hostedSparseCodec, parseKdmvHeader } from './hosted-sparse.ts'
-import { MAX_GD_ENTRIES, SECTOR } from './limits.ts'
+import { hostedSparseCodec, parseKdmvHeader, parseStreamFooter, streamOptimizedCodec } from './hosted-sparse.ts'
+import { GRAIN_MARKER_BYTES, MAX_GD_ENTRIES, SECTOR } from './limits.ts'
 import type { Grain, SparseCodec } from './sparse-codec.ts'
 import { checkSeSparseVolatile, isSeSparse, parseSeSparseHeader, seSparseCodec } from './sesparse.ts'
 
@@ -92,19 +92,29 @@ export class SparseExtent {
       const idx = Array.from({ length: this.g.gdEntries }, (_, i) => i).filter((i) => this.tableAt[i] >= 0)
       this.byOffset = Int32Array.from(idx.sort((a, b) => this.tableAt[a] - this.tableAt[b]))
     }
-    const end = Math.min(this.file.size, Math.max(start + this.tableBytes, start + TABLE_WINDOW))
+    // binary search for the first table at or after `start` in file order
+    const order = this.byOffset
+    let lo = 0
+    let hi = order.length
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1
+      if (this.tableAt[order[mid]] < start) lo = mid + 1
+      else hi = mid
+    }
+    // The window reaches over the tables that follow this one closely (a hosted sparse or
+    // vmfsSparse extent keeps them side by side), up to TABLE_WINDOW; tables far apart (a
+    // stream-optimized extent writes one after every 512 grains) are read one at a time.
+    let end = start + this.tableBytes
+    for (let k = lo + 1; k < order.length; k++) {
+      const at = this.tableAt[order[k]]
+      if (at > end + this.tableBytes || at + this.tableBytes > start + TABLE_WINDOW) break
+      end = Math.max(end, at + this.tableBytes)
+    }
+    end = Math.min(this.file.size, end)
     const window = this.windows.take(end - start)
     try {
       const buf = await this.file.read(start, end - start, window)
-      // every table lying wholly inside the window: binary search for the first at or after `start`
-      const order = this.byOffset
-      let lo = 0
-      let hi = order.length
-      while (lo < hi) {
-        const mid = (lo + hi) >> 1
-        if (this.tableAt[order[mid]] < start) lo = mid + 1
-        else hi = mid
-      }
+      // every table lying wholly inside the window
       for (let k = lo; k < order.length; k++) {
         const i = order[k]
         const off = this.tableAt[i] - start
@@ -128,9 +138,23 @@ export class SparseExtent {
   private grainOf(words: Uint32Array, k: number, g: number): Grain {
     const at = this.g.grainOf(words, k, g)
     if (typeof at !== 'number') return at
-    if (!Number.isSafeInteger(at) || at + this.g.grainBytes > this.file.size)
+    if (!Number.isSafeInteger(at) || at + (this.g.compressed ? GRAIN_MARKER_BYTES : this.g.grainBytes) > this.file.size)
       throw malformed(this.file.name, `grain ${g} at byte ${at} lies outside the file (truncated?)`)
     return at
+  }
+
+  /**
+   * The grains of grain table `t` (entry `k` is grain `t * gtEntries + k`), decoded and checked
+   * against the file as {@link runs} does; null when the table is unallocated (every grain
+   * absent). For a compressed codec a number is the file offset of the grain's marker.
+   * `E_MIG_MALFORMED_ARCHIVE` for an entry outside the file.
+   */
+  async tableGrains(t: number): Promise<Grain[] | null> {
+    const words = t < this.g.gdEntries ? await this.table(t) : null
+    if (!words) return null
+    const out: Grain[] = new Array(this.g.gtEntries)
+    for (let k = 0; k < this.g.gtEntries; k++) out[k] = this.grainOf(words, k, t * this.g.gtEntries + k)
+    return out
   }
 
   /**
@@ -213,6 +237,35 @@ export async function openSparseExtent(file: VmdkFile, maxGdEntries = MAX_GD_ENT
   } else {
     throw malformed(label, 'not a sparse extent (no KDMV, COWD or seSparse magic)')
   }
+  return { extent: await loadDirectory(file, g, maxGdEntries), descriptor }
+}
+
+/**
+ * Opens the stream-optimized extent in `file` (VMDK 5.0 "Stream-Optimized Compressed Sparse
+ * Extents"): its header, the footer (the extent's last three sectors, as qemu reads it) when the
+ * header's grain directory is `GD_AT_END`, and the grain directory read in whole. Resolves null
+ * for any other file (not `KDMV`, or a hosted sparse extent whose grains are not
+ * deflate-compressed with markers). Throws `E_MIG_MALFORMED_ARCHIVE` (bad header, no footer,
+ * directory or tables outside the file, directory larger than `maxGdEntries`).
+ */
+export async function openStreamOptimizedExtent(file: VmdkFile, maxGdEntries = MAX_GD_ENTRIES): Promise<SparseExtent | null> {
+  const label = file.name
+  if (file.size < SECTOR) return null
+  const head = await file.read(0, SECTOR)
+  if (head.toString('latin1', 0, 4) !== 'KDMV') return null
+  let header = parseKdmvHeader(head, label)
+  if (!header.compressedGrains || !header.markers || header.compressAlgorithm !== 1) return null
+  if (header.gdAtEnd) {
+    const footer = file.size >= 4 * SECTOR ? parseStreamFooter(await file.read(file.size - 3 * SECTOR, 3 * SECTOR), label) : null
+    if (!footer) throw malformed(label, 'stream-optimized extent has no footer and end-of-stream marker (truncated?)')
+    header = footer
+  }
+  return loadDirectory(file, streamOptimizedCodec(header, label), maxGdEntries)
+}
+
+/** Reads the grain directory of codec `g` from `file` (at most `maxGdEntries` entries) and makes the extent. */
+async function loadDirectory(file: VmdkFile, g: SparseCodec, maxGdEntries: number): Promise<SparseExtent> {
+  const label = file.name
   // a directory longer than the capacity needs is only read as far as it is used
   g.gdEntries = Math.min(g.gdEntries, Math.ceil(g.capacityBytes / (g.grainBytes * g.gtEntries)))
   if (g.gdEntries > maxGdEntries) throw malformed(label, `grain directory of ${g.gdEntries} entries is too large (at most ${maxGdEntries})`)
@@ -220,5 +273,5 @@ export async function openSparseExtent(file: VmdkFile, maxGdEntries = MAX_GD_ENT
   if (g.gdOffset <= 0 || g.gdOffset + gdBytes > file.size) throw malformed(label, `grain directory at byte ${g.gdOffset} lies outside the file`)
   const gd = Buffer.alloc(gdBytes)
   for (let o = 0; o < gdBytes; o += MAX_RANGE) (await file.read(g.gdOffset + o, Math.min(MAX_RANGE, gdBytes - o))).copy(gd, o)
-  return { extent: new SparseExtent(file, g, gd), descriptor }
+  return new SparseExtent(file, g, gd)
 }

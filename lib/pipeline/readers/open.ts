@@ -9,7 +9,8 @@
  * - `vhdx` without a parent or an unreplayed log, `vpc` dynamic, `vdi` dynamic or fixed:
  *   {@link openVhdxBlocksReader}, {@link openVhdBlocksReader}, {@link openVdiBlocksReader} (their
  *   BAT or block map, the file's holes skipped; their own checks of every entry replace `qemu-img
- *   check`);
+ *   check`); a stream-optimized `vmdk` without a parent (an OVA's disk):
+ *   {@link openStreamVmdkReader} (grains inflated on threads; its checks replace `qemu-img check`);
  * - `qcow2`, `vmdk`, `vhdx` (differencing), `vpc` (fixed, differencing), `vdi` (the images the
  *   block map reader leaves to qemu, differencing):
  *   {@link openNbdReader} (qemu-nbd),
@@ -25,6 +26,7 @@ import { readVdiInfo } from '../../formats/vdi.ts'
 import { openNbdReader } from './nbd.ts'
 import { stageOvfFile } from './ovf-staged.ts'
 import { openRawFileReader } from './raw-file.ts'
+import { openStreamVmdkReader } from './stream-vmdk.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import type { ImageFileOptions } from './image-file.ts'
 import { openVdiBlocksReader } from './vdi-blocks.ts'
@@ -126,13 +128,15 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
 }
 
 /**
- * The reader of an image by its block table (`vhdx-blocks.ts`, `vhd-blocks.ts`, `vdi-blocks.ts`), or null for a
+ * The reader of an image by its block or grain table (`vhdx-blocks.ts`, `vhd-blocks.ts`,
+ * `vdi-blocks.ts`, `stream-vmdk.ts` for a stream-optimized VMDK), or null for a
  * format or an image these do not read (then qemu-nbd reads it). Errors of those readers.
  */
 function openByBlockTable(format: DiskFormat, path: string, opts: ImageFileOptions): Promise<DiskReader | null> {
   if (format === 'vhdx') return openVhdxBlocksReader(path, opts)
   if (format === 'vpc') return openVhdBlocksReader(path, opts)
   if (format === 'vdi') return openVdiBlocksReader(path, opts)
+  if (format === 'vmdk') return openStreamVmdkReader(path, opts)
   return Promise.resolve(null)
 }
 

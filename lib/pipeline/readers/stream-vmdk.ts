@@ -107,6 +107,8 @@ interface Wanted {
 
 class StreamVmdkReader implements DiskReader {
   readonly size: number
+  /** Reads the copy keeps in flight: two (each split among the inflating threads) keep the threads busy; four held 20-50 MiB more of the threads' garbage. */
+  readonly readAhead = 2
   private closed = false
   /** Scratch buffers (on `SharedArrayBuffer`s, read by the inflating threads) for the compressed bytes of a read. */
   private readonly scratch: Buffer[] = []

@@ -10,15 +10,14 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, mkdirSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { closeSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { deflateSync } from 'node:zlib'
-import { listTarMembers } from '../../lib/formats/tar.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openStreamVmdkReader } from '../../lib/pipeline/readers/stream-vmdk.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File } from '../helpers/reader-fixtures.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 import { ensureNodeBuild } from '../helpers/server.ts'
 import { CORPUS, REPO, tempDir } from '../helpers/tmp.ts'
@@ -107,13 +106,8 @@ describe('stream-optimized VMDK read by its grain tables, inflated on threads', 
   })
 
   test('an OVA member read in place at its offset', async () => {
-    const dir = path.join(tmp.dir, 'ova')
-    mkdirSync(dir)
-    streamOf(RAW, 'ova/vm-disk1.vmdk')
-    const ova = path.join(tmp.dir, 'vm.ova')
-    execFileSync('tar', ['-C', dir, '-cf', ova, 'vm-disk1.vmdk'])
-    const m = (await listTarMembers(ova))[0]!
-    const out = await copy(vmdkDisk(ova, SIZE, { offset: m.offset, length: m.size, member: m.name }))
+    const src = await tarredImage(streamOf(RAW, 'vm-disk1.vmdk'))
+    const out = await copy(vmdkDisk(src.path, SIZE, src))
     expect(out.qemuNode).toBeUndefined()
     expect(sha256File(out.path)).toBe(RAW_SHA)
   })

@@ -6,17 +6,15 @@
  * images left to qemu-nbd.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { execFileSync } from 'node:child_process'
-import { closeSync, mkdirSync, openSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { closeSync, openSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
-import { listTarMembers } from '../../lib/formats/tar.ts'
 import { readVdiInfo } from '../../lib/formats/vdi.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVdiBlocksReader } from '../../lib/pipeline/readers/vdi-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File } from '../helpers/reader-fixtures.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
@@ -94,13 +92,8 @@ describe('VDI read by its block map, without qemu-nbd', () => {
   })
 
   test('a VDI inside a tar is read in place at its member offset', async () => {
-    const dir = path.join(tmp.dir, 'tar')
-    mkdirSync(dir)
-    vdiOf(RAW, 'tar/disk.vdi')
-    const tar = path.join(tmp.dir, 'vm.tar')
-    execFileSync('tar', ['-C', dir, '-cf', tar, 'disk.vdi'])
-    const m = (await listTarMembers(tar))[0]!
-    const out = await copy(vdiDisk(tar, SIZE, { offset: m.offset, length: m.size, member: m.name }))
+    const src = await tarredImage(vdiOf(RAW, 'disk.vdi'))
+    const out = await copy(vdiDisk(src.path, SIZE, src))
     expect(out.qemuNode).toBeUndefined()
     expect(sha256File(out.path)).toBe(RAW_SHA)
   })

@@ -5,17 +5,15 @@
  * (a block over the footer copy or beyond the end of the file). Fixed disks stay with qemu-nbd.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { execFileSync } from 'node:child_process'
-import { closeSync, mkdirSync, openSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { closeSync, openSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
-import { listTarMembers } from '../../lib/formats/tar.ts'
 import { readVhdInfo } from '../../lib/formats/vhd.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdBlocksReader } from '../../lib/pipeline/readers/vhd-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File } from '../helpers/reader-fixtures.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
@@ -80,13 +78,8 @@ describe('dynamic VHD read by its BAT, without qemu-nbd', () => {
   })
 
   test('a VHD inside a tar is read in place at its member offset', async () => {
-    const dir = path.join(tmp.dir, 'tar')
-    mkdirSync(dir)
-    vhdOf(RAW, 'tar/disk.vhd', ['-o', 'force_size=on'])
-    const tar = path.join(tmp.dir, 'vm.tar')
-    execFileSync('tar', ['-C', dir, '-cf', tar, 'disk.vhd'])
-    const m = (await listTarMembers(tar))[0]!
-    const out = await copy(vhdDisk(tar, SIZE, { offset: m.offset, length: m.size, member: m.name }))
+    const src = await tarredImage(vhdOf(RAW, 'disk.vhd', ['-o', 'force_size=on']))
+    const out = await copy(vhdDisk(src.path, SIZE, src))
     expect(out.qemuNode).toBeUndefined()
     expect(sha256File(out.path)).toBe(RAW_SHA)
   })

@@ -9,10 +9,9 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { closeSync, mkdirSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { closeSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
-import { listTarMembers } from '../../lib/formats/tar.ts'
 import { batEntryAt, batIndexOfBlock, readVhdxInfo } from '../../lib/formats/vhdx.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { FileHoleMap, MAX_RESTARTS } from '../../lib/pipeline/readers/file-holes.ts'
@@ -20,7 +19,7 @@ import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdxBlocksReader } from '../../lib/pipeline/readers/vhdx-blocks.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, sha256File } from '../helpers/reader-fixtures.ts'
+import { manifestDisk, qemuImageOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { setVhdxLogGuid } from '../helpers/vhdx-log.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
@@ -91,13 +90,8 @@ describe('VHDX read by its BAT, without qemu-nbd', () => {
     const img = vhdxOf(RAW, 'fixed.vhdx', ['-o', 'subformat=fixed'])
     const fixed = await copy(vhdxDisk(img))
     expect(sha256File(fixed.path)).toBe(RAW_SHA)
-    const dir = path.join(tmp.dir, 'tar')
-    mkdirSync(dir)
-    vhdxOf(RAW, 'tar/disk.vhdx', ['-o', 'block_size=2M'])
-    const tar = path.join(tmp.dir, 'vm.tar')
-    execFileSync('tar', ['-C', dir, '-cf', tar, 'disk.vhdx'])
-    const m = (await listTarMembers(tar))[0]!
-    const member = await copy(vhdxDisk(tar, SIZE, { offset: m.offset, length: m.size, member: m.name }))
+    const src = await tarredImage(vhdxOf(RAW, 'disk.vhdx', ['-o', 'block_size=2M']))
+    const member = await copy(vhdxDisk(src.path, SIZE, src))
     expect(sha256File(member.path)).toBe(RAW_SHA)
     // tar stores the member's holes as zeros: the 8 present 2 MiB blocks are read whole, and
     // only their data written.

@@ -76,11 +76,6 @@ const THREADS = Math.max(1, Math.min(4, availableParallelism()))
 
 let threads: Array<ScriptThread<{ src: Uint8Array; dst: Uint8Array; jobs: number[] }, BatchFailure>> | null = null
 
-/** How many threads {@link inflateGrains} shares a batch among. */
-export function inflateThreads(): number {
-  return THREADS
-}
-
 /**
  * Inflates `jobs` from `src` into `dst` (both views on `SharedArrayBuffer`s, left unchanged by
  * the caller until the promise settles), the grains split in order among the inflating threads.

@@ -38,10 +38,11 @@ const MAX_GRAIN_BYTES = 1024 * 1024
 /**
  * A file larger than this share of its stored grains' bytes holds data that barely compresses
  * (random, encrypted or already compressed data: deflate stores it as it is): such a file is left
- * to qemu-img. Measured in the twenty-third session, 1 GiB OVAs: data as `/usr` on ext4 (the file
- * 0.35 of its grains) copied 1.8-2.2 times as fast as qemu-img here; random data (the file about
- * 1.0 of its grains) at 0.76-1.09 of qemu-img's speed, where qemu-img's one thread had little to
- * inflate and the threads' overhead showed. Between the two, 0.8 is chosen, not measured.
+ * to qemu-img. Measured in the twenty-third session, 1 GiB OVAs, whole jobs against `qemu-img
+ * convert` + `sync`: data as `/usr` on ext4 (the file 0.35 of its grains) 1.76-2.22 with this
+ * reader, 0.79 read by qemu-img; random data (the file about 1.0 of its grains) 0.76-1.09 with
+ * this reader, 1.06-1.42 read by qemu-img, whose one thread has little to inflate there while the
+ * threads' per-grain costs show. Between the two, 0.8 is chosen, not measured.
  */
 const INCOMPRESSIBLE = 0.8
 

@@ -113,19 +113,12 @@ class StreamVmdkReader implements DiskReader {
   private closed = false
   /** Scratch buffers (on `SharedArrayBuffer`s, read by the inflating threads) for the compressed bytes of a read. */
   private readonly scratch: Buffer[] = []
-  private last: { t: number; grains: Promise<Grain[] | null> } | null = null
 
   constructor(
     private readonly file: ImageFile,
     private readonly extent: SparseExtent,
   ) {
     this.size = extent.g.capacityBytes
-  }
-
-  /** The grains of table `t` ({@link SparseExtent.tableGrains}), the last table's kept: a read asks for it once per grain. */
-  private tableGrains(t: number): Promise<Grain[] | null> {
-    if (this.last?.t !== t) this.last = { t, grains: this.extent.tableGrains(t).catch(refuse) }
-    return this.last.grains
   }
 
   private fail(why: string, cause?: unknown): MigError {
@@ -138,7 +131,7 @@ class StreamVmdkReader implements DiskReader {
     const perTable = this.extent.g.gtEntries
     let run: DiskExtent | null = null
     for (let t = Math.floor(Math.max(0, from) / this.extent.span); t * this.extent.span < this.size; t++) {
-      const grains = await this.tableGrains(t)
+      const grains = await this.extent.tableGrains(t).catch(refuse)
       for (let k = 0; k < perTable; k++) {
         const s = Math.max(from, (t * perTable + k) * G)
         const e = Math.min(this.size, (t * perTable + k + 1) * G)
@@ -162,12 +155,19 @@ class StreamVmdkReader implements DiskReader {
     // The inflating threads write into a shared buffer: the caller's (the copy loop's are), else one of ours.
     const dst = isSharedView(buf) ? buf : Buffer.from(new SharedArrayBuffer(Math.max(1, length))).subarray(0, length)
     const G = this.extent.g.grainBytes
+    const perTable = this.extent.g.gtEntries
     const wanted: Wanted[] = []
+    // The grains of the table under `v`, decoded once per table the read spans.
+    let t = -1
+    let grains: Grain[] | null = null
     for (let v = offset; v < offset + length; ) {
       const gi = Math.floor(v / G)
       const n = Math.min(offset + length - v, (gi + 1) * G - v)
-      const grains = await this.tableGrains(Math.floor(gi / this.extent.g.gtEntries))
-      const at = grains?.[gi % this.extent.g.gtEntries]
+      if (Math.floor(gi / perTable) !== t) {
+        t = Math.floor(gi / perTable)
+        grains = await this.extent.tableGrains(t).catch(refuse)
+      }
+      const at = grains?.[gi % perTable]
       if (typeof at === 'number') wanted.push({ grain: gi, at, skip: v - gi * G, length: n, dstOffset: v - offset })
       else dst.fill(0, v - offset, v - offset + n)
       v += n

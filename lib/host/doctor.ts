@@ -57,6 +57,8 @@ export interface DoctorSettings {
   libvirtTimeoutMs?: number
   /** qemu binary of the KVM probe (default `qemu-system-x86_64`; tests pass a test double). */
   qemuBinary?: string
+  /** The KVM device the probe looks for first (default `/dev/kvm`; tests pass a stand-in path). */
+  kvmDevice?: string
 }
 
 const GiB = 1024 ** 3
@@ -192,10 +194,11 @@ export async function libvirtCheck(s: DoctorSettings): Promise<Check> {
 /**
  * Whether KVM can run a guest CPU like the domains' (`host` model): qemu is started with KVM,
  * paused (`-S`), and told to quit over QMP. Creating the vCPU is where nested hosts fail (qemu
- * aborts setting MSRs), so a clean exit means KVM works; `/dev/kvm` existing is not enough.
+ * aborts setting MSRs), so a clean exit means KVM works; `kvmDevice` (default `/dev/kvm`)
+ * existing is not enough, but its absence answers without starting qemu.
  */
-export async function probeKvm(qemuBinary = 'qemu-system-x86_64'): Promise<{ usable: boolean; why: string }> {
-  if (!existsSync('/dev/kvm')) return { usable: false, why: '/dev/kvm does not exist' }
+export async function probeKvm(qemuBinary = 'qemu-system-x86_64', kvmDevice = '/dev/kvm'): Promise<{ usable: boolean; why: string }> {
+  if (!existsSync(kvmDevice)) return { usable: false, why: `${kvmDevice} does not exist` }
   const r = await run(qemuBinary, ['-accel', 'kvm', '-cpu', 'host', '-machine', 'q35', '-m', '16', '-nodefaults', '-display', 'none', '-S', '-qmp', 'stdio'], {
     input: '{"execute":"qmp_capabilities"}\n{"execute":"quit"}\n',
     timeoutMs: 20_000,
@@ -206,7 +209,7 @@ export async function probeKvm(qemuBinary = 'qemu-system-x86_64'): Promise<{ usa
 
 /** `domain-type`: the KVM probe against `MIGRATOR_DOMAIN_TYPE`. */
 export async function domainTypeCheck(s: DoctorSettings): Promise<Check> {
-  const kvm = await probeKvm(s.qemuBinary)
+  const kvm = await probeKvm(s.qemuBinary, s.kvmDevice)
   if (s.domainType === 'kvm') {
     return kvm.usable
       ? { id: 'domain-type', status: 'ok', found: `KVM usable: ${kvm.why}; domains run with type kvm`, fix: null }

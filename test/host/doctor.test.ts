@@ -203,26 +203,36 @@ describe('pre-flight checks', () => {
       expect(await check('domain-type', { domainType: 'kvm' })).toMatchObject({ status: 'fail', fix: expect.stringContaining('MIGRATOR_DOMAIN_TYPE=qemu') })
       expect(await check('domain-type', { domainType: 'qemu' })).toMatchObject({ status: 'ok', found: expect.stringContaining('TCG only') })
     }
+    // kvm-device-stand-in: a file standing in for /dev/kvm, so the probe goes on to the qemu test
+    // doubles below on any host, with or without a /dev/kvm of its own.
+    const kvmDevice = path.join(root, 'kvm-device-stand-in')
+    writeFileSync(kvmDevice, '')
     // qemu-kvm-broken-test-double: a qemu that aborts creating a KVM vCPU, i.e. a host where only TCG works.
     const kvmBroken = exe(
       path.join(root, 'qemu-kvm-broken-test-double'),
       'cat >/dev/null; echo "qemu-system-x86_64: failed to initialize kvm: Operation not supported" >&2; exit 1',
     )
-    expect(await check('domain-type', { domainType: 'kvm', qemuBinary: kvmBroken })).toMatchObject({
+    expect(await check('domain-type', { domainType: 'kvm', qemuBinary: kvmBroken, kvmDevice })).toMatchObject({
       status: 'fail',
       found: expect.stringContaining('failed to initialize kvm'),
       fix: expect.stringContaining('MIGRATOR_DOMAIN_TYPE=qemu'),
     })
-    expect(await check('domain-type', { domainType: 'qemu', qemuBinary: kvmBroken })).toMatchObject({
+    expect(await check('domain-type', { domainType: 'qemu', qemuBinary: kvmBroken, kvmDevice })).toMatchObject({
       status: 'ok',
       found: expect.stringContaining('TCG only'),
     })
     // qemu-kvm-test-double: a qemu that starts and quits cleanly, i.e. a host where KVM works.
     const kvmOk = exe(path.join(root, 'qemu-kvm-test-double'), 'cat >/dev/null; exit 0')
-    expect((await check('domain-type', { domainType: 'kvm', qemuBinary: kvmOk })).status).toBe('ok')
-    expect(await check('domain-type', { domainType: 'qemu', qemuBinary: kvmOk })).toMatchObject({
+    expect((await check('domain-type', { domainType: 'kvm', qemuBinary: kvmOk, kvmDevice })).status).toBe('ok')
+    expect(await check('domain-type', { domainType: 'qemu', qemuBinary: kvmOk, kvmDevice })).toMatchObject({
       status: 'warn',
       fix: expect.stringContaining('MIGRATOR_DOMAIN_TYPE=kvm'),
+    })
+    // No device: the probe answers from its absence, without starting qemu (kvmOk would say usable).
+    expect(await check('domain-type', { domainType: 'kvm', qemuBinary: kvmOk, kvmDevice: path.join(root, 'no-kvm-device') })).toMatchObject({
+      status: 'fail',
+      found: expect.stringContaining(`${path.join(root, 'no-kvm-device')} does not exist`),
+      fix: expect.stringContaining('MIGRATOR_DOMAIN_TYPE=qemu'),
     })
   }, 60_000)
 

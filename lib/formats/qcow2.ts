@@ -12,7 +12,8 @@ import { realpath } from 'node:fs/promises'
 import * as nodePath from 'node:path'
 import { u64be } from '../bytes.ts'
 import { MigError } from '../errors.ts'
-import { malformed, openRead, readAt, statPath } from './io.ts'
+import type { FileHandle } from 'node:fs/promises'
+import { type FileWindow, malformed, openRead, readAt, readInWindow, statPath } from './io.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { InspectContext } from '../contracts/inspect.ts'
 
@@ -244,18 +245,66 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
 export async function readQcow2Header(file: string): Promise<Qcow2Header> {
   const fh = await openRead(file)
   try {
-    const fileSize = (await fh.stat()).size
-    const head = await readAt(fh, file, Math.min(fileSize, 4096), 0)
-    let buf = head
-    if (head.length >= 24 && head.readUInt32BE(0) === QCOW_MAGIC) {
-      const bits = head.readUInt32BE(20)
-      if (bits >= 9 && bits <= 21 && 2 ** bits > head.length && fileSize > head.length) {
-        buf = await readAt(fh, file, Math.min(fileSize, 2 ** bits), 0)
-      }
-    }
-    return parseQcow2Header(buf, fileSize, file)
+    return await readQcow2HeaderFrom(fh, file)
   } finally {
     await fh.close()
+  }
+}
+
+/**
+ * {@link readQcow2Header} of an open file: `fh` is read (never closed), inside `win` when given
+ * (an image stored as a tar member: offsets relative to the window, `file_size` its length);
+ * `file` names it in messages. Same result and errors.
+ */
+export async function readQcow2HeaderFrom(fh: FileHandle, file: string, win?: FileWindow): Promise<Qcow2Header> {
+  const fileSize = win ? win.length : (await fh.stat()).size
+  const head = await readInWindow(fh, file, win, Math.min(fileSize, 4096), 0)
+  let buf = head
+  if (head.length >= 24 && head.readUInt32BE(0) === QCOW_MAGIC) {
+    const bits = head.readUInt32BE(20)
+    if (bits >= 9 && bits <= 21 && 2 ** bits > head.length && fileSize > head.length) {
+      buf = await readInWindow(fh, file, win, Math.min(fileSize, 2 ** bits), 0)
+    }
+  }
+  return parseQcow2Header(buf, fileSize, file)
+}
+
+/** Bits 9-55 of an L1 or L2 entry (qcow2.txt "Cluster mapping"): the host offset, bytes. */
+const OFFSET_HI_MASK = 0x00ffffff
+const OFFSET_LO_MASK = 0xfffffe00
+
+/**
+ * One decoded L1 entry (qcow2.txt "Cluster mapping", L1 table entry): `l2Offset` the byte
+ * offset of the L2 table (0: unallocated, every cluster it maps reads as zeros without a backing
+ * file); `reserved` true when bits 1-8 or 56-62 are set (they must be 0). `at` is the entry's
+ * byte offset in `buf` (8-byte big-endian entries).
+ */
+export function qcow2L1EntryAt(buf: Buffer, at: number): { l2Offset: number; reserved: boolean } {
+  const hi = buf.readUInt32BE(at)
+  const lo = buf.readUInt32BE(at + 4)
+  return { l2Offset: (hi & OFFSET_HI_MASK) * 2 ** 32 + ((lo & OFFSET_LO_MASK) >>> 0), reserved: (hi & 0x7f000000) !== 0 || (lo & 0x1ff) !== 0 }
+}
+
+/**
+ * One decoded standard L2 entry (qcow2.txt "Cluster mapping", 64-bit entries, no extended L2):
+ * - `compressed`: bit 62 (a compressed cluster descriptor; the other fields are then not set);
+ * - `zero`: bit 0, the cluster reads as zeros (version 3; in version 2 the bit is reserved and
+ *   reported in `reserved`);
+ * - `offset`: bits 9-55, the host cluster's byte offset (0 with `zero` false: unallocated, reads
+ *   as zeros without a backing file);
+ * - `reserved`: bits 1-8 or 56-61 set (they must be 0).
+ * `at` is the entry's byte offset in `buf`.
+ */
+export function qcow2L2EntryAt(buf: Buffer, at: number, version: 2 | 3): { compressed: boolean; zero: boolean; offset: number; reserved: boolean } {
+  const hi = buf.readUInt32BE(at)
+  const lo = buf.readUInt32BE(at + 4)
+  if (hi & 0x40000000) return { compressed: true, zero: false, offset: 0, reserved: false }
+  const zeroBit = (lo & 1) !== 0
+  return {
+    compressed: false,
+    zero: version === 3 && zeroBit,
+    offset: (hi & OFFSET_HI_MASK) * 2 ** 32 + ((lo & OFFSET_LO_MASK) >>> 0),
+    reserved: (hi & 0x3f000000) !== 0 || (lo & 0x1fe) !== 0 || (version === 2 && zeroBit),
   }
 }
 

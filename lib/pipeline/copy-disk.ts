@@ -25,8 +25,8 @@
  *   re-read, not re-written) and compared at the end; only meaningful when the reader's bytes
  *   are the digested file's bytes (raw disks).
  * - The byte moving can be handed to qemu itself ({@link copyWithQemuImg}: `qemu-img convert`
- *   per range between checkpoints) when the reader has a qemu block node and the volume a qemu
- *   target; the checkpoints, watermarks, progress, cap and cancel stay this module's (issue 15).
+ *   per range between checkpoints) when the reader has a qemu block node (and, for `auto`,
+ *   prefers it: a qemu-nbd reader) and the volume a qemu target; the checkpoints, watermarks, progress, cap and cancel stay this module's (issue 15).
  */
 import { createHash, type Hash } from 'node:crypto'
 import { availableParallelism } from 'node:os'
@@ -88,8 +88,9 @@ export interface CopyDiskOptions {
   /**
    * Who moves the bytes: `node` (this loop reads and writes), `qemu-img` (qemu-img convert per
    * range between checkpoints, see {@link copyWithQemuImg}; needs `reader.qemuNode` and
-   * `volume.qemuTarget`), `auto` (default: qemu-img when both sides allow it and no digest is
-   * asked, else node).
+   * `volume.qemuTarget`), `auto` (default: qemu-img when the reader prefers it
+   * (`reader.preferQemuImg`: a qemu-nbd reader), both sides allow it and no digest is asked, else
+   * node).
    */
   engine?: 'auto' | 'node' | 'qemu-img'
   /** qemu-img binary (default from PATH). */
@@ -117,7 +118,7 @@ export function usesQemuImg(reader: DiskReader, volume: SinkVolume, opts: Pick<C
       'E_MIG_INTERNAL',
       `${volume.path}: the qemu-img copy engine needs a qemu source node, a qemu target, a size multiple of 512 bytes and no digest`,
     )
-  return able
+  return able && (engine === 'qemu-img' || !!reader.preferQemuImg)
 }
 
 const DEFAULT_FLUSH = 256 * 1024 * 1024

@@ -11,7 +11,8 @@ import * as path from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError } from '../../lib/errors.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
-import { type CopyDiskOptions, copyDisk, QEMU_IMG_PROCESSES, qemuImgProcesses } from '../../lib/pipeline/copy-disk.ts'
+import { type CopyDiskOptions, copyDisk, QEMU_IMG_PROCESSES, qemuImgProcesses, usesQemuImg } from '../../lib/pipeline/copy-disk.ts'
+import { openNbdReader } from '../../lib/pipeline/readers/nbd.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { FileSink } from '../../lib/sink/file.ts'
@@ -56,6 +57,11 @@ const qcowDisk = (): ManifestDisk => ({
   controller: 'virtio',
   address: '0',
 })
+/**
+ * The qcow2 source through qemu-nbd (the qemu node the qemu-img engine needs; `openDiskReader`
+ * reads this image by its clusters, with no qemu node).
+ */
+const nbdQcow = () => openNbdReader({ path: QCOW, format: 'qcow2', label: 'disk0' })
 const dataFrom = (w: number) => PIECES.reduce((a, [o, l]) => a + Math.max(0, o + l - Math.max(o, w)), 0)
 
 /** A reader over an in-memory disk that counts the bytes it reads. */
@@ -109,7 +115,7 @@ describe('copyDisk', () => {
       const sink = new FileSink({ dataDir: path.join(tmp.dir, `var-${engine}`) })
       const ac = new AbortController()
       let watermark = 0
-      const r1 = await openDiskReader(qcowDisk())
+      const r1 = await nbdQcow()
       // The node engine's checkpoints run in the background: its reads from 40 MiB on wait for
       // the abort, so the copy cannot finish before a watermark of 8 MiB or more is durable.
       const aborted = new Promise((res) => ac.signal.addEventListener('abort', res))
@@ -144,7 +150,7 @@ describe('copyDisk', () => {
       expect(watermark % (engine === 'node' ? 64 * KiB : 512)).toBe(0) // a chunk edge: 4 MiB or a qcow2 cluster's
 
       // A new process would reopen the volume (resume) and a new reader.
-      const r2 = await openDiskReader(qcowDisk())
+      const r2 = await nbdQcow()
       const v2 = await sink.create('job-resume', 'disk0', SIZE)
       const marks: number[] = []
       const res = await copyDisk(r2, v2, {
@@ -452,6 +458,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
   const loggedCopy = async (c: Awaited<ReturnType<typeof rawCopy>>, opts: Partial<CopyDiskOptions>) => {
     const log = logFlushes(c.v)
     const res = await copyDisk(c.q, c.v, {
+      engine: 'qemu-img',
       from: 0,
       signal: new AbortController().signal,
       onProgress() {},
@@ -532,6 +539,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     const qi = slowQemuImg('qlag', 0, 2)
     const marks: Array<{ w: number; firstDone: boolean }> = []
     await copyDisk(q, v, {
+      engine: 'qemu-img',
       from: 0,
       signal: new AbortController().signal,
       flushEveryBytes: 8 * MiB,
@@ -581,7 +589,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     const pids: number[] = []
     const before = pgrep('-x qemu-img')
     const t0 = performance.now()
-    const p = copyDisk(q, v, { from: 0, signal: ac.signal, maxBytesPerSecond: 4 * MiB, onProgress() {}, async onWatermark() {} })
+    const p = copyDisk(q, v, { engine: 'qemu-img', from: 0, signal: ac.signal, maxBytesPerSecond: 4 * MiB, onProgress() {}, async onWatermark() {} })
     // The capped qemu-img runs for seconds; find it, then cancel.
     for (let i = 0; i < 100 && pids.length === 0; i++) {
       await new Promise((res) => setTimeout(res, 20))
@@ -607,6 +615,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     const ac = new AbortController()
     let durable = 0
     const p = copyDisk(q, v, {
+      engine: 'qemu-img',
       from: 0,
       signal: ac.signal,
       flushEveryBytes: 8 * MiB,
@@ -634,11 +643,39 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     // it reads exactly the data above it, and the range the slow qemu-img never wrote is filled.
     const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-qresume') })
     const v2 = await sink.create('qresume', 'disk0', size)
-    const res = await copyDisk(q, v2, { from: durable, signal: new AbortController().signal, flushEveryBytes: 8 * MiB, qemuProcesses: 2, ...noop })
+    const res = await copyDisk(q, v2, {
+      engine: 'qemu-img',
+      from: durable,
+      signal: new AbortController().signal,
+      flushEveryBytes: 8 * MiB,
+      qemuProcesses: 2,
+      ...noop,
+    })
     await v2.close()
     await q.close()
     expect(sha(readFileSync(v2.path))).toBe(sha(src.bytes))
     expect(res.bytes_read).toBe(size - durable)
+  })
+
+  test('which engine auto picks: qemu-img for a qemu-nbd reader, node for a raw file (both with a qemu node), node without a digest-free qemu side', async () => {
+    const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var-auto') })
+    const v = await sink.create('auto', 'disk0', SIZE)
+    const nbd = await nbdQcow()
+    const raw = await openDiskReader({ ...qcowDisk(), disk_format: 'raw', source: { path: RAW } })
+    try {
+      expect(nbd.preferQemuImg).toBe(true)
+      expect(raw.qemuNode).toBeDefined()
+      expect(usesQemuImg(nbd, v, {})).toBe(true)
+      expect(usesQemuImg(raw, v, {})).toBe(false)
+      expect(usesQemuImg(raw, v, { engine: 'qemu-img' })).toBe(true)
+      expect(usesQemuImg(nbd, v, { engine: 'node' })).toBe(false)
+      expect(usesQemuImg(nbd, v, { digest: { algorithm: 'sha256', hex: '00' } })).toBe(false)
+      expect(usesQemuImg(nbd, { ...v, qemuTarget: undefined }, {})).toBe(false)
+    } finally {
+      await nbd.close()
+      await raw.close()
+      await v.close()
+    }
   })
 
   test('qemu-img processes at once: QEMU_IMG_PROCESSES into a block device, 1 into an image file, 1 under a cap, a request wins (1..4)', () => {
@@ -659,7 +696,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     const tag = `mig-test-qemu-${process.pid}`
     writeFileSync(bin, `#!/bin/bash\nexec -a ${tag} sleep 60\n`, { mode: 0o755 })
     const ac = new AbortController()
-    const p = copyDisk(q, v, { from: 0, signal: ac.signal, flushEveryBytes: 8 * MiB, qemuProcesses: 2, qemuImgPath: bin, ...noop })
+    const p = copyDisk(q, v, { engine: 'qemu-img', from: 0, signal: ac.signal, flushEveryBytes: 8 * MiB, qemuProcesses: 2, qemuImgPath: bin, ...noop })
     const running = () => pgrep(`-f "^${tag}"`)
     let pids: number[] = []
     for (let i = 0; i < 100 && pids.length < 2; i++) {
@@ -686,7 +723,15 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     const q = await openDiskReader(rawDisk(src.path, bytes))
     const v = await sink.create(name, 'disk0', bytes)
     const t0 = performance.now()
-    await copyDisk(q, v, { from: 0, signal: new AbortController().signal, flushEveryBytes, maxBytesPerSecond: rate, onProgress() {}, async onWatermark() {} })
+    await copyDisk(q, v, {
+      engine: 'qemu-img',
+      from: 0,
+      signal: new AbortController().signal,
+      flushEveryBytes,
+      maxBytesPerSecond: rate,
+      onProgress() {},
+      async onWatermark() {},
+    })
     const sec = (performance.now() - t0) / 1000
     await v.close()
     await q.close()
@@ -710,7 +755,7 @@ describe('copyDisk qemu-img engine (qemu-img convert per range, the checkpoints 
     await v0.close()
     const v = await sink.create('q4', 'disk0', 16 * MiB)
     const q = await openDiskReader(rawDisk(src.path, 16 * MiB))
-    await copyDisk(q, v, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
+    await copyDisk(q, v, { engine: 'qemu-img', from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
     await v.close()
     await q.close()
     expect(sha(readFileSync(v.path))).toBe(sha(src.bytes))

@@ -319,10 +319,10 @@ describe('corpus images', () => {
     expect(head(topOnly)).not.toBe(head(full))
   })
 
-  test('legacy qcow v1 with a 152 TiB header opened as qcow2: qemu-nbd refuses, stderr in the message', async () => {
+  test('legacy qcow v1 with a 152 TiB header opened as qcow2: the header reader refuses it before qemu-nbd, naming the fix', async () => {
     const err = await migErrorOf(openDiskReader(disk('qcow2', { path: path.join(CORPUS, 'containerized-data-importer/invalid-qcow-large-size.img') }, 0)))
-    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
-    expect(err.message).toContain('Unsupported qcow2 version 1')
+    expect(err.code).toBe('E_MIG_UNSUPPORTED_FORMAT')
+    expect(err.message).toContain('legacy qcow (version 1) image is not supported; convert it to qcow2 first')
   })
 
   test('govmomi ttylinux OVA: its truncated streamOptimized vmdk member fails with E_MIG_DISK_READ_FAILED', async () => {

@@ -3,7 +3,8 @@
  * DESIGN.md section 5 reader 3): starts `qemu-nbd` over the image (or over a tar member in place)
  * and reads it with the NBD client. Extents come from `NBD_CMD_BLOCK_STATUS` on
  * `base:allocation`, so unallocated and zero areas are reported as zero extents and never read.
- * `qemuNode` is the block node qemu-nbd serves, so the copy loop may let qemu-img read it directly.
+ * `qemuNode` is the block node qemu-nbd serves, and `preferQemuImg` is set: an `auto` copy lets
+ * qemu-img read it directly.
  */
 import { open } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
@@ -107,6 +108,7 @@ export async function openNbdReader(opts: NbdReaderOptions): Promise<DiskReader>
   return {
     size,
     qemuNode,
+    preferQemuImg: true,
     async *extents(from: number): AsyncIterable<DiskExtent> {
       let pos = Math.max(0, from)
       let run: DiskExtent | null = null

@@ -6,13 +6,15 @@
  * - `source.layout === 'xva_blocks'`: {@link openXvaBlocksReader} over `source.member`;
  * - `disk_format === 'raw'`: {@link openRawFileReader}, at `source.offset`/`source.length` for a
  *   tar member;
- * - `vhdx` without a parent or an unreplayed log, `vpc` dynamic, `vdi` dynamic or fixed:
- *   {@link openVhdxBlocksReader}, {@link openVhdBlocksReader}, {@link openVdiBlocksReader} (their
- *   BAT or block map, the file's holes skipped; their own checks of every entry replace `qemu-img
- *   check`); a stream-optimized `vmdk` without a parent (an OVA's disk):
- *   {@link openStreamVmdkReader} (grains inflated on threads; its checks replace `qemu-img check`);
+ * - `vhdx` without a parent or an unreplayed log, `vpc` dynamic, `vdi` dynamic or fixed, `qcow2`
+ *   without a backing file, compressed clusters, subclusters or the dirty bit:
+ *   {@link openVhdxBlocksReader}, {@link openVhdBlocksReader}, {@link openVdiBlocksReader},
+ *   {@link openQcow2ClustersReader} (their BAT, block map or L1/L2 tables, the file's holes
+ *   skipped; their own checks of every entry replace `qemu-img check`); a stream-optimized `vmdk`
+ *   without a parent (an OVA's disk): {@link openStreamVmdkReader} (grains inflated on threads;
+ *   its checks replace `qemu-img check`);
  * - `qcow2`, `vmdk`, `vhdx` (differencing), `vpc` (fixed, differencing), `vdi` (the images the
- *   block map reader leaves to qemu, differencing):
+ *   readers above leave to qemu, differencing):
  *   {@link openNbdReader} (qemu-nbd),
  *   through the raw driver's offset/size for a tar member, with the manifest's validated
  *   `backing_chain`.
@@ -24,6 +26,7 @@ import type { DiskFormat, ManifestDisk } from '../../manifest.ts'
 import { CHECKABLE_FORMATS, qemuImgCheck } from '../../formats/qemu-info.ts'
 import { readVdiInfo } from '../../formats/vdi.ts'
 import { openNbdReader } from './nbd.ts'
+import { openQcow2ClustersReader } from './qcow2-clusters.ts'
 import { stageOvfFile } from './ovf-staged.ts'
 import { openRawFileReader } from './raw-file.ts'
 import { openStreamVmdkReader } from './stream-vmdk.ts'
@@ -79,6 +82,7 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     return {
       size: inner.size,
       qemuNode: inner.qemuNode,
+      preferQemuImg: inner.preferQemuImg,
       extents: (from) => inner.extents(from),
       read: (offset, length, into) => inner.read(offset, length, into),
       async close() {
@@ -129,7 +133,7 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
 
 /**
  * The reader of an image by its block or grain table (`vhdx-blocks.ts`, `vhd-blocks.ts`,
- * `vdi-blocks.ts`, `stream-vmdk.ts` for a stream-optimized VMDK), or null for a
+ * `vdi-blocks.ts`, `stream-vmdk.ts` for a stream-optimized VMDK, `qcow2-clusters.ts`), or null for a
  * format or an image these do not read (then qemu-nbd reads it). Errors of those readers.
  */
 function openByBlockTable(format: DiskFormat, path: string, opts: ImageFileOptions): Promise<DiskReader | null> {
@@ -137,6 +141,7 @@ function openByBlockTable(format: DiskFormat, path: string, opts: ImageFileOptio
   if (format === 'vpc') return openVhdBlocksReader(path, opts)
   if (format === 'vdi') return openVdiBlocksReader(path, opts)
   if (format === 'vmdk') return openStreamVmdkReader(path, opts)
+  if (format === 'qcow2') return openQcow2ClustersReader(path, opts)
   return Promise.resolve(null)
 }
 

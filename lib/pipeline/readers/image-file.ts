@@ -5,7 +5,9 @@
  */
 import { open, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
+import { readAt } from '../../formats/io.ts'
 import { pinnedPath } from '../../hostpath.ts'
+import type { VmdkFile } from '../../formats/vmdk/sparse-extent.ts'
 import type { QemuNode } from '../qemu-img-copy.ts'
 
 /** The open image file: descriptor, byte range (a tar member) and name. Bytes. */
@@ -67,4 +69,21 @@ export async function openImageFile(path: string, opts: ImageFileOptions = {}): 
 export function imageFileNode(file: ImageFile): QemuNode {
   const { fh, base, length, isBlock } = file
   return { driver: 'raw', offset: base, size: length, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } }
+}
+
+/**
+ * The image's byte range as a random-access file (the {@link VmdkFile} shape the VMDK extent
+ * readers of lib/formats/vmdk/ take): `read(offset, length)` is relative to the range, and a
+ * short read (a file cut short since it was opened) is `E_MIG_DISK_READ_FAILED`.
+ */
+export function imageFileView(file: ImageFile): VmdkFile {
+  return {
+    name: file.label,
+    size: file.length,
+    async read(offset, length, into) {
+      const got = await readAt(file.fh, file.label, length, file.base + offset, into)
+      if (got.length !== length) throw new MigError('E_MIG_DISK_READ_FAILED', `${file.label}: short read of ${length} bytes at offset ${offset} (truncated?)`)
+      return got
+    },
+  }
 }

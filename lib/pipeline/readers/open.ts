@@ -12,7 +12,8 @@
  *   {@link openQcow2ClustersReader} (their BAT, block map or L1/L2 tables, the file's holes
  *   skipped; their own checks of every entry replace `qemu-img check`); a stream-optimized `vmdk`
  *   without a parent (an OVA's disk): {@link openStreamVmdkReader} (grains inflated on threads;
- *   its checks replace `qemu-img check`);
+ *   its checks replace `qemu-img check`); a monolithicSparse `vmdk` without a parent:
+ *   {@link openSparseVmdkReader} (its grain tables);
  * - `qcow2`, `vmdk`, `vhdx` (differencing), `vpc` (fixed, differencing), `vdi` (the images the
  *   readers above leave to qemu, differencing):
  *   {@link openNbdReader} (qemu-nbd),
@@ -35,6 +36,7 @@ import type { ImageFileOptions } from './image-file.ts'
 import { openVdiBlocksReader } from './vdi-blocks.ts'
 import { openVhdBlocksReader } from './vhd-blocks.ts'
 import { openVhdxBlocksReader } from './vhdx-blocks.ts'
+import { openSparseVmdkReader } from './vmdk-grains.ts'
 import { openXvaBlocksReader } from './xva-blocks.ts'
 
 /** Options of {@link openDiskReader}. */
@@ -133,14 +135,15 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
 
 /**
  * The reader of an image by its block or grain table (`vhdx-blocks.ts`, `vhd-blocks.ts`,
- * `vdi-blocks.ts`, `stream-vmdk.ts` for a stream-optimized VMDK, `qcow2-clusters.ts`), or null for a
+ * `vdi-blocks.ts`, `stream-vmdk.ts` for a stream-optimized VMDK, `vmdk-grains.ts` for a
+ * monolithicSparse one, `qcow2-clusters.ts`), or null for a
  * format or an image these do not read (then qemu-nbd reads it). Errors of those readers.
  */
 function openByBlockTable(format: DiskFormat, path: string, opts: ImageFileOptions): Promise<DiskReader | null> {
   if (format === 'vhdx') return openVhdxBlocksReader(path, opts)
   if (format === 'vpc') return openVhdBlocksReader(path, opts)
   if (format === 'vdi') return openVdiBlocksReader(path, opts)
-  if (format === 'vmdk') return openStreamVmdkReader(path, opts)
+  if (format === 'vmdk') return openStreamVmdkReader(path, opts).then((r) => r ?? openSparseVmdkReader(path, opts))
   if (format === 'qcow2') return openQcow2ClustersReader(path, opts)
   return Promise.resolve(null)
 }

@@ -25,11 +25,11 @@
 import { MigError } from '../../errors.ts'
 import { readAt } from '../../formats/io.ts'
 import { GRAIN_MARKER_BYTES, SECTOR } from '../../formats/vmdk/limits.ts'
-import { openStreamOptimizedExtent, type SparseExtent, type VmdkFile } from '../../formats/vmdk/sparse-extent.ts'
+import { openStreamOptimizedExtent, type SparseExtent } from '../../formats/vmdk/sparse-extent.ts'
 import type { Grain } from '../../formats/vmdk/sparse-codec.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 import { inflateGrains, type GrainJob } from './grain-inflate.ts'
-import { type ImageFile, type ImageFileOptions, openImageFile } from './image-file.ts'
+import { type ImageFile, type ImageFileOptions, imageFileView, openImageFile } from './image-file.ts'
 import { isSharedView } from '../../script-thread.ts'
 
 /** Largest grain read here, bytes (VMware and qemu write 64 KiB grains). */
@@ -62,23 +62,14 @@ const SPAN_BYTES = 8 * 1024 * 1024
 export async function openStreamVmdkReader(path: string, opts: ImageFileOptions = {}): Promise<DiskReader | null> {
   const file = await openImageFile(path, opts)
   try {
-    const vmdk: VmdkFile = {
-      name: file.label,
-      size: file.length,
-      async read(offset, length, into) {
-        const got = await readAt(file.fh, file.label, length, file.base + offset, into)
-        if (got.length !== length) throw new MigError('E_MIG_DISK_READ_FAILED', `${file.label}: short read of ${length} bytes at offset ${offset} (truncated?)`)
-        return got
-      },
-    }
-    const extent = await openStreamOptimizedExtent(vmdk).catch(refuse)
+    const extent = await openStreamOptimizedExtent(imageFileView(file)).catch(refuseMalformed)
     if (!extent || extent.g.grainBytes > MAX_GRAIN_BYTES) {
       await file.fh.close()
       return null
     }
     const tables = Math.ceil(extent.g.capacityBytes / extent.span)
     let stored = 0
-    for (let t = 0; t < tables; t++) for (const g of (await extent.tableGrains(t).catch(refuse)) ?? []) if (typeof g === 'number') stored++
+    for (let t = 0; t < tables; t++) for (const g of (await extent.tableGrains(t).catch(refuseMalformed)) ?? []) if (typeof g === 'number') stored++
     if (stored > 0 && file.length > INCOMPRESSIBLE * stored * extent.g.grainBytes) {
       await file.fh.close()
       return null
@@ -90,8 +81,11 @@ export async function openStreamVmdkReader(path: string, opts: ImageFileOptions 
   }
 }
 
-/** A damaged extent (`E_MIG_MALFORMED_ARCHIVE` of the format module) as the copy refuses it. */
-function refuse(e: unknown): never {
+/**
+ * A damaged extent (`E_MIG_MALFORMED_ARCHIVE` of the format modules) as the copy refuses it:
+ * `E_MIG_DISK_READ_FAILED`, "refusing to copy it"; other errors are thrown as they are.
+ */
+export function refuseMalformed(e: unknown): never {
   if (e instanceof MigError && e.code === 'E_MIG_MALFORMED_ARCHIVE')
     throw new MigError('E_MIG_DISK_READ_FAILED', `${e.message}; refusing to copy it`, { cause: e })
   throw e
@@ -131,7 +125,7 @@ class StreamVmdkReader implements DiskReader {
     const perTable = this.extent.g.gtEntries
     let run: DiskExtent | null = null
     for (let t = Math.floor(Math.max(0, from) / this.extent.span); t * this.extent.span < this.size; t++) {
-      const grains = await this.extent.tableGrains(t).catch(refuse)
+      const grains = await this.extent.tableGrains(t).catch(refuseMalformed)
       for (let k = 0; k < perTable; k++) {
         const s = Math.max(from, (t * perTable + k) * G)
         const e = Math.min(this.size, (t * perTable + k + 1) * G)
@@ -165,7 +159,7 @@ class StreamVmdkReader implements DiskReader {
       const n = Math.min(offset + length - v, (gi + 1) * G - v)
       if (Math.floor(gi / perTable) !== t) {
         t = Math.floor(gi / perTable)
-        grains = await this.extent.tableGrains(t).catch(refuse)
+        grains = await this.extent.tableGrains(t).catch(refuseMalformed)
       }
       const at = grains?.[gi % perTable]
       if (typeof at === 'number') wanted.push({ grain: gi, at, skip: v - gi * G, length: n, dstOffset: v - offset })

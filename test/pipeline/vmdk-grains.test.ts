@@ -1,0 +1,153 @@
+/**
+ * The monolithicSparse VMDK reader by its grain tables (lib/pipeline/readers/vmdk-grains.ts),
+ * against real VMDK files written by qemu-img and qemu-io: bytes equal to `qemu-img convert -f
+ * vmdk -O raw`, only the stored grains read, zeroed grain table entries, a tar member; the files
+ * left to qemu (a text descriptor with its extents, a child of a parent, stream-optimized
+ * grains); and the refusals before any copy (a grain or grain table outside the file, a file cut
+ * short after open).
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
+import { closeSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
+import * as path from 'node:path'
+import type { DiskExtent } from '../../lib/contracts/disk-reader.ts'
+import { readVmdkSparseHeader } from '../../lib/formats/vmdk/inspect.ts'
+import type { ManifestDisk } from '../../lib/manifest.ts'
+import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
+import { openSparseVmdkReader } from '../../lib/pipeline/readers/vmdk-grains.ts'
+import { FileSink } from '../../lib/sink/file.ts'
+import { migErrorOf } from '../helpers/mig-error.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
+import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const KiB = 1024
+const MiB = 1024 * 1024
+const SIZE = SCATTERED_SIZE
+
+const tmp = tempDir('mig-vmdk-grains-')
+const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
+let RAW = ''
+let RAW_SHA = ''
+afterAll(() => tmp.cleanup())
+beforeAll(() => {
+  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
+  RAW_SHA = sha256File(RAW)
+})
+
+const vmdkDisk = (p: string, src: Partial<ManifestDisk['source']> = {}) => manifestDisk('vmdk', { path: p, ...src }, SIZE)
+/** A VMDK of `raw` written by qemu-img (monolithicSparse unless `opts` say otherwise). */
+const vmdkOf = (raw: string, name: string, opts: string[] = []) => qemuImageOf(raw, path.join(tmp.dir, name), 'vmdk', opts)
+const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
+
+async function collect(it: AsyncIterable<DiskExtent>): Promise<DiskExtent[]> {
+  const out: DiskExtent[] = []
+  for await (const x of it) out.push(x)
+  return out
+}
+
+/** Reads (`value` undefined) or overwrites the little-endian 32-bit word at `at` of `file`. */
+function wordAt(file: string, at: number, value?: number): number {
+  const b = Buffer.alloc(4)
+  const fd = openSync(file, 'r+')
+  if (value === undefined) readSync(fd, b, 0, 4, at)
+  else {
+    b.writeUInt32LE(value)
+    writeSync(fd, b, 0, 4, at)
+  }
+  closeSync(fd)
+  return b.readUInt32LE()
+}
+
+/** File offsets of grain directory entry 0 and of the grain table entry of grain `g` (in table 0) of `img`. */
+async function entries(img: string, g: number): Promise<{ gd0: number; gte: number }> {
+  const h = await readVmdkSparseHeader(img)
+  const gd0 = h.gdOffset! * 512
+  return { gd0, gte: wordAt(img, gd0) * 512 + g * 4 }
+}
+
+describe('monolithicSparse VMDK read by its grain tables, without qemu-nbd', () => {
+  test('bit-exact, only the stored grains read, no qemu node', async () => {
+    const img = vmdkOf(RAW, 'mono.vmdk')
+    const out = await copy(vmdkDisk(img))
+    expect(out.qemuNode).toBeUndefined() // the grain reader (node engine), not qemu-nbd
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+    expect(out.res.bytes_read).toBe(SCATTERED_DATA_BYTES) // qemu stores only the 64 KiB grains holding data
+    expect(out.res.bytes_written).toBe(SCATTERED_DATA_BYTES)
+  })
+
+  test('zeroed grain table entries (1): zero extents, never read; bytes as qemu-img reads them', async () => {
+    const img = vmdkOf(RAW, 'zeroed.vmdk', ['-o', 'zeroed_grain=on'])
+    execFileSync('qemu-io', ['-f', 'vmdk', '-c', 'write -z 7M 512k', img])
+    expect(wordAt(img, (await entries(img, 112)).gte)).toBe(1)
+    const reader = (await openSparseVmdkReader(img))!
+    try {
+      const ext = await collect(reader.extents(0))
+      expect(ext.find((x) => x.offset <= 7 * MiB && 7 * MiB < x.offset + x.length)?.zero).toBe(true)
+      expect(ext.find((x) => x.offset <= 7.5 * MiB && 7.5 * MiB < x.offset + x.length)?.zero).toBe(false)
+    } finally {
+      await reader.close()
+    }
+    const out = await copy(vmdkDisk(img))
+    expect(out.res.bytes_read).toBe(SCATTERED_DATA_BYTES - 512 * KiB)
+    expect(sha256File(out.path)).toBe(sha256File(qemuRawOf(img, path.join(tmp.dir, 'zeroed.raw'), 'vmdk')))
+  })
+
+  test('a tar member read in place', async () => {
+    const src = await tarredImage(vmdkOf(RAW, 'member.vmdk'))
+    const out = await copy(vmdkDisk(src.path, src))
+    expect(out.qemuNode).toBeUndefined()
+    expect(sha256File(out.path)).toBe(RAW_SHA)
+  })
+})
+
+describe('VMDK files left to qemu', () => {
+  test('a text descriptor with its extents, a child of a parent, stream-optimized grains: null here', async () => {
+    const split = vmdkOf(RAW, 'split.vmdk', ['-o', 'subformat=twoGbMaxExtentSparse'])
+    expect(await openSparseVmdkReader(split)).toBeNull()
+    const viaQemu = await copy(vmdkDisk(split))
+    expect(viaQemu.qemuNode).toBeDefined()
+    expect(sha256File(viaQemu.path)).toBe(RAW_SHA)
+    const child = path.join(tmp.dir, 'child.vmdk')
+    execFileSync('qemu-img', ['create', '-q', '-f', 'vmdk', '-b', vmdkOf(RAW, 'parent.vmdk'), '-F', 'vmdk', child])
+    expect(await openSparseVmdkReader(child)).toBeNull()
+    expect(await openSparseVmdkReader(vmdkOf(RAW, 'stream.vmdk', ['-o', 'subformat=streamOptimized']))).toBeNull()
+  })
+})
+
+describe('VMDK grain refusals: before any copy, naming the grain or table', () => {
+  test('a grain outside the file: E_MIG_DISK_READ_FAILED', async () => {
+    const img = vmdkOf(RAW, 'bad-grain.vmdk')
+    const { gte } = await entries(img, 112)
+    wordAt(img, gte, Math.ceil(statSync(img).size / 512) + 8)
+    const err = await migErrorOf(openDiskReader(vmdkDisk(img)))
+    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+    expect(err.message).toContain(img)
+    expect(err.message).toContain('grain 112')
+    expect(err.message).toContain('outside the file')
+    expect(err.message).toContain('refusing to copy it')
+  })
+
+  test('a grain table outside the file: E_MIG_DISK_READ_FAILED', async () => {
+    const img = vmdkOf(RAW, 'bad-table.vmdk')
+    const { gd0 } = await entries(img, 0)
+    wordAt(img, gd0, 0x7fffffff)
+    const err = await migErrorOf(openDiskReader(vmdkDisk(img)))
+    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+    expect(err.message).toContain('grain table 0')
+    expect(err.message).toContain('outside the file')
+  })
+
+  test('a file cut short after it was opened: the read fails, no zeros copied', async () => {
+    const img = vmdkOf(RAW, 'shrinks.vmdk')
+    const reader = (await openSparseVmdkReader(img))!
+    try {
+      truncateSync(img, 2 * MiB)
+      const err = await migErrorOf(reader.read(33 * MiB, MiB))
+      expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+      expect(err.message).toContain('short read')
+    } finally {
+      await reader.close()
+    }
+  })
+})

@@ -7,7 +7,7 @@
  *
  * MB/s are MiB of virtual size per second; figures are medians over the repetitions with
  * [min-max]. "job" is `POST /migrations` (offline plan, `start: false`) to `Completed` as the
- * client sees it (inspection, qemu-nbd start, the copy with every checkpoint fsync, the domain
+ * client sees it (inspection, the reader's open, the copy with every checkpoint fsync, the domain
  * definition); "copy" is the `CopyingFull` phase (from its event to the next state's). Worker
  * peak RSS is its VmHWM sampled from /proc. Before every run both destinations are removed and
  * the file system synced; the order alternates (ref first on odd repetitions, the job first on
@@ -23,8 +23,8 @@
  * timings` log line, runtime/worker.ts); `fixed` is the whole job minus the copy. The server runs
  * at log level info for these lines. The worker entry the supervisor used is printed at the end.
  *
- * Reader kinds: `qcow2`, `vmdk` (monolithicSparse) through qemu-nbd; `vdi` (VirtualBox folder)
- * by its block map; `vhdx`, `vhd` (dynamic VHD, qemu `vpc`, read by the vhdx importer) by their BAT; `ova` (a streamOptimized VMDK read in place as a tar member); `flat` (a VMX folder
+ * Reader kinds: `qcow2` by its clusters, `vmdk` (monolithicSparse) by its grain tables; `vdi`
+ * (VirtualBox folder) by its block map; `vhdx`, `vhd` (dynamic VHD, qemu `vpc`, read by the vhdx importer) by their BAT; `ova` (a streamOptimized VMDK read in place as a tar member); `flat` (a VMX folder
  * with a monolithicFlat VMDK: a raw file); `xva` (XVA 1 MiB blocks, each checked by the reader
  * against its XXH64 `.xxhash` companion, as xapi writes them today); `xva-sha1` (the same with
  * SHA-1 `.checksum` companions, as older xapi wrote them). The qemu-img reference reads the same

@@ -180,8 +180,9 @@ export async function alternate(
 }
 
 /**
- * The migrator's copy phase of a qcow2 in process, as a job runs it: the qemu-nbd reader over
- * `src` (`size` bytes virtual), a new volume `bench/disk0` of `sink`, `copyDisk` (every checkpoint
+ * The migrator's copy phase of a qcow2 in process, as a job runs it: the job's reader of
+ * `src` (`size` bytes virtual; `openDiskReader`: by its clusters, or qemu-nbd for the images it
+ * leaves to qemu), a new volume `bench/disk0` of `sink`, `copyDisk` (every checkpoint
  * fsync included) with `opts`, both closed. Returns the copy's byte counts.
  */
 export async function copyQcow2In(sink: Sink, src: string, size: number, opts: Partial<CopyDiskOptions> = {}): Promise<CopyDiskResult> {

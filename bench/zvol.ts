@@ -5,7 +5,8 @@
  * `/dev/zvol/...` path to the loop device), since ZFS cannot run here.
  *
  * - Reference: `qemu-img convert -n -f qcow2 -O raw <src> /dev/loopN` + `sync`.
- * - Migrator: `ZvolSink.create` (through the double) + `openDiskReader` (qemu-nbd) + `copyDisk`
+ * - Migrator: `ZvolSink.create` (through the double) + `openDiskReader` (the qcow2 by its
+ *   clusters since the twenty-fifth session, qemu-nbd before) + `copyDisk`
  *   (its fsyncs included) + close, in process: the copy phase of a job.
  * Before every run the device is discarded (`blkdiscard`, so it reads as zeros and its backing
  * file is sparse again) and the file system synced; the order alternates. Prints medians

@@ -1,14 +1,18 @@
 /**
- * What the reader tests (readers, vhd-blocks, vhdx-blocks, vdi-blocks, stream-vmdk) build their
- * cases from: a file's SHA-256, a manifest disk of a source, images written and read back by
- * `qemu-img convert` (the reference bytes), and an image packed alone into a tar.
+ * What the reader tests (readers, vhd-blocks, vhdx-blocks, vdi-blocks, qcow2-clusters,
+ * vmdk-grains, stream-vmdk) build their cases from: a file's SHA-256, a manifest disk of a source,
+ * images written and read back by `qemu-img convert` (the reference bytes), an image packed alone
+ * into a tar, an extent walk collected, and the check of a file cut short after open.
  */
+import { expect } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
-import { readFileSync } from 'node:fs'
+import { readFileSync, truncateSync } from 'node:fs'
 import * as path from 'node:path'
+import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
+import { migErrorOf } from './mig-error.ts'
 
 /** SHA-256 of the file `p` (read whole: test-sized files only), lower-case hex. */
 export const sha256File = (p: string): string => createHash('sha256').update(readFileSync(p)).digest('hex')
@@ -45,4 +49,28 @@ export async function tarredImage(file: string): Promise<ManifestDisk['source']>
   execFileSync('tar', ['-C', path.dirname(file), '-cf', tar, path.basename(file)])
   const m = (await listTarMembers(tar))[0]!
   return { path: tar, offset: m.offset, length: m.size, member: m.name }
+}
+
+/** Every extent `it` yields, in order. */
+export async function collectExtents(it: AsyncIterable<DiskExtent>): Promise<DiskExtent[]> {
+  const out: DiskExtent[] = []
+  for await (const x of it) out.push(x)
+  return out
+}
+
+/**
+ * Opens the image `img` of the scattered disk with `open`, cuts the file to 2 MiB, and checks
+ * that a read of its data at 33 MiB (past the cut) fails `E_MIG_DISK_READ_FAILED` with a short
+ * read: a file cut short after it was opened never copies zeros. Closes the reader.
+ */
+export async function expectCutShortReadFails(img: string, open: (p: string) => Promise<DiskReader | null>): Promise<void> {
+  const reader = (await open(img))!
+  try {
+    truncateSync(img, 2 * 1024 * 1024)
+    const err = await migErrorOf(reader.read(33 * 1024 * 1024, 1024 * 1024))
+    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+    expect(err.message).toContain('short read')
+  } finally {
+    await reader.close()
+  }
 }

@@ -9,16 +9,15 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, openSync, readSync, statSync, truncateSync, writeFileSync, writeSync } from 'node:fs'
+import { closeSync, openSync, readSync, statSync, writeFileSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
-import type { DiskExtent } from '../../lib/contracts/disk-reader.ts'
 import { qcow2L1EntryAt, readQcow2Header } from '../../lib/formats/qcow2.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openQcow2ClustersReader } from '../../lib/pipeline/readers/qcow2-clusters.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage, collectExtents, expectCutShortReadFails } from '../helpers/reader-fixtures.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -42,12 +41,6 @@ const qcowDisk = (p: string, capacity = SIZE, src: Partial<ManifestDisk['source'
 const qcowOf = (raw: string, name: string, opts: string[] = []) => qemuImageOf(raw, path.join(tmp.dir, name), 'qcow2', opts)
 const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
 const qemuIo = (img: string, ...cmds: string[]) => execFileSync('qemu-io', ['-f', 'qcow2', ...cmds.flatMap((c) => ['-c', c]), img])
-
-async function collect(it: AsyncIterable<DiskExtent>): Promise<DiskExtent[]> {
-  const out: DiskExtent[] = []
-  for await (const x of it) out.push(x)
-  return out
-}
 
 /** File offset of the L2 entry of cluster `c` (mapped by L1 entry 0) of `img`. */
 async function l2EntryOffset(img: string, c: number): Promise<number> {
@@ -100,7 +93,7 @@ describe('qcow2 read by its clusters, without qemu-nbd', () => {
     expect(entryAt(img, await l2EntryOffset(img, 112)) & 1n).toBe(1n)
     const reader = (await openQcow2ClustersReader(img))!
     try {
-      const ext = await collect(reader.extents(0))
+      const ext = await collectExtents(reader.extents(0))
       expect(ext.find((x) => x.offset <= 7 * MiB && 7 * MiB < x.offset + x.length)?.zero).toBe(true)
       expect(ext.find((x) => x.offset <= 7.5 * MiB && 7.5 * MiB < x.offset + x.length)?.zero).toBe(false)
     } finally {
@@ -212,15 +205,6 @@ describe('qcow2 table refusals: before any copy, naming the cluster', () => {
   })
 
   test('a file cut short after it was opened: the read fails, no zeros copied', async () => {
-    const img = qcowOf(RAW, 'shrinks.qcow2')
-    const reader = (await openQcow2ClustersReader(img))!
-    try {
-      truncateSync(img, 2 * MiB)
-      const err = await migErrorOf(reader.read(33 * MiB, MiB))
-      expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
-      expect(err.message).toContain('short read')
-    } finally {
-      await reader.close()
-    }
+    await expectCutShortReadFails(qcowOf(RAW, 'shrinks.qcow2'), openQcow2ClustersReader)
   })
 })

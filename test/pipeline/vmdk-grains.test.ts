@@ -8,16 +8,15 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { closeSync, openSync, readSync, statSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
-import type { DiskExtent } from '../../lib/contracts/disk-reader.ts'
 import { readVmdkSparseHeader } from '../../lib/formats/vmdk/inspect.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openSparseVmdkReader } from '../../lib/pipeline/readers/vmdk-grains.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage, collectExtents, expectCutShortReadFails } from '../helpers/reader-fixtures.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -39,12 +38,6 @@ const vmdkDisk = (p: string, src: Partial<ManifestDisk['source']> = {}) => manif
 /** A VMDK of `raw` written by qemu-img (monolithicSparse unless `opts` say otherwise). */
 const vmdkOf = (raw: string, name: string, opts: string[] = []) => qemuImageOf(raw, path.join(tmp.dir, name), 'vmdk', opts)
 const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
-
-async function collect(it: AsyncIterable<DiskExtent>): Promise<DiskExtent[]> {
-  const out: DiskExtent[] = []
-  for await (const x of it) out.push(x)
-  return out
-}
 
 /** Reads (`value` undefined) or overwrites the little-endian 32-bit word at `at` of `file`. */
 function wordAt(file: string, at: number, value?: number): number {
@@ -82,7 +75,7 @@ describe('monolithicSparse VMDK read by its grain tables, without qemu-nbd', () 
     expect(wordAt(img, (await entries(img, 112)).gte)).toBe(1)
     const reader = (await openSparseVmdkReader(img))!
     try {
-      const ext = await collect(reader.extents(0))
+      const ext = await collectExtents(reader.extents(0))
       expect(ext.find((x) => x.offset <= 7 * MiB && 7 * MiB < x.offset + x.length)?.zero).toBe(true)
       expect(ext.find((x) => x.offset <= 7.5 * MiB && 7.5 * MiB < x.offset + x.length)?.zero).toBe(false)
     } finally {
@@ -139,15 +132,6 @@ describe('VMDK grain refusals: before any copy, naming the grain or table', () =
   })
 
   test('a file cut short after it was opened: the read fails, no zeros copied', async () => {
-    const img = vmdkOf(RAW, 'shrinks.vmdk')
-    const reader = (await openSparseVmdkReader(img))!
-    try {
-      truncateSync(img, 2 * MiB)
-      const err = await migErrorOf(reader.read(33 * MiB, MiB))
-      expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
-      expect(err.message).toContain('short read')
-    } finally {
-      await reader.close()
-    }
+    await expectCutShortReadFails(vmdkOf(RAW, 'shrinks.vmdk'), openSparseVmdkReader)
   })
 })

@@ -92,7 +92,8 @@ export class TableWindows {
  * it for a tar member) and reads it by the {@link BlockTable} `tableOf` makes of it (see the
  * module comment), or resolves null, the file closed, when `tableOf` does (an image the caller
  * leaves to qemu-nbd) or the table's `checkAll` finds blocks it leaves to qemu. Checks every
- * table entry first (before any copy: a damaged table fails the open, not the copy half-way). The reader's `close()` closes the file; an error closes it too.
+ * table entry first (before any copy: a damaged table fails the open, not the copy half-way).
+ * The reader's `close()` closes the file; an error closes it too.
  * Throws what {@link openImageFile}, `tableOf` and the table's `dataOffset` throw.
  */
 export async function openBlockMapReader(

@@ -9,7 +9,7 @@
  * Implementations (`lib/pipeline/readers/`): `raw-file.ts` (a raw/flat file or a tar member's byte range), `nbd.ts`
  * (qemu-nbd + the NBD client, for the images the readers by block table leave to qemu),
  * `block-map.ts` with its tables (`qcow2-clusters.ts`, `vhdx-blocks.ts`, `vhd-blocks.ts`,
- * `vdi-blocks.ts`), `stream-vmdk.ts`, `xva-blocks.ts` (XVA 1 MiB blocks),
+ * `vdi-blocks.ts`, `vmdk-grains.ts`), `stream-vmdk.ts`, `xva-blocks.ts` (XVA 1 MiB blocks),
  * the VMDK snapshot-chain reader (`lib/formats/vmdk/chain-reader.ts`, used by the vim_api adapter)
  * and live adapters' other snapshot readers.
  */

@@ -26,7 +26,8 @@
  *   are the digested file's bytes (raw disks).
  * - The byte moving can be handed to qemu itself ({@link copyWithQemuImg}: `qemu-img convert`
  *   per range between checkpoints) when the reader has a qemu block node (and, for `auto`,
- *   prefers it: a qemu-nbd reader) and the volume a qemu target; the checkpoints, watermarks, progress, cap and cancel stay this module's (issue 15).
+ *   prefers it: a qemu-nbd reader) and the volume a qemu target; the checkpoints, watermarks,
+ *   progress, cap and cancel stay this module's (issue 15).
  */
 import { createHash, type Hash } from 'node:crypto'
 import { availableParallelism } from 'node:os'

@@ -379,7 +379,7 @@ async function copyOffline(
     } else opening = source.openReader(disk)
     const reader = await opening
     deps.mark?.('reader')
-    // The packed file's digest is read on the other core while qemu-img copies (a second
+    // The packed file's digest is read on the other core while the disk copies (a second
     // sequential read of the file); a mismatch fails the job before the disk counts as copied.
     const stopDigest = new AbortController()
     const digest = source.verifyDigest?.(disk, stopDigest.signal) ?? Promise.resolve()

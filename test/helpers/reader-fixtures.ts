@@ -2,7 +2,8 @@
  * What the reader tests (readers, vhd-blocks, vhdx-blocks, vdi-blocks, qcow2-clusters,
  * vmdk-grains, stream-vmdk) build their cases from: a file's SHA-256, a manifest disk of a source,
  * images written and read back by `qemu-img convert` (the reference bytes), an image packed alone
- * into a tar, an extent walk collected, and the check of a file cut short after open.
+ * into a tar, an extent walk collected, the zeroed half of a piece, and the check of a file cut
+ * short after open.
  */
 import { expect } from 'bun:test'
 import { execFileSync } from 'node:child_process'
@@ -70,6 +71,23 @@ export async function expectCutShortReadFails(img: string, open: (p: string) => 
     const err = await migErrorOf(reader.read(33 * 1024 * 1024, 1024 * 1024))
     expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
     expect(err.message).toContain('short read')
+  } finally {
+    await reader.close()
+  }
+}
+
+/**
+ * The extents `open`'s reader of `img` gives after qemu-io's `write -z 7M 512k` on the scattered
+ * disk (zero flag or zeroed grain entries): the first half of the 1 MiB piece at 7 MiB is a zero
+ * extent (never read), the second half data. Closes the reader.
+ */
+export async function expectZeroedAt7MiB(img: string, open: (p: string) => Promise<DiskReader | null>): Promise<void> {
+  const reader = (await open(img))!
+  try {
+    const ext = await collectExtents(reader.extents(0))
+    const at = (o: number) => ext.find((x) => x.offset <= o && o < x.offset + x.length)?.zero
+    expect(at(7 * 1024 * 1024)).toBe(true)
+    expect(at(7.5 * 1024 * 1024)).toBe(false)
   } finally {
     await reader.close()
   }

@@ -16,12 +16,11 @@ import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openSparseVmdkReader } from '../../lib/pipeline/readers/vmdk-grains.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage, collectExtents, expectCutShortReadFails } from '../helpers/reader-fixtures.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage, expectCutShortReadFails, expectZeroedAt7MiB } from '../helpers/reader-fixtures.ts'
 import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const KiB = 1024
-const MiB = 1024 * 1024
 const SIZE = SCATTERED_SIZE
 
 const tmp = tempDir('mig-vmdk-grains-')
@@ -73,14 +72,7 @@ describe('monolithicSparse VMDK read by its grain tables, without qemu-nbd', () 
     const img = vmdkOf(RAW, 'zeroed.vmdk', ['-o', 'zeroed_grain=on'])
     execFileSync('qemu-io', ['-f', 'vmdk', '-c', 'write -z 7M 512k', img])
     expect(wordAt(img, (await entries(img, 112)).gte)).toBe(1)
-    const reader = (await openSparseVmdkReader(img))!
-    try {
-      const ext = await collectExtents(reader.extents(0))
-      expect(ext.find((x) => x.offset <= 7 * MiB && 7 * MiB < x.offset + x.length)?.zero).toBe(true)
-      expect(ext.find((x) => x.offset <= 7.5 * MiB && 7.5 * MiB < x.offset + x.length)?.zero).toBe(false)
-    } finally {
-      await reader.close()
-    }
+    await expectZeroedAt7MiB(img, openSparseVmdkReader)
     const out = await copy(vmdkDisk(img))
     expect(out.res.bytes_read).toBe(SCATTERED_DATA_BYTES - 512 * KiB)
     expect(sha256File(out.path)).toBe(sha256File(qemuRawOf(img, path.join(tmp.dir, 'zeroed.raw'), 'vmdk')))

@@ -269,9 +269,8 @@ export async function readQcow2HeaderFrom(fh: FileHandle, file: string, win?: Fi
   return parseQcow2Header(buf, fileSize, file)
 }
 
-/** Bits 9-55 of an L1 or L2 entry (qcow2.txt "Cluster mapping"): the host offset, bytes. */
-const OFFSET_HI_MASK = 0x00ffffff
-const OFFSET_LO_MASK = 0xfffffe00
+/** Bits 9-55 of an L1 or L2 entry given as its two big-endian halves (qcow2.txt "Cluster mapping"): the host offset, bytes. */
+const hostOffset = (hi: number, lo: number): number => (hi & 0x00ffffff) * 2 ** 32 + ((lo & 0xfffffe00) >>> 0)
 
 /**
  * One decoded L1 entry (qcow2.txt "Cluster mapping", L1 table entry): `l2Offset` the byte
@@ -282,7 +281,7 @@ const OFFSET_LO_MASK = 0xfffffe00
 export function qcow2L1EntryAt(buf: Buffer, at: number): { l2Offset: number; reserved: boolean } {
   const hi = buf.readUInt32BE(at)
   const lo = buf.readUInt32BE(at + 4)
-  return { l2Offset: (hi & OFFSET_HI_MASK) * 2 ** 32 + ((lo & OFFSET_LO_MASK) >>> 0), reserved: (hi & 0x7f000000) !== 0 || (lo & 0x1ff) !== 0 }
+  return { l2Offset: hostOffset(hi, lo), reserved: (hi & 0x7f000000) !== 0 || (lo & 0x1ff) !== 0 }
 }
 
 /**
@@ -303,7 +302,7 @@ export function qcow2L2EntryAt(buf: Buffer, at: number, version: 2 | 3): { compr
   return {
     compressed: false,
     zero: version === 3 && zeroBit,
-    offset: (hi & OFFSET_HI_MASK) * 2 ** 32 + ((lo & OFFSET_LO_MASK) >>> 0),
+    offset: hostOffset(hi, lo),
     reserved: (hi & 0x3f000000) !== 0 || (lo & 0x1fe) !== 0 || (version === 2 && zeroBit),
   }
 }

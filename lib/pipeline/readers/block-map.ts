@@ -46,30 +46,47 @@ export interface BlockTable {
 }
 
 /**
+ * The last `kept` loads by key (promises: askers of a key being loaded share its load); a load
+ * that fails is dropped, so the next ask loads again. The tables of the block-table readers keep
+ * their windows and decoded tables this way, so memory stays flat whatever the disk size.
+ */
+export class KeptLoads<T> {
+  private readonly loads = new Map<number, Promise<T>>()
+
+  constructor(private readonly kept: number) {}
+
+  get(key: number, load: () => Promise<T>): Promise<T> {
+    let p = this.loads.get(key)
+    if (p) return p
+    p = load()
+    p.catch(() => this.loads.delete(key))
+    this.loads.set(key, p)
+    if (this.loads.size > this.kept) this.loads.delete(this.loads.keys().next().value!)
+    return p
+  }
+}
+
+/**
  * Positioned reads of a table of fixed-size entries (`entryBytes` each) at `offset` of the image
  * (bytes, inside its range), `perWindow` entries at a time, the last few windows kept.
  * `window(w)` resolves to the bytes of window `w`, shorter where the image ends; a failed read is
  * `E_MIG_DISK_READ_FAILED` (and is not kept).
  */
 export class TableWindows {
-  private readonly cache = new Map<number, Promise<Buffer>>()
+  private readonly windows: KeptLoads<Buffer>
 
   constructor(
     private readonly file: ImageFile,
     private readonly offset: number,
     readonly perWindow: number,
     private readonly entryBytes: number,
-    private readonly kept = 4,
-  ) {}
+    kept = 4,
+  ) {
+    this.windows = new KeptLoads(kept)
+  }
 
   window(w: number): Promise<Buffer> {
-    let p = this.cache.get(w)
-    if (p) return p
-    p = this.load(w)
-    p.catch(() => this.cache.delete(w))
-    this.cache.set(w, p)
-    if (this.cache.size > this.kept) this.cache.delete(this.cache.keys().next().value!)
-    return p
+    return this.windows.get(w, () => this.load(w))
   }
 
   /** The `entryBytes` bytes of entry `index`, or null when the image ends before it. */

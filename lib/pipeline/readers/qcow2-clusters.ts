@@ -22,7 +22,7 @@ import { MigError } from '../../errors.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { type Qcow2Header, qcow2L1EntryAt, qcow2L2EntryAt, readQcow2HeaderFrom } from '../../formats/qcow2.ts'
 import { readAt } from '../../formats/io.ts'
-import { type BlockTable, openBlockMapReader, TableWindows } from './block-map.ts'
+import { type BlockTable, KeptLoads, openBlockMapReader, TableWindows } from './block-map.ts'
 import type { ImageFile, ImageFileOptions } from './image-file.ts'
 
 /** L1 entries per window read at once (64 KiB). */
@@ -54,7 +54,7 @@ class Qcow2Clusters implements BlockTable {
   /** L2 entries per L2 table (one cluster of 8-byte entries). */
   private readonly perL2: number
   private readonly l1: TableWindows
-  private readonly l2 = new Map<number, Promise<Buffer | null>>()
+  private readonly l2 = new KeptLoads<Buffer | null>(KEPT_L2)
 
   constructor(
     private readonly file: ImageFile,
@@ -84,13 +84,7 @@ class Qcow2Clusters implements BlockTable {
 
   /** The L2 table of L1 entry `i` (checked), or null when the entry is unallocated. */
   private table(i: number): Promise<Buffer | null> {
-    let p = this.l2.get(i)
-    if (p) return p
-    p = this.loadTable(i)
-    p.catch(() => this.l2.delete(i))
-    this.l2.set(i, p)
-    if (this.l2.size > KEPT_L2) this.l2.delete(this.l2.keys().next().value!)
-    return p
+    return this.l2.get(i, () => this.loadTable(i))
   }
 
   private async loadTable(i: number): Promise<Buffer | null> {

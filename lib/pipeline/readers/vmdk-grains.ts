@@ -22,7 +22,7 @@ import { parseKdmvHeader } from '../../formats/vmdk/hosted-sparse.ts'
 import { SECTOR } from '../../formats/vmdk/limits.ts'
 import type { Grain } from '../../formats/vmdk/sparse-codec.ts'
 import { openSparseExtent, type SparseExtent } from '../../formats/vmdk/sparse-extent.ts'
-import { type BlockTable, openBlockMapReader } from './block-map.ts'
+import { type BlockTable, KeptLoads, openBlockMapReader } from './block-map.ts'
 import { imageFileView, type ImageFileOptions } from './image-file.ts'
 import { refuseMalformed } from './stream-vmdk.ts'
 
@@ -42,27 +42,24 @@ export function openSparseVmdkReader(path: string, opts: ImageFileOptions = {}):
     const view = imageFileView(file)
     const head = await view.read(0, SECTOR)
     if (head.toString('latin1', 0, 4) !== 'KDMV') return null
-    const header = (() => {
-      try {
-        return parseKdmvHeader(head, file.label)
-      } catch (e) {
-        return refuseMalformed(e)
-      }
-    })()
+    const header = refusing(() => parseKdmvHeader(head, file.label))
     if (header.compressedGrains || header.markers) return null
     const { extent, descriptor } = await openSparseExtent(view).catch(refuseMalformed)
     if (!descriptor || descriptor.length === 0) return null
-    const d = (() => {
-      try {
-        return parseVmdkDescriptor(descriptor, `${file.label} (embedded descriptor)`)
-      } catch (e) {
-        return refuseMalformed(e)
-      }
-    })()
+    const d = refusing(() => parseVmdkDescriptor(descriptor, `${file.label} (embedded descriptor)`))
     const only = d.extents.length === 1 ? d.extents[0]! : null
     if (parentCidOf(d) || !only || only.type !== 'SPARSE' || only.sectors * SECTOR !== extent.g.capacityBytes) return null
     return new SparseGrains(extent)
   })
+}
+
+/** `parse()`, its malformed input refused as the copy refuses it ({@link refuseMalformed}). */
+function refusing<T>(parse: () => T): T {
+  try {
+    return parse()
+  } catch (e) {
+    return refuseMalformed(e)
+  }
 }
 
 /** The grain directory and tables of a monolithicSparse extent as a {@link BlockTable}. */
@@ -70,7 +67,7 @@ class SparseGrains implements BlockTable {
   readonly size: number
   readonly blockSize: number
   readonly blocks: number
-  private readonly tables = new Map<number, Promise<Grain[] | null>>()
+  private readonly tables = new KeptLoads<Grain[] | null>(KEPT_TABLES)
 
   constructor(private readonly extent: SparseExtent) {
     this.size = extent.g.capacityBytes
@@ -80,13 +77,7 @@ class SparseGrains implements BlockTable {
 
   /** The decoded, checked grains of table `t` (null: unallocated, every grain absent). */
   private table(t: number): Promise<Grain[] | null> {
-    let p = this.tables.get(t)
-    if (p) return p
-    p = this.extent.tableGrains(t).catch(refuseMalformed)
-    p.catch(() => this.tables.delete(t))
-    this.tables.set(t, p)
-    if (this.tables.size > KEPT_TABLES) this.tables.delete(this.tables.keys().next().value!)
-    return p
+    return this.tables.get(t, () => this.extent.tableGrains(t).catch(refuseMalformed))
   }
 
   async dataOffset(b: number): Promise<number | null> {

@@ -168,6 +168,14 @@ export function parseStreamFooter(tail: Buffer, label: string): VmdkSparseHeader
 }
 
 /**
+ * Whether the grain table codec ({@link hostedSparseCodec}) reads the extent of header `h`:
+ * grains not compressed, no grain markers, the grain directory in place (not `GD_AT_END`).
+ */
+export function isPlainHostedSparse(h: VmdkSparseHeader): boolean {
+  return !h.gdAtEnd && h.gdOffset !== null && !h.compressedGrains && !h.markers && h.compressAlgorithm === 0
+}
+
+/**
  * The grain table codec of a hosted sparse extent whose header is `h` (not compressed, grain
  * directory in place): 32-bit directory and table entries in sectors, 0 = absent (the parent's
  * data), 1 = a zeroed grain when `zeroedGrainTableEntries` is set. `fileBytes`: the extent's
@@ -175,9 +183,8 @@ export function parseStreamFooter(tail: Buffer, label: string): VmdkSparseHeader
  * grains (read by qemu's driver only, not by the grain table reader).
  */
 export function hostedSparseCodec(h: VmdkSparseHeader, label: string): SparseCodec {
-  if (h.gdAtEnd || h.gdOffset === null || h.compressedGrains || h.markers || h.compressAlgorithm !== 0)
-    throw unsupported(label, 'compressed or stream-optimized grains are not read by the grain table reader')
-  return sectorCodec('hosted', h.capacity, h.grainSize, h.numGTEsPerGT, h.gdOffset, h.gdEntries, h.zeroedGrainTableEntries)
+  if (!isPlainHostedSparse(h)) throw unsupported(label, 'compressed or stream-optimized grains are not read by the grain table reader')
+  return sectorCodec('hosted', h.capacity, h.grainSize, h.numGTEsPerGT, h.gdOffset!, h.gdEntries, h.zeroedGrainTableEntries)
 }
 
 /**

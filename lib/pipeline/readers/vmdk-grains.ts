@@ -12,13 +12,14 @@
  *   `E_MIG_DISK_READ_FAILED` naming it, "refusing to copy it"; this replaces `qemu-img check`
  *   for these images.
  * - Left to qemu ({@link openSparseVmdkReader} resolves null): a file without the `KDMV` magic (a
- *   descriptor file naming its extents), compressed grains (stream-optimized: `stream-vmdk.ts`
- *   reads those it reads well), an embedded descriptor naming a parent or any extent but one
+ *   descriptor file naming its extents), a header the grain table codec does not read
+ *   (compressed grains, grain markers, a compression algorithm, the directory at the end:
+ *   stream-optimized, which `stream-vmdk.ts` reads when it reads it well), an embedded descriptor naming a parent or any extent but one
  *   `SPARSE` extent of the header's capacity.
  */
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { parentCidOf, parseVmdkDescriptor } from '../../formats/vmdk/descriptor.ts'
-import { parseKdmvHeader } from '../../formats/vmdk/hosted-sparse.ts'
+import { isPlainHostedSparse, parseKdmvHeader } from '../../formats/vmdk/hosted-sparse.ts'
 import { SECTOR } from '../../formats/vmdk/limits.ts'
 import type { Grain } from '../../formats/vmdk/sparse-codec.ts'
 import { openSparseExtent, type SparseExtent } from '../../formats/vmdk/sparse-extent.ts'
@@ -42,8 +43,7 @@ export function openSparseVmdkReader(path: string, opts: ImageFileOptions = {}):
     const view = imageFileView(file)
     const head = await view.read(0, SECTOR)
     if (head.toString('latin1', 0, 4) !== 'KDMV') return null
-    const header = refusing(() => parseKdmvHeader(head, file.label))
-    if (header.compressedGrains || header.markers) return null
+    if (!isPlainHostedSparse(refusing(() => parseKdmvHeader(head, file.label)))) return null
     const { extent, descriptor } = await openSparseExtent(view).catch(refuseMalformed)
     if (!descriptor || descriptor.length === 0) return null
     const d = refusing(() => parseVmdkDescriptor(descriptor, `${file.label} (embedded descriptor)`))

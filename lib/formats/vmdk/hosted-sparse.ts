@@ -171,7 +171,7 @@ export function parseStreamFooter(tail: Buffer, label: string): VmdkSparseHeader
  * Whether the grain table codec ({@link hostedSparseCodec}) reads the extent of header `h`:
  * grains not compressed, no grain markers, the grain directory in place (not `GD_AT_END`).
  */
-export function isPlainHostedSparse(h: VmdkSparseHeader): boolean {
+export function isPlainHostedSparse(h: VmdkSparseHeader): h is VmdkSparseHeader & { gdOffset: number } {
   return !h.gdAtEnd && h.gdOffset !== null && !h.compressedGrains && !h.markers && h.compressAlgorithm === 0
 }
 
@@ -184,7 +184,7 @@ export function isPlainHostedSparse(h: VmdkSparseHeader): boolean {
  */
 export function hostedSparseCodec(h: VmdkSparseHeader, label: string): SparseCodec {
   if (!isPlainHostedSparse(h)) throw unsupported(label, 'compressed or stream-optimized grains are not read by the grain table reader')
-  return sectorCodec('hosted', h.capacity, h.grainSize, h.numGTEsPerGT, h.gdOffset!, h.gdEntries, h.zeroedGrainTableEntries)
+  return sectorCodec('hosted', h.capacity, h.grainSize, h.numGTEsPerGT, h.gdOffset, h.gdEntries, h.zeroedGrainTableEntries)
 }
 
 /**

@@ -16,11 +16,12 @@
  *   pending zero run issued and writes completed, `volume.flush()` (fsync), then
  *   `onWatermark(w)`: all bytes below `w` are durable, so a persisted watermark never runs ahead
  *   of the destination (DESIGN.md section 4); between checkpoints the volume is flushed back to
- *   back (writeback, {@link startWriteback}), which moves no watermark. Zero extents, which a
- *   resumed copy handles again without reading anything, do not count (as the qemu-img engine's
- *   ranges): a sparse disk is not fsynced every 256 MiB of holes. A resumed copy reads at most
- *   the data above the watermark plus one interval (and one chunk). Intermediate checkpoints run
- *   in the background while the copy goes on (at most one at a time); the final one is awaited.
+ *   back (writeback, {@link startWriteback}; not a block device's, {@link SinkVolume.writeback}),
+ *   which moves no watermark. Zero extents, which a resumed copy handles again without reading
+ *   anything, do not count (as the qemu-img engine's ranges): a sparse disk is not fsynced every
+ *   256 MiB of holes. A resumed copy reads at most the data above the watermark plus one interval
+ *   (and one chunk). Intermediate checkpoints run in the background while the copy goes on (at
+ *   most one at a time); the final one is awaited.
  * - Optional digest: the bytes of `[0, size)` are hashed in order (bytes below `from` are
  *   re-read, not re-written) and compared at the end; only meaningful when the reader's bytes
  *   are the digested file's bytes (raw disks).
@@ -102,9 +103,10 @@ export interface CopyDiskOptions {
    */
   qemuProcesses?: number
   /**
-   * Flush the volume back to back while the copy runs (default true; see {@link startWriteback}),
-   * so the kernel writes the page cache's data back as it comes instead of all at the next
-   * checkpoint. false: flushes only at checkpoints and at the end.
+   * Flush the volume back to back while the copy runs (default the volume's
+   * {@link SinkVolume.writeback}, else true; see {@link startWriteback}), so the kernel writes the
+   * page cache's data back as it comes instead of all at the next checkpoint. false: flushes
+   * only at checkpoints and at the end.
    */
   writeback?: boolean
 }
@@ -245,7 +247,7 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
 
   const rate = opts.maxBytesPerSecond ?? 0
   const t0 = performance.now()
-  const writeback = opts.writeback === false ? null : startWriteback(volume, signal)
+  const writeback = writesBack(volume, opts) ? startWriteback(volume, signal) : null
 
   try {
     await fill()
@@ -492,7 +494,7 @@ interface QemuSlot {
  *   range copied past a range still running is not below any watermark until that one is done:
  *   after a kill, the copy resumes below both;
  * - while any qemu-img runs, the volume is flushed back to back (writeback, see
- *   {@link startWriteback});
+ *   {@link startWriteback}; not a block device's);
  * - ranges with no data extents are not given to qemu-img: `volume.zero()` (nothing on a fresh
  *   volume); zeros inside ranges are skipped by qemu-img, never written;
  * - progress after each qemu-img progress line: `bytes_done` is `from` plus the ranges done plus
@@ -582,7 +584,7 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   }
 
   const running = new Set<Promise<void>>()
-  const writeback = opts.writeback === false ? null : startWriteback(volume, stop.signal)
+  const writeback = writesBack(volume, opts) ? startWriteback(volume, stop.signal) : null
   const t0 = performance.now()
   /** Under the cap, waits until the data read so far is within it (ended early by a failure or cancel). */
   const capPause = async () => {
@@ -636,6 +638,11 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
 async function capWait(bytesRead: number, rate: number, t0: number, signal: AbortSignal): Promise<void> {
   const ahead = (bytesRead / rate) * 1000 - (performance.now() - t0)
   if (ahead > 1) await sleep(ahead, undefined, { signal }).catch(() => {})
+}
+
+/** Whether a copy runs {@link startWriteback}: the option when given, else the volume's wish, else true. */
+function writesBack(volume: SinkVolume, opts: Pick<CopyDiskOptions, 'writeback'>): boolean {
+  return opts.writeback ?? volume.writeback ?? true
 }
 
 /** Pause after a writeback flush that found nothing to write, ms (no busy loop over an idle volume). */

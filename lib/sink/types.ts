@@ -43,6 +43,14 @@ export interface SinkVolume {
     isZero(offset: number): boolean
     noteWritten(end: number): void
   }
+  /**
+   * Whether a copy flushes this volume back to back while it runs (lib/pipeline/copy-disk.ts's
+   * writeback; absent: true). false for a block device: its flush is a flush of the device (a
+   * zvol's ZIL commit; a loop device's fsync of its backing file) that writes nothing the kernel
+   * would not write on its own, and back-to-back flushes slowed the copy into the zvol sink's
+   * stand-in (issue 15). The checkpoints flush either way.
+   */
+  writeback?: boolean
   write(offset: number, buf: Buffer): Promise<void>
   zero(offset: number, length: number): Promise<void>
   flush(): Promise<void>

@@ -231,9 +231,10 @@ describe('copyDisk', () => {
     expect(v.log.filter((x) => x.startsWith('w ')).length).toBeLessThanOrEqual(PIECES.length + 2)
   })
 
-  test('between checkpoints the node engine flushes the volume again and again (writeback); writeback false: only at checkpoints', async () => {
-    const flushesBeforeLastWrite = async (writeback?: boolean) => {
+  test('between checkpoints the node engine flushes the volume again and again (writeback); writeback false, or a volume that asks so: only at checkpoints', async () => {
+    const flushesBeforeLastWrite = async (writeback?: boolean, volumeWriteback?: boolean) => {
       const v = memVolume(SIZE)
+      v.writeback = volumeWriteback
       // 64 MiB in 4 MiB reads of 20 ms each: the copy takes about 0.3 s; one checkpoint, at the end.
       const r = memReader(RAW_BYTES)
       const read = r.read.bind(r)
@@ -246,6 +247,9 @@ describe('copyDisk', () => {
     // A flush every 10 ms pause at least (a memory volume's flush takes no time).
     expect((await flushesBeforeLastWrite()).before).toBeGreaterThan(5)
     expect(await flushesBeforeLastWrite(false)).toEqual({ before: 0, all: 1 })
+    // A block device's volume (writeback false) gets no writeback flushes; the option overrides it.
+    expect(await flushesBeforeLastWrite(undefined, false)).toEqual({ before: 0, all: 1 })
+    expect((await flushesBeforeLastWrite(true, false)).before).toBeGreaterThan(5)
   })
 
   test('gaps between extents (changed areas only) are left untouched', async () => {

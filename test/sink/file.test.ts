@@ -29,6 +29,8 @@ describe('FileSink', () => {
     expect(statSync(v.path).size).toBe(10 * MiB + 512)
     expect(blocks(v.path)).toBe(0)
     expect(v.blockSize).toBe(4096)
+    // A regular file: the copy flushes it back to back while it runs (writeback of the page cache).
+    expect(v.writeback).toBe(true)
     await v.close()
   })
 

@@ -104,6 +104,8 @@ describe('ZvolSink', () => {
     expect(v.path).toBe(path.join(root, 'dev', 'zvol', 'tank/migrator/migrations/job-1/Hard_disk_1'))
     expect(lstatSync(v.path).isSymbolicLink()).toBe(true)
     expect(v.blockSize).toBe(65536)
+    // A block device: the copy flushes it at its checkpoints only (no back-to-back writeback flushes).
+    expect(v.writeback).toBe(false)
     // A real copy through the loop device: 8 MiB with a zero stretch in the middle.
     const src = Buffer.concat([randomBytes(3 * MiB), Buffer.alloc(2 * MiB), randomBytes(3 * MiB)])
     const res = await copyDisk(memReader(src), v, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })

@@ -16,7 +16,7 @@
  *   pending zero run issued and writes completed, `volume.flush()` (fsync), then
  *   `onWatermark(w)`: all bytes below `w` are durable, so a persisted watermark never runs ahead
  *   of the destination (DESIGN.md section 4); between checkpoints the volume is flushed back to
- *   back (writeback, {@link startWriteback}; not a block device's, {@link SinkVolume.writeback}),
+ *   back (writeback, {@link startWriteback}; a block device's only until its writes go `O_DIRECT`),
  *   which moves no watermark. Zero extents, which a resumed copy handles again without reading
  *   anything, do not count (as the qemu-img engine's ranges): a sparse disk is not fsynced every
  *   256 MiB of holes. A resumed copy reads at most the data above the watermark plus one interval
@@ -103,10 +103,10 @@ export interface CopyDiskOptions {
    */
   qemuProcesses?: number
   /**
-   * Flush the volume back to back while the copy runs (default the volume's
-   * {@link SinkVolume.writeback}, else true; see {@link startWriteback}), so the kernel writes the
-   * page cache's data back as it comes instead of all at the next checkpoint. false: flushes
-   * only at checkpoints and at the end.
+   * Flush the volume back to back while the copy runs (see {@link startWriteback}), so the
+   * kernel writes the page cache's data back as it comes instead of all at the next checkpoint.
+   * Absent: while the volume asks for it ({@link SinkVolume.writeback}); true: whatever the volume
+   * says; false: flushes only at checkpoints and at the end.
    */
   writeback?: boolean
 }
@@ -247,7 +247,8 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
 
   const rate = opts.maxBytesPerSecond ?? 0
   const t0 = performance.now()
-  const writeback = writesBack(volume, opts) ? startWriteback(volume, signal) : null
+  const wanted = writesBack(volume, opts)
+  const writeback = wanted ? startWriteback(volume, wanted, signal) : null
 
   try {
     await fill()
@@ -494,7 +495,7 @@ interface QemuSlot {
  *   range copied past a range still running is not below any watermark until that one is done:
  *   after a kill, the copy resumes below both;
  * - while any qemu-img runs, the volume is flushed back to back (writeback, see
- *   {@link startWriteback}; not a block device's);
+ *   {@link startWriteback}; a block device's only until its writes go `O_DIRECT`);
  * - ranges with no data extents are not given to qemu-img: `volume.zero()` (nothing on a fresh
  *   volume); zeros inside ranges are skipped by qemu-img, never written;
  * - progress after each qemu-img progress line: `bytes_done` is `from` plus the ranges done plus
@@ -584,7 +585,8 @@ export async function copyWithQemuImg(reader: DiskReader, volume: SinkVolume, op
   }
 
   const running = new Set<Promise<void>>()
-  const writeback = writesBack(volume, opts) ? startWriteback(volume, stop.signal) : null
+  const wanted = writesBack(volume, opts)
+  const writeback = wanted ? startWriteback(volume, wanted, stop.signal) : null
   const t0 = performance.now()
   /** Under the cap, waits until the data read so far is within it (ended early by a failure or cancel). */
   const capPause = async () => {
@@ -640,9 +642,14 @@ async function capWait(bytesRead: number, rate: number, t0: number, signal: Abor
   if (ahead > 1) await sleep(ahead, undefined, { signal }).catch(() => {})
 }
 
-/** Whether a copy runs {@link startWriteback}: the option when given, else the volume's wish, else true. */
-function writesBack(volume: SinkVolume, opts: Pick<CopyDiskOptions, 'writeback'>): boolean {
-  return opts.writeback ?? volume.writeback ?? true
+/**
+ * Whether a copy runs {@link startWriteback}: the option when given (true: whatever the volume
+ * says), else while the volume asks for it.
+ */
+function writesBack(volume: SinkVolume, opts: Pick<CopyDiskOptions, 'writeback'>): (() => boolean) | null {
+  if (opts.writeback === false) return null
+  if (opts.writeback === true) return () => true
+  return () => volume.writeback !== false
 }
 
 /** Pause after a writeback flush that found nothing to write, ms (no busy loop over an idle volume). */
@@ -654,18 +661,19 @@ const WRITEBACK_IDLE_MS = 10
  * reaches the page cache, instead of all of it at the next checkpoint: on this machine a 428 MiB
  * qemu-img-engine copy with its final fsync took 414-463 ms this way and 535-700 ms with one
  * fsync at the end; the node engine's 1 GiB jobs gained 4-12% on every layout of a VDI
- * (issue 15, docs/benchmark-history.md). These flushes are no checkpoints: no watermark follows
- * them (the checkpoints keep their own flush). A flush that found nothing to write is followed by
- * a 10 ms pause. `stop()` ends the loop, waits for the flush in flight and rejects
+ * (issue 15, docs/benchmark-history.md). The loop ends for good once `wanted()` answers false
+ * (before each flush: a block device whose writes went `O_DIRECT`, {@link SinkVolume.writeback}).
+ * These flushes are no checkpoints: no watermark follows them (the checkpoints keep their own
+ * flush). A flush that found nothing to write is followed by a 10 ms pause. `stop()` ends the loop, waits for the flush in flight and rejects
  * with its error (`E_MIG_DISK_WRITE_FAILED` from the volume); an aborted `signal` ends the loop
  * too.
  */
-function startWriteback(volume: SinkVolume, signal: AbortSignal): { stop(): Promise<void> } {
+function startWriteback(volume: SinkVolume, wanted: () => boolean, signal: AbortSignal): { stop(): Promise<void> } {
   const stopped = new AbortController()
   const onAbort = () => stopped.abort()
   signal.addEventListener('abort', onAbort, { once: true })
   const loop = (async () => {
-    while (!stopped.signal.aborted) {
+    while (!stopped.signal.aborted && wanted()) {
       const t0 = performance.now()
       await volume.flush()
       if (performance.now() - t0 < WRITEBACK_IDLE_MS) await sleep(WRITEBACK_IDLE_MS, undefined, { signal: stopped.signal }).catch(() => {})

@@ -69,8 +69,9 @@ export type Discarder = (offset: number, length: number) => Promise<boolean>
  * are multiples of {@link DIRECT_ALIGN} go through it, the first one after an fsync of what the
  * cache holds (and qemu-img writes with `-t none`); the
  * rest, and any the kernel refuses with EINVAL (a buffer not aligned in memory), through the page
- * cache. `writeback`: see {@link SinkVolume.writeback} (default true). Writes and zero-fills are
- * done in the order they were called, on the volume's {@link WriterThread}. `flush()` waits for them and fsyncs the file, which covers both handles.
+ * cache. `writeback`: `always` (default) or `while-cached` (a block device: only while its writes
+ * go through the page cache), see {@link SinkVolume.writeback}. Writes and zero-fills are done in
+ * the order they were called, on the volume's {@link WriterThread}. `flush()` waits for them and fsyncs the file, which covers both handles.
  */
 export class HandleVolume implements SinkVolume {
   private writtenEnd = 0
@@ -110,10 +111,9 @@ export class HandleVolume implements SinkVolume {
       qemuDriver?: 'file' | 'host_device'
       direct?: FileHandle | null
       pageCacheBytes?: number
-      writeback?: boolean
+      writeback?: 'always' | 'while-cached'
     },
   ) {
-    this.writeback = opts.writeback ?? true
     if (opts.qemuDriver) {
       this.qemuTarget = {
         // No image locks: the qemu-img engine runs several qemu-img on disjoint ranges of the
@@ -136,8 +136,10 @@ export class HandleVolume implements SinkVolume {
     }
   }
 
-  /** See {@link SinkVolume.writeback}. */
-  readonly writeback: boolean
+  /** See {@link SinkVolume.writeback}: `while-cached`, until the writes go `O_DIRECT`. */
+  get writeback(): boolean {
+    return this.opts.writeback !== 'while-cached' || !this.opts.direct || this.cacheLeft() > 0
+  }
 
   /** See {@link SinkVolume.qemuTarget}: set when `opts.qemuDriver` names the qemu driver of `path`. */
   readonly qemuTarget?: SinkVolume['qemuTarget']

@@ -146,7 +146,7 @@ export class ZvolSink implements Sink {
       qemuDriver: isBlock ? 'host_device' : 'file',
       direct: await openDirect(fh),
       pageCacheBytes: this.opts.pageCacheBytes,
-      writeback: !isBlock,
+      writeback: isBlock ? 'while-cached' : 'always',
     })
   }
 

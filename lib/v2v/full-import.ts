@@ -356,7 +356,7 @@ async function copyInto(from: string, v: FullImportVolume, size: number, block: 
     fresh: !block,
     discard,
     discardAlign: 64 * 1024,
-    writeback: !block,
+    writeback: block ? 'while-cached' : 'always',
   })
   try {
     await copyDisk(reader, vol, { from: 0, signal, label: v.label, onProgress: () => {}, onWatermark: async () => {} })

@@ -104,8 +104,8 @@ describe('ZvolSink', () => {
     expect(v.path).toBe(path.join(root, 'dev', 'zvol', 'tank/migrator/migrations/job-1/Hard_disk_1'))
     expect(lstatSync(v.path).isSymbolicLink()).toBe(true)
     expect(v.blockSize).toBe(65536)
-    // A block device: the copy flushes it at its checkpoints only (no back-to-back writeback flushes).
-    expect(v.writeback).toBe(false)
+    // A block device: back-to-back writeback flushes only while its writes go through the page cache.
+    expect(v.writeback).toBe(true)
     // A real copy through the loop device: 8 MiB with a zero stretch in the middle.
     const src = Buffer.concat([randomBytes(3 * MiB), Buffer.alloc(2 * MiB), randomBytes(3 * MiB)])
     const res = await copyDisk(memReader(src), v, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
@@ -113,6 +113,17 @@ describe('ZvolSink', () => {
     expect(res.bytes_written).toBe(6 * MiB)
     expect(res.bytes_zero).toBe(2 * MiB)
     expect(readDev(0, 8 * MiB).equals(src)).toBe(true)
+  })
+
+  test('past its page-cache budget a block device wants no more writeback flushes (its writes go O_DIRECT)', async () => {
+    const s = new ZvolSink({ pool: 'tank', appliance: 'migrator', zfsPath: zfsDouble, devPrefix: path.join(root, 'dev', 'zvol'), pageCacheBytes: 4 * MiB })
+    const v = await s.create('job-wb', 'd', 16 * MiB)
+    await v.write(0, randomBytes(2 * MiB))
+    expect(v.writeback).toBe(true)
+    await v.write(2 * MiB, randomBytes(2 * MiB))
+    expect(v.writeback).toBe(false)
+    await v.close()
+    await s.remove('job-wb')
   })
 
   test('a resumed job reuses the existing zvol; zero runs over old data are discarded with blkdiscard', async () => {

@@ -664,9 +664,9 @@ const WRITEBACK_IDLE_MS = 10
  * (issue 15, docs/benchmark-history.md). The loop ends for good once `wanted()` answers false
  * (before each flush: a block device whose writes went `O_DIRECT`, {@link SinkVolume.writeback}).
  * These flushes are no checkpoints: no watermark follows them (the checkpoints keep their own
- * flush). A flush that found nothing to write is followed by a 10 ms pause. `stop()` ends the loop, waits for the flush in flight and rejects
- * with its error (`E_MIG_DISK_WRITE_FAILED` from the volume); an aborted `signal` ends the loop
- * too.
+ * flush). A flush that found nothing to write is followed by a 10 ms pause. `stop()` ends the
+ * loop, waits for the flush in flight and rejects with its error (`E_MIG_DISK_WRITE_FAILED` from
+ * the volume); an aborted `signal` ends the loop too.
  */
 function startWriteback(volume: SinkVolume, wanted: () => boolean, signal: AbortSignal): { stop(): Promise<void> } {
   const stopped = new AbortController()

@@ -71,7 +71,8 @@ export type Discarder = (offset: number, length: number) => Promise<boolean>
  * rest, and any the kernel refuses with EINVAL (a buffer not aligned in memory), through the page
  * cache. `writeback`: `always` (default) or `while-cached` (a block device: only while its writes
  * go through the page cache), see {@link SinkVolume.writeback}. Writes and zero-fills are done in
- * the order they were called, on the volume's {@link WriterThread}. `flush()` waits for them and fsyncs the file, which covers both handles.
+ * the order they were called, on the volume's {@link WriterThread}. `flush()` waits for them and
+ * fsyncs the file, which covers both handles.
  */
 export class HandleVolume implements SinkVolume {
   private writtenEnd = 0

@@ -224,6 +224,9 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
           timeoutSeconds: config.domain.bootTimeoutSeconds,
           expectSerial: config.domain.bootSerialPattern ? new RegExp(config.domain.bootSerialPattern) : undefined,
         },
+        // A reserved name libvirt has by now (a job that ended defined it after this one's list):
+        // reserved again against that list and every active job's reservation.
+        rename: (taken) => store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), taken, now().toISOString(), { replace: true }),
         signal: sig,
       }).catch((e: unknown) => {
         throw e instanceof MigError ? e : new MigError('E_MIG_DOMAIN_DEFINE_FAILED', (e as Error).message)

@@ -61,6 +61,10 @@ export interface StartBootCheck {
  *   the guest is then inspected again and attached on what it has after the conversion. Without
  *   it such a guest is refused before its start (the fix named). Throws what the converter throws
  *   (`E_MIG_V2V_FAILED`, volumes rolled back; `E_MIG_CANCELLED`).
+ * - `rename`: when libvirt refuses the name as taken ("already exists"), picks and records another
+ *   given the names libvirt has now (runtime/job-deps.ts: the store's reservation, so the name is
+ *   also free of every other active job's); default {@link Virsh.uniqueName}'s `-2`, `-3`, ... of
+ *   the name. At most {@link RENAME_ATTEMPTS} defines in all.
  */
 export interface DefineAndStartInput {
   virsh: Virsh
@@ -79,7 +83,11 @@ export interface DefineAndStartInput {
   inspect?: { tcg: boolean } | false
   inspectGuest?: typeof inspectGuest
   convertGuest?: (paths: string[], signal?: AbortSignal) => Promise<void>
+  rename?: (taken: ReadonlySet<string>) => Promise<string>
 }
+
+/** Defines tried with a fresh name after libvirt answered "already exists" (see `rename`). */
+const RENAME_ATTEMPTS = 5
 
 /**
  * Outcome: the final domain `name`, its `uuid` and `xml`, whether it was started, the boot check
@@ -197,16 +205,20 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   // The name is tried as it is first (the job reserved it when it started); only when libvirt
   // refuses it as taken ("already exists") is a free one looked for (`-2`, `-3`, ...): one virsh
   // call in the usual case instead of a list and a define (a fixed cost of every job, issue 15).
+  // A name found free can be taken again before its define (another job's define, whose
+  // reservation a stale list did not show): a few tries.
   let name = base
   let xml = xmlFor(name)
-  let defined: string
-  try {
-    defined = await virsh.define(xml)
-  } catch (e) {
-    if (!(e instanceof MigError && /already exists/i.test(e.message))) throw e
-    name = await virsh.uniqueName(base)
-    xml = xmlFor(name)
-    defined = await virsh.define(xml)
+  let defined = ''
+  for (let attempt = 1; ; attempt++) {
+    try {
+      defined = await virsh.define(xml)
+      break
+    } catch (e) {
+      if (!(e instanceof MigError && /already exists/i.test(e.message)) || attempt >= RENAME_ATTEMPTS) throw e
+      name = input.rename ? await input.rename(new Set(await virsh.list())) : await virsh.uniqueName(base)
+      xml = xmlFor(name)
+    }
   }
   if (defined && defined !== name) {
     throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `libvirt defined ${defined}, expected ${name}`, { details: { domain: defined } })

@@ -254,12 +254,14 @@ export class JobsRepo {
    * job that has not ended (the store's unique index `jobs_active_domain`): the first of `base`,
    * `base-2`, `base-3`, ... (at most 63 characters) that is not in `taken` (the domains libvirt
    * has) and no active job holds; stored as the job's `domain`. A job that holds a name already
-   * keeps it. Throws `E_MIG_DOMAIN_DEFINE_FAILED` when no name is free within 10 000 tries,
+   * keeps it, unless `replace` (its name turned out taken in libvirt at define: a job that ended
+   * had defined it after `taken` was listed; `taken` is then libvirt's list of that moment).
+   * Throws `E_MIG_DOMAIN_DEFINE_FAILED` when no name is free within 10 000 tries,
    * `E_MIG_PERSIST_FAILED`.
    */
-  async reserveDomain(id: string, base: string, taken: ReadonlySet<string>, now: string): Promise<string> {
+  async reserveDomain(id: string, base: string, taken: ReadonlySet<string>, now: string, opts: { replace?: boolean } = {}): Promise<string> {
     const job = await this.get(id)
-    if (job.domain) return job.domain
+    if (job.domain && !opts.replace) return job.domain
     for (let i = 1; i <= 10_000; i++) {
       const suffix = i === 1 ? '' : `-${i}`
       const candidate = base.slice(0, 63 - suffix.length) + suffix

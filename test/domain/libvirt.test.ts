@@ -152,6 +152,33 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     for (const n of names) await dispose(n)
   }, 30_000)
 
+  test('a name libvirt has by the define: the caller renames (given what libvirt has), and the domain gets that name', async () => {
+    const taken = `${PREFIX}taken`
+    await virsh.define(`<domain type='qemu'><name>${taken}</name><memory unit='MiB'>64</memory><os><type>hvm</type></os></domain>`)
+    const img = path.join(tmp.dir, 'taken.img')
+    makeBootDisk(img, 'MIG-TAKEN', 8 << 20)
+    const seen: string[][] = []
+    const r = await defineAndStart({
+      virsh,
+      manifest: vm('x'),
+      plan: { name: taken, start: false },
+      volumes: [{ label: 'boot', path: img }],
+      domainType: 'qemu',
+      defaultBridge: null,
+      serialLogPath: path.join(tmp.dir, 'taken.log'),
+      rename: async (names) => {
+        seen.push([...names].filter((n) => n.startsWith(PREFIX)))
+        return `${PREFIX}renamed`
+      },
+    })
+    expect(seen).toHaveLength(1)
+    expect(seen[0]).toContain(taken)
+    expect(r.name).toBe(`${PREFIX}renamed`)
+    expect(await virsh.state(r.name)).toBe('shut off')
+    await dispose(r.name)
+    await dispose(taken)
+  }, 30_000)
+
   test('XML libvirt rejects -> E_MIG_DOMAIN_DEFINE_FAILED with libvirt message', async () => {
     const noMemory = await thrown(() => virsh.define(`<domain type='qemu'><name>${PREFIX}nomem</name><os><type>hvm</type></os></domain>`))
     expect(noMemory).toBeInstanceOf(MigError)

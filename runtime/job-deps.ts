@@ -15,7 +15,7 @@ import { Virsh } from '../lib/domain/virsh.ts'
 import { sanitizeDomainName } from '../lib/domain/xml.ts'
 import { MigError } from '../lib/errors.ts'
 import { redactHostPaths } from '../lib/hostpath.ts'
-import type { RestorePointRecord } from '../lib/job.ts'
+import type { Job, RestorePointRecord } from '../lib/job.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import type { OrchestratorDeps } from '../lib/pipeline/orchestrator.ts'
 import { prepareSource } from '../lib/pipeline/prepare.ts'
@@ -103,6 +103,10 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
   domains.catch(() => {})
   const backup = backupClientFromConfig(config)
   const now = () => new Date()
+  // The job's domain name, reserved against `taken` (libvirt's domains) and every active job:
+  // when the job starts, and again (`replace`) when libvirt has it by the define.
+  const reserveName = (job: Job, manifest: VmManifest, taken: ReadonlySet<string>, replace = false) =>
+    store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), taken, now().toISOString(), { replace })
 
   const takeRestorePoint = backup
     ? async (job: { plan: { restore_point?: { backup_job_id: string; require_quiesced?: boolean } } }, sig: AbortSignal): Promise<RestorePointRecord> => {
@@ -148,8 +152,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     sink,
     keepOnCancel: config.keepOnCancel,
     redact: (message: string) => redactHostPaths(message, paths.importRoot, config.dataDir),
-    reserveDomainName: async (job, manifest) =>
-      store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), new Set(await domains), now().toISOString()),
+    reserveDomainName: async (job, manifest) => reserveName(job, manifest, new Set(await domains)),
     delta: config.delta,
     cutover: { shutdownEstimateSeconds: config.guestShutdownTimeoutSeconds, startEstimateSeconds: config.domain.bootGraceSeconds },
     takeRestorePoint,
@@ -226,7 +229,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         },
         // A reserved name libvirt has by now (a job that ended defined it after this one's list):
         // reserved again against that list and every active job's reservation.
-        rename: (taken) => store.jobs.reserveDomain(job.id, sanitizeDomainName(job.plan.name ?? manifest.name), taken, now().toISOString(), { replace: true }),
+        rename: (taken) => reserveName(job, manifest, taken, true),
         signal: sig,
       }).catch((e: unknown) => {
         throw e instanceof MigError ? e : new MigError('E_MIG_DOMAIN_DEFINE_FAILED', (e as Error).message)

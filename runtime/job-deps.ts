@@ -101,6 +101,9 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
   }
   const domains = listDomains()
   domains.catch(() => {})
+  // Read while the job inspects its source (two getent processes): the pre-copy checks need it.
+  const qemuUser = readQemuUser(config.qemuConf)
+  qemuUser.catch(() => {}) // an unreadable qemu.conf fails the pre-copy checks, which await it
   const backup = backupClientFromConfig(config)
   const now = () => new Date()
   // The job's domain name, reserved against `taken` (libvirt's domains) and every active job:
@@ -161,7 +164,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         disks: manifest.disks,
         file: sink instanceof FileSink ? { volumesDir: paths.volumes, jobDir: sink.jobDir(jobId) } : undefined,
         zvol: sink instanceof ZvolSink ? { pool: pool ?? config.zfsPool, jobDataset: sink.jobDataset(jobId) } : undefined,
-        qemu: readQemuUser(config.qemuConf),
+        qemu: await qemuUser,
         bridges: bridgesInUse(manifest, job.plan.networks, config.domain.defaultBridge),
       })
     },

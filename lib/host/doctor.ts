@@ -13,7 +13,7 @@
 import { accessSync, constants as C, existsSync, statSync, statfsSync } from 'node:fs'
 import * as path from 'node:path'
 import { exec } from '../exec.ts'
-import { qemuCanReach, reachFix, readQemuUser, type QemuUser } from './qemu-access.ts'
+import { qemuCanReach, reachFix, readQemuUser } from './qemu-access.ts'
 
 /** One check's result. `fix` is null when there is nothing to do. */
 export interface Check {
@@ -230,8 +230,9 @@ export async function domainTypeCheck(s: DoctorSettings): Promise<Check> {
     : { id: 'domain-type', status: 'ok', found: `TCG only (${kvm.why}); domains run with type qemu`, fix: null }
 }
 
-/** `qemu-access:volumes|nvram|logs` and `dynamic-ownership` for the qemu user `qemu` (default: read from `s.qemuConf`). */
-export function accessChecks(s: DoctorSettings, qemu: QemuUser = readQemuUser(s.qemuConf)): Check[] {
+/** `qemu-access:volumes|nvram|logs` and `dynamic-ownership` for the qemu user read from `s.qemuConf`. Never rejects. */
+export async function accessChecks(s: DoctorSettings): Promise<Check[]> {
+  const qemu = await readQemuUser(s.qemuConf)
   const who = `${qemu.user}:${qemu.group}${qemu.source ? ` (${qemu.source})` : ' (defaults; no qemu.conf)'}`
   const out: Check[] = []
   if (qemu.uid === null || qemu.gid === null) {
@@ -253,7 +254,7 @@ export function accessChecks(s: DoctorSettings, qemu: QemuUser = readQemuUser(s.
       out.push({ id: `qemu-access:${id}`, status: 'ok', found: 'the zvol sink: volumes are /dev/zvol block devices libvirt labels for qemu', fix: null })
       continue
     }
-    const r = qemuCanReach(dir, qemu)
+    const r = await qemuCanReach(dir, qemu)
     const how =
       r.method === 'as-user'
         ? `checked as ${qemu.user} with setpriv`
@@ -383,15 +384,14 @@ export async function runDoctor(s: DoctorSettings): Promise<DoctorReport> {
       return { id, status: 'fail', found: `the check failed: ${(e as Error).message}`, fix: 'see the server log' }
     }
   }
-  const [pool, libvirt, domainType] = await Promise.all([zfsPoolCheck(s), libvirtCheck(s), domainTypeCheck(s)])
-  const qemu = readQemuUser(s.qemuConf)
+  const [pool, libvirt, domainType, access] = await Promise.all([zfsPoolCheck(s), libvirtCheck(s), domainTypeCheck(s), accessChecks(s)])
   const checks = [
     ...binaryChecks(s),
     guard('virtio-win-iso', () => isoCheck(s)),
     pool,
     libvirt,
     domainType,
-    ...accessChecks(s, qemu),
+    ...access,
     guard('key-file', () => keyFileCheck(s)),
     guard('import-root', () => importRootCheck(s)),
     guard('free-space', () => freeSpaceCheck(s)),

@@ -83,7 +83,7 @@ export async function checkBeforeCopy(input: PreCopyInput): Promise<void> {
   if (input.file) {
     const { volumesDir, jobDir } = input.file
     if (input.qemu.uid !== 0) {
-      const reach = qemuCanReach(volumesDir, input.qemu)
+      const reach = await qemuCanReach(volumesDir, input.qemu)
       if (!reach.ok) {
         throw new MigError(
           'E_MIG_DOMAIN_DEFINE_FAILED',

@@ -13,9 +13,9 @@
  * it knows (modes, owners, POSIX ACLs, supplementary groups). A server that is not root cannot
  * change user; it walks the modes and owners instead (ACLs not read) and says so.
  */
-import { spawnSync } from 'node:child_process'
 import { existsSync, readFileSync, statSync } from 'node:fs'
 import * as path from 'node:path'
+import { exec } from '../exec.ts'
 
 /** The identity qemu runs as, from `qemu.conf`. */
 export interface QemuUser {
@@ -26,26 +26,40 @@ export interface QemuUser {
   /** Numeric ids; null when the name does not resolve on this host. */
   uid: number | null
   gid: number | null
+  /** Whether the user database knows `uid` (then its supplementary groups count: `setpriv --init-groups`). */
+  uidKnown: boolean
   /** libvirt's `dynamic_ownership` (it chowns disk images to the qemu user when true). */
   dynamicOwnership: boolean
   /** The file it was read from, or null when absent (defaults used). */
   source: string | null
 }
 
-function resolveId(db: 'passwd' | 'group', name: string): number | null {
-  if (/^\+\d+$/.test(name)) return Number(name.slice(1))
-  const r = spawnSync('getent', [db, name], { encoding: 'utf8' })
-  const fields = r.status === 0 ? r.stdout.split('\n')[0].split(':') : []
-  if (fields.length >= 3 && /^\d+$/.test(fields[2])) return Number(fields[2])
-  return /^\d+$/.test(name) ? Number(name) : null
+/** The `getent` line of `key` in database `db`, split at `:` (empty when absent). Never throws. */
+async function getent(db: 'passwd' | 'group', key: string): Promise<string[]> {
+  const r = await exec('getent', [db, key], { timeoutMs: 10_000 })
+  return r.code === 0 ? r.stdout.split('\n')[0]!.split(':') : []
+}
+
+/** The id of `name` in `db` (`+<id>` and plain numbers taken as ids), with whether the database knows it; null when it does not resolve. */
+async function resolveId(db: 'passwd' | 'group', name: string): Promise<{ id: number | null; known: boolean }> {
+  if (/^\+\d+$/.test(name)) {
+    const id = Number(name.slice(1))
+    return { id, known: (await getent(db, String(id))).length > 0 }
+  }
+  const fields = await getent(db, name)
+  if (fields.length >= 3 && /^\d+$/.test(fields[2]!)) return { id: Number(fields[2]), known: true }
+  if (!/^\d+$/.test(name)) return { id: null, known: false }
+  return { id: Number(name), known: (await getent(db, name)).length > 0 }
 }
 
 /**
  * Reads `user`, `group` and `dynamic_ownership` from libvirt's QEMU driver configuration
  * `confPath` (comments and unknown keys ignored; an absent file means the defaults) and
- * resolves the ids with `getent`.
+ * resolves the ids with `getent` (child processes, both at once: the event loop goes on, so a
+ * job's inspection and reader open are not held up). Never rejects for an unknown user: its id
+ * is null.
  */
-export function readQemuUser(confPath = '/etc/libvirt/qemu.conf'): QemuUser {
+export async function readQemuUser(confPath = '/etc/libvirt/qemu.conf'): Promise<QemuUser> {
   let text = ''
   let source: string | null = null
   if (existsSync(confPath)) {
@@ -62,7 +76,8 @@ export function readQemuUser(confPath = '/etc/libvirt/qemu.conf'): QemuUser {
   }
   const user = value('user') ?? 'libvirt-qemu'
   const group = value('group') ?? 'libvirt-qemu'
-  return { user, group, uid: resolveId('passwd', user), gid: resolveId('group', group), dynamicOwnership: value('dynamic_ownership') !== '0', source }
+  const [uid, gid] = await Promise.all([resolveId('passwd', user), resolveId('group', group)])
+  return { user, group, uid: uid.id, gid: gid.id, uidKnown: uid.known, dynamicOwnership: value('dynamic_ownership') !== '0', source }
 }
 
 /** Outcome of {@link qemuCanReach}. */
@@ -89,18 +104,18 @@ export function ancestors(dir: string): string[] {
 /**
  * Whether `qemu` can search every directory from `/` to `dir` (inclusive) — what it needs to
  * open a file in `dir` that libvirt chowned to it. A directory that does not exist yet is
- * judged by its nearest existing ancestor (the migrator creates the rest 0711).
+ * judged by its nearest existing ancestor (the migrator creates the rest 0711). As root the
+ * check is `setpriv` in a child process (the event loop goes on). Never rejects.
  */
-export function qemuCanReach(dir: string, qemu: QemuUser): Reach {
+export async function qemuCanReach(dir: string, qemu: QemuUser): Promise<Reach> {
   if (qemu.uid === 0) return { ok: true, blockedAt: null, method: 'root' }
   const dirs = ancestors(dir).filter((d) => existsSync(d))
   if (process.getuid?.() === 0 && qemu.uid !== null && qemu.gid !== null) {
-    const userKnown = spawnSync('getent', ['passwd', String(qemu.uid)], { encoding: 'utf8' }).status === 0
-    const groups = userKnown ? '--init-groups' : '--clear-groups'
+    const groups = qemu.uidKnown ? '--init-groups' : '--clear-groups'
     const script = 'for d in "$@"; do test -x "$d" || { printf "%s" "$d"; exit 1; }; done'
-    const r = spawnSync('setpriv', [`--reuid=${qemu.uid}`, `--regid=${qemu.gid}`, groups, '--', 'sh', '-c', script, 'sh', ...dirs], { encoding: 'utf8' })
-    if (r.status === 0) return { ok: true, blockedAt: null, method: 'as-user' }
-    if (r.status === 1 && r.stdout) return { ok: false, blockedAt: r.stdout, method: 'as-user' }
+    const r = await exec('setpriv', [`--reuid=${qemu.uid}`, `--regid=${qemu.gid}`, groups, '--', 'sh', '-c', script, 'sh', ...dirs], { timeoutMs: 10_000 })
+    if (r.code === 0) return { ok: true, blockedAt: null, method: 'as-user' }
+    if (r.code === 1 && r.stdout) return { ok: false, blockedAt: r.stdout, method: 'as-user' }
     // setpriv itself failed: fall through to the walk.
   }
   for (const d of dirs) {

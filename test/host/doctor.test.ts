@@ -83,7 +83,7 @@ async function check(id: string, over: Partial<DoctorSettings> = {}): Promise<Ch
     family === 'binary'
       ? binaryChecks(s)
       : family === 'qemu-access' || id === 'dynamic-ownership'
-        ? accessChecks(s)
+        ? await accessChecks(s)
         : id === 'virtio-win-iso'
           ? [isoCheck(s)]
           : id === 'zfs-pool'
@@ -259,9 +259,19 @@ describe('pre-flight checks', () => {
     writeFileSync(conf, 'user = "i13-no-such-user"\n')
     expect((await check('qemu-access:volumes', { qemuConf: conf })).status).toBe('fail')
     writeFileSync(conf, 'dynamic_ownership = 0\n')
-    expect(readQemuUser(conf)).toMatchObject({ user: 'libvirt-qemu', dynamicOwnership: false })
+    expect(await readQemuUser(conf)).toMatchObject({ user: 'libvirt-qemu', dynamicOwnership: false })
     expect((await check('dynamic-ownership', { qemuConf: conf })).status).toBe('fail')
     expect((await check('dynamic-ownership')).status).toBe('ok')
+  }, 30_000)
+
+  test('qemu.conf: numeric ids (+N) resolve without a name; uidKnown says whether the user database has the uid', async () => {
+    const conf = path.join(root, 'qemu-ids.conf')
+    writeFileSync(conf, 'user = "+0"\ngroup = "+0"\n')
+    expect(await readQemuUser(conf)).toMatchObject({ uid: 0, gid: 0, uidKnown: true })
+    writeFileSync(conf, 'user = "+59999"\ngroup = "+59999"\n')
+    expect(await readQemuUser(conf)).toMatchObject({ uid: 59999, gid: 59999, uidKnown: false })
+    writeFileSync(conf, 'user = "root"\n')
+    expect(await readQemuUser(conf)).toMatchObject({ user: 'root', uid: 0, uidKnown: true })
   }, 30_000)
 
   test('the key file: 32 bytes 0600, else a failure', async () => {
@@ -321,9 +331,9 @@ describe('pre-flight checks', () => {
     )
   })
 
-  test('reachability without changing user (not root): judged from modes, and says so', () => {
-    const qemu = readQemuUser(path.join(root, 'qemu.conf'))
-    const r = qemuCanReach(path.join(root, 'ok', 'volumes'), qemu)
+  test('reachability without changing user (not root): judged from modes, and says so', async () => {
+    const qemu = await readQemuUser(path.join(root, 'qemu.conf'))
+    const r = await qemuCanReach(path.join(root, 'ok', 'volumes'), qemu)
     expect(r).toEqual({ ok: true, blockedAt: null, method: process.getuid!() === 0 ? 'as-user' : 'modes' })
   })
 })

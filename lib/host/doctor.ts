@@ -230,7 +230,7 @@ export async function domainTypeCheck(s: DoctorSettings): Promise<Check> {
     : { id: 'domain-type', status: 'ok', found: `TCG only (${kvm.why}); domains run with type qemu`, fix: null }
 }
 
-/** `qemu-access:volumes|nvram|logs` and `dynamic-ownership` for the qemu user read from `s.qemuConf`. Never rejects. */
+/** `qemu-access:volumes|nvram|logs` and `dynamic-ownership` for the qemu user read from `s.qemuConf`. */
 export async function accessChecks(s: DoctorSettings): Promise<Check[]> {
   const qemu = await readQemuUser(s.qemuConf)
   const who = `${qemu.user}:${qemu.group}${qemu.source ? ` (${qemu.source})` : ' (defaults; no qemu.conf)'}`

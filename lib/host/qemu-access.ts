@@ -40,24 +40,23 @@ async function getent(db: 'passwd' | 'group', key: string): Promise<string[]> {
   return r.code === 0 ? r.stdout.split('\n')[0]!.split(':') : []
 }
 
-/** The id of `name` in `db` (`+<id>` and plain numbers taken as ids), with whether the database knows it; null when it does not resolve. */
-async function resolveId(db: 'passwd' | 'group', name: string): Promise<{ id: number | null; known: boolean }> {
-  if (/^\+\d+$/.test(name)) {
-    const id = Number(name.slice(1))
-    return { id, known: (await getent(db, String(id))).length > 0 }
-  }
+/**
+ * The id of `name` in `db` (`+<id>` taken as the id as it is; a plain number as the id when the
+ * database has no such name), null when it does not resolve; `byName`: the database has the name.
+ */
+async function resolveId(db: 'passwd' | 'group', name: string): Promise<{ id: number | null; byName: boolean }> {
+  if (/^\+\d+$/.test(name)) return { id: Number(name.slice(1)), byName: false }
   const fields = await getent(db, name)
-  if (fields.length >= 3 && /^\d+$/.test(fields[2]!)) return { id: Number(fields[2]), known: true }
-  if (!/^\d+$/.test(name)) return { id: null, known: false }
-  return { id: Number(name), known: (await getent(db, name)).length > 0 }
+  if (fields.length >= 3 && /^\d+$/.test(fields[2]!)) return { id: Number(fields[2]), byName: true }
+  return { id: /^\d+$/.test(name) ? Number(name) : null, byName: false }
 }
 
 /**
  * Reads `user`, `group` and `dynamic_ownership` from libvirt's QEMU driver configuration
  * `confPath` (comments and unknown keys ignored; an absent file means the defaults) and
- * resolves the ids with `getent` (child processes, both at once: the event loop goes on, so a
- * job's inspection and reader open are not held up). Never rejects for an unknown user: its id
- * is null.
+ * resolves the ids with `getent` (child processes, user and group at once: the event loop goes
+ * on, so a job's inspection and reader open are not held up). An unknown user or group is an id
+ * of null, not an error; an unreadable `confPath` rejects with its `fs` error.
  */
 export async function readQemuUser(confPath = '/etc/libvirt/qemu.conf'): Promise<QemuUser> {
   let text = ''
@@ -77,7 +76,9 @@ export async function readQemuUser(confPath = '/etc/libvirt/qemu.conf'): Promise
   const user = value('user') ?? 'libvirt-qemu'
   const group = value('group') ?? 'libvirt-qemu'
   const [uid, gid] = await Promise.all([resolveId('passwd', user), resolveId('group', group)])
-  return { user, group, uid: uid.id, gid: gid.id, uidKnown: uid.known, dynamicOwnership: value('dynamic_ownership') !== '0', source }
+  // A user found by name is known; an id taken as it is is looked up by that id.
+  const uidKnown = uid.byName || (uid.id !== null && (await getent('passwd', String(uid.id))).length > 0)
+  return { user, group, uid: uid.id, gid: gid.id, uidKnown, dynamicOwnership: value('dynamic_ownership') !== '0', source }
 }
 
 /** Outcome of {@link qemuCanReach}. */
@@ -105,7 +106,7 @@ export function ancestors(dir: string): string[] {
  * Whether `qemu` can search every directory from `/` to `dir` (inclusive) — what it needs to
  * open a file in `dir` that libvirt chowned to it. A directory that does not exist yet is
  * judged by its nearest existing ancestor (the migrator creates the rest 0711). As root the
- * check is `setpriv` in a child process (the event loop goes on). Never rejects.
+ * check is `setpriv` in a child process (the event loop goes on).
  */
 export async function qemuCanReach(dir: string, qemu: QemuUser): Promise<Reach> {
   if (qemu.uid === 0) return { ok: true, blockedAt: null, method: 'root' }

@@ -36,7 +36,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError } from '../errors.ts'
 import { CHUNK_BYTES, ZERO_BUFFER, chunkExtents, splitZeroRuns, type Chunk } from './chunker.ts'
 import { landInto, type DiskReader } from '../contracts/disk-reader.ts'
-import type { SinkVolume } from '../sink/types.ts'
+import type { SinkVolume, WriteSegment } from '../sink/types.ts'
 import { qemuImgCopyRange } from './qemu-img-copy.ts'
 import { prefetch } from './prefetch.ts'
 
@@ -279,7 +279,10 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
           if (c.pieces) zeroGaps(data, c)
           hash.update(data)
         }
+        // The chunk's data segments go to the volume as one call where it takes them so (its zero
+        // runs are issued as they come: disjoint ranges, whose order changes no byte).
         const parts: Promise<void>[] = []
+        const segments: WriteSegment[] = []
         let p = c.offset
         for (const piece of c.pieces ?? [c]) {
           if (piece.offset > p) await addZero(p, piece.offset - p)
@@ -288,13 +291,16 @@ export async function copyDisk(reader: DiskReader, volume: SinkVolume, opts: Cop
             if (s.zero) await addZero(s.offset, s.length)
             else {
               await issueZero()
-              parts.push(volume.write(s.offset, data.subarray(s.offset - c.offset, s.offset - c.offset + s.length)))
+              const start = s.offset - c.offset
+              if (volume.writeSegments) segments.push({ offset: s.offset, start, length: s.length })
+              else parts.push(volume.write(s.offset, data.subarray(start, start + s.length)))
               res.bytes_written += s.length
             }
           }
           p = piece.offset + piece.length
         }
         if (p < c.offset + c.length) await addZero(p, c.offset + c.length - p)
+        if (segments.length > 0) parts.push(volume.writeSegments!(data, segments))
         const done = parts.length === 1 ? parts[0] : Promise.all(parts).then(() => {})
         done.catch(() => {}) // observed in drainWrites
         writes.push({ done, buf: item.buf })

@@ -6,6 +6,9 @@
  * Implementations: `file.ts` (sparse raw files, embedded default) and `zvol.ts` (ZFS zvols).
  */
 
+/** A piece of a buffer to write: `buf[start, start+length)` at volume offset `offset`, bytes. */
+export type WriteSegment = { offset: number; start: number; length: number }
+
 /**
  * One destination volume (a disk of the migrated VM). Offsets and lengths in bytes.
  * - `path`: what the domain's disk points at (raw file or `/dev/zvol/...` block device).
@@ -14,6 +17,9 @@
  *   4 KiB filesystem blocks; zvol: the 64 KiB volblocksize). Optional for test doubles.
  * - `qemuTarget`: see the field.
  * - `write(offset, buf)`: writes all of `buf` at `offset`.
+ * - `writeSegments(buf, segments)` (optional): writes several {@link WriteSegment}s of one buffer
+ *   in their order, as one operation (a chunk's data pieces; what `write` does for each, at the
+ *   cost of one). Absent: the copy calls `write` for each.
  * - `zero(offset, length)`: makes the range read as zeros, discarding it where possible
  *   (a range never written on a freshly created volume needs no I/O).
  * - `flush()`: fsync; after it resolves, everything written or zeroed before is durable.
@@ -54,6 +60,7 @@ export interface SinkVolume {
    */
   readonly writeback?: boolean
   write(offset: number, buf: Buffer): Promise<void>
+  writeSegments?(buf: Buffer, segments: readonly WriteSegment[]): Promise<void>
   zero(offset: number, length: number): Promise<void>
   flush(): Promise<void>
   close(): Promise<void>

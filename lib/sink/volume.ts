@@ -8,7 +8,7 @@ import { constants as C } from 'node:fs'
 import { open, readFile, realpath, type FileHandle } from 'node:fs/promises'
 import { basename } from 'node:path'
 import { MigError } from '../errors.ts'
-import type { SinkVolume } from './types.ts'
+import type { SinkVolume, WriteSegment } from './types.ts'
 import { WriterThread, type WriteOutcome } from './writer-thread.ts'
 
 /** Zero runs shorter than this are written as zeros instead of discarded (a discard spawns a process), bytes. */
@@ -171,26 +171,77 @@ export class HandleVolume implements SinkVolume {
    */
   async write(offset: number, buf: Buffer): Promise<void> {
     this.check('write', offset, buf.length)
-    const direct = this.opts.direct
-    const viaDirect = !!direct && this.cacheLeft() <= 0 && offset % DIRECT_ALIGN === 0 && buf.length % DIRECT_ALIGN === 0
-    if (viaDirect) this.directGate ??= this.syncFile()
-    else this.cachedBytes += buf.length
+    const fd = this.route(offset, buf.length)
     if (this.directGate) await this.directGate
-    const o = await this.writer.write(viaDirect ? direct.fd : this.fh.fd, this.fh.fd, offset, buf)
-    if (o.fellBack) this.cachedBytes += buf.length
-    this.landed(`write of ${buf.length} bytes`, offset, o)
-    if (offset + buf.length > this.writtenEnd) this.writtenEnd = offset + buf.length
+    await this.send(buf, [fd, offset, 0, buf.length])
   }
 
-  /** Throws `E_MIG_DISK_WRITE_FAILED` for an outcome with an error, at the offset it reached. */
-  private landed(what: string, offset: number, o: WriteOutcome): void {
-    if (o.error) throw writeFailed(this.path, what, offset + o.done, Object.assign(new Error(o.error.message), { code: o.error.code }))
+  /**
+   * See {@link SinkVolume.writeSegments}: each segment as {@link write} would write it (page
+   * cache or O_DIRECT), the whole list as one call of the writer thread. The segments are checked
+   * before any is written. A list during which the writes would turn `O_DIRECT` is written
+   * segment by segment (the fsync before the first direct write must follow the page-cache writes
+   * before it). `E_MIG_DISK_WRITE_FAILED` naming the volume and the offset where a write stopped;
+   * `E_MIG_INTERNAL` for a segment outside `buf`.
+   */
+  async writeSegments(buf: Buffer, segments: readonly WriteSegment[]): Promise<void> {
+    let total = 0
+    for (const s of segments) {
+      this.check('write', s.offset, s.length)
+      if (!Number.isSafeInteger(s.start) || s.start < 0 || s.start + s.length > buf.length)
+        throw new MigError('E_MIG_INTERNAL', `${this.path}: write segment [${s.start}, +${s.length}) is outside its ${buf.length}-byte buffer`)
+      total += s.length
+    }
+    if (this.opts.direct && !this.directGate && this.cacheLeft() - total <= 0) {
+      await Promise.all(segments.map((s) => this.write(s.offset, buf.subarray(s.start, s.start + s.length))))
+      return
+    }
+    const segs: number[] = []
+    for (const s of segments) segs.push(this.route(s.offset, s.length), s.offset, s.start, s.length)
+    if (this.directGate) await this.directGate
+    if (segs.length > 0) await this.send(buf, segs)
+  }
+
+  /**
+   * The descriptor a write of `length` bytes at `offset` goes through: the O_DIRECT handle when
+   * the page cache's budget is spent and the write is aligned (the first one sets the fsync gate
+   * before it), else the page-cache handle (counted against the budget).
+   */
+  private route(offset: number, length: number): number {
+    const direct = this.opts.direct
+    if (direct && this.cacheLeft() <= 0 && offset % DIRECT_ALIGN === 0 && length % DIRECT_ALIGN === 0) {
+      this.directGate ??= this.syncFile()
+      return direct.fd
+    }
+    this.cachedBytes += length
+    return this.fh.fd
+  }
+
+  /**
+   * Writes the segments `segs` of `buf` (flat quadruples, see {@link WriterThread.write}) on the
+   * writer thread and notes how far the volume was written; `E_MIG_DISK_WRITE_FAILED` at the
+   * offset where a write stopped.
+   */
+  private async send(buf: Buffer, segs: number[]): Promise<void> {
+    const o = await this.writer.write(this.fh.fd, buf, segs)
+    this.cachedBytes += o.fellBack
+    if (o.error) throw this.failed(`write of ${segs[o.error.seg * 4 + 3]} bytes`, o.error)
+    for (let i = 0; i < segs.length; i += 4) {
+      const end = segs[i + 1]! + segs[i + 3]!
+      if (end > this.writtenEnd) this.writtenEnd = end
+    }
+  }
+
+  /** `E_MIG_DISK_WRITE_FAILED` for the writer thread's failed `what`, at the offset it reached. */
+  private failed(what: string, error: NonNullable<WriteOutcome['error']>): MigError {
+    return writeFailed(this.path, what, error.at, Object.assign(new Error(error.message), { code: error.code }))
   }
 
   private async fill(offset: number, length: number): Promise<void> {
     if (length <= 0) return
     if (this.directGate) await this.directGate
-    this.landed(`zero-fill of ${length} bytes`, offset, await this.writer.zeros(this.fh.fd, offset, length))
+    const o = await this.writer.zeros(this.fh.fd, offset, length)
+    if (o.error) throw this.failed(`zero-fill of ${length} bytes`, o.error)
   }
 
   /**

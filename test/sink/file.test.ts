@@ -10,6 +10,7 @@ import { existsSync, mkdirSync, readFileSync, statSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { FileSink } from '../../lib/sink/file.ts'
+import type { HandleVolume } from '../../lib/sink/volume.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
@@ -90,6 +91,20 @@ describe('FileSink', () => {
     const cached = await writeAll(2 ** 40, 'job-cached')
     expect(resident(mixed)).toBeLessThanOrEqual(40 * MiB + 8192) // the rest went O_DIRECT
     expect(blocks(mixed)).toBe(blocks(cached))
+    // The same writes as lists of 48 segments of one buffer (writeSegments, as the copy loop
+    // sends a chunk's pieces): the list during which the budget runs out (at the 10,000th
+    // write, mid-list) still lets the cached writes before it get their blocks first.
+    const v = (await new FileSink({ dataDir: tmp.dir, pageCacheBytes: 40 * MiB }).create('job-segments', 'd', 20_000 * 8192)) as HandleVolume
+    const shared = Buffer.from(new SharedArrayBuffer(4096)).fill(7)
+    for (let i = 0; i < 20_000; i += 48) {
+      const list = Array.from({ length: Math.min(48, 20_000 - i) }, (_, k) => ({ offset: (i + k) * 8192, start: 0, length: 4096 }))
+      await v.writeSegments(shared, list)
+    }
+    await v.flush()
+    await v.close()
+    expect(resident(v.path)).toBeLessThanOrEqual(40 * MiB + 48 * 8192)
+    expect(blocks(v.path)).toBe(blocks(cached))
+    expect(readFileSync(v.path).equals(readFileSync(cached))).toBe(true)
   })
 
   test('writes called while the first O_DIRECT write waits for its fsync land after it, in the order they were called', async () => {

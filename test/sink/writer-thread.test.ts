@@ -30,10 +30,10 @@ describe('WriterThread', () => {
     const { p, fd } = file('order')
     const w = new WriterThread()
     const bufs = Array.from({ length: 64 }, (_, i) => Buffer.alloc(64 * KiB, i + 1))
-    const outcomes = await Promise.all(bufs.map((b) => w.write(fd, fd, 0, b)))
+    const outcomes = await Promise.all(bufs.map((b) => w.write(fd, b, [fd, 0, 0, b.length])))
     await w.close()
     closeSync(fd)
-    expect(outcomes.every((o) => o.done === 64 * KiB && !o.error)).toBe(true)
+    expect(outcomes.every((o) => o.fellBack === 0 && !o.error)).toBe(true)
     expect(readFileSync(p).equals(bufs[63]!)).toBe(true)
   })
 
@@ -42,13 +42,13 @@ describe('WriterThread', () => {
     const w = new WriterThread()
     const b = randomBytes(8 * KiB)
     const want = Buffer.from(b)
-    const done = w.write(fd, fd, 4 * KiB, b)
+    const done = w.write(fd, b, [fd, 4 * KiB, 0, b.length])
     b.fill(0)
     expect(b.length).toBe(8 * KiB)
-    expect((await done).done).toBe(8 * KiB)
+    expect(await done).toEqual({ fellBack: 0 })
     // A SharedArrayBuffer view reaches the thread as it is.
     const shared = Buffer.from(new SharedArrayBuffer(4 * KiB)).fill(7)
-    expect((await w.write(fd, fd, 0, shared)).done).toBe(4 * KiB)
+    expect(await w.write(fd, shared, [fd, 0, 0, shared.length])).toEqual({ fellBack: 0 })
     await w.close()
     closeSync(fd)
     const back = readFileSync(p)
@@ -63,11 +63,11 @@ describe('WriterThread', () => {
     const w = new WriterThread()
     const sab = Buffer.from(new SharedArrayBuffer(8 * KiB + 1))
     const odd = sab.subarray(1, 1 + 4 * KiB).fill(9)
-    const o = await w.write(direct, fd, 4 * KiB, odd)
+    const o = await w.write(fd, odd, [direct, 4 * KiB, 0, odd.length])
     await w.close()
     closeSync(direct)
     closeSync(fd)
-    expect([o.done, o.fellBack, o.error]).toEqual([4 * KiB, true, undefined])
+    expect(o).toEqual({ fellBack: 4 * KiB })
     expect(
       readFileSync(p)
         .subarray(4 * KiB)
@@ -80,11 +80,10 @@ describe('WriterThread', () => {
     writeFileSync(p, Buffer.alloc(2 * MiB, 0xff))
     const ro = openSync(p, 'r')
     const w = new WriterThread()
-    const bad = w.write(ro, ro, 0, Buffer.alloc(4 * KiB, 1))
+    const bad = w.write(ro, Buffer.alloc(4 * KiB, 1), [ro, 0, 0, 4 * KiB])
     const zeros = w.zeros(fd, 4 * KiB, 1536 * KiB)
-    expect((await bad).error?.code).toBe('EBADF')
-    expect((await bad).done).toBe(0)
-    expect((await zeros).done).toBe(1536 * KiB)
+    expect((await bad).error).toMatchObject({ code: 'EBADF', seg: 0, at: 0 })
+    expect(await zeros).toEqual({ fellBack: 0 })
     await w.close()
     closeSync(ro)
     closeSync(fd)
@@ -92,6 +91,29 @@ describe('WriterThread', () => {
     expect(back.subarray(4 * KiB, 4 * KiB + 1536 * KiB).equals(Buffer.alloc(1536 * KiB))).toBe(true)
     expect(back.subarray(0, 4 * KiB).equals(Buffer.alloc(4 * KiB, 0xff))).toBe(true)
     expect(back.subarray(4 * KiB + 1536 * KiB).equals(Buffer.alloc(2 * MiB - 1540 * KiB, 0xff))).toBe(true)
+  })
+
+  test('one call writes its segments in order; a failing segment stops the call there and names its index and offset', async () => {
+    const { p, fd } = file('segments')
+    writeFileSync(p, Buffer.alloc(64 * KiB, 0xee))
+    const w = new WriterThread()
+    const src = Buffer.from(new SharedArrayBuffer(16 * KiB))
+    for (let i = 0; i < 4; i++) src.fill(i + 1, i * 4 * KiB, (i + 1) * 4 * KiB)
+    // Segments out of disk order, one overwriting another: the later one wins.
+    const o = await w.write(fd, src, [fd, 32 * KiB, 0, 4 * KiB, fd, 0, 8 * KiB, 8 * KiB, fd, 32 * KiB, 12 * KiB, 4 * KiB])
+    expect(o).toEqual({ fellBack: 0 })
+    const ro = openSync(p, 'r')
+    const bad = await w.write(fd, src, [fd, 16 * KiB, 0, 4 * KiB, ro, 20 * KiB, 4 * KiB, 4 * KiB, fd, 24 * KiB, 4 * KiB, 4 * KiB])
+    expect(bad.error).toMatchObject({ code: 'EBADF', seg: 1, at: 20 * KiB })
+    await w.close()
+    closeSync(ro)
+    closeSync(fd)
+    const back = readFileSync(p)
+    expect(back.subarray(0, 8 * KiB).equals(src.subarray(8 * KiB, 16 * KiB))).toBe(true)
+    expect(back.subarray(32 * KiB, 36 * KiB).equals(Buffer.alloc(4 * KiB, 4))).toBe(true)
+    expect(back.subarray(16 * KiB, 20 * KiB).equals(Buffer.alloc(4 * KiB, 1))).toBe(true)
+    // The failed segment and the one after it are not written.
+    expect(back.subarray(20 * KiB, 32 * KiB).equals(Buffer.alloc(12 * KiB, 0xee))).toBe(true)
   })
 })
 
@@ -118,5 +140,43 @@ describe('HandleVolume on its writer thread', () => {
     expect(err.message).toContain('offset 1048576')
     expect(err.details).toEqual({ volume: p, offset: MiB, errno: 'EBADF' })
     await v.close()
+  })
+
+  test('writeSegments lands every segment where write would, checks them all before writing any, and names a failed one', async () => {
+    const v = (await new FileSink({ dataDir: tmp.dir }).create('job-segments', 'd', 16 * MiB)) as HandleVolume
+    const buf = Buffer.from(new SharedArrayBuffer(4 * MiB))
+    buf.set(randomBytes(4 * MiB))
+    const segs = Array.from({ length: 32 }, (_, i) => ({ offset: MiB + i * 128 * KiB, start: i * 128 * KiB, length: 64 * KiB }))
+    await v.writeSegments(buf, segs)
+    // A segment past the volume's end or its buffer's: nothing of the list is written.
+    const outside = await v
+      .writeSegments(buf, [
+        { offset: 0, start: 0, length: 4 * KiB },
+        { offset: 16 * MiB, start: 0, length: 4 * KiB },
+      ])
+      .catch((e) => e)
+    expect(outside.code).toBe('E_MIG_DISK_WRITE_FAILED')
+    const past = await v
+      .writeSegments(buf, [
+        { offset: 0, start: 0, length: 4 * KiB },
+        { offset: 0, start: 4 * MiB - 4 * KiB, length: 8 * KiB },
+      ])
+      .catch((e) => e)
+    expect(past.code).toBe('E_MIG_INTERNAL')
+    await v.flush()
+    await v.close()
+    const back = readFileSync(v.path)
+    const want = Buffer.alloc(16 * MiB)
+    for (const s of segs) buf.copy(want, s.offset, s.start, s.start + s.length)
+    expect(back.equals(want)).toBe(true)
+
+    const p = path.join(tmp.dir, 'ro-segments.img')
+    writeFileSync(p, Buffer.alloc(16 * MiB))
+    const ro = new HandleVolume(await open(p, 'r'), p, 16 * MiB, 4096, { fresh: false })
+    const err = await ro.writeSegments(buf, segs.slice(0, 3)).catch((e) => e)
+    expect(err.code).toBe('E_MIG_DISK_WRITE_FAILED')
+    expect(err.details).toEqual({ volume: p, offset: MiB, errno: 'EBADF' })
+    expect(err.message).toContain('write of 65536 bytes')
+    await ro.close()
   })
 })

@@ -108,7 +108,16 @@ class Qcow2Clusters implements BlockTable {
   }
 
   async dataOffset(b: number): Promise<number | null> {
-    const t = await this.table(Math.floor(b / this.perL2))
+    return this.offsetIn(await this.table(Math.floor(b / this.perL2)), b)
+  }
+
+  known(b: number): number | null | undefined {
+    const t = this.l2.peek(Math.floor(b / this.perL2))
+    return t === undefined ? undefined : this.offsetIn(t, b)
+  }
+
+  /** Cluster `b`'s host offset (null: zeros) from its L2 table `t` (null: unallocated), checked. */
+  private offsetIn(t: Buffer | null, b: number): number | null {
     if (!t) return null
     const at = this.entry(t, b)
     if (at === 'compressed') throw this.fail(`cluster ${b} is compressed (read only through qemu)`)

@@ -81,9 +81,17 @@ class SparseGrains implements BlockTable {
   }
 
   async dataOffset(b: number): Promise<number | null> {
-    const per = this.extent.g.gtEntries
-    const grains = await this.table(Math.floor(b / per))
-    const g = grains?.[b % per]
+    return this.offsetIn(await this.table(Math.floor(b / this.extent.g.gtEntries)), b)
+  }
+
+  known(b: number): number | null | undefined {
+    const grains = this.tables.peek(Math.floor(b / this.extent.g.gtEntries))
+    return grains === undefined ? undefined : this.offsetIn(grains, b)
+  }
+
+  /** Grain `b`'s file offset (null: zeros) from its decoded table `grains` (null: unallocated). */
+  private offsetIn(grains: Grain[] | null, b: number): number | null {
+    const g = grains?.[b % this.extent.g.gtEntries]
     return typeof g === 'number' ? g : null
   }
 

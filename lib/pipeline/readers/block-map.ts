@@ -65,16 +65,15 @@ export class KeptLoads<T> {
   constructor(private readonly kept: number) {}
 
   get(key: number, load: () => Promise<T>): Promise<T> {
-    let p = this.loads.get(key)
-    if (p) return p
-    const loading = load()
-    p = loading
-    loading.then(
+    const kept = this.loads.get(key)
+    if (kept) return kept
+    const p = load()
+    p.then(
       (v) => {
-        if (this.loads.get(key) === loading) this.values.set(key, v)
+        if (this.loads.get(key) === p) this.values.set(key, v)
       },
       () => {
-        if (this.loads.get(key) === loading) this.loads.delete(key)
+        if (this.loads.get(key) === p) this.loads.delete(key)
       },
     )
     this.loads.set(key, p)

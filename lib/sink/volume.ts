@@ -170,36 +170,36 @@ export class HandleVolume implements SinkVolume {
    * offset where the write stopped.
    */
   async write(offset: number, buf: Buffer): Promise<void> {
-    this.check('write', offset, buf.length)
-    const fd = this.route(offset, buf.length)
-    if (this.directGate) await this.directGate
-    await this.send(buf, [fd, offset, 0, buf.length])
+    await this.writeSegments(buf, [{ offset, start: 0, length: buf.length }])
   }
 
   /**
    * See {@link SinkVolume.writeSegments}: each segment as {@link write} would write it (page
-   * cache or O_DIRECT), the whole list as one call of the writer thread. The segments are checked
-   * before any is written. A list during which the writes would turn `O_DIRECT` is written
-   * segment by segment (the fsync before the first direct write must follow the page-cache writes
-   * before it). `E_MIG_DISK_WRITE_FAILED` naming the volume and the offset where a write stopped;
-   * `E_MIG_INTERNAL` for a segment outside `buf`.
+   * cache or O_DIRECT), as one call of the writer thread; the segments are checked before any is
+   * written. Where the writes turn `O_DIRECT` during the list, the segments routed before that go
+   * at once and the rest after the fsync before the first direct write (which must follow the
+   * page-cache writes before it): two calls. `E_MIG_DISK_WRITE_FAILED` naming the volume and the
+   * offset where a write stopped; `E_MIG_INTERNAL` for a segment outside `buf`.
    */
   async writeSegments(buf: Buffer, segments: readonly WriteSegment[]): Promise<void> {
-    let total = 0
     for (const s of segments) {
       this.check('write', s.offset, s.length)
       if (!Number.isSafeInteger(s.start) || s.start < 0 || s.start + s.length > buf.length)
         throw new MigError('E_MIG_INTERNAL', `${this.path}: write segment [${s.start}, +${s.length}) is outside its ${buf.length}-byte buffer`)
-      total += s.length
     }
-    if (this.opts.direct && !this.directGate && this.cacheLeft() - total <= 0) {
-      await Promise.all(segments.map((s) => this.write(s.offset, buf.subarray(s.start, s.start + s.length))))
-      return
+    // Flat quadruples (see WriterThread.write): routed while no fsync gate stood, and after it.
+    const ungated: number[] = []
+    const gated: number[] = []
+    for (const s of segments) {
+      const fd = this.route(s.offset, s.length)
+      const list = this.directGate ? gated : ungated
+      list.push(fd, s.offset, s.start, s.length)
     }
-    const segs: number[] = []
-    for (const s of segments) segs.push(this.route(s.offset, s.length), s.offset, s.start, s.length)
-    if (this.directGate) await this.directGate
-    if (segs.length > 0) await this.send(buf, segs)
+    const sends: Promise<void>[] = []
+    if (ungated.length > 0) sends.push(this.send(buf, ungated))
+    const gate = this.directGate
+    if (gate && gated.length > 0) sends.push(gate.then(() => this.send(buf, gated)))
+    await Promise.all(sends)
   }
 
   /**

@@ -195,6 +195,8 @@ export class HandleVolume implements SinkVolume {
       const list = this.directGate ? gated : ungated
       list.push(fd, s.offset, s.start, s.length)
     }
+    // The ungated list is posted to the writer thread here, synchronously; a gate created in the
+    // loop above drains the writer in a later microtask (syncFile), so its fsync follows these writes.
     const sends: Promise<void>[] = []
     if (ungated.length > 0) sends.push(this.send(buf, ungated))
     const gate = this.directGate

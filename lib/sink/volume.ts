@@ -195,8 +195,9 @@ export class HandleVolume implements SinkVolume {
       const list = this.directGate ? gated : ungated
       list.push(fd, s.offset, s.start, s.length)
     }
-    // The ungated list is posted to the writer thread here, synchronously; a gate created in the
-    // loop above drains the writer in a later microtask (syncFile), so its fsync follows these writes.
+    // The ungated list becomes the writer thread's last call here, synchronously (ScriptThread.call
+    // queues it for the next batch); a gate created in the loop above drains the writer from a later
+    // microtask (syncFile), so that drain waits for these writes and its fsync follows them.
     const sends: Promise<void>[] = []
     if (ungated.length > 0) sends.push(this.send(buf, ungated))
     const gate = this.directGate

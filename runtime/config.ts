@@ -68,7 +68,7 @@ export interface Config {
   keepOnCancel: boolean
   /** Keep one job worker started ahead of the next job (`MIGRATOR_WARM_WORKER`). */
   warmWorker: boolean
-  /** The destination domain: libvirt domain type (`kvm`, or `qemu` for TCG; default `kvm` when /dev/kvm exists, else `qemu`), default bridge for NICs the plan does not map (null: user-mode network), boot check (s; optional serial regexp that must appear). */
+  /** The destination domain: libvirt domain type (`kvm`, or `qemu` for TCG; default `kvm` when /dev/kvm exists, else `qemu`), default bridge for NICs the plan does not map (null: user-mode network), boot check (seconds, and an optional serial regexp whose match proves a boot: see VARIABLES). */
   domain: { type: 'kvm' | 'qemu'; defaultBridge: string | null; bootGraceSeconds: number; bootTimeoutSeconds: number; bootSerialPattern: string | null }
   /** Windows V2V (spec 1.5): the virtio-win ISO, the `virt-v2v-in-place` binary, and the `virt-v2v` binary of the VMCX passthrough. */
   v2v: { virtioWinIso: string; binary: string; fullImportBinary: string }
@@ -138,11 +138,16 @@ interface Variable {
 }
 
 /**
- * Every `MIGRATOR_*` variable: schema (parse + default) and meaning. README's configuration
- * table lists the same variables.
+ * Every `MIGRATOR_*` variable: schema (parse + default) and meaning. The table of
+ * docs/configuration.md is generated from it (`bun scripts/config-doc.ts`; a unit test fails when
+ * they differ). A default that depends on the host is given in words at the end of `doc`, as
+ * `(default: ...)`.
  */
 export const VARIABLES = {
-  MIGRATOR_DATA_DIR: { schema: optional(), doc: 'data directory; default /var/lib/<appliance> as root, ./var otherwise (defaultDataDir)' },
+  MIGRATOR_DATA_DIR: {
+    schema: optional(),
+    doc: 'data directory: imports/, keyring/, migrator.db/, volumes/, logs/ (default: /var/lib/<appliance> as root, else ./var)',
+  },
   MIGRATOR_LISTEN: {
     schema: z.preprocess(
       unsetIfEmpty,
@@ -165,25 +170,28 @@ export const VARIABLES = {
     schema: str('migrator').pipe(z.string().regex(/^[a-z0-9][a-z0-9_-]{0,63}$/i, { error: 'must match [a-z0-9][a-z0-9_-]*' })),
     doc: 'the <appliance> path segment (spec 1.3, 1.5)',
   },
-  MIGRATOR_IMPORT_ROOT: { schema: optional(), doc: 'the import root (default <data dir>/imports, created mode 0750)' },
+  MIGRATOR_IMPORT_ROOT: { schema: optional(), doc: 'the import root, created mode 0750 (default: <data dir>/imports)' },
   MIGRATOR_SINK: {
     schema: z.preprocess(unsetIfEmpty, z.enum(['file', 'zvol'], { error: 'must be "file" or "zvol"' }).default('file')),
-    doc: 'destination sink',
+    doc: 'destination sink: file (sparse images under volumes/) or zvol',
   },
   MIGRATOR_ZFS_POOL: { schema: str('tank'), doc: 'pool of the zvol sink' },
   MIGRATOR_LIBVIRT_URI: { schema: str('qemu:///system'), doc: 'libvirt connection' },
-  MIGRATOR_LIBVIRT_QEMU_CONF: { schema: str('/etc/libvirt/qemu.conf'), doc: "libvirt's QEMU driver configuration (the user and group qemu runs as)" },
+  MIGRATOR_LIBVIRT_QEMU_CONF: { schema: str('/etc/libvirt/qemu.conf'), doc: "libvirt's QEMU driver configuration, read for the user and group qemu runs as" },
   MIGRATOR_MAX_JOBS: { schema: int(2, 1), doc: 'concurrent jobs' },
-  MIGRATOR_MAX_JOBS_PER_SOURCE: { schema: int(0, 0), doc: 'concurrent live jobs per registered source (0: no limit besides MIGRATOR_MAX_JOBS)' },
+  MIGRATOR_MAX_JOBS_PER_SOURCE: {
+    schema: int(0, 0),
+    doc: "at most this many jobs of one live source run at once, besides MIGRATOR_MAX_JOBS; a bulk plan's max_per_source may lower it (0: no limit)",
+  },
   MIGRATOR_PRECOPY_INTERVAL_SECONDS: {
     schema: int(300, 1),
-    doc: 'seconds between delta passes of a warm job waiting for its cutover (plan precopy_interval_seconds overrides)',
+    doc: 'warm plans cutting over on command or at a time: seconds between delta passes when the plan has no precopy_interval_seconds',
   },
   MIGRATOR_INSPECT_CONCURRENCY: {
     schema: int(Math.max(1, Math.min(4, cpus().length - 1)), 1),
-    doc: 'inspects parsed at once in worker threads (default: CPUs - 1, 1 to 4)',
+    doc: 'inspects running at once, each in a worker thread of the server (default: CPUs - 1, 1 to 4)',
   },
-  MIGRATOR_INSPECT_QUEUE: { schema: int(8, 0), doc: 'inspects waiting for a worker thread before 503 + Retry-After' },
+  MIGRATOR_INSPECT_QUEUE: { schema: int(8, 0), doc: 'inspects waiting for a worker thread; beyond, 503 E_MIG_CONFLICT with Retry-After: 2' },
   MIGRATOR_UPLOAD_CAP_BYTES: { schema: int(20 * GiB, 1), doc: 'upload size cap (spec 8)' },
   MIGRATOR_UPLOAD_TTL_SECONDS: { schema: int(7 * 24 * 3600, 1), doc: 'an upload expires this long after it was received' },
   MIGRATOR_SWEEP_INTERVAL_SECONDS: { schema: int(60, 1), doc: 'how often expired uploads are removed' },
@@ -198,32 +206,41 @@ export const VARIABLES = {
         .nullable()
         .default(null),
     ),
-    doc: 'user:password guard for stand-alone installs',
+    doc: 'user:password guard for stand-alone installs (401 E_MIG_AUTH_FAILED without it)',
   },
   MIGRATOR_LOG_LEVEL: { schema: str('info'), doc: 'pino level (silent turns logs off)' },
   MIGRATOR_LEASE_SECONDS: { schema: int(30, 1), doc: 'job lease; a job whose lease expired is resumed by any server' },
   MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS: { schema: int(20, 1), doc: 'a worker silent this long is killed and its job retried' },
-  MIGRATOR_MAX_ATTEMPTS: { schema: int(3, 1), doc: 'worker runs of one job before it fails' },
+  MIGRATOR_MAX_ATTEMPTS: { schema: int(3, 1), doc: 'worker runs of one job before it fails (E_MIG_INTERNAL)' },
   MIGRATOR_FLUSH_EVERY_BYTES: {
     schema: int(256 * MiB, MiB),
-    doc: 'durable checkpoint interval of the copy: bytes of data read from the source between fsyncs (zero extents do not count)',
+    doc: 'durable checkpoint (fsync + watermark) interval of the copy, in bytes of data read from the source (zero extents do not count)',
   },
   MIGRATOR_COPY_MAX_BYTES_PER_SECOND: { schema: int(0, 0), doc: 'bandwidth cap on source reads per disk copy (0: none)' },
   MIGRATOR_DELTA_CONVERGE_BYTES: { schema: int(64 * MiB, 0), doc: 'a warm delta pass below this converges' },
   MIGRATOR_DELTA_MAX_PASSES: { schema: int(8, 1), doc: 'delta passes before E_MIG_DELTA_TOO_LARGE' },
-  MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: { schema: int(300, 1), doc: 'live sources: how long the guest may take to shut down' },
+  MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: {
+    schema: int(300, 1),
+    doc: 'live sources: how long the guest may take to shut down (ShutdownGuest) before the VM is powered off',
+  },
   MIGRATOR_KEEP_ON_CANCEL: { schema: flag(), doc: "1 keeps a cancelled job's volumes" },
   MIGRATOR_WARM_WORKER: {
     schema: z.preprocess(unsetIfEmpty, z.enum(['0', '1'], { error: 'must be 0 or 1' }).default('1')).transform((v) => v === '1'),
-    doc: '1 keeps one job worker started (modules loaded, store open) ahead of the next job; 0 forks each worker when its job starts',
+    doc: "1 keeps one job worker started ahead of the next job (modules loaded, configuration and store open: its start is off every job's start, at the cost of one idle process); 0 forks each worker when its job starts. Each running worker's pid is in <data dir>/workers/<job id>.pid",
   },
   MIGRATOR_DOMAIN_TYPE: {
     schema: z.preprocess(unsetIfEmpty, z.enum(['kvm', 'qemu'], { error: 'must be "kvm" or "qemu"' }).optional()),
-    doc: 'libvirt domain type (qemu = TCG); default kvm when /dev/kvm exists, else qemu',
+    doc: 'libvirt domain type, kvm or qemu (= TCG) (default: kvm when /dev/kvm exists, else qemu)',
   },
   MIGRATOR_DEFAULT_BRIDGE: { schema: optional(), doc: 'bridge for NICs plan.networks does not map (unset: user-mode networking)' },
-  MIGRATOR_BOOT_GRACE_SECONDS: { schema: int(10, 0), doc: 'the domain must still run after this long' },
-  MIGRATOR_BOOT_TIMEOUT_SECONDS: { schema: int(120, 1), doc: 'how long to wait for the serial pattern' },
+  MIGRATOR_BOOT_GRACE_SECONDS: {
+    schema: int(10, 0),
+    doc: 'the domain must still run after this long; also how long a guest that gives no serial evidence is watched',
+  },
+  MIGRATOR_BOOT_TIMEOUT_SECONDS: {
+    schema: int(120, 1),
+    doc: 'how long to wait for boot evidence from a guest with a serial console (or for MIGRATOR_BOOT_SERIAL_PATTERN)',
+  },
   MIGRATOR_BOOT_SERIAL_PATTERN: {
     schema: optional().superRefine((v, ctx) => {
       if (v === null) return
@@ -233,17 +250,17 @@ export const VARIABLES = {
         ctx.addIssue({ code: 'custom', message: `is not a regular expression: ${(e as Error).message}` })
       }
     }),
-    doc: 'regular expression the serial log must show (unset: running is enough)',
+    doc: 'optional extra: a regular expression whose match in the serial log proves the boot (unset: the evidence rules of lib/domain/boot-check.ts decide)',
   },
   MIGRATOR_VIRTIO_WIN_ISO: { schema: str('/usr/share/virtio-win/virtio-win.iso'), doc: 'driver ISO for Windows V2V' },
   MIGRATOR_V2V_BINARY: { schema: str('virt-v2v-in-place'), doc: 'the in-place V2V tool' },
   MIGRATOR_V2V_FULL_IMPORT_BINARY: { schema: str('virt-v2v'), doc: 'the tool of the VMCX passthrough import' },
-  MIGRATOR_BACKUP_URL: { schema: optional(), doc: 'host API {base_url} for plan restore_point' },
+  MIGRATOR_BACKUP_URL: { schema: optional(), doc: 'host API {base_url} for plan restore_point (the client adds /api/v1)' },
   MIGRATOR_BACKUP_USER: { schema: str(''), doc: 'Basic user of the backup API' },
   MIGRATOR_BACKUP_PASSWORD: { schema: str(''), doc: 'Basic password of the backup API' },
-  MIGRATOR_BACKUP_CA_FILE: { schema: optional(), doc: 'CA file of the backup API' },
-  MIGRATOR_BACKUP_FINGERPRINT: { schema: optional(), doc: 'pinned SHA-256 certificate fingerprint of the backup API' },
-  MIGRATOR_BACKUP_INSECURE: { schema: flag(), doc: '1 accepts any certificate from the backup API' },
+  MIGRATOR_BACKUP_CA_FILE: { schema: optional(), doc: "TLS: a CA file the backup API's certificate must chain to" },
+  MIGRATOR_BACKUP_FINGERPRINT: { schema: optional(), doc: 'TLS: pinned SHA-256 certificate fingerprint of the backup API' },
+  MIGRATOR_BACKUP_INSECURE: { schema: flag(), doc: 'TLS: 1 accepts any certificate from the backup API' },
   MIGRATOR_BACKUP_TIMEOUT_SECONDS: { schema: int(600, 1), doc: "how long to wait for the run's restore point" },
 } satisfies Record<string, Variable>
 

@@ -163,7 +163,7 @@ export class Supervisor {
       detached: true,
       serialization: 'json',
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-      env: { ...process.env, ...BUN_WORKER_ENV, MIGRATOR_WORKER_LEASE_OWNER: this.owner },
+      env: { ...process.env, ...BUN_WORKER_ENV },
     })
     const w: Running = { child, entryPath: entry, lastBeat: Date.now(), job, ready: false, assignPending: false }
     child.on('message', (m: WorkerMessage) => void this.onMessage(w, m))

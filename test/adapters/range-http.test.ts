@@ -226,7 +226,7 @@ describe('DatastoreHttp over RangeHttp', () => {
       return null
     })
     const ranges$ = pool(srv.origin)
-    const client = { sdkUrl: `${srv.origin}/sdk`, sessionCookie: null, ranges: ranges$, call: async () => ({}) } as unknown as VimClient
+    const client = { sdkUrl: `${srv.origin}/sdk`, loginCookie: null, ranges: ranges$, call: async () => ({}) } as unknown as VimClient
     const http = new DatastoreHttp(client, 'DC0')
     const file = await http.open({ datastore: 'ds', path: 'vm/vm-flat.vmdk' })
     expect(file.size).toBe(data.length)

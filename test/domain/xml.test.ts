@@ -33,7 +33,7 @@ function build(over: Partial<DomainXmlInput> = {}): { xml: string; dom: any } {
     ...over,
   }
   const xml = buildDomainXml(input)
-  // Always validated: a missing virt-xml-validate fails the test (issue 12 item 7), never skips.
+  // Always validated: a missing virt-xml-validate fails the test, never skips.
   const f = path.join(tmp.dir, `d${n++}.xml`)
   writeFileSync(f, xml)
   const r = spawnSync('virt-xml-validate', [f, 'domain'], { encoding: 'utf8' })

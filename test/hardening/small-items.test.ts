@@ -1,5 +1,5 @@
 /**
- * Issue 12 item 6, the smaller ones: JSON bodies with a duplicate key, ZFS dataset names in
+ * Request and name guards: JSON bodies with a duplicate key, ZFS dataset names in
  * `destination.pool`, the import root itself as a plan path, an OVF without disks, and error
  * messages that name paths relative to the import root.
  */

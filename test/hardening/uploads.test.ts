@@ -1,5 +1,5 @@
 /**
- * Issue 12 item 6, uploads: a second `file` part is refused (400) instead of silently dropped,
+ * Upload request guards: a second `file` part is refused (400) instead of silently dropped,
  * and a non-ASCII file name (UTF-8 in the part's Content-Disposition) is stored as sent.
  */
 import { afterAll, beforeAll, expect, test } from 'bun:test'

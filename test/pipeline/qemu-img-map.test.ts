@@ -1,5 +1,5 @@
 /**
- * The data map of raw and flat files (lib/pipeline/qemu-img-map.ts, issue 15): holes of a sparse
+ * The data map of raw and flat files (lib/pipeline/qemu-img-map.ts): holes of a sparse
  * file are zero extents the copy never reads, data extents are exactly the written ranges, a tar
  * member window is mapped in disk offsets, and a qemu-img whose output is not a covering map (a
  * stand-in script, named as such) is refused with E_MIG_DISK_READ_FAILED.

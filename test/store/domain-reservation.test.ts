@@ -1,5 +1,5 @@
 /**
- * Domain name reservation (JobsRepo.reserveDomain, issue 12 item 2) on a real SQLite store: a
+ * Domain name reservation (JobsRepo.reserveDomain) on a real SQLite store: a
  * name is free when libvirt does not have it (`taken`) and no active job holds it (the unique
  * index `jobs_active_domain`); `replace` gives a job whose name libvirt took meanwhile another
  * one, never one that another active job holds.

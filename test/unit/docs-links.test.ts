@@ -63,6 +63,14 @@ function links(file: string): string[] {
   return [...text.matchAll(/\]\(([^)\s]+)(?:\s+"[^"]*")?\)/g)].map((m) => m[1] as string)
 }
 
+/** Repository paths named in code spans of a file's prose (`lib/x.ts`, `test/y.test.ts`), without globs or placeholders. */
+function namedPaths(file: string): string[] {
+  const text = prose(readFileSync(file, 'utf8'))
+  return [...text.matchAll(/`((?:lib|runtime|handlers|cli|test|bench|fixtures|demo|scripts|docs)\/[\w./-]+\.(?:ts|md|go|sh|service))`/g)].map(
+    (m) => m[1] as string,
+  )
+}
+
 describe('documentation links', () => {
   test('the slug rule matches GitHub on headings with code and punctuation', () => {
     expect(slug('Warm cutover on command (roadmap v0.6)')).toBe('warm-cutover-on-command-roadmap-v06')
@@ -73,6 +81,7 @@ describe('documentation links', () => {
   test('README.md and docs/ have Markdown files with links', () => {
     expect(files.length).toBeGreaterThan(5)
     expect(links(path.join(REPO, 'README.md')).length).toBeGreaterThan(5)
+    expect(namedPaths(path.join(REPO, 'docs/formats.md')).length).toBeGreaterThan(20)
   })
 
   for (const file of files) {
@@ -89,6 +98,11 @@ describe('documentation links', () => {
         if (fragment && resolved.endsWith('.md') && !anchors(resolved).has(fragment)) broken.push(`${link}: no heading #${fragment}`)
       }
       expect(broken).toEqual([])
+    })
+
+    test(`every repository path ${path.relative(REPO, file)} names in code exists`, () => {
+      const missing = namedPaths(file).filter((p) => !existsSync(path.join(REPO, p)) && !existsSync(path.join(REPO, 'lib', p)))
+      expect(missing).toEqual([])
     })
   }
 })

@@ -190,12 +190,12 @@ describe('vim_api inventory', () => {
 
   test('a session terminated on the server is logged in again on NotAuthenticated', async () => {
     const other = (await adapter.connect(conn())) as VimSession
-    const before = s.client.sessionKey
+    const before = s.client.loginKey
     expect(before).toBeTruthy()
     await other.client.call('TerminateSession', x.ref('_this', other.client.serviceContent.sessionManager) + x.list('sessionId', [before!]))
     await other.close()
     expect((await s.listVms()).some((m) => m.vm_id === linuxVm)).toBe(true)
-    expect(s.client.sessionKey).not.toBe(before)
+    expect(s.client.loginKey).not.toBe(before)
   })
 })
 

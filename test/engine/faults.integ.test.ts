@@ -1,5 +1,5 @@
 /**
- * Fault tests of the job engine through the HTTP API (issue 4): the worker killed with SIGKILL
+ * Fault tests of the job engine through the HTTP API: the worker killed with SIGKILL
  * half-way, the server killed with SIGKILL, cancellation mid-copy, a full destination file
  * system, and 20 jobs submitted at once under the concurrency limit of 2.
  *
@@ -133,7 +133,7 @@ describe('engine faults (real server, worker processes, file sink)', () => {
       expect(BIG_DATA - durable + FLUSH).toBeLessThan(BIG_DATA)
       // The killed worker's qemu-nbd and qemu-img went with it (the supervisor ends the dead worker's process group).
       expect(qemuNbdServing(dir)).toEqual([])
-      // ... and its socket directory too (issue 12 item 6).
+      // ... and its socket directory too.
       expect(nbdSocketDirsOf(pid!)).toEqual([])
       expect(qemuNbdServing(dir, 'qemu-img convert')).toEqual([])
     }, 120_000)
@@ -200,7 +200,7 @@ describe('engine faults (real server, worker processes, file sink)', () => {
       const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}small`, start: false }))
       const done = await waitJob(s2.base, job.id)
       expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DISK_WRITE_FAILED'])
-      // Paths in messages are relative to the data dir (issue 12: no absolute server paths).
+      // Paths in messages are relative to the data dir (no absolute server paths).
       expect(done.last_error.message).toContain('not enough space for the disks under <data dir>/volumes')
       expect(existsSync(path.join(d, 'volumes', 'migrations', job.id))).toBe(false)
     } finally {

@@ -1,5 +1,5 @@
 /**
- * Issue 12 item 7: tests for guards the suite did not cover, each able to fail: a non-loopback
+ * Guards, each test able to fail: a non-loopback
  * listen address needs the Basic guard, the default upload cap is 20 GiB, `GET /host-files`
  * stops at 10 000 entries, uploads left `receiving` by a crash are removed at start, and an
  * offline plan submitted in Warm mode runs cold.

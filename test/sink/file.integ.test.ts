@@ -74,7 +74,7 @@ describe('FileSink', () => {
     expect(back.subarray(12 * MiB + 100, 12 * MiB + 1100).equals(odd)).toBe(true)
   })
 
-  test('the first O_DIRECT write waits for the page-cache writes before it to get their blocks: the file takes the blocks of the same writes all through the cache (issue 15)', async () => {
+  test('the first O_DIRECT write waits for the page-cache writes before it to get their blocks: the file takes the blocks of the same writes all through the cache', async () => {
     // 20,000 writes of 4 KiB every 8 KiB, two at a time as the copy loop sends them: 20,000
     // extents, so ext4 keeps them in an extent tree. Without the wait the direct writes
     // allocated ahead of the cached ones still dirty, and the tree took one block more (80,244

@@ -1,5 +1,5 @@
 /**
- * The `migrator` CLI (issue 7), the real binary (`cli/migrator`) spawned from a clean environment,
+ * The `migrator` CLI, the real binary (`cli/migrator`) spawned from a clean environment,
  * for everything but running jobs: `migrator serve` itself (with `MIGRATOR_BASIC_AUTH`), the base
  * URL and Basic credentials from flags and from the environment (a clear 401 message and exit 1
  * without them), `sources add|list|test|vms` (an unreachable endpoint: exit 1 and
@@ -196,7 +196,7 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
     const inRoot = await cli(['import', 'exports/vm1/disk.qcow2'])
     expect(inRoot.code).toBe(1)
     expect(inRoot.stderr).toStartWith('E_MIG_UNSUPPORTED_FORMAT: ')
-    // Messages name paths relative to the import root (issue 12).
+    // Messages name paths relative to the import root.
     expect(inRoot.stderr).toContain('exports/vm1/disk.qcow2: unsupported input')
     expect(inRoot.stderr).not.toContain('imports/exports')
     const missing = await cli(['import', 'exports/absent.ova'])

@@ -1,5 +1,5 @@
 /**
- * The `migrator` CLI (issue 7), the real binary (`cli/migrator`, spawned as a child process from
+ * The `migrator` CLI, the real binary (`cli/migrator`, spawned as a child process from
  * a clean environment whose PATH has no `node_modules/.bin`), against the real server (Bun) on
  * real libvirt + qemu (TCG): `import` of a local OVA outside the import root (upload with
  * progress and SHA-256, inspect, submit, follow to Completed; also on a pty, with progress bars),

@@ -1,5 +1,5 @@
 /**
- * Issue 12 item 7: a worker that stops heart-beating (SIGSTOP: alive but silent) is killed after
+ * Worker heartbeats: a worker that stops heart-beating (SIGSTOP: alive but silent) is killed after
  * `MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS` and its job retried by a new worker, which completes it.
  */
 import { afterAll, beforeAll, expect, test } from 'bun:test'

@@ -1,5 +1,5 @@
 /**
- * Issue 12 item 2: the domain name is reserved when a job starts (before its copy), atomically
+ * Domain names: the domain name is reserved when a job starts (before its copy), atomically
  * against every other active job and the domains libvirt has. Twelve plans for the same disk
  * without `name`, four at a time: all complete, each with its own domain.
  */
@@ -14,7 +14,7 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const t = tempDir('mig-i12-name-')
-// qemu (libvirt's user) must search the temp dir down to the volumes (mkdtemp makes it 0700; README: defaults).
+// qemu (libvirt's user) must search the temp dir down to the volumes (mkdtemp makes it 0700; docs/operations.md: defaults).
 chmodSync(t.dir, 0o711)
 const dataDir = path.join(t.dir, 'data')
 let server: RunningServer

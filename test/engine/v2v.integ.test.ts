@@ -1,5 +1,5 @@
 /**
- * V2vProcessing in the job (issue 5, spec 1.5): a plan with `guest_os: "windows"` runs the V2V
+ * V2vProcessing in the job (spec 1.5): a plan with `guest_os: "windows"` runs the V2V
  * tool over the destination volumes between CopyingFull and Starting, with a snapshot of the
  * volumes taken first; a failing tool rolls the volumes back and ends the job E_MIG_V2V_FAILED.
  *

@@ -1,5 +1,5 @@
 /**
- * Issue 15: the warm spare worker (runtime/supervisor.ts). A server forks one job worker ahead of
+ * The warm spare worker (runtime/supervisor.ts). A server forks one job worker ahead of
  * any job; the next job runs in that process (its pid is the spare's), a new spare is forked when
  * the job's worker ends, and no spare outlives its server (SIGTERM or SIGKILL).
  * `MIGRATOR_WARM_WORKER=0` forks each worker when its job starts and keeps no spare.

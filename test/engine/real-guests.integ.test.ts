@@ -6,7 +6,7 @@
  * and NIC model it chose and a verified boot; the guest whose root UUID does not exist must end
  * `E_MIG_GUEST_BOOT_FAILED` fast, never `Completed`.
  *
- * A representative matrix, not the cartesian product (README "Boot check"):
+ * A representative matrix, not the cartesian product (docs/architecture.md "Bootable hardware and the boot check"):
  * - generic initramfs, OVA (streamOptimized VMDK)             -> virtio-blk
  * - host-only PVSCSI initramfs, VMX folder (PVSCSI, monolithicSparse, vmxnet3) -> pvscsi
  * - host-only SATA (AHCI) initramfs, VirtualBox folder (.vbox + VDI) -> sata

@@ -1,5 +1,5 @@
 /**
- * Plan `restore_point` end to end through the HTTP API (issue 7, spec 4 "Backup endpoints used by
+ * Plan `restore_point` end to end through the HTTP API (spec 4 "Backup endpoints used by
  * operators", 5.2): the real server and worker, real libvirt + qemu (TCG), and the host backup API
  * played by HostBackupApiTestDouble (test/helpers/backup-double.ts: HTTPS with a self-signed
  * certificate generated for the test; the real host daemon cannot run here).

@@ -1,5 +1,5 @@
 /**
- * The front door from a fresh checkout (issue 13): the repository is cloned (`git clone` of this
+ * The front door from a fresh checkout: the repository is cloned (`git clone` of this
  * checkout's HEAD commit) into a fresh 0700 directory, as into root's home, and the demo's main
  * job runs from there on the defaults a root user gets: no `MIGRATOR_DATA_DIR`, so the data goes
  * to `/var/lib/<appliance>/` (here a unique appliance name, `i13-ci-<random>`, so nothing collides

@@ -1,5 +1,5 @@
 /**
- * Issue 12 item 3: fifty concurrent inspects of 1 MB OVF envelopes (half with 200 000 elements,
+ * Bounded inspects under load: fifty concurrent inspects of 1 MB OVF envelopes (half with 200 000 elements,
  * refused before any tree is built; half with 45 000, parsed in the inspect pool's worker
  * threads) against the real server: its RSS grows by less than 200 MiB, `GET /migrations`
  * answers within 1 s throughout, and every inspect answers 200, 422 or 503 with `Retry-After`

@@ -1,5 +1,5 @@
 /**
- * Issue 12 item 1: a file in the import root swapped in a loop (`rename` over it) between a
+ * Open-once input files: a file in the import root swapped in a loop (`rename` over it) between a
  * hardlink to an inside qcow2 and a symlink to an outside qcow2. Inspects and jobs run through
  * the real server (Bun) while the swap runs; every input is opened once and checked, so no
  * inspect reports the outside image, none answers 500, and no destination volume holds a byte of
@@ -15,7 +15,7 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { REPO, tempDir } from '../helpers/tmp.ts'
 
 const t = tempDir('mig-i12-race-')
-// qemu (libvirt's user) must search the temp dir down to the volumes (mkdtemp makes it 0700; README: defaults).
+// qemu (libvirt's user) must search the temp dir down to the volumes (mkdtemp makes it 0700; docs/operations.md: defaults).
 chmodSync(t.dir, 0o711)
 const dataDir = path.join(t.dir, 'data')
 const root = path.join(dataDir, 'imports')

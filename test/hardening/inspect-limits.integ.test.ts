@@ -1,5 +1,5 @@
 /**
- * Issue 12 items 4 and 5, issue 13 "Inspect tells the truth about disks inside archives": what the
+ * Destination limits and disk sizes at inspect, so that inspect tells the truth about the disks inside archives: what the
  * destination cannot take, and disk files whose header or size disagrees with the package, are
  * refused at inspect with `E_MIG_MALFORMED_ARCHIVE` naming the file, the field and the figures,
  * before any job copies a byte.

@@ -184,7 +184,7 @@ const ROWS: Row[] = [
     },
   },
   // Mutation: the image header says 1 GiB, less than the declared 32 GiB: refused, naming both
-  // figures (issue 12 item 5; a volume is never grown past the image).
+  // figures (a volume is never grown past the image).
   {
     source: 'virt-v2v/test-i-ova.ovf',
     what: 'mutation: image smaller than the declared ovf:capacity (refused, both figures named)',

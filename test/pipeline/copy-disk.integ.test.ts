@@ -344,7 +344,7 @@ describe('copyDisk', () => {
 describe('copyDisk allocation', () => {
   // 512 MiB of alternating 64 KiB clusters: 4,096 data extents, written O_DIRECT (no page-cache
   // budget). Writes that reach ext4 out of disk order split its extent tree's leaves and allocate
-  // more blocks than qemu-img's in-order writes (issue 15: 524,496 against 524,400 blocks).
+  // more blocks than qemu-img's in-order writes (524,496 against 524,400 blocks).
   let ALT = ''
   let REF_BLOCKS = 0
   beforeAll(() => {

@@ -1,5 +1,5 @@
 /**
- * Inspect through HTTP (issue 3, spec 4): the real server, started as a child process under each
+ * Inspect through HTTP (spec 4): the real server, started as a child process under each
  * runtime (Bun and Node 20), inspects one valid input of each of the nine offline kinds built
  * with real tools (`qemu-img convert`, `tar`; two disks where the format allows: OVA, OVF, VMX,
  * VBOX, XVA) through `POST /host-files/inspect`, and the OVA once more as an upload

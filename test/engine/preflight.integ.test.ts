@@ -69,7 +69,7 @@ describe('checks before the copy', () => {
     const job = await submitAndWait(app, plan)
     expect(job.state).toBe('Failed')
     expect(job.last_error.code).toBe('E_MIG_DISK_WRITE_FAILED')
-    // Paths in messages are relative to the data dir (issue 12: no absolute server paths).
+    // Paths in messages are relative to the data dir (no absolute server paths).
     expect(job.last_error.message).toContain('not enough space for the disks under <data dir>/volumes')
     expect(job.last_error.message).toContain('0.06 GiB needed')
     expect(job.last_error.message).toContain('set MIGRATOR_DATA_DIR to a larger one')

@@ -1,5 +1,5 @@
 /**
- * The VMCX passthrough through the HTTP API (issue 5, spec 1.1 `run_full_import`): a Hyper-V
+ * The VMCX passthrough through the HTTP API (spec 1.1 `run_full_import`): a Hyper-V
  * export (the corpus `test.vmcx` in `Virtual Machines/`, a VHDX in `Virtual Hard Disks/`) is
  * imported whole by virt-v2v into the destination volume, then started.
  *
@@ -111,7 +111,7 @@ done
       expect(done.progress.bytes_done).toBe(done.progress.bytes_total)
       expect(fileSha256(volumePath(dir, job.id, done.progress.disks[0].label))).toBe(fileSha256(boot))
       expect(readFileSync(path.join(dir, 'logs', `${job.id}.serial.log`), 'utf8')).toContain(MARKER)
-      // Open once (issue 12): virt-v2v got the worker's pinned descriptor, never the file's name.
+      // Open once: virt-v2v got the worker's pinned descriptor, never the file's name.
       const given = readFileSync(sourcesLog, 'utf8').trim().split('\n')
       expect(given.length).toBe(1)
       expect(given[0]).toMatch(/^\/proc\/\d+\/fd\/\d+$/)

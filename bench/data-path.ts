@@ -1,5 +1,5 @@
 /**
- * Data-path benchmark (issue 15): for each layout (bench/layouts.ts) and reader kind, the whole
+ * Data-path benchmark: for each layout (bench/layouts.ts) and reader kind, the whole
  * migrator job against `qemu-img convert -O raw` + `sync` of the same input, alternating, in one
  * run, and one table per layout:
  *

@@ -1,5 +1,5 @@
 /**
- * Import benchmark (issue 4, DESIGN.md section 8): the whole migrator against `qemu-img convert`
+ * Import benchmark (DESIGN.md section 8): the whole migrator against `qemu-img convert`
  * on the same input, in one run.
  *
  * Source: a qcow2 of SIZE GiB (default 4) with half its 64 KiB clusters holding random data.

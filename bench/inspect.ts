@@ -1,5 +1,5 @@
 /**
- * Inspect benchmark (issue 3 "Done when": inspecting a 20 GiB sparse OVA reads only headers and
+ * Inspect benchmark (the rule: inspecting a 20 GiB sparse OVA reads only headers and
  * descriptors). Builds two OVAs around a 20 GiB virtual disk holding a few MiB of data, inspects
  * each with `inspectInput` (the code behind both inspect endpoints) in a child process, and prints
  * the wall time of the inspect, the bytes the inspecting process read (`rchar` of

@@ -1,5 +1,5 @@
 /**
- * Benchmark source layouts (issue 15): raw disk images whose data is laid out the way real
+ * Benchmark source layouts: raw disk images whose data is laid out the way real
  * disks hold it, converted by the caller to each image format.
  *
  * - `alternating`: every other 64 KiB cluster holds data (50%; the worst case for qemu-img, one

@@ -1,5 +1,5 @@
 /**
- * The benchmark source disk of DESIGN.md section 8 / issue 4: a qcow2 of `size` bytes (64 KiB
+ * The benchmark source disk of DESIGN.md section 8: a qcow2 of `size` bytes (64 KiB
  * clusters) whose every other cluster holds random data, so half the clusters are allocated.
  */
 import { execFileSync, spawnSync } from 'node:child_process'

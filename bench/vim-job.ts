@@ -1,5 +1,5 @@
 /**
- * Whole-job benchmark of a live vim_api migration (issue 15: worker peak RSS of the vim_api
+ * Whole-job benchmark of a live vim_api migration (worker peak RSS of the vim_api
  * reader in a whole job): for each layout (bench/layouts.ts), a VM of govmomi's vCenter simulator
  * (test/vcsim, the named test double of vCenter and ESXi) whose one disk holds the layout, migrated
  * cold (`start: false`) by the real server and worker into the file sink, beside

@@ -1,7 +1,7 @@
 /**
  * Benchmark of the vim_api snapshot-chain reader (lib/adapters/vim/vmdk-chain.ts) fed from local
  * files, beside its reference `qemu-img convert -f vmdk -O raw` + `sync` of the same chain, on
- * each layout of bench/layouts.ts (issue 15), alternating, in one run.
+ * each layout of bench/layouts.ts, alternating, in one run.
  *
  * The chain is what a warm pass reads on ESXi: a monolithicFlat base holding the layout's raw
  * image (the descriptor names the cached raw file through a symbolic link: no copy), a

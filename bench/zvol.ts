@@ -1,12 +1,12 @@
 /**
- * zvol sink block-device benchmark (issue 15): the copy into the zvol sink's block device against
+ * zvol sink block-device benchmark: the copy into the zvol sink's block device against
  * `qemu-img convert -n` into the same kind of block device. A loop device over a sparse file
  * stands in for the zvol; `zfs` is a named TEST DOUBLE (a shell script that links the dataset's
  * `/dev/zvol/...` path to the loop device), since ZFS cannot run here.
  *
  * - Reference: `qemu-img convert -n -f qcow2 -O raw <src> /dev/loopN` + `sync`.
  * - Migrator: `ZvolSink.create` (through the double) + `openDiskReader` (the qcow2 by its
- *   clusters since the twenty-fifth session, qemu-nbd before) + `copyDisk`
+ *   clusters) + `copyDisk`
  *   (its fsyncs included) + close, in process: the copy phase of a job.
  * Before every run the device is discarded (`blkdiscard`, so it reads as zeros and its backing
  * file is sparse again) and the file system synced; the order alternates. Prints medians

@@ -1,5 +1,5 @@
 /**
- * The main job, end to end, on the embedded defaults (issue 5; README "Two commands"):
+ * The main job, end to end, on the embedded defaults (README "Two commands"):
  *
  *  1. makes sure `virtlogd` and `libvirtd` run (starts them as daemons when they do not: a fresh
  *     Debian container has no systemd);

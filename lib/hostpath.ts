@@ -84,7 +84,7 @@ export function relativeToRoot(root: string, abs: string): string {
 }
 
 /**
- * Open-once access to input files (issue 12 item 1: a name checked, then opened again, can be
+ * Open-once access to input files (a name checked, then opened again, can be
  * swapped in between by a `rename` to a symlink leading outside the import root).
  *
  * An {@link InputScope} opens each input file once (`O_RDONLY|O_NONBLOCK|O_NOCTTY`), then checks
@@ -246,7 +246,7 @@ export function childFile(path: string, childFds?: number[]): string {
 
 /**
  * `text` with the host's absolute directories taken out, for messages that reach API clients
- * (issue 12: messages name paths relative to the import root, never absolute server paths):
+ * (messages name paths relative to the import root, never absolute server paths):
  * `<import root>/x` becomes `x`, the import root itself `.`, `<data dir>/x` becomes `<data dir>/x`
  * literally. Both the given and the symlink-free spelling of each directory are replaced.
  */

@@ -1,5 +1,5 @@
 /**
- * What the destination can attach to one domain (issue 12 item 4), in one place: the domain XML
+ * What the destination can attach to one domain, in one place: the domain XML
  * builder (`lib/domain/xml.ts`) enforces it at define time, and inspect refuses a source beyond
  * it before any copy (importers and `inspectInput`).
  */

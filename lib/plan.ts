@@ -41,7 +41,7 @@ const bridge = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,14}$/, 'must be a
 const ZFS_RESERVED_POOLS = new Set(['mirror', 'raidz', 'raidz1', 'raidz2', 'raidz3', 'draid', 'spare', 'log', 'cache', 'special', 'dedup'])
 
 /**
- * A ZFS dataset name (zfs(8) "ZFS File System Hierarchy", zpool(8) naming; issue 12 item 6):
+ * A ZFS dataset name (zfs(8) "ZFS File System Hierarchy", zpool(8) naming):
  * components separated by `/`, none empty, `.` or `..`; each of `[A-Za-z0-9_.:-]`; the pool
  * (first component) starts with a letter, is not a vdev word (`mirror`, `raidz`, `spare`, `log`
  * ...) and not `c<digit>...`; at most 255 bytes; no `@` or `#` (snapshots, bookmarks).

@@ -1,5 +1,5 @@
 /**
- * A `worker_threads` thread running a short script string (issue 15): the data path's helpers
+ * A `worker_threads` thread running a short script string: the data path's helpers
  * that must leave the job's event loop free (a volume's ordered writes, lib/sink/writer-thread.ts;
  * the XVA block digests, lib/crypto/hash-threads.ts). The script is run with `eval` and may only
  * `require` Node's built-in modules, so it runs alike under Bun (also from the bundled job worker)
@@ -13,11 +13,10 @@
  * buffers) are sent as numbers: the buffer itself goes to the thread once, with the first call
  * that uses it, and the thread keeps it until the caller's side lets it go (a
  * `FinalizationRegistry`) or the thread ends. Under Bun, posting a message that holds a
- * `SharedArrayBuffer` costs about 0.25 ms of the caller's time (1,200 calls each with a 1 MiB
- * view: 300 ms; with numbers only: 25 ms; measured in the eighteenth session), which an 8 GiB XVA
- * copy paid once per 1 MiB block. A thread collects its heap when it forgets buffers: without
- * that, 200 buffers of 8 MiB let go of stayed in memory (1.6 GB under Node; 0.17-1.3 GB under
- * Bun, by the timing of the thread's own collection; measured in the twentieth session).
+ * `SharedArrayBuffer` costs the caller about ten times what a message of numbers costs, which a
+ * copy would pay once per block. A thread collects its heap when it forgets buffers: a thread's
+ * small heap is seldom collected on its own, and the buffers it let go of would otherwise stay
+ * in memory (up to gigabytes; docs/benchmarks.md).
  */
 import { Worker } from 'node:worker_threads'
 

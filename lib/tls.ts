@@ -28,7 +28,7 @@ export function normalizeThumbprint(s: string): string {
  * An undici connector applying `trust`; `timeoutMs` is the TCP + TLS connect timeout. With a pin,
  * a certificate whose SHA-256 thumbprint differs fails the connection with an error of code
  * `ERR_TLS_THUMBPRINT_MISMATCH` ("certificate thumbprint X does not match the pinned Y"), and
- * TLS sessions are not cached (a resumed session shows no peer certificate, so the pin could not
+ * TLS connections are not resumed (a resumed TLS connection shows no peer certificate, so the pin could not
  * be checked on the pool's later connections). `socketOptions` go to `tls.connect` / `net.connect`
  * as they are (for example `onread`, see adapters/vim/range-http.ts).
  */

@@ -56,7 +56,7 @@ export async function readJson(request: Request): Promise<Record<string, unknown
 /**
  * The first key that appears twice in one object of the JSON text `text` (already known to be
  * valid JSON), or null. JSON.parse keeps the last one silently (RFC 8259 4: names "SHOULD be
- * unique"); a request that says two things is refused instead (issue 12 item 6).
+ * unique"); a request that says two things is refused instead.
  */
 export function duplicateJsonKey(text: string): string | null {
   const stack: Array<Set<string> | null> = [] // a Set per open object, null per open array

@@ -1,5 +1,5 @@
 /**
- * Bounded inspects (issue 12 item 3): at most `concurrency` inspects run at a time, each in a
+ * Bounded inspects: at most `concurrency` inspects run at a time, each in a
  * worker thread of a small pool (the server's event loop keeps answering while a descriptor is
  * parsed); up to `queue` more wait their turn; beyond that the request is refused at once with
  * HTTP 503 `E_MIG_CONFLICT` and `Retry-After` (seconds), instead of piling parse trees up in memory.

@@ -87,7 +87,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
   const sink = sinkFromConfig(config, pool)
   const virsh = new Virsh({ uri: config.libvirtUri })
   // The domain list for the name reservation is asked for now, so `virsh list` runs while the
-  // input is inspected (a fixed cost of every job, issue 15); a failure surfaces at the reservation.
+  // input is inspected (a fixed cost of every job); a failure surfaces at the reservation.
   // libvirt briefly unreachable (a daemon restart) is retried for about 4 s before the job fails.
   const listDomains = async (): Promise<string[]> => {
     for (let attempt = 1; ; attempt++) {

@@ -10,7 +10,7 @@
  * A warm spare worker (`MIGRATOR_WARM_WORKER`, on by default) is forked before any job is
  * claimed: it loads its modules, takes the configuration and opens the store while the server
  * is idle, and the next job is handed to it with an `assign` message instead of a fork (about
- * 100-150 ms of every job's fixed cost, issue 15). A new spare is forked when a job's worker
+ * 100-150 ms of every job's fixed cost). A new spare is forked when a job's worker
  * ends. Each running worker's pid is in `<data dir>/workers/<job id>.pid` while it runs.
  */
 import { removeOrphanSocketDirs, removeSocketDirsOf } from '../lib/pipeline/qemu-nbd.ts'
@@ -56,11 +56,8 @@ interface Running {
  * Under Bun, the worker's JavaScriptCore heap is sized as if the machine had 128 MiB of RAM
  * (`BUN_JSC_forceRAMSize`, unless the operator set it), so its collector keeps up with the
  * garbage of socket reads (a vim_api copy's datastore HTTPS reads) and the copy loop's buffer
- * churn. Measured with bench/vim-job.ts, 8 GiB `long`, 2 jobs each, one after the other
- * (sixteenth session): worker peak RSS 188 MiB with 256 MiB (201 in a third run), 160 with
- * 128 MiB, against the issue's 200; job 340 against 313 MB/s, within this machine's spread. At
- * 256 MiB a 4 GiB import had dropped from 196-215 MiB to 174-187 (bench/import.ts). Node needs
- * nothing (148 MiB).
+ * churn and the worker stays under the 200 MiB a job may take, at no measurable cost in speed
+ * (bench/vim-job.ts, bench/import.ts; docs/benchmarks.md). Node's collector needs no such hint.
  */
 const BUN_WORKER_ENV: Record<string, string> =
   process.versions.bun && !process.env.BUN_JSC_forceRAMSize ? { BUN_JSC_forceRAMSize: String(128 * 1024 * 1024) } : {}

@@ -1,5 +1,5 @@
 /**
- * Which file the supervisor forks as a job's worker (issue 15: the worker's start is a fixed cost
+ * Which file the supervisor forks as a job's worker (the worker's start is a fixed cost
  * of every job). Under Bun the worker's TypeScript modules are bundled into one file with
  * bytecode (`npm run build:worker`, run by `.ci/install`: `dist/bun/worker.js` and its `.jsc`),
  * which Bun starts without transpiling about 600 modules. The bundle is used only when it is at

@@ -1,7 +1,7 @@
 /**
  * A job's worker process (DESIGN.md section 4), forked by the supervisor with the job id as its
  * argument, or with `--spare` as the warm spare worker that gets its job later (an `assign`
- * message; the module loading, the configuration and the store are done by then, issue 15); it
+ * message; the module loading, the configuration and the store are done by then); it
  * says `ready` over IPC and receives the server's resolved configuration (`start`;
  * it never reads the environment for settings, so an app created in-process with a config object gets workers on
  * the same settings). It runs the orchestrator, writes state, progress and watermarks to SQLite, and

@@ -1,5 +1,5 @@
 /**
- * Opens a control-plane session for a registered source: loads it, opens its sealed password
+ * Logs in to the control plane of a registered source: loads it, opens its sealed password
  * (bound to the source id) and connects through the adapter of its kind.
  */
 import type { Sealer } from '../crypto/seal.ts'
@@ -23,18 +23,18 @@ export async function openSourceSession(
   return adapterFor(source.kind as AdapterKind).connect({ endpoint: source.endpoint, username: source.username, password, tls: source.tls_config, ...opts })
 }
 
-/** Runs `fn` on a session of source `id` and always closes the session. */
+/** Runs `fn` on a logged-in connection to source `id` and always closes it (logout). */
 export async function withSourceSession<T>(sources: SourcesRepo, sealer: Sealer, id: string, fn: (s: AdapterSession) => Promise<T>): Promise<T> {
-  const session = await openSourceSession(sources, sealer, id)
+  const conn = await openSourceSession(sources, sealer, id)
   try {
-    return await fn(session)
+    return await fn(conn)
   } finally {
-    await session.close()
+    await conn.close()
   }
 }
 
 /**
- * Removes every snapshot the migrator made on VM `vmId` of source `sourceId` (the session's
+ * Removes every snapshot the migrator made on VM `vmId` of source `sourceId` (the connection's
  * `cleanup`), for a job that ended without its worker doing it (the worker died on the last
  * attempt); with `opts.powerOn`, then powers the VM on again (the job had shut it down).
  * Throws what {@link openSourceSession} throws, and `E_MIG_INTERNAL` when the power-on fails;

@@ -136,7 +136,7 @@ function stubSession(kind: StubKind, ep: StubEndpoint): LiveSession {
 /**
  * The stub adapter of `kind`. `connect`: `E_MIG_BAD_REQUEST` for an endpoint its product cannot
  * have, `E_MIG_SOURCE_UNREACHABLE` when nothing accepts a TCP connection there (5 s), else a
- * session whose control-plane listing/inspection and data plane fail as described above.
+ * connection whose control-plane listing/inspection and data plane fail as described above.
  */
 export function stubAdapter(kind: StubKind, opts: { probeTimeoutMs?: number } = {}): SourceAdapter {
   return {

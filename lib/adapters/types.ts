@@ -29,7 +29,7 @@ export interface VmSummary {
   memory_bytes: number | null
 }
 
-/** An open control-plane session. */
+/** An open, logged-in control-plane connection. */
 export interface AdapterSession {
   /** Probes the control plane; returns what it reports about itself (product, version). */
   describe(): Promise<{ product: string; version: string | null }>
@@ -37,7 +37,7 @@ export interface AdapterSession {
   listVms(): Promise<VmSummary[]>
   /** Inspects one VM into a manifest. `E_MIG_VM_NOT_FOUND` when the source has no such VM. */
   inspect(vmId: string): Promise<VmManifest>
-  /** Ends the session (logout); never throws. */
+  /** Logs out and closes the connection; never throws. */
   close(): Promise<void>
 }
 
@@ -49,7 +49,7 @@ export interface SnapshotRef {
 }
 
 /**
- * The data plane of a live session (spec 1.1: enable CBT, snapshot, shutdown, mark, cleanup;
+ * The data plane of a live connection (spec 1.1: enable CBT, snapshot, shutdown, mark, cleanup;
  * DESIGN.md section 7). Reads come only from snapshots, never from the active disk of a
  * running VM.
  */
@@ -96,7 +96,7 @@ export interface SourceAdapter {
   connect(conn: SourceConnection): Promise<AdapterSession>
 }
 
-/** Whether `s` (a connected session) has the data plane of {@link LiveSession}. */
+/** Whether `s` (a connected source) has the data plane of {@link LiveSession}. */
 export function isLiveSession(s: object): s is LiveSession {
   return typeof (s as LiveSession).createSnapshot === 'function' && typeof (s as LiveSession).openDisk === 'function'
 }

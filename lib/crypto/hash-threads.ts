@@ -1,12 +1,11 @@
 /**
- * Block digests off the job's event loop (issue 15): the XVA reader checks every 1 MiB block
- * against its `.checksum` (SHA-1) or `.xxhash` (XXH64) companion. With the SHA-1 on the event
- * loop (after the copy WebCrypto needs of a `SharedArrayBuffer` view, and that copy's garbage)
- * an 8 GiB archive's job ran at about 900 MB/s, with it here at about 1,450 (8 GiB `long`,
- * docs/benchmark-history.md, seventeenth session). Here a view on a `SharedArrayBuffer` (the copy
+ * Block digests off the job's event loop: the XVA reader checks every 1 MiB block
+ * against its `.checksum` (SHA-1) or `.xxhash` (XXH64) companion. The SHA-1 does not run on the
+ * event loop: WebCrypto there needs a copy of a `SharedArrayBuffer` view, and the copy and its
+ * garbage slow the whole job (by about a third on an 8 GiB archive: docs/benchmarks.md). Here a view on a `SharedArrayBuffer` (the copy
  * loop's buffers) is SHA-1-hashed in place on one of a few {@link ScriptThread}s with
  * `node:crypto`. XXH64 stays on the calling thread: `Bun.hash.xxHash64` hashes such a view in
- * place at about 8 GB/s (1,200 MiB in 147 ms here), less than a thread's round trip costs.
+ * place at several GB/s (docs/benchmarks.md), less than a thread's round trip costs.
  */
 import { createXXHash64, type IHasher } from 'hash-wasm'
 import { availableParallelism } from 'node:os'

@@ -1,7 +1,7 @@
 /**
  * The destination's disk bus, NIC model and firmware, chosen from the static inspection of the
  * copied guest (lib/domain/inspect.ts) so that the guest boots without being modified
- * (README "Bootable hardware"):
+ * (docs/architecture.md "Bootable hardware and the boot check"):
  *
  * - Disk bus: the first controller, in this order, whose driver the guest's boot path has (its
  *   initramfs or the kernel's built-ins) and whose device names match what the guest's kernel line

@@ -14,7 +14,7 @@
  *    every file system's UUID and label, `/etc/fstab`, GRUB's `grub.cfg` default entry (kernel
  *    version and command line: `root=`, `console=`), the initramfs of that kernel (listed on the
  *    host with `lsinitramfs`), the kernel's `modules.builtin` and `modules.dep` (drivers built in /
- *    installed). Under TCG one launch costs seconds (see README "Boot check"), paid once per job.
+ *    installed). Under TCG one launch costs seconds (see docs/architecture.md "Bootable hardware and the boot check"), paid once per job.
  *
  * Nothing is written to the guest. Failures of the inspection itself are not job failures: the
  * result says `inspected: false` with the reason, and the caller falls back to the family defaults.

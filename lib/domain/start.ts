@@ -205,7 +205,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   // The name is tried as it is first (the job reserved it when it started); only when libvirt
   // refuses it as taken ("already exists") is a free one looked for (`rename`, else `-2`, `-3`,
   // ...): one virsh call in the usual case instead of a list and a define (a fixed cost of every
-  // job, issue 15). A name found free can be taken again before its define (another job's define,
+  // job). A name found free can be taken again before its define (another job's define,
   // whose reservation a stale list did not show): a few tries.
   let name = base
   let xml = xmlFor(name)

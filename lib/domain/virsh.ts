@@ -161,7 +161,7 @@ export class Virsh {
   async uniqueName(base: string): Promise<string> {
     const b = sanitizeDomainName(base)
     // One `virsh list --all` (every domain, running or not, persistent or transient): a fixed
-    // cost of every job (issue 15); `define` fails anyway if a name is taken in between.
+    // cost of every job; `define` fails anyway if a name is taken in between.
     const taken = new Set(await this.list())
     if (!taken.has(b)) return b
     for (let i = 2; i <= 10_000; i++) {

@@ -1,6 +1,6 @@
 /**
- * Header checks of a disk file inside an OVA or OVF package at inspect (issue 13 "Inspect tells
- * the truth about disks inside archives"): a member whose header is damaged (for example by a
+ * Header checks of a disk file inside an OVA or OVF package at inspect, so that inspect tells
+ * the truth about the disks inside archives: a member whose header is damaged (for example by a
  * text-mode transfer, which rewrites bytes >= 0x80) is refused at inspect with
  * `E_MIG_MALFORMED_ARCHIVE` naming the member and the field, instead of failing the job's copy.
  *

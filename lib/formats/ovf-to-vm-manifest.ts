@@ -265,7 +265,7 @@ export function ovfToManifest(env: OvfEnvelope, opts: OvfToManifestOptions): VmM
     if (capacity === undefined) throw malformed(label, `${lbl}: capacity unknown`)
     if (r.disk && resolved.capacity_bytes !== undefined && resolved.capacity_bytes !== r.disk.capacity) {
       // The destination volume is sized from the DiskSection: an image larger than that does not
-      // fit, and one smaller would silently become a much larger volume (issue 12 item 5: a
+      // fit, and one smaller would silently become a much larger volume (a
       // 16 MiB image under a 1 TiB ovf:capacity); the descriptor and the image must agree.
       const why =
         resolved.capacity_bytes > r.disk.capacity

@@ -17,7 +17,7 @@ export const MAX_XML_BYTES = 4 * 1024 * 1024
 /** Deepest element nesting accepted. */
 export const MAX_XML_DEPTH = 256
 /**
- * Most elements accepted in one document (issue 12 item 3: counted before any tree is built; a
+ * Most elements accepted in one document (counted before any tree is built; a
  * real OVF envelope or `.vbox` has a few thousand at most, a hostile 1 MB one 200 000).
  */
 export const MAX_XML_ELEMENTS = 50_000

@@ -28,7 +28,7 @@
  * - The byte moving can be handed to qemu itself ({@link copyWithQemuImg}: `qemu-img convert`
  *   per range between checkpoints) when the reader has a qemu block node (and, for `auto`,
  *   prefers it: a qemu-nbd reader) and the volume a qemu target; the checkpoints, watermarks,
- *   progress, cap and cancel stay this module's (issue 15).
+ *   progress, cap and cancel stay this module's.
  */
 import { createHash, type Hash } from 'node:crypto'
 import { availableParallelism } from 'node:os'
@@ -457,13 +457,11 @@ async function* qemuRanges(reader: DiskReader, from: number, size: number, flush
  * qemu-img processes the qemu-img engine runs at once into a block device (a zvol) by default,
  * each on its own range: 2, or 1 on a one-CPU host. qemu-img does its format work (inflating a
  * streamOptimized VMDK's grains, scanning for zeros) on one thread, so on two cores two ranges
- * side by side use both (issue 15, this project's machine: the 8 GiB `ext4` layout's
- * streamOptimized VMDK into an image file, two ranges at once 19.3-20.9 s against one at a time
- * 33.9-36.8 s).
+ * side by side use both (about 1.7 times as fast on a streamOptimized VMDK; docs/benchmarks.md).
  * Into an image file the default stays 1: two ranges written at once insert their extents into
  * the file's extent tree out of disk order, and the file then takes more blocks than
- * `qemu-img convert`'s own (same run: 5,756,912 KiB against 5,756,904, 64 extents against 52),
- * which issue 15 rules out; a block device has no such tree (as for `-W`, see
+ * `qemu-img convert`'s own, and the migrator's destination must take no more than qemu-img's;
+ * a block device has no such tree (as for `-W`, see
  * lib/pipeline/qemu-img-copy.ts).
  */
 export const QEMU_IMG_PROCESSES = Math.min(2, availableParallelism())
@@ -488,7 +486,7 @@ interface QemuSlot {
 }
 
 /**
- * The qemu-img engine of {@link copyDisk} (issue 15): the bytes are moved by `qemu-img convert`
+ * The qemu-img engine of {@link copyDisk}: the bytes are moved by `qemu-img convert`
  * ({@link qemuImgCopyRange}) one range per process, each range holding about `flushEveryBytes`
  * of data (per the reader's extents), up to {@link qemuImgProcesses} ranges at once; the migrator
  * keeps the rest of the contract:
@@ -664,10 +662,9 @@ const WRITEBACK_IDLE_MS = 10
 /**
  * While a copy runs (either engine, from its start to its last write), flushes the volume back to
  * back (one fsync after the other, never two at once) so the kernel writes the data back as it
- * reaches the page cache, instead of all of it at the next checkpoint: on this machine a 428 MiB
- * qemu-img-engine copy with its final fsync took 414-463 ms this way and 535-700 ms with one
- * fsync at the end; the node engine's 1 GiB jobs gained 4-12% on every layout of a VDI
- * (issue 15, docs/benchmark-history.md). The loop ends for good once `wanted()` answers false
+ * reaches the page cache, instead of all of it at the next checkpoint, which then finds little
+ * left to write: the copy and its writeback overlap (the figures: docs/benchmarks.md,
+ * "Measurements behind the data-path constants"). The loop ends for good once `wanted()` answers false
  * (before each flush: a block device whose writes went `O_DIRECT`, {@link SinkVolume.writeback}).
  * These flushes are no checkpoints: no watermark follows them (the checkpoints keep their own
  * flush). A flush that found nothing to write is followed by a 10 ms pause. `stop()` ends the

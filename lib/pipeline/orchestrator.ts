@@ -345,8 +345,8 @@ interface EarlyReader {
 /**
  * Starts opening the reader of the first disk an offline copy will read (from its durable
  * watermark; none when every disk is copied), so that its fixed cost (qemu-nbd's start, a BAT
- * check) runs while the pre-copy checks run, the volumes are made and `CopyingFull` is written
- * (issue 15). Nothing is read from it before the copy; its error is the copy's, raised when the
+ * check) runs while the pre-copy checks run, the volumes are made and `CopyingFull` is written.
+ * Nothing is read from it before the copy; its error is the copy's, raised when the
  * copy takes it (a pre-copy refusal still comes first); an untaken reader is closed by the job.
  */
 function openFirstReader(source: Extract<PreparedSource, { strategy: 'offline' }>, resumed: Map<string, number>): EarlyReader | null {

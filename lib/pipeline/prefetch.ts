@@ -1,5 +1,5 @@
 /**
- * Prefetch of an async iterable (issue 15): the items are pulled by a background pump into a
+ * Prefetch of an async iterable: the items are pulled by a background pump into a
  * bounded queue while the consumer is busy with earlier ones, so a slow producer (the extents of
  * a disk from NBD block status or `qemu-img map`) runs side by side with the consumer (a
  * `qemu-img convert` per range) instead of in series with it.

@@ -1,7 +1,7 @@
 /**
  * Resolves a job's plan into a prepared source for the orchestrator (spec 1.2 steps 1-3):
  * an offline input is confined to the import root (or is an upload), inspected with the plan's
- * importer kind, and read disk by disk; a live source is a control-plane session.
+ * importer kind, and read disk by disk; a live source is a logged-in control-plane connection.
  */
 import { rm } from 'node:fs/promises'
 import { join } from 'node:path'
@@ -79,7 +79,7 @@ export interface FullImportSettings {
  * input changed since submission is noticed) and opens readers per disk. Passthrough importers
  * (`vmcx_export`) get the virt-v2v full import (`lib/v2v/full-import.ts`), which writes straight
  * into the destination volumes; gzip-compressed or chunked OVF files are staged under
- * `<stagingDir>/staging/<job id>` (default `<import root>/../tmp`). Live: opens a session and
+ * `<stagingDir>/staging/<job id>` (default `<import root>/../tmp`). Live: logs in to the source and
  * inspects the VM.
  */
 export async function prepareSource(

@@ -1,5 +1,5 @@
 /**
- * One range of a disk copied by qemu itself (issue 15): `qemu-img convert` moves the bytes of
+ * One range of a disk copied by qemu itself: `qemu-img convert` moves the bytes of
  * `[offset, offset+length)` from the reader's qemu block node into the same range of the sink
  * volume, while the migrator's copy loop (copy-disk.ts) keeps the checkpoints, progress,
  * bandwidth cap and cancel.
@@ -17,7 +17,7 @@
  * - `-W` (out-of-order writes) only into a block device: the copy loop fsyncs the whole range
  *   before it reports a watermark, so order inside a range does not matter to resume, but into
  *   an image file writes landing out of disk order grow ext4's extent tree, and the file then
- *   takes more blocks than `qemu-img convert`'s own (issue 15, measured on an 8 GiB disk of
+ *   takes more blocks than `qemu-img convert`'s own (measured on an 8 GiB disk of
  *   65,536 64 KiB extents: 92-560 KiB more); in order, the whole job was 12-29% slower there.
  * - Zeros are never written: qemu-img skips what its block status or its 4 KiB scan finds zero;
  *   with `--target-is-zero` (a range of a fresh volume nothing was written to) it does nothing

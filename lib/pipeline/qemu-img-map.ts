@@ -1,5 +1,5 @@
 /**
- * The data map of a qemu block node (issue 15): which ranges of a raw or flat disk file hold data
+ * The data map of a qemu block node: which ranges of a raw or flat disk file hold data
  * and which read as zeros, as `qemu-img map --output=json` reports them (qemu
  * `docs/tools/qemu-img.rst`, "map"; for the `file` protocol driver the answer comes from
  * `lseek(SEEK_DATA/SEEK_HOLE)` on the open descriptor, which Node cannot call itself).

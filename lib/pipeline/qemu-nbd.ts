@@ -231,7 +231,7 @@ export async function startQemuNbd(opts: QemuNbdOptions): Promise<QemuNbdServer>
     }
     if (Date.now() > deadline) return fail('did not open its socket in time')
     // qemu-nbd serves 10-20 ms after its start here: polled every 3 ms (a fixed cost of every
-    // job, issue 15), every 15 ms after the first half second.
+    // job), every 15 ms after the first half second.
     await new Promise((r) => setTimeout(r, Date.now() - started < 500 ? 3 : 15))
   }
   return { socketPath, pid: child.pid!, stderr, exited: () => exitInfo !== null, close }

@@ -56,7 +56,7 @@ export interface SinkVolume {
    * device's volume answers false once its writes go `O_DIRECT`: its flush is then a flush of the
    * device (a zvol's ZIL commit; a loop device's fsync of its backing file) that writes nothing
    * the kernel would not write on its own, and back-to-back flushes slowed the copy into the zvol
-   * sink's stand-in (issue 15). The checkpoints flush either way.
+   * sink's stand-in. The checkpoints flush either way.
    */
   readonly writeback?: boolean
   write(offset: number, buf: Buffer): Promise<void>

@@ -83,7 +83,7 @@ export class HandleVolume implements SinkVolume {
    * The fsync before the first `O_DIRECT` write: the page cache's writes get their blocks first
    * (ext4 allocates them at writeback), so the file's blocks are allocated in the order of the
    * copy; a direct write allocating past page-cache data not yet written back left ext4's extent
-   * tree one block larger than `qemu-img convert`'s (issue 15: 32 GiB `sparse`, 4 KiB over).
+   * tree one block larger than `qemu-img convert`'s (32 GiB `sparse`, 4 KiB over).
    * Once it is set, every write, zero-fill, flush and close waits for it before it reaches the
    * writer thread, so they still reach it in the order they were called (before it is set they
    * are queued at once).

@@ -1,5 +1,5 @@
 /**
- * A volume's writer thread (issue 15): one `worker_threads` thread per {@link HandleVolume} that
+ * A volume's writer thread: one `worker_threads` thread per {@link HandleVolume} that
  * writes the volume's data with `pwrite(2)` one write after another, in the order the copy issued
  * them. Writes issued concurrently on libuv's thread pool reach the file out of order, and ext4
  * then allocates more blocks (extent-tree blocks of a fragmented file) than `qemu-img convert`

@@ -250,7 +250,7 @@ export class JobsRepo {
   }
 
   /**
-   * Reserves a libvirt domain name for job `id` (issue 12 item 2), atomically against every other
+   * Reserves a libvirt domain name for job `id`, atomically against every other
    * job that has not ended (the store's unique index `jobs_active_domain`): the first of `base`,
    * `base-2`, `base-3`, ... (at most 63 characters) that is not in `taken` (the domains libvirt
    * has) and no active job holds; stored as the job's `domain`. A job that holds a name already

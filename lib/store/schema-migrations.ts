@@ -82,7 +82,7 @@ const migrations: Record<string, Migration> = {
   },
   '0004_job_domain_reservation': {
     async up(db: Kysely<any>) {
-      // A domain name is held by at most one job that has not ended (issue 12 item 2).
+      // A domain name is held by at most one job that has not ended.
       await sql`create unique index jobs_active_domain on jobs(domain) where domain is not null and status not in ('completed', 'failed', 'cancelled')`.execute(
         db,
       )

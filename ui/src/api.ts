@@ -1,5 +1,5 @@
 /**
- * The console's client of the public migrator API (`{base}/api/v1/migrator/...`, README
+ * The console's client of the public migrator API (`{base}/api/v1/migrator/...`, docs/api.md
  * "Endpoints"): JSON calls that turn `{"error": {code, message, details}}` bodies into
  * {@link ApiError}, and the upload with progress.
  */

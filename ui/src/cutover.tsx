@@ -1,6 +1,6 @@
 /**
- * The warm phase of a live job on its page (plan `cutover`, roadmap v0.6, README "Warm
- * migrations"): how the job cuts over, its delta passes while it waits in `DeltaSyncing` (the
+ * The warm phase of a live job on its page (plan `cutover`, roadmap v0.6, docs/architecture.md "Warm
+ * cutover on command"): how the job cuts over, its delta passes while it waits in `DeltaSyncing` (the
  * last pass's time, changed bytes and duration), the projected downtime of a cutover now, and
  * the **Cut over** button (with confirmation) that sends `POST /migrations/:id/cutover`.
  */

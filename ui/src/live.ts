@@ -1,5 +1,5 @@
 /**
- * Live job state from the SSE stream (`GET /migrations/stream`, README "Resources"): an
+ * Live job state from the SSE stream (`GET /migrations/stream`, docs/api.md "Resources"): an
  * EventSource that follows `migration` and `progress` events, resumes after a lost connection
  * with `Last-Event-ID` (the browser's own reconnect, or a new EventSource with
  * `?last_event_id=` when the browser gave up), and reports whether the connection is up.

@@ -46,14 +46,14 @@ function powerState(s: string | undefined): VmSummary['power_state'] {
   return s === 'poweredOn' ? 'on' : s === 'poweredOff' ? 'off' : s === 'suspended' ? 'suspended' : 'unknown'
 }
 
-/** A session of the vim_api adapter; implements the whole {@link LiveSession}. */
+/** A logged-in connection of the vim_api adapter; implements the whole {@link LiveSession}. */
 export class VimSession implements LiveSession {
   private readonly labels = new Map<string, Map<number, string>>()
   private readonly dcPaths = new Map<string, string>()
   private readonly created = new Set<string>()
 
   constructor(
-    /** The logged-in SOAP client (exposed for tests of session handling). */
+    /** The logged-in SOAP client (exposed for tests of login handling). */
     readonly client: VimClient,
     private readonly opts: Required<VimAdapterOptions>,
   ) {}

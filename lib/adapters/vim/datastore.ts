@@ -1,14 +1,14 @@
 /**
  * Reading a VMDK on a vSphere datastore through the datastore HTTP interface
  * (`GET https://<vcenter>/folder/<path>?dcPath=<datacenter>&dsName=<datastore>` with `Range`,
- * authenticated by the SOAP session cookie; vSphere Web Services SDK Programming Guide,
+ * authenticated by the SOAP login cookie; vSphere Web Services SDK Programming Guide,
  * "Datastore file access over HTTP"): each file of a disk (descriptor, extents, the parents of a
  * snapshot delta chain) becomes a {@link RemoteFile} of range reads, and `vmdk-chain.ts` decodes
  * them into a {@link DiskReader}. Unallocated and zeroed grains are never fetched; allocated
  * grains contiguous in a file are fetched with one range request.
  *
  * Missing files (HTTP 404), servers that do not honour `Range`, short or failed reads are
- * `E_MIG_DISK_READ_FAILED`; an expired session is renewed once per request (HTTP 401/403).
+ * `E_MIG_DISK_READ_FAILED`; an expired login is renewed once per request (HTTP 401/403).
  */
 import { MigError } from '../../errors.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
@@ -26,10 +26,9 @@ const FAN_OUT_BYTES = 1024 * 1024
 
 /**
  * Reads the copy loop keeps in flight for a datastore disk: each read fans out over the pool
- * itself ({@link FAN_OUT_BYTES}), so one at a time keeps the connections busy. Measured with
- * bench/vim-job.ts (vCenter simulator, 1, 8 and 32 GiB; the README's run): worker peak RSS
- * 133-194 MiB on every line this way, against 207-225 on 8 GiB `runs` and `long` with 2 or 4
- * reads of one request each (eleventh session).
+ * itself ({@link FAN_OUT_BYTES}), so one at a time keeps the connections busy; more reads in
+ * flight, each of one request, take the worker's peak RSS over the 200 MiB a job may take
+ * (bench/vim-job.ts; docs/benchmarks.md).
  */
 const DATASTORE_READ_AHEAD = 1
 
@@ -49,7 +48,7 @@ export function parseDatastorePath(s: string): DatastorePath {
 
 /**
  * Files of one datacenter's datastores over `/folder`, through the client's connection pool and
- * session cookie. `dcPath` is the datacenter's inventory path (e.g. `DC0` or `Folder/DC1`).
+ * login cookie. `dcPath` is the datacenter's inventory path (e.g. `DC0` or `Folder/DC1`).
  */
 export class DatastoreHttp {
   constructor(
@@ -67,13 +66,13 @@ export class DatastoreHttp {
   /**
    * GET of `range` of `f`, at most `max` body bytes: written into `into` when given (at least
    * `max` bytes), so a copy's range reads allocate nothing per read; the body is then a view of
-   * it. Transport failures are retried twice (250, 500 ms), an expired session (HTTP 401/403)
+   * it. Transport failures are retried twice (250, 500 ms), an expired login (HTTP 401/403)
    * is renewed once, a busy server (HTTP 503) waited for twice.
    */
   private async get(f: DatastorePath, range: string, max: number, into?: Buffer): Promise<{ status: number; contentRange: string | null; body: Buffer }> {
     for (let attempt = 0; ; attempt++) {
       const headers: Record<string, string> = { range }
-      const cookie = this.client.sessionCookie
+      const cookie = this.client.loginCookie
       if (cookie) headers.cookie = cookie
       let res: RangeAnswer
       try {
@@ -87,7 +86,7 @@ export class DatastoreHttp {
         throw new MigError('E_MIG_DISK_READ_FAILED', `[${f.datastore}] ${f.path}: ${(e as Error).message}`, { cause: e })
       }
       if ((res.status === 401 || res.status === 403) && attempt === 0) {
-        // The session may have expired: any SOAP call logs in again on NotAuthenticated.
+        // The login may have expired: any SOAP call logs in again on NotAuthenticated.
         await this.client.call('CurrentTime', x.ref('_this', { type: 'ServiceInstance', value: 'ServiceInstance' })).catch(() => {})
         continue
       }

@@ -1,11 +1,11 @@
 /**
  * A client of the vSphere Web Services API (SOAP 1.1 over HTTPS, namespace `urn:vim25`), native
  * TypeScript over undici and fast-xml-parser (DESIGN.md section 7; VMware "vSphere Web Services
- * SDK Programming Guide": service content, sessions, property collector, tasks).
+ * SDK Programming Guide": service content, login, property collector, tasks).
  *
- * - Session: `RetrieveServiceContent`, then `SessionManager.Login`; the `vmware_soap_session`
+ * - Login: `RetrieveServiceContent`, then `SessionManager.Login`; the `vmware_soap_session`
  *   cookie rides on every later request over a keep-alive connection pool. A call answered with
- *   a `NotAuthenticated` fault (session expired or terminated) logs in again once and is retried.
+ *   a `NotAuthenticated` fault (login expired or terminated) logs in again once and is retried.
  * - TLS: trust by a CA (PEM), by a pinned SHA-256 certificate thumbprint (self-signed vCenter
  *   or ESXi), or an explicit insecure flag; otherwise the system trust store.
  * - Timeouts on connect and on every request; bounded retries with exponential backoff for
@@ -244,8 +244,8 @@ export class VimClient {
   private credentials: { username: string; password: string } | null = null
   private content: ServiceContent | null = null
   private closed = false
-  /** The key of the current session (`UserSession.key`), set by {@link login}. */
-  sessionKey: string | null = null
+  /** The key of the current login (vSphere's `UserSession.key`), set by {@link login}. */
+  loginKey: string | null = null
 
   constructor(opts: VimClientOptions) {
     this.sdkUrl = opts.sdkUrl
@@ -270,8 +270,8 @@ export class VimClient {
     return this.content
   }
 
-  /** The session cookie header value (`vmware_soap_session=...`), for datastore HTTP requests. */
-  get sessionCookie(): string | null {
+  /** The login cookie header value (`vmware_soap_session=...`), for datastore HTTP requests. */
+  get loginCookie(): string | null {
     return this.cookie
   }
 
@@ -316,14 +316,14 @@ export class VimClient {
     this.cookie = null
     try {
       const r = await this.invoke('Login', x.ref('_this', this.serviceContent.sessionManager) + x.text('userName', username) + x.text('password', password))
-      this.sessionKey = txt(r?.key) ?? null
+      this.loginKey = txt(r?.key) ?? null
     } catch (e) {
       if (e instanceof VimFault && (e.faultType === 'InvalidLogin' || e.faultType === 'NoPermission' || e.faultType === 'InvalidLocale')) {
         throw new MigError('E_MIG_AUTH_FAILED', `${this.sdkUrl}: login of ${username} rejected (${e.faultType})`, { details: { endpoint: this.sdkUrl } })
       }
       throw e
     }
-    if (!this.cookie) throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${this.sdkUrl}: login answered without a session cookie`)
+    if (!this.cookie) throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${this.sdkUrl}: login answered without a login cookie`)
   }
 
   /**

@@ -1,6 +1,6 @@
 /**
  * Disk reader of an image whose virtual disk is cut into fixed-size blocks, each either stored
- * whole at a file offset or reading as zeros (issue 15): the VHDX BAT (`vhdx-blocks.ts`) and the
+ * whole at a file offset or reading as zeros: the VHDX BAT (`vhdx-blocks.ts`) and the
  * dynamic VHD BAT (`vhd-blocks.ts`) describe their images this way. The format module supplies
  * the {@link BlockTable}; this reader does the rest, with positioned reads on the one open file:
  * - `extents()`: a block reading as zeros is a zero extent (never read); a stored block is data,

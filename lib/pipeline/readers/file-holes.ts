@@ -1,5 +1,5 @@
 /**
- * Which byte ranges of an image file hold data and which are holes (issue 15), asked in pieces
+ * Which byte ranges of an image file hold data and which are holes, asked in pieces
  * and mostly in increasing file order: a format reader that maps virtual blocks to file ranges
  * (the VHDX BAT) uses it to skip the holes inside allocated blocks. qemu's VHDX driver reports a
  * whole present block as data, so `qemu-img convert` reads a present block's holes as zeros,

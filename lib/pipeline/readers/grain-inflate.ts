@@ -1,9 +1,8 @@
 /**
- * Inflating stream-optimized VMDK grains off the job's event loop (issue 15): qemu inflates a
- * stream-optimized VMDK (the disk of nearly every OVA) one grain after another on one thread,
- * about 180 MB/s of data on this project's machine; `zlib.inflateSync` runs at about 270-300
- * MB/s on one thread, and the grains of one read split between the {@link ScriptThread}s here
- * use every core (two threads: about 515 MB/s, measured in the twenty-third session).
+ * Inflating stream-optimized VMDK grains off the job's event loop: qemu inflates a
+ * stream-optimized VMDK (the disk of nearly every OVA) one grain after another on one thread;
+ * `zlib.inflateSync` is faster than that on one thread, and the grains of one read split between
+ * the {@link ScriptThread}s here use every core (figures: docs/benchmarks.md).
  *
  * A batch names grains by numbers into two `SharedArrayBuffer` views: `src` holds the compressed
  * bytes as read from the file, `dst` receives the inflated bytes the read asked for. Each grain
@@ -11,11 +10,10 @@
  * than its grain size (`maxOutputLength`: a deflate bomb stops there), and the asked part of it
  * is copied into `dst`. Each inflation leaves its output buffer and zlib state to the thread's
  * garbage collector, which lets them pile up (a copy of a 1 GiB disk peaked at 815 MiB): a thread
- * collects its heap whole after every {@link GC_EVERY} bytes it inflated. Measured in process on
- * the 8 GiB `ext4` layout (twenty-third session, the reader's read-ahead 2): without collections
- * 12.0 s and 405 MiB peak; whole collections every 16 MiB 14.2 s, 150 MiB; every 32 MiB 14.5 s,
- * 182 MiB; Bun's quick collection (`Bun.gc(false)`) every 4 or 8 MiB 11.3-12.6 s, 168-198 MiB,
- * too close to the 200 MiB a job may take.
+ * collects its heap whole after every {@link GC_EVERY} bytes it inflated: that keeps a job's peak
+ * RSS well under the 200 MiB a job may take, at a small cost in speed; no collection doubles the
+ * peak, and Bun's quick collection (`Bun.gc(false)`) leaves it too close to the bound (the
+ * measurements: docs/benchmarks.md).
  */
 import { availableParallelism } from 'node:os'
 import { ScriptThread } from '../../script-thread.ts'

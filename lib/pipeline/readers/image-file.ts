@@ -1,5 +1,5 @@
 /**
- * The image file a block-table or raw reader reads (issue 15): opened once by its pinned
+ * The image file a block-table or raw reader reads: opened once by its pinned
  * descriptor (`lib/hostpath.ts`), never by its name again, with the byte range the disk image
  * occupies in it (all of it, or a tar member's data).
  */

@@ -102,7 +102,7 @@ export async function openNbdReader(opts: NbdReaderOptions): Promise<DiskReader>
   const size = client.size
   let closed = false
   // The same node qemu-nbd serves, for the qemu-img copy engine (read-only, shared with qemu-nbd).
-  // Files by this worker's pinned descriptors (/proc/<pid>/fd/N), never by name again (issue 12).
+  // Files by this worker's pinned descriptors (/proc/<pid>/fd/N), never by name again.
   const qemuNode = { ...(await qemuBlockSpec(opts, pinnedProcPath)), 'force-share': true }
 
   return {

@@ -107,7 +107,7 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     }
     const native = disk.backing_chain?.length ? null : await openByBlockTable(disk.disk_format, src.path, { offset: src.offset, length: src.length, label })
     if (native) return refuseLarger(native, disk, label)
-    // `qemu-img check` runs while qemu-nbd starts (both fixed costs of every job, issue 15);
+    // `qemu-img check` runs while qemu-nbd starts (both fixed costs of every job);
     // nothing is read before the check passed, and its refusal wins over qemu-nbd's.
     const check = src.offset === undefined ? refuseDamaged(src.path, disk.disk_format, label) : Promise.resolve()
     check.catch(() => {}) // awaited below

@@ -1,5 +1,5 @@
 /**
- * Disk reader of a qcow2 image without a backing file, by its L1 and L2 tables (issue 15; qemu
+ * Disk reader of a qcow2 image without a backing file, by its L1 and L2 tables (qemu
  * `docs/interop/qcow2.txt`, "Cluster mapping"), in place of qemu-nbd and the qemu-img engine
  * ({@link openBlockMapReader}: the blocks are the image's clusters, copied by the node engine).
  *

@@ -1,5 +1,5 @@
 /**
- * Disk reader of a stream-optimized VMDK (issue 15; VMware "Virtual Disk Format 5.0",
+ * Disk reader of a stream-optimized VMDK (VMware "Virtual Disk Format 5.0",
  * "Stream-Optimized Compressed Sparse Extents", read the way qemu's `block/vmdk.c` reads it), in
  * place of qemu-img and qemu's `vmdk` driver: the disk of an OVA (read in place as a tar member)
  * or a `streamOptimized` VMDK file.
@@ -38,11 +38,10 @@ const MAX_GRAIN_BYTES = 1024 * 1024
 /**
  * A file larger than this share of its stored grains' bytes holds data that barely compresses
  * (random, encrypted or already compressed data: deflate stores it as it is): such a file is left
- * to qemu-img. Measured in the twenty-third session, 1 GiB OVAs, whole jobs against `qemu-img
- * convert` + `sync`: data as `/usr` on ext4 (the file 0.35 of its grains) 1.76-2.22 with this
- * reader, 0.79 read by qemu-img; random data (the file about 1.0 of its grains) 0.76-1.09 with
- * this reader, 1.06-1.42 read by qemu-img, whose one thread has little to inflate there while the
- * threads' per-grain costs show. Between the two, 0.8 is chosen, not measured.
+ * to qemu-img: on data that compresses well this reader's threads win, on data that does not,
+ * qemu-img's one thread has little to inflate while the threads' per-grain costs show (the
+ * measurements: docs/benchmarks.md). The threshold 0.8 lies between the two measured cases
+ * (0.35 and about 1.0); it is chosen, not measured.
  */
 const INCOMPRESSIBLE = 0.8
 

@@ -1,5 +1,5 @@
 /**
- * Disk reader of a VirtualBox VDI (dynamic or fixed) by its block map (issue 15; VirtualBox
+ * Disk reader of a VirtualBox VDI (dynamic or fixed) by its block map (VirtualBox
  * `src/VBox/Storage/VDICore.h`, read the way qemu's `block/vdi.c` reads it), in place of qemu-nbd
  * and qemu's `vdi` driver ({@link openBlockMapReader}).
  *

@@ -1,5 +1,5 @@
 /**
- * Disk reader of a dynamic VHD by its Block Allocation Table (issue 15; Microsoft "Virtual Hard
+ * Disk reader of a dynamic VHD by its Block Allocation Table (Microsoft "Virtual Hard
  * Disk Image Format Specification" v1.0, "Dynamic Disk Header", "Block Allocation Table and Data
  * Blocks"), in place of qemu-nbd and qemu's `vpc` driver ({@link openBlockMapReader}).
  *

@@ -1,5 +1,5 @@
 /**
- * Disk reader of a VHDX without a parent, by its Block Allocation Table (issue 15; MS-VHDX v1.0
+ * Disk reader of a VHDX without a parent, by its Block Allocation Table (MS-VHDX v1.0
  * section 2.5 BAT, 2.5.1.1 payload block states), in place of qemu-nbd: qemu's VHDX driver has
  * no block status, so qemu reports every present block as data and reads it whole, holes and
  * all; this reader ({@link openBlockMapReader}) reads only the bytes the file holds.

@@ -1,6 +1,6 @@
 /**
  * Disk reader of a monolithicSparse VMDK (a hosted sparse extent whose grains are not
- * compressed, with no parent), by its grain directory and grain tables (issue 15; VMware "Virtual
+ * compressed, with no parent), by its grain directory and grain tables (VMware "Virtual
  * Disk Format 5.0", "Hosted Sparse Extents"), in place of qemu-nbd and the qemu-img engine
  * ({@link openBlockMapReader}: the blocks are the grains, copied by the node engine).
  *

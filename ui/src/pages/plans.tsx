@@ -86,7 +86,7 @@ export function PlansPage() {
     <section>
       <h2>Plans</h2>
       <p class="muted small">
-        A bulk plan (<code>POST /plans</code>, README “Bulk plans”) migrates many VMs with dependency ordering and one shared cutover; each VM is an
+        A bulk plan (<code>POST /plans</code>, docs/architecture.md “Bulk plans”) migrates many VMs with dependency ordering and one shared cutover; each VM is an
         ordinary migration.
       </p>
       {err && <ErrorBox code="E_CONSOLE_OFFLINE" message={err} />}

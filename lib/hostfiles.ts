@@ -4,8 +4,13 @@
  */
 import { lstat, opendir, stat } from 'node:fs/promises'
 import * as path from 'node:path'
+import { z } from 'zod'
 import { MigError } from './errors.ts'
 import { relativeToRoot, resolveInRoot, UPLOADS_DIR } from './hostpath.ts'
+import { IMPORTER_KINDS } from './kinds.ts'
+
+/** The body of `POST /host-files/inspect`: `path` relative to, or absolute inside, the import root; `kind` skips detection. */
+export const HostFileInspectBody = z.strictObject({ path: z.string().min(1).max(4096), kind: z.enum(IMPORTER_KINDS).optional() })
 
 /**
  * One entry of a directory listing (spec 2.6).

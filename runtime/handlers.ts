@@ -29,6 +29,7 @@ import * as uploadsInspect from '../handlers/uploads/inspect.ts'
 import * as hostFilesBrowse from '../handlers/host-files/browse.ts'
 import * as hostFilesInspect from '../handlers/host-files/inspect.ts'
 import * as doctorGet from '../handlers/doctor/get.ts'
+import * as openapiGet from '../handlers/openapi/get.ts'
 import * as uiStatic from '../handlers/ui/static.ts'
 
 /** Every endpoint of spec section 4, `GET /doctor` (the pre-flight checks), the serial-log tail and the web console. */
@@ -59,6 +60,8 @@ export const HANDLERS: readonly HandlerModule[] = [
   hostFilesBrowse,
   hostFilesInspect,
   doctorGet,
+  // the OpenAPI 3.1 description of this API (not in spec 4)
+  openapiGet,
   // the web console (not in spec 4): GET /ui/* serves ui/dist
   uiStatic,
 ] as HandlerModule[]

@@ -1,16 +1,13 @@
 // POST /host-files/inspect: detect format and manifest on a host file (spec 4).
-import { z } from 'zod'
 import { MigError } from '../../lib/errors.ts'
+import { HostFileInspectBody as Body } from '../../lib/hostfiles.ts'
 import { resolveInRoot } from '../../lib/hostpath.ts'
 import { inspectInput } from '../../lib/importers/index.ts'
-import { IMPORTER_KINDS } from '../../lib/kinds.ts'
 import { json, readJson } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'
 
 export const method = 'POST'
 export const path = '/host-files/inspect'
-
-const Body = z.strictObject({ path: z.string().min(1).max(4096), kind: z.enum(IMPORTER_KINDS).optional() })
 
 /**
  * Body `{path, kind?}` (path relative to, or absolute inside, the import root; `kind` skips

@@ -31,7 +31,7 @@ export const STATE_CHANGING = new Set(['POST', 'PUT', 'PATCH', 'DELETE'])
  */
 export function checkContentType(request: Request, accepts: NonNullable<HandlerModule['accepts']>): void {
   const declared = request.headers.get('content-type')
-  const essence = declared?.split(';')[0]!.trim().toLowerCase() ?? null
+  const essence = declared === null ? null : (declared.split(';')[0] ?? '').trim().toLowerCase()
   if (essence === accepts) return
   const length = request.headers.get('content-length')
   const hasBody = request.headers.has('transfer-encoding') || (length !== null && length.trim() !== '0')

@@ -39,7 +39,13 @@ export function send(base: string, method: string, p: string, headers: Record<st
   const u = new URL(base + p)
   return new Promise((resolve, reject) => {
     const r = httpRequest(
-      { host: u.hostname, port: u.port, path: u.pathname + u.search, method, headers: { ...(body === undefined ? {} : { 'content-length': String(Buffer.byteLength(body)) }), ...headers } },
+      {
+        host: u.hostname,
+        port: u.port,
+        path: u.pathname + u.search,
+        method,
+        headers: { ...(body === undefined ? {} : { 'content-length': String(Buffer.byteLength(body)) }), ...headers },
+      },
       (res) => {
         const parts: Buffer[] = []
         // the SSE stream never ends: its status and headers are enough

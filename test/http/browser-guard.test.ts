@@ -138,7 +138,14 @@ for (const runtime of RUNTIMES) {
     }, 60_000)
 
     test('what keeps working: loopback names, the allowed host and origins, the own origin, JSON without Origin, a link from elsewhere to the console', async () => {
-      for (const host of [`localhost:${port()}`, `127.0.0.1:${port()}`, '127.1.2.3', `[::1]:${port()}`, `${ALLOWED_HOST}:${port()}`, ALLOWED_HOST.toUpperCase()]) {
+      for (const host of [
+        `localhost:${port()}`,
+        `127.0.0.1:${port()}`,
+        '127.1.2.3',
+        `[::1]:${port()}`,
+        `${ALLOWED_HOST}:${port()}`,
+        ALLOWED_HOST.toUpperCase(),
+      ]) {
         const r = await send(v.base, 'GET', '/sources', { ...v.auth, host })
         expect([host, r.status]).toEqual([host, 200])
       }
@@ -153,7 +160,13 @@ for (const runtime of RUNTIMES) {
         { 'sec-fetch-site': 'none' }, // typed in the address bar
       ]
       for (const [i, headers] of cases.entries()) {
-        const r = await send(v.base, 'POST', '/sources', { ...v.auth, 'content-type': 'application/json; charset=utf-8', ...headers }, JSON.stringify(sourceBody(`${VICTIM_PREFIX}ok-${i}`, 1)))
+        const r = await send(
+          v.base,
+          'POST',
+          '/sources',
+          { ...v.auth, 'content-type': 'application/json; charset=utf-8', ...headers },
+          JSON.stringify(sourceBody(`${VICTIM_PREFIX}ok-${i}`, 1)),
+        )
         expect([headers, r.status]).toEqual([headers, 201])
         created.push(r.body.id)
       }

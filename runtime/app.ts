@@ -93,6 +93,12 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
     allowedOrigins: [...config.allowedOrigins, ...(opts.allowedOrigins ?? [])],
   })
   const { logger } = ctx
+  if ((config.listen.host === '0.0.0.0' || config.listen.host === '::') && config.allowedHosts.length === 0 && !opts.allowedHosts?.length) {
+    logger.warn(
+      { listen: config.listen.host },
+      'listening on every address, but only loopback names are answered (421 otherwise): set MIGRATOR_ALLOWED_HOSTS to the names clients use (docs/security.md)',
+    )
+  }
 
   const sweep = async (staleSeconds?: number) => {
     try {

@@ -9,12 +9,14 @@
  * CSP of the web console (`{base}/ui/`): its scripts, styles and the calls it makes (fetch,
  * EventSource, XMLHttpRequest) come from its own origin only, no inline script or style element,
  * no plugin, no `<base>`, forms post only to itself, and no page may frame it (clickjacking).
- * `img-src data:` is for the `data:,` favicon of `ui/index.html`. Styles set from script through
+ * `'wasm-unsafe-eval'` lets the console compile WebAssembly (hash-wasm computes an upload's
+ * SHA-256 in the browser); it allows no JavaScript `eval`. `img-src data:` is for the `data:,`
+ * favicon of `ui/index.html`. Styles set from script through
  * the CSSOM (Preact's `style={{...}}`) are not inline styles and need no `'unsafe-inline'`.
  */
 export const CONSOLE_CSP = [
   "default-src 'self'",
-  "script-src 'self'",
+  "script-src 'self' 'wasm-unsafe-eval'",
   "style-src 'self'",
   "img-src 'self' data:",
   "connect-src 'self'",

@@ -114,6 +114,12 @@ describe('a cross-site page against the migrator (Chromium, Bun server, Basic au
     await b.page.goto(consoleUrl(v.base, '#/new'))
     await b.page.getByText('big/').first().click()
     await b.page.getByText('..').first().click()
+    // an upload from the page: SHA-256 in the browser (hash-wasm: WebAssembly), then XMLHttpRequest
+    const uploadsBefore = ((await v.call('GET', '/uploads')).body as { items: unknown[] }).items.length
+    await b.page.getByTestId('upload-input').setInputFiles({ name: 'page.img', mimeType: 'application/octet-stream', buffer: Buffer.alloc(64 * 1024, 9) })
+    await b.page.getByText('sha256 ').first().waitFor({ timeout: 30_000 })
+    await b.page.getByText('Uploaded').first().waitFor({ timeout: 30_000 })
+    expect(((await v.call('GET', '/uploads')).body as { items: unknown[] }).items.length).toBe(uploadsBefore + 1)
     await b.page.goto(consoleUrl(v.base, '#/sources'))
     await b.page.getByText(`${VICTIM_PREFIX}vc`).first().waitFor({ timeout: 30_000 })
     expect(await b.page.evaluate(() => (window as any).__csp)).toEqual([])

@@ -40,11 +40,12 @@ export function isLoopbackHostname(hostname: string): boolean {
 const WILDCARD = new Set(['0.0.0.0', '[::]'])
 
 /**
+ * The guard of `opts`: a function that throws `E_MIG_BAD_REQUEST` when a request must not be
+ * served (status 421 for a `Host` this server does not answer to, 403 for a cross-site request)
+ * and returns nothing otherwise. `createApp` runs it before authentication and routing, so a
+ * refused request reaches no handler (and none of the outbound connections some handlers make).
  * Throws a plain Error naming an entry of `opts.allowedHosts` / `opts.allowedOrigins` that is
- * malformed. Returns a function that throws `E_MIG_BAD_REQUEST` when `request` must not be served: status 421 for a
- * `Host` this server does not answer to, 403 for a cross-site request. Returns nothing otherwise.
- * Runs before authentication and routing, so a refused request reaches no handler (and none of
- * the outbound connections some handlers make).
+ * malformed.
  */
 export function createRequestGuard(opts: RequestGuardOptions): (request: Request) => void {
   const hosts = new Set<string>()

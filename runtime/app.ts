@@ -12,7 +12,9 @@ import type { Config } from './config.ts'
 import { createContext, type Ctx } from './context.ts'
 import { HANDLERS } from './handlers.ts'
 import type { Logger } from './logger.ts'
+import { createRequestGuard } from './request-guard.ts'
 import { buildRouter } from './router.ts'
+import { withSecurityHeaders } from './security-headers.ts'
 import { Supervisor, type SupervisorOptions } from './supervisor.ts'
 
 /** The running migrator: its fetch function, its context, and a clean shutdown. */
@@ -49,16 +51,33 @@ function checkBasicAuth(expected: string, header: string | null): boolean {
   return got.length === want.length && timingSafeEqual(got, want)
 }
 
+/** Options of {@link createApp} besides the configuration. */
+export interface AppOptions {
+  logger?: Logger
+  now?: () => Date
+  /** false: no job supervisor (tests that only exercise the API). */
+  runJobs?: boolean
+  supervisor?: Partial<SupervisorOptions>
+  /**
+   * A host daemon mounting the app in-process: the host names (`migrator.example`, `[fd00::5]`)
+   * and origins (`https://migrator.example:8443`) its own server is reached by, added to
+   * `config.allowedHosts` / `config.allowedOrigins` (runtime/request-guard.ts).
+   */
+  allowedHosts?: readonly string[]
+  allowedOrigins?: readonly string[]
+}
+
 /**
  * Builds the app: prepares the data directory and store (see `createContext`), starts the job
  * supervisor (unless `runJobs: false`), removes uploads left half-received by a previous run,
  * starts the upload sweeper.
+ *
+ * Every request goes through, in this order: the request guard (Host 421, cross-site 403), the
+ * Basic guard (401), the router (content type 415 on state-changing routes, then the handler);
+ * every response gets the headers of runtime/security-headers.ts.
  * Throws `KeyringError` or `E_MIG_PERSIST_FAILED` when it cannot start.
  */
-export async function createApp(
-  config: Config,
-  opts: { logger?: Logger; now?: () => Date; runJobs?: boolean; supervisor?: Partial<SupervisorOptions> } = {},
-): Promise<App> {
+export async function createApp(config: Config, opts: AppOptions = {}): Promise<App> {
   const ctx = await createContext(config, opts)
   const supervisor = opts.runJobs === false ? null : new Supervisor(ctx, { ...config.supervisor, ...opts.supervisor })
   if (supervisor) {
@@ -68,7 +87,18 @@ export async function createApp(
   const inspectPool = new InspectPool({ ...config.inspect, retryAfterSeconds: 2 })
   ctx.inspect = (absPath, ictx, kind) => inspectPool.run(absPath, ictx, kind)
   const router = buildRouter(config.basePath, HANDLERS)
+  const guard = createRequestGuard({
+    listenHost: config.listen.host,
+    allowedHosts: [...config.allowedHosts, ...(opts.allowedHosts ?? [])],
+    allowedOrigins: [...config.allowedOrigins, ...(opts.allowedOrigins ?? [])],
+  })
   const { logger } = ctx
+  if ((config.listen.host === '0.0.0.0' || config.listen.host === '::') && config.allowedHosts.length === 0 && !opts.allowedHosts?.length) {
+    logger.warn(
+      { listen: config.listen.host },
+      'listening on every address, but only loopback names are answered (421 otherwise): set MIGRATOR_ALLOWED_HOSTS to the names clients use (docs/security.md)',
+    )
+  }
 
   const sweep = async (staleSeconds?: number) => {
     try {
@@ -90,7 +120,20 @@ export async function createApp(
       const path = new URL(request.url).pathname
       const req = { method: request.method, path }
       let response: Response
-      if (config.basicAuth !== null && !checkBasicAuth(config.basicAuth, request.headers.get('authorization'))) {
+      let refused: Response | null = null
+      try {
+        guard(request)
+      } catch (e) {
+        // a refusal is worth a line: a browser was pointed at the migrator from elsewhere
+        logger.warn(
+          { ...req, host: new URL(request.url).host, origin: request.headers.get('origin'), reason: e instanceof Error ? e.message : String(e) },
+          'request refused',
+        )
+        refused = toErrorResponse(e, logger, req)
+      }
+      if (refused !== null) {
+        response = refused
+      } else if (config.basicAuth !== null && !checkBasicAuth(config.basicAuth, request.headers.get('authorization'))) {
         response = errorResponse(new MigError('E_MIG_AUTH_FAILED', 'authentication required', { status: 401 }), {
           'www-authenticate': 'Basic realm="migrator"',
         })
@@ -103,6 +146,7 @@ export async function createApp(
           response = toErrorResponse(e, logger, req, (s) => redactHostPaths(s, config.importRoot, config.dataDir))
         }
       }
+      response = withSecurityHeaders(response)
       logger.info({ ...req, status: response.status, ms: Math.round(performance.now() - started) }, 'request')
       return response
     },

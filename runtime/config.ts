@@ -50,6 +50,17 @@ export interface Config {
   eventReplayWindow: number
   /** Optional Basic-auth guard `user:password`, required when listening on a non-loopback address. */
   basicAuth: string | null
+  /**
+   * Host names the server answers to besides the loopback names and the `listen` address
+   * (`MIGRATOR_ALLOWED_HOSTS`), as the WHATWG URL parser writes them: lower case, IPv4 dotted,
+   * IPv6 in brackets. Any port. See runtime/request-guard.ts.
+   */
+  allowedHosts: string[]
+  /**
+   * Origins (`scheme://host[:port]`, as `URL.origin` writes them) whose pages may call the API
+   * besides the migrator's own (`MIGRATOR_ALLOWED_ORIGINS`). See runtime/request-guard.ts.
+   */
+  allowedOrigins: string[]
   /** Log level for pino (default `info`; `silent` in tests). */
   logLevel: string
   /** Job supervision: lease (s), heartbeat timeout (s), worker attempts per job. */
@@ -124,6 +135,63 @@ function str(def: string) {
 /** An optional string variable (null when unset). */
 function optional() {
   return z.preprocess(unsetIfEmpty, z.string().nullable().default(null))
+}
+
+/**
+ * A comma-separated list (unset or empty: none); each trimmed, non-empty item goes through
+ * `item`, which returns its canonical form or null when it is malformed (then the variable is
+ * refused, naming the item and `rule`).
+ */
+function commaList(item: (raw: string) => string | null, rule: string) {
+  return z.preprocess(
+    unsetIfEmpty,
+    z
+      .string()
+      .default('')
+      .transform((raw, ctx) => {
+        const out: string[] = []
+        for (const part of raw
+          .split(',')
+          .map((p) => p.trim())
+          .filter(Boolean)) {
+          const canonical = item(part)
+          if (canonical === null) {
+            ctx.addIssue({ code: 'custom', message: `item ${JSON.stringify(part)} ${rule}` })
+            return z.NEVER
+          }
+          out.push(canonical)
+        }
+        return out
+      }),
+  )
+}
+
+/** `raw` parsed by the WHATWG URL parser, or null when it does not parse. */
+function parseUrl(raw: string): URL | null {
+  try {
+    return new URL(raw)
+  } catch {
+    return null
+  }
+}
+
+/**
+ * A bare host name or address (`migrator.example`, `10.0.0.5`, `[fd00::5]`, an optional port
+ * that is ignored) in the form the URL parser gives `URL.hostname`, or null when `raw` is
+ * anything else (a scheme, path, user or query).
+ */
+export function canonicalHostname(raw: string): string | null {
+  const u = parseUrl(`http://${raw}`)
+  if (!u || u.username || u.password || u.pathname !== '/' || u.search || u.hash) return null
+  return u.hostname
+}
+
+/** An origin `http(s)://host[:port]` as `URL.origin` writes it, or null when `raw` is not one (a path, query or user is refused). */
+export function canonicalOrigin(raw: string): string | null {
+  const u = parseUrl(raw)
+  if (!u || (u.protocol !== 'http:' && u.protocol !== 'https:')) return null
+  if (u.username || u.password || u.pathname !== '/' || u.search || u.hash) return null
+  return u.origin
 }
 
 /** A `1` flag (anything else, or unset, is false). */
@@ -207,6 +275,14 @@ export const VARIABLES = {
         .default(null),
     ),
     doc: 'user:password guard for stand-alone installs (401 E_MIG_AUTH_FAILED without it)',
+  },
+  MIGRATOR_ALLOWED_HOSTS: {
+    schema: commaList(canonicalHostname, 'is not a host name or address (name, a.b.c.d or [v6], no scheme or path)'),
+    doc: 'comma list of host names the server answers to besides localhost, 127.0.0.0/8, [::1] and the MIGRATOR_LISTEN address (any port); other Host headers get 421 (docs/security.md)',
+  },
+  MIGRATOR_ALLOWED_ORIGINS: {
+    schema: commaList(canonicalOrigin, 'is not an origin http(s)://host[:port] without path'),
+    doc: "comma list of origins (http(s)://host[:port]) whose pages may send requests besides the migrator's own, e.g. a daemon serving its UI on another origin; other origins get 403 (docs/security.md)",
   },
   MIGRATOR_LOG_LEVEL: { schema: str('info'), doc: 'pino level (silent turns logs off)' },
   MIGRATOR_LEASE_SECONDS: { schema: int(30, 1), doc: 'job lease; a job whose lease expired is resumed by any server' },
@@ -322,6 +398,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     sseHeartbeatSeconds: e.MIGRATOR_SSE_HEARTBEAT_SECONDS,
     eventReplayWindow: e.MIGRATOR_EVENT_REPLAY_WINDOW,
     basicAuth: e.MIGRATOR_BASIC_AUTH,
+    allowedHosts: e.MIGRATOR_ALLOWED_HOSTS,
+    allowedOrigins: e.MIGRATOR_ALLOWED_ORIGINS,
     logLevel: e.MIGRATOR_LOG_LEVEL,
     supervisor: {
       leaseSeconds: e.MIGRATOR_LEASE_SECONDS,

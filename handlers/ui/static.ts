@@ -2,6 +2,7 @@
 // same base path and behind the same authentication.
 import { consoleDir, readConsoleAsset } from '../../lib/ui/assets.ts'
 import type { Ctx } from '../../runtime/context.ts'
+import { CONSOLE_CSP } from '../../runtime/security-headers.ts'
 
 export const method = 'GET'
 export const path = '/ui/*'
@@ -11,7 +12,8 @@ const dir = consoleDir()
 /**
  * 200 with the console file under `{base}/ui/` (`{base}/ui/` itself is `index.html`; `{base}/ui`
  * is redirected there, 308, so relative asset URLs resolve); hashed `assets/` are cacheable
- * forever, the rest revalidated. Throws `E_MIG_NOT_FOUND` (404) for an
+ * forever, the rest revalidated. Served with the console's Content-Security-Policy (the other
+ * browser headers are the app's, runtime/security-headers.ts). Throws `E_MIG_NOT_FOUND` (404) for an
  * unknown file, and with status 503 and the build command when the console is not built.
  */
 export async function handle(request: Request, ctx: Ctx): Promise<Response> {
@@ -27,7 +29,7 @@ export async function handle(request: Request, ctx: Ctx): Promise<Response> {
     headers: {
       'content-type': asset.contentType,
       'cache-control': asset.immutable ? 'public, max-age=31536000, immutable' : 'no-cache',
-      'x-content-type-options': 'nosniff',
+      'content-security-policy': CONSOLE_CSP,
     },
   })
 }

@@ -7,6 +7,8 @@ import { receiveUpload } from '../../lib/uploads/receive.ts'
 
 export const method = 'POST'
 export const path = '/uploads'
+/** The one state-changing route whose body is not JSON (runtime/router.ts checks it). */
+export const accepts = 'multipart/form-data'
 
 /**
  * `multipart/form-data` with the field `file` and an optional `sha256` (form field or query

@@ -38,17 +38,18 @@ export function offlinePlan(kind: string, rel: string, extra: Record<string, unk
   return { source: { Offline: kind }, source_ref: { kind: 'offline_host_path', path: rel }, mode: 'Cold', ...extra }
 }
 
-/** Polls `GET /migrations/:id` every 100 ms until `pred(job)` holds (default: a terminal status). */
+/** Polls `GET /migrations/:id` every 100 ms until `pred(job)` holds (default: a terminal status); `headers` go with each poll (e.g. Basic credentials). */
 export async function waitJob(
   base: string,
   id: string,
   pred: (job: any) => boolean = (j) => ['completed', 'failed', 'cancelled'].includes(j.status),
   timeoutMs = 120_000,
+  headers: Record<string, string> = {},
 ): Promise<any> {
   const deadline = Date.now() + timeoutMs
   let job: any = null
   while (Date.now() < deadline) {
-    job = (await call(base, 'GET', `/migrations/${id}`)).body
+    job = (await call(base, 'GET', `/migrations/${id}`, undefined, headers)).body
     if (pred(job)) return job
     await new Promise((r) => setTimeout(r, 100))
   }

@@ -62,7 +62,7 @@ function Browser({ onInspect }: { onInspect(path: string): void }) {
           {dir !== '' && (
             <tr>
               <td colSpan={3}>
-                <a href="javascript:void 0" onClick={() => setDir(up)}>
+                <a href="#" onClick={(e) => (e.preventDefault(), setDir(up))}>
                   ..
                 </a>
               </td>
@@ -72,7 +72,7 @@ function Browser({ onInspect }: { onInspect(path: string): void }) {
             <tr key={f.path} data-file={f.path}>
               <td>
                 {f.type === 'directory' ? (
-                  <a href="javascript:void 0" onClick={() => setDir(f.path)}>
+                  <a href="#" onClick={(e) => (e.preventDefault(), setDir(f.path))}>
                     📁 {f.name}/
                   </a>
                 ) : (

@@ -73,7 +73,6 @@ export interface BootCheckResult {
   source: BootEvidenceSource | null
 }
 
-
 /** Verdict of a serial log: `failed` / `booted` with the reason, or `null` when it shows neither. */
 export type SerialVerdict = { verdict: 'failed' | 'booted'; why: string } | null
 
@@ -110,10 +109,7 @@ const FAILURES: Array<[RegExp, (m: RegExpExecArray, text: string) => string]> = 
   // OVMF: each boot option that fails prints "BdsDxe: failed to load"; the next may still boot, so
   // only the end of the list counts: its UEFI Shell (the last boot option of Debian's OVMF) or
   // "No bootable option or device was found".
-  [
-    /No bootable option or device was found/,
-    (_m, text) => `OVMF found no bootable option or device${ovmfFailedLoads(text)}: ${UEFI_LOADER_FIX}`,
-  ],
+  [/No bootable option or device was found/, (_m, text) => `OVMF found no bootable option or device${ovmfFailedLoads(text)}: ${UEFI_LOADER_FIX}`],
   [
     /UEFI Interactive Shell v|^\s*Shell> ?$|startup\.nsh/m,
     (_m, text) => `OVMF found no boot loader it could start and dropped to its UEFI Shell${ovmfFailedLoads(text)}: ${UEFI_LOADER_FIX}`,
@@ -255,67 +251,66 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
   }
 
   async function loop(): Promise<BootCheckResult> {
-
-  async function failure(state: DomainState | null, why: string, source: BootEvidenceSource): Promise<never> {
-    const tail = await serialTail(serialLogPath)
-    const st = state ? `${state.state}${state.reason ? ` (${state.reason})` : ''}` : 'unknown'
-    const waited = ((Date.now() - t0) / 1000).toFixed(1)
-    throw new MigError(
-      'E_MIG_GUEST_BOOT_FAILED',
-      `domain ${name} did not boot: ${why}; state ${st} after ${waited} s` +
-        (tail.length ? `; serial log (last ${tail.length} lines):\n${tail.join('\n')}` : '; serial log empty') +
-        (source === 'screen' ? `; the guest's screen (OCR, last 20 lines):\n${screenTail(screenText).join('\n')}` : ''),
-      {
-        details: {
-          domain: name,
-          state: state?.state ?? null,
-          reason: state?.reason ?? null,
-          serial_tail: tail,
-          screen_tail: screenTail(screenText),
-          why,
-          source,
-          waited_seconds: Number(waited),
+    async function failure(state: DomainState | null, why: string, source: BootEvidenceSource): Promise<never> {
+      const tail = await serialTail(serialLogPath)
+      const st = state ? `${state.state}${state.reason ? ` (${state.reason})` : ''}` : 'unknown'
+      const waited = ((Date.now() - t0) / 1000).toFixed(1)
+      throw new MigError(
+        'E_MIG_GUEST_BOOT_FAILED',
+        `domain ${name} did not boot: ${why}; state ${st} after ${waited} s` +
+          (tail.length ? `; serial log (last ${tail.length} lines):\n${tail.join('\n')}` : '; serial log empty') +
+          (source === 'screen' ? `; the guest's screen (OCR, last 20 lines):\n${screenTail(screenText).join('\n')}` : ''),
+        {
+          details: {
+            domain: name,
+            state: state?.state ?? null,
+            reason: state?.reason ?? null,
+            serial_tail: tail,
+            screen_tail: screenTail(screenText),
+            why,
+            source,
+            waited_seconds: Number(waited),
+          },
         },
-      },
-    )
-  }
+      )
+    }
 
-  for (;;) {
-    const state = await input.virsh.stateDetail(name)
-    if (state.state === 'crashed' || state.reason === 'crashed' || state.reason === 'panicked') {
-      return failure(state, 'the domain crashed (a guest kernel panic reported by its pvpanic device, or qemu died)', 'state')
+    for (;;) {
+      const state = await input.virsh.stateDetail(name)
+      if (state.state === 'crashed' || state.reason === 'crashed' || state.reason === 'panicked') {
+        return failure(state, 'the domain crashed (a guest kernel panic reported by its pvpanic device, or qemu died)', 'state')
+      }
+      if (state.state !== 'running') return failure(state, 'the domain is not running', 'state')
+      const text = serialLogPath ? await readTail(serialLogPath, MATCH_WINDOW) : ''
+      const serialVerdict = classifySerial(text)
+      if (serialVerdict?.verdict === 'failed') return failure(state, serialVerdict.why, 'serial')
+      const seen = screenVerdict as SerialVerdict
+      if (seen?.verdict === 'failed') return failure(state, seen.why, 'screen')
+      const verdict = serialVerdict ?? seen
+      const verdictSource: BootEvidenceSource = serialVerdict ? 'serial' : 'screen'
+      if (expectSerial && !matched) {
+        expectSerial.lastIndex = 0
+        matched = expectSerial.test(text)
+      }
+      const elapsed = Date.now() - t0
+      const proof = matched ? `the serial log matched ${expectSerial}` : verdict?.verdict === 'booted' ? verdict.why : null
+      const source: BootEvidenceSource = matched ? 'pattern' : verdictSource
+      if (proof && elapsed >= graceMs) return { state, waitedSeconds: elapsed / 1000, serialMatched: matched, verified: true, evidence: proof, source }
+      if (!proof && elapsed >= deadlineMs) {
+        if (expectSerial) return failure(state, `the serial log did not match ${expectSerial} within ${deadlineMs / 1000} s`, 'pattern')
+        const screenWhy = !input.screen
+          ? 'its screen is not read'
+          : input.screen.unavailable
+            ? `its screen could not be read (${input.screen.unavailable})`
+            : 'nor did its screen'
+        const evidence = input.expectEvidence
+          ? `the domain is running after ${(elapsed / 1000).toFixed(0)} s but its serial console showed neither a boot nor a failure, ${screenWhy}`
+          : `the domain is running after ${(elapsed / 1000).toFixed(0)} s; the guest gives no boot evidence the migrator can read (no serial console output it recognizes, ${screenWhy})`
+        return { state, waitedSeconds: elapsed / 1000, serialMatched: false, verified: false, evidence, source: null }
+      }
+      pollScreen()
+      await sleep(Math.min(pollMs, Math.max(10, (proof ? graceMs : deadlineMs) - elapsed)), input.signal)
     }
-    if (state.state !== 'running') return failure(state, 'the domain is not running', 'state')
-    const text = serialLogPath ? await readTail(serialLogPath, MATCH_WINDOW) : ''
-    const serialVerdict = classifySerial(text)
-    if (serialVerdict?.verdict === 'failed') return failure(state, serialVerdict.why, 'serial')
-    const seen = screenVerdict as SerialVerdict
-    if (seen?.verdict === 'failed') return failure(state, seen.why, 'screen')
-    const verdict = serialVerdict ?? seen
-    const verdictSource: BootEvidenceSource = serialVerdict ? 'serial' : 'screen'
-    if (expectSerial && !matched) {
-      expectSerial.lastIndex = 0
-      matched = expectSerial.test(text)
-    }
-    const elapsed = Date.now() - t0
-    const proof = matched ? `the serial log matched ${expectSerial}` : verdict?.verdict === 'booted' ? verdict.why : null
-    const source: BootEvidenceSource = matched ? 'pattern' : verdictSource
-    if (proof && elapsed >= graceMs) return { state, waitedSeconds: elapsed / 1000, serialMatched: matched, verified: true, evidence: proof, source }
-    if (!proof && elapsed >= deadlineMs) {
-      if (expectSerial) return failure(state, `the serial log did not match ${expectSerial} within ${deadlineMs / 1000} s`, 'pattern')
-      const screenWhy = !input.screen
-        ? 'its screen is not read'
-        : input.screen.unavailable
-          ? `its screen could not be read (${input.screen.unavailable})`
-          : 'nor did its screen'
-      const evidence = input.expectEvidence
-        ? `the domain is running after ${(elapsed / 1000).toFixed(0)} s but its serial console showed neither a boot nor a failure, ${screenWhy}`
-        : `the domain is running after ${(elapsed / 1000).toFixed(0)} s; the guest gives no boot evidence the migrator can read (no serial console output it recognizes, ${screenWhy})`
-      return { state, waitedSeconds: elapsed / 1000, serialMatched: false, verified: false, evidence, source: null }
-    }
-    pollScreen()
-    await sleep(Math.min(pollMs, Math.max(10, (proof ? graceMs : deadlineMs) - elapsed)), input.signal)
-  }
   }
 }
 

@@ -28,7 +28,8 @@ export interface ScreenVirsh {
 /**
  * A reader of one domain's screen. `read()` resolves with the OCR text of the current screen, the
  * previous text when the image is unchanged, or null when no text could be read (`unavailable`
- * then holds the reason). `close()` removes its temporary directory.
+ * then holds the reason); it settles promptly when `signal` aborts (Tesseract is killed).
+ * `close()` removes its temporary directory.
  */
 export interface ScreenReader {
   read(signal?: AbortSignal): Promise<string | null>

@@ -47,7 +47,11 @@ export function planUefiBoot(esps: EspInfo[]): UefiBootPlan {
     const found = esp.loaders.find((l) => REMOVABLE.test(l))
     if (found) {
       return {
-        record: { method: 'removable-path', loader: backslash(found), detail: `the EFI system partition ${esp.device} has the removable-path loader ${backslash(found)}` },
+        record: {
+          method: 'removable-path',
+          loader: backslash(found),
+          detail: `the EFI system partition ${esp.device} has the removable-path loader ${backslash(found)}`,
+        },
         copy: null,
       }
     }
@@ -87,7 +91,10 @@ export function planUefiBoot(esps: EspInfo[]): UefiBootPlan {
 async function mtools(cmd: string, args: string[], signal?: AbortSignal): Promise<void> {
   const r = await exec(cmd, args, { timeoutMs: 120_000, signal, env: { ...process.env, MTOOLS_SKIP_CHECK: '1', LC_ALL: 'C' } })
   if (r.code !== 0) {
-    throw new MigError('E_MIG_GUEST_BOOT_FAILED', `${cmd} ${args.join(' ')}: ${(r.spawnError?.message ?? r.stderr).trim().slice(0, 500) || `exit status ${r.code}`}`)
+    throw new MigError(
+      'E_MIG_GUEST_BOOT_FAILED',
+      `${cmd} ${args.join(' ')}: ${(r.spawnError?.message ?? r.stderr).trim().slice(0, 500) || `exit status ${r.code}`}`,
+    )
   }
 }
 

@@ -154,7 +154,31 @@ export interface HardwareRecord {
   firmware: 'bios' | 'efi'
   reason: string
   inspected: boolean
-  boot: { verified: boolean; evidence: string } | null
+  /**
+   * The boot check's verdict: `verified`, `evidence` in words, and `source`, which evidence decided
+   * (`serial` console, `screen` OCR, the operator's serial `pattern`, the domain `state`; null when
+   * nothing did).
+   */
+  boot: { verified: boolean; evidence: string; source?: BootEvidenceSource | null } | null
+  /** UEFI guests: how OVMF finds the boot loader (lib/domain/uefi-boot.ts); absent or null for BIOS guests. */
+  uefi_boot?: UefiBootRecord | null
+}
+
+/** Which evidence decided a boot check: the serial console, the screen (OCR), the operator's serial pattern, the domain state. */
+export type BootEvidenceSource = 'serial' | 'screen' | 'pattern' | 'state'
+
+/**
+ * How OVMF finds a UEFI guest's boot loader (lib/domain/uefi-boot.ts):
+ * - `method`: `removable-path` (the ESP already has `\EFI\BOOT\BOOTX64.EFI`), `fallback-installed`
+ *   (the migrator copied `loader` there on the destination volume), `none` (no loader on any ESP:
+ *   OVMF will not boot it, the boot check reports OVMF's words), `not-inspected` (no ESP was read).
+ * - `loader`: the guest path of the loader found or copied from (backslashes), null for `none`.
+ * - `detail`: the same in words.
+ */
+export interface UefiBootRecord {
+  method: 'removable-path' | 'fallback-installed' | 'none' | 'not-inspected'
+  loader: string | null
+  detail: string
 }
 
 /** The job resource as the API returns it. Timestamps are ISO-8601 UTC. */

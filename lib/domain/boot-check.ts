@@ -5,8 +5,13 @@
  * - the domain state: any state but `running` fails; `crashed` / `shut off (crashed)` is a guest
  *   kernel panic reported through the domain's pvpanic device (or qemu died);
  * - the serial console log, classified by {@link classifySerial}: kernel panic, the initramfs
- *   shell, "Gave up waiting for root", emergency mode, GRUB rescue fail at once; a `login:`
- *   prompt or systemd reaching the multi-user / graphical target prove a boot;
+ *   shell, "Gave up waiting for root", emergency mode, GRUB rescue, OVMF's UEFI Shell / "No
+ *   bootable option" fail at once; a `login:` prompt or systemd reaching the multi-user /
+ *   graphical target prove a boot;
+ * - the guest's screen (`screen`, lib/domain/screen.ts: `virsh screenshot` read by Tesseract OCR),
+ *   classified by {@link classifyScreen} with the same rules: the evidence of a guest that does not
+ *   write its boot to the serial console (the usual VMware guest). Read in the background every
+ *   `screenEveryMs`, so a slow OCR never delays the serial and state checks;
  * - `expectSerial` (optional operator pattern, MIGRATOR_BOOT_SERIAL_PATTERN): a match proves a
  *   boot; no match within the timeout fails (as before);
  * - `expectEvidence`: the static inspection says the guest writes its boot to the serial console
@@ -17,6 +22,8 @@
  */
 import { open } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
+import type { BootEvidenceSource } from '../job.ts'
+import type { ScreenReader } from './screen.ts'
 import type { DomainState } from './virsh.ts'
 
 /** The part of {@link Virsh} the boot check uses (a test may pass a double). */
@@ -31,7 +38,10 @@ export interface BootCheckVirsh {
  * - `expectSerial`: a pattern the serial log must match (matched against its last 1 MiB).
  * - `timeoutSeconds`: how long to wait for `expectSerial` or, with `expectEvidence`, for any
  *   evidence (the check lasts at least `graceSeconds`).
- * - `expectEvidence`: the guest is known to write its boot to the serial console.
+ * - `expectEvidence`: the guest is known to give evidence (it writes its boot to the serial
+ *   console, or its screen is read and it is a Linux guest whose screen shows a login prompt).
+ * - `screen`: the reader of the domain's screen (lib/domain/screen.ts), optional.
+ * - `screenEveryMs`: the least interval between two screen reads (default 5000 ms).
  * - `signal`: aborts the wait with `E_MIG_CANCELLED`.
  */
 export interface BootCheckInput {
@@ -41,6 +51,8 @@ export interface BootCheckInput {
   serialLogPath?: string
   expectSerial?: RegExp
   expectEvidence?: boolean
+  screen?: ScreenReader
+  screenEveryMs?: number
   timeoutSeconds: number
   pollMs?: number
   signal?: AbortSignal
@@ -49,7 +61,8 @@ export interface BootCheckInput {
 /**
  * What a passing check saw: the final state, seconds waited, whether the operator's serial pattern
  * matched, whether a boot is `verified` by evidence, and `evidence` in words (what proved the boot,
- * or why nothing could).
+ * or why nothing could), and `source`: which evidence decided (`serial` console, `screen` OCR, the
+ * operator's serial `pattern`), null when unverified.
  */
 export interface BootCheckResult {
   state: DomainState
@@ -57,10 +70,25 @@ export interface BootCheckResult {
   serialMatched: boolean
   verified: boolean
   evidence: string
+  source: BootEvidenceSource | null
 }
 
 /** Verdict of a serial log: `failed` / `booted` with the reason, or `null` when it shows neither. */
 export type SerialVerdict = { verdict: 'failed' | 'booted'; why: string } | null
+
+/** OVMF's `BdsDxe: failed to load Boot0001 "UEFI Misc Device" from …: Not Found` lines of `text` (at most 3, the device path cut). */
+function ovmfFailedLoads(text: string): string {
+  const lines = [...text.matchAll(/BdsDxe: failed to load (Boot[0-9A-Fa-f]{4}) ("[^"\r\n]*")[^\r\n]*?(?::\s*([^\r\n:]+))?\s*$/gm)].map(
+    (m) => `BdsDxe: failed to load ${m[1]} ${m[2]}${m[3] ? `: ${m[3].trim()}` : ''}`,
+  )
+  return lines.length ? ` (OVMF: ${lines.slice(-3).join('; ')})` : ''
+}
+
+/** The fix of a UEFI guest OVMF found no loader for (its boot entry lived in the source hypervisor's NVRAM). */
+const UEFI_LOADER_FIX =
+  'the EFI system partition has no loader at the removable path \\EFI\\BOOT\\BOOTX64.EFI and the domain NVRAM no boot entry for one; ' +
+  'fix: install the boot loader on the source (grub-install --removable, or copy \\EFI\\<vendor>\\shimx64.efi or grubx64.efi to \\EFI\\BOOT\\BOOTX64.EFI) and migrate again, ' +
+  'or set the plan firmware to bios if the disk has BIOS boot code'
 
 const FAILURES: Array<[RegExp, (m: RegExpExecArray, text: string) => string]> = [
   [/Kernel panic - not syncing:?\s*([^\r\n]*)/, (m) => `the guest kernel panicked: ${m[1]!.trim().slice(0, 200)}`],
@@ -77,7 +105,15 @@ const FAILURES: Array<[RegExp, (m: RegExpExecArray, text: string) => string]> = 
   // Only final words: GRUB prints harmless "error: file ... not found" (locale files) and SeaBIOS
   // "Boot failed" for one device before it boots from the next, so neither counts by itself.
   [/grub rescue>|error: you need to load the kernel first/, () => 'GRUB could not load the kernel (grub rescue)'],
-  [/No bootable device|No bootable option or device was found/, () => 'the firmware found no bootable disk'],
+  [/No bootable device/, () => 'the firmware found no bootable disk'],
+  // OVMF: each boot option that fails prints "BdsDxe: failed to load"; the next may still boot, so
+  // only the end of the list counts: its UEFI Shell (the last boot option of Debian's OVMF) or
+  // "No bootable option or device was found".
+  [/No bootable option or device was found/, (_m, text) => `OVMF found no bootable option or device${ovmfFailedLoads(text)}: ${UEFI_LOADER_FIX}`],
+  [
+    /UEFI Interactive Shell v|^\s*Shell> ?$|startup\.nsh/m,
+    (_m, text) => `OVMF found no boot loader it could start and dropped to its UEFI Shell${ovmfFailedLoads(text)}: ${UEFI_LOADER_FIX}`,
+  ],
 ]
 const SUCCESSES: Array<[RegExp, string]> = [
   // The prompt ends its line, or a kernel console message (`[   42.685758] …`) follows it on the
@@ -85,6 +121,18 @@ const SUCCESSES: Array<[RegExp, string]> = [
   [/^[^\r\n]*\blogin: *(?:\r?$|\[ *\d+\.\d+\] )/m, 'a login prompt on the serial console'],
   [/Reached target[^\r\n]*(?:Multi-User System|Graphical Interface)/, 'systemd reached the multi-user target'],
 ]
+
+/**
+ * Classifies the OCR text of the guest's screen ({@link ScreenReader}): the serial rules of
+ * {@link classifySerial}, and a `login:` prompt followed by the text cursor (`_`), which OCR reads
+ * at the end of the prompt's line.
+ */
+export function classifyScreen(text: string): SerialVerdict {
+  const v = classifySerial(text)
+  if (v) return { verdict: v.verdict, why: v.verdict === 'booted' ? `${v.why.replace(' on the serial console', '')} on the guest's screen (OCR)` : v.why }
+  if (/^[^\n]*\blogin: *[_|]? *$/m.test(text)) return { verdict: 'booted', why: "a login prompt on the guest's screen (OCR)" }
+  return null
+}
 
 /**
  * Classifies a serial console log (latin1 text): failure patterns (kernel panic, root device not
@@ -168,42 +216,109 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
   const deadlineMs = expectSerial || input.expectEvidence ? timeoutMs : graceMs
   const t0 = Date.now()
   let matched = false
-
-  const failure = async (state: DomainState | null, why: string): Promise<never> => {
-    const tail = await serialTail(serialLogPath)
-    const st = state ? `${state.state}${state.reason ? ` (${state.reason})` : ''}` : 'unknown'
-    const waited = ((Date.now() - t0) / 1000).toFixed(1)
-    throw new MigError(
-      'E_MIG_GUEST_BOOT_FAILED',
-      `domain ${name} did not boot: ${why}; state ${st} after ${waited} s` +
-        (tail.length ? `; serial log (last ${tail.length} lines):\n${tail.join('\n')}` : '; serial log empty'),
-      { details: { domain: name, state: state?.state ?? null, reason: state?.reason ?? null, serial_tail: tail, why, waited_seconds: Number(waited) } },
-    )
+  // The screen is read in the background: one OCR can take seconds, the state and serial polls go on.
+  const screenEveryMs = input.screenEveryMs ?? 5000
+  const screenStop = new AbortController()
+  const onAbort = () => screenStop.abort()
+  input.signal?.addEventListener('abort', onAbort, { once: true })
+  let screenPending: Promise<void> | null = null
+  let screenAt = -Infinity
+  let screenVerdict: SerialVerdict = null
+  let screenText = ''
+  const pollScreen = () => {
+    if (!input.screen || screenPending || Date.now() - screenAt < screenEveryMs) return
+    screenAt = Date.now()
+    screenPending = input.screen
+      .read(screenStop.signal)
+      .then((text) => {
+        if (text !== null) {
+          screenText = text
+          screenVerdict = classifyScreen(text)
+        }
+      })
+      .catch(() => undefined)
+      .finally(() => {
+        screenPending = null
+        screenAt = Date.now()
+      })
+  }
+  try {
+    return await loop()
+  } finally {
+    input.signal?.removeEventListener('abort', onAbort)
+    screenStop.abort()
+    await screenPending
   }
 
-  for (;;) {
-    const state = await input.virsh.stateDetail(name)
-    if (state.state === 'crashed' || state.reason === 'crashed' || state.reason === 'panicked') {
-      return failure(state, 'the domain crashed (a guest kernel panic reported by its pvpanic device, or qemu died)')
+  async function loop(): Promise<BootCheckResult> {
+    async function failure(state: DomainState | null, why: string, source: BootEvidenceSource): Promise<never> {
+      const tail = await serialTail(serialLogPath)
+      const st = state ? `${state.state}${state.reason ? ` (${state.reason})` : ''}` : 'unknown'
+      const waited = ((Date.now() - t0) / 1000).toFixed(1)
+      throw new MigError(
+        'E_MIG_GUEST_BOOT_FAILED',
+        `domain ${name} did not boot: ${why}; state ${st} after ${waited} s` +
+          (tail.length ? `; serial log (last ${tail.length} lines):\n${tail.join('\n')}` : '; serial log empty') +
+          (source === 'screen' ? `; the guest's screen (OCR, last 20 lines):\n${screenTail(screenText).join('\n')}` : ''),
+        {
+          details: {
+            domain: name,
+            state: state?.state ?? null,
+            reason: state?.reason ?? null,
+            serial_tail: tail,
+            screen_tail: screenTail(screenText),
+            why,
+            source,
+            waited_seconds: Number(waited),
+          },
+        },
+      )
     }
-    if (state.state !== 'running') return failure(state, 'the domain is not running')
-    const text = serialLogPath ? await readTail(serialLogPath, MATCH_WINDOW) : ''
-    const verdict = classifySerial(text)
-    if (verdict?.verdict === 'failed') return failure(state, verdict.why)
-    if (expectSerial && !matched) {
-      expectSerial.lastIndex = 0
-      matched = expectSerial.test(text)
+
+    for (;;) {
+      const state = await input.virsh.stateDetail(name)
+      if (state.state === 'crashed' || state.reason === 'crashed' || state.reason === 'panicked') {
+        return failure(state, 'the domain crashed (a guest kernel panic reported by its pvpanic device, or qemu died)', 'state')
+      }
+      if (state.state !== 'running') return failure(state, 'the domain is not running', 'state')
+      const text = serialLogPath ? await readTail(serialLogPath, MATCH_WINDOW) : ''
+      const serialVerdict = classifySerial(text)
+      if (serialVerdict?.verdict === 'failed') return failure(state, serialVerdict.why, 'serial')
+      const seen = screenVerdict as SerialVerdict
+      if (seen?.verdict === 'failed') return failure(state, seen.why, 'screen')
+      const verdict = serialVerdict ?? seen
+      const verdictSource: BootEvidenceSource = serialVerdict ? 'serial' : 'screen'
+      if (expectSerial && !matched) {
+        expectSerial.lastIndex = 0
+        matched = expectSerial.test(text)
+      }
+      const elapsed = Date.now() - t0
+      const proof = matched ? `the serial log matched ${expectSerial}` : verdict?.verdict === 'booted' ? verdict.why : null
+      const source: BootEvidenceSource = matched ? 'pattern' : verdictSource
+      if (proof && elapsed >= graceMs) return { state, waitedSeconds: elapsed / 1000, serialMatched: matched, verified: true, evidence: proof, source }
+      if (!proof && elapsed >= deadlineMs) {
+        if (expectSerial) return failure(state, `the serial log did not match ${expectSerial} within ${deadlineMs / 1000} s`, 'pattern')
+        const screenWhy = !input.screen
+          ? 'its screen is not read'
+          : input.screen.unavailable
+            ? `its screen could not be read (${input.screen.unavailable})`
+            : 'nor did its screen'
+        const evidence = input.expectEvidence
+          ? `the domain is running after ${(elapsed / 1000).toFixed(0)} s but its serial console showed neither a boot nor a failure, ${screenWhy}`
+          : `the domain is running after ${(elapsed / 1000).toFixed(0)} s; the guest gives no boot evidence the migrator can read (no serial console output it recognizes, ${screenWhy})`
+        return { state, waitedSeconds: elapsed / 1000, serialMatched: false, verified: false, evidence, source: null }
+      }
+      pollScreen()
+      await sleep(Math.min(pollMs, Math.max(10, (proof ? graceMs : deadlineMs) - elapsed)), input.signal)
     }
-    const elapsed = Date.now() - t0
-    const proof = matched ? `the serial log matched ${expectSerial}` : verdict?.verdict === 'booted' ? verdict.why : null
-    if (proof && elapsed >= graceMs) return { state, waitedSeconds: elapsed / 1000, serialMatched: matched, verified: true, evidence: proof }
-    if (!proof && elapsed >= deadlineMs) {
-      if (expectSerial) return failure(state, `the serial log did not match ${expectSerial} within ${deadlineMs / 1000} s`)
-      const evidence = input.expectEvidence
-        ? `the domain is running after ${(elapsed / 1000).toFixed(0)} s but its serial console showed neither a boot nor a failure`
-        : `the domain is running after ${(elapsed / 1000).toFixed(0)} s; the guest gives no boot evidence the migrator can read (no serial console output it recognizes)`
-      return { state, waitedSeconds: elapsed / 1000, serialMatched: false, verified: false, evidence }
-    }
-    await sleep(Math.min(pollMs, Math.max(10, (proof ? graceMs : deadlineMs) - elapsed)), input.signal)
   }
+}
+
+/** The last 20 non-empty lines of OCR text. */
+function screenTail(text: string): string[] {
+  return text
+    .split('\n')
+    .map((l) => l.trimEnd())
+    .filter(Boolean)
+    .slice(-20)
 }

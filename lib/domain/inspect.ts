@@ -14,7 +14,8 @@
  *    every file system's UUID and label, `/etc/fstab`, GRUB's `grub.cfg` default entry (kernel
  *    version and command line: `root=`, `console=`), the initramfs of that kernel (listed on the
  *    host with `lsinitramfs`), the kernel's `modules.builtin` and `modules.dep` (drivers built in /
- *    installed). Under TCG one launch costs seconds (see docs/architecture.md "Bootable hardware and the boot check"), paid once per job.
+ *    installed), and the UEFI loaders of every FAT file system (`/EFI/<dir>/<name>.efi`, {@link EspInfo}).
+ *    Under TCG one launch costs seconds (see docs/boot-check.md), paid once per job.
  *
  * Nothing is written to the guest. Failures of the inspection itself are not job failures: the
  * result says `inspected: false` with the reason, and the caller falls back to the family defaults.
@@ -53,6 +54,7 @@ export interface GuestFilesystem {
  *   kernel module names it holds (`-` spelled `_`); `builtinModules`: the kernel's built-ins;
  *   `installedModules`: every module in `modules.dep`.
  * - `esp`: a FAT file system is present (an EFI system partition candidate).
+ * - `esps`: each FAT file system's loaders and where it lies on its disk ({@link EspInfo}).
  * - `seconds`: wall time of the libguestfs stage.
  */
 export interface GuestInspection {
@@ -70,7 +72,25 @@ export interface GuestInspection {
   builtinModules: string[]
   installedModules: string[]
   esp: boolean
+  esps: EspInfo[]
   seconds: number
+}
+
+/**
+ * A FAT file system (EFI system partition candidate) of the guest:
+ * - `device`: appliance name (`/dev/sda2`); `disk`: index of its disk in the inspected list;
+ *   `partition`: its partition number (null for a whole-disk FAT); `offsetBytes`: where it starts
+ *   on that disk (0 for a whole-disk FAT).
+ * - `loaders`: every `.efi` file one or two levels under `/EFI` (`/EFI/debian/shimx64.efi`,
+ *   `/EFI/BOOT/BOOTX64.EFI`, `/EFI/Microsoft/Boot/bootmgfw.efi`), spelled as stored (FAT is
+ *   case-insensitive: compare without case).
+ */
+export interface EspInfo {
+  device: string
+  disk: number
+  partition: number | null
+  offsetBytes: number
+  loaders: string[]
 }
 
 /**
@@ -100,6 +120,7 @@ function empty(skipped: string, layout: DiskLayout | null): GuestInspection {
     builtinModules: [],
     installedModules: [],
     esp: false,
+    esps: [],
     seconds: 0,
   }
 }
@@ -216,6 +237,38 @@ export function parseFstab(text: string): GuestInspection['fstab'] {
   return out
 }
 
+/** Where FAT file system `device` lies and which `.efi` loaders it holds (null when it cannot be mounted). */
+async function readEsp(fish: Fish, device: string): Promise<EspInfo | null> {
+  let disk = 0
+  let partition: number | null = null
+  let offsetBytes = 0
+  const whole = ((await fish.tryRun(['part-to-dev', device])) ?? '').trim()
+  if (whole) {
+    partition = Number(((await fish.tryRun(['part-to-partnum', device])) ?? '').trim()) || null
+    const letters = /^\/dev\/(?:sd|vd|hd)([a-z]+)$/.exec(whole)?.[1] ?? 'a'
+    disk = [...letters].reduce((n, c) => n * 26 + (c.charCodeAt(0) - 96), 0) - 1
+    const parts = (await fish.tryRun(['part-list', whole])) ?? ''
+    // part-list prints records: `[0] = { part_num: 2 part_start: 2097152 part_end: … part_size: … }`.
+    for (const rec of parts.split(/\[\d+\] = /)) {
+      const num = /part_num: (\d+)/.exec(rec)?.[1]
+      const start = /part_start: (\d+)/.exec(rec)?.[1]
+      if (num && start && Number(num) === partition) offsetBytes = Number(start)
+    }
+  }
+  if ((await fish.tryRun(['mount-ro', device, '/'])) === null) return null
+  try {
+    const found = ((await fish.tryRun(['find', '/'])) ?? '')
+      .split('\n')
+      .map((l) => l.trim())
+      .filter((l) => /^efi\/[^/]+\/(?:[^/]+\/)?[^/]+\.efi$/i.test(l))
+      .map((l) => `/${l}`)
+      .sort()
+    return { device, disk, partition, offsetBytes, loaders: found }
+  } finally {
+    await fish.tryRun(['umount', '/'])
+  }
+}
+
 /**
  * Inspects the guest on `disks` (raw images or block devices, boot disk first) read-only. Skips
  * libguestfs (result `inspected: false`) when the boot disk has neither partitions nor a file
@@ -254,6 +307,10 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
       const label = ((await fish.tryRun(['vfs-label', device!])) ?? '').trim()
       result.filesystems.push({ device: device!, type: type!, uuid, label })
       if (type === 'vfat') result.esp = true
+    }
+    for (const fs of result.filesystems.filter((f) => f.type === 'vfat')) {
+      const info = await readEsp(fish, fs.device)
+      if (info) result.esps.push(info)
     }
     const roots = (await fish.run(['inspect-os']))
       .split('\n')

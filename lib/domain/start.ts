@@ -11,7 +11,9 @@
  * Failure after define: the domain is left **defined but stopped** (a failed `start` leaves it shut
  * off; a failed boot check destroys it first), so the operator can inspect the definition and the
  * serial log; the orchestrator decides whether to undefine it (`Virsh.undefine`). The disks are
- * touched only by `convertGuest`. The thrown error's `details.domain` names the domain.
+ * touched only by `convertGuest` and, for a UEFI guest whose EFI system partition lacks the
+ * removable-path loader, by the fallback loader copied into that ESP (lib/domain/uefi-boot.ts:
+ * OVMF does not have the source's NVRAM boot entry). The thrown error's `details.domain` names the domain.
  */
 import { constants } from 'node:fs'
 import { open, stat, writeFile } from 'node:fs/promises'
@@ -19,8 +21,10 @@ import { randomUUID } from 'node:crypto'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import type { VmManifest } from '../manifest.ts'
-import type { HardwareRecord } from '../job.ts'
+import type { BootEvidenceSource, HardwareRecord } from '../job.ts'
 import { checkBoot, type BootCheckResult } from './boot-check.ts'
+import { screenReader, type ScreenReader } from './screen.ts'
+import { installFallbackLoader, planUefiBoot, type UefiBootRecord } from './uefi-boot.ts'
 import { chooseHardware, recordOfBus, type HardwareChoice } from './hardware.ts'
 import { inspectGuest, type GuestInspection } from './inspect.ts'
 import type { Virsh } from './virsh.ts'
@@ -40,6 +44,7 @@ export interface StartBootCheck {
   graceSeconds: number
   timeoutSeconds: number
   expectSerial?: RegExp
+  readScreen?: boolean
 }
 
 /**
@@ -52,7 +57,8 @@ export interface StartBootCheck {
  *   can never satisfy the boot check.
  * - `nvramDir`: where UEFI NVRAM files go (`<dir>/<name>_VARS.fd`), default
  *   `/var/lib/libvirt/qemu/nvram`; `ovmf` picks other OVMF images (given the final name).
- * - `bootCheck`: default grace 10 s, timeout 120 s, no serial pattern.
+ * - `bootCheck`: default grace 10 s, timeout 120 s, no serial pattern; `readScreen: false` turns
+ *   the screen evidence off (default on: `virsh screenshot` + Tesseract, lib/domain/screen.ts).
  * - `inspect`: inspect the guest with libguestfs (`tcg`: force its appliance onto TCG), or `false`
  *   to skip it (family defaults). Default: inspect with `tcg` when `domainType` is `qemu`.
  * - `inspectGuest`: the inspection function (tests may pass a double; default the libguestfs one).
@@ -105,8 +111,16 @@ export interface DefineAndStartResult {
   notice: string | null
 }
 
-function record(choice: HardwareChoice, inspection: GuestInspection | null, boot: HardwareRecord['boot']): HardwareRecord {
-  return { disk_bus: choice.disk_bus, nic_model: choice.nic_model, firmware: choice.firmware, reason: choice.reason, inspected: !!inspection?.inspected, boot }
+function record(choice: HardwareChoice, inspection: GuestInspection | null, boot: HardwareRecord['boot'], uefiBoot: UefiBootRecord | null): HardwareRecord {
+  return {
+    disk_bus: choice.disk_bus,
+    nic_model: choice.nic_model,
+    firmware: choice.firmware,
+    reason: choice.reason,
+    inspected: !!inspection?.inspected,
+    boot,
+    ...(choice.firmware === 'efi' ? { uefi_boot: uefiBoot } : {}),
+  }
 }
 
 /** Whether `file` can be opened with O_DIRECT (qemu's `cache='none'`); false on tmpfs and some FUSE file systems. */
@@ -223,7 +237,26 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   if (defined && defined !== name) {
     throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `libvirt defined ${defined}, expected ${name}`, { details: { domain: defined } })
   }
-  const hardware = record(choice, inspection, null)
+  let uefiBoot: UefiBootRecord | null = null
+  if (firmware === 'efi' && !choice.fatal) {
+    // OVMF starts without the source's NVRAM boot entries: the removable path must hold a loader.
+    if (inspection?.inspected) {
+      const uefi = planUefiBoot(inspection.esps)
+      const volume = uefi.copy ? volumes[uefi.copy.esp.disk] : undefined
+      try {
+        uefiBoot = uefi.copy && volume ? await installFallbackLoader(uefi, volume.path, input.signal) : uefi.record
+      } catch (e) {
+        const err = e as MigError
+        throw new MigError(err.code ?? 'E_MIG_GUEST_BOOT_FAILED', `domain ${name}: installing the UEFI fallback loader failed: ${err.message}`, {
+          details: { domain: name, defined: true, why: err.message },
+          cause: e,
+        })
+      }
+    } else {
+      uefiBoot = { method: 'not-inspected', loader: null, detail: `the EFI system partition was not read (${inspection?.skipped ?? 'no inspection'})` }
+    }
+  }
+  const hardware = record(choice, inspection, null, uefiBoot)
   if (choice.fatal) {
     throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name} cannot boot: ${choice.fatal} (static inspection; the domain is defined, not started)`, {
       details: { domain: name, defined: true, hardware, why: choice.fatal },
@@ -243,18 +276,24 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
     throw new MigError(err.code ?? 'E_MIG_GUEST_BOOT_FAILED', err.message, { details: { domain: name, defined: true, hardware }, cause: e })
   }
   const bc = input.bootCheck ?? { graceSeconds: 10, timeoutSeconds: 120 }
+  let screen: ScreenReader | undefined
   try {
+    screen = bc.readScreen === false ? undefined : await screenReader(virsh, name)
+    // A Linux guest shows a login prompt (or its failure) on its screen even without a serial
+    // console: with the screen read, wait for that evidence up to the timeout.
+    const screenEvidence = !!screen && !screen.unavailable && inspection?.os?.type === 'linux'
     const boot = await checkBoot({
       virsh,
       name,
       graceSeconds: bc.graceSeconds,
       timeoutSeconds: bc.timeoutSeconds,
       expectSerial: bc.expectSerial,
-      expectEvidence: choice.serialConsole,
+      expectEvidence: choice.serialConsole || screenEvidence,
+      screen,
       serialLogPath: input.serialLogPath,
       signal: input.signal,
     })
-    const verdict = { verified: boot.verified, evidence: boot.evidence }
+    const verdict = { verified: boot.verified, evidence: boot.evidence, source: boot.source }
     return {
       name,
       uuid,
@@ -273,11 +312,16 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
         e.code,
         `${e.message}\nhardware: disk bus ${hardware.disk_bus}, NIC ${hardware.nic_model}, ${hardware.firmware} (${hardware.reason})`,
         {
-          details: { ...e.details, hardware: { ...hardware, boot: { verified: false, evidence: why } } },
+          details: {
+            ...e.details,
+            hardware: { ...hardware, boot: { verified: false, evidence: why, source: (e.details?.source as BootEvidenceSource | undefined) ?? null } },
+          },
           cause: e,
         },
       )
     }
     throw e
+  } finally {
+    await screen?.close()
   }
 }

@@ -1,11 +1,15 @@
 /**
- * checkBoot (lib/domain/boot-check.ts) against a scripted domain state source and a real serial log file.
+ * checkBoot (lib/domain/boot-check.ts) against a scripted domain state source and a real serial log
+ * file; the screen evidence against a scripted screen reader (a test double of the virsh screenshot
+ * + Tesseract reader, whose real use is test/engine/real-guests-boot.test.ts); the classification
+ * rules against OVMF's and Tesseract's real output captured from TCG guests.
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { appendFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
-import { checkBoot, serialTail } from '../../lib/domain/boot-check.ts'
+import { checkBoot, classifyScreen, classifySerial, serialTail } from '../../lib/domain/boot-check.ts'
+import type { ScreenReader } from '../../lib/domain/screen.ts'
 import type { DomainState } from '../../lib/domain/virsh.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 
@@ -147,5 +151,137 @@ describe('checkBoot', () => {
   test('serialTail of a missing file is empty', async () => {
     expect(await serialTail(path.join(tmp.dir, 'nope.log'))).toEqual([])
     expect(await serialTail(undefined)).toEqual([])
+  })
+
+  test('screen evidence: a login prompt on the screen verifies a guest that is silent on its serial console (source screen)', async () => {
+    const quiet = path.join(tmp.dir, 'screen-quiet.log')
+    writeFileSync(quiet, '')
+    const screens = ['[  3.1] Run /init as init process\n', 'Debian GNU/Linux 12 migrator-quest tty1\n\nmigrator-guest login: _\n']
+    let reads = 0
+    const screen: ScreenReader = { unavailable: null, read: async () => screens[Math.min(reads++, screens.length - 1)]!, close: async () => undefined }
+    const r = await checkBoot({
+      virsh: scripted([RUNNING]),
+      name: 'vm10',
+      graceSeconds: 0.05,
+      timeoutSeconds: 30,
+      pollMs: 20,
+      serialLogPath: quiet,
+      expectEvidence: true,
+      screen,
+      screenEveryMs: 50,
+    })
+    expect(r).toMatchObject({ verified: true, source: 'screen', evidence: "a login prompt on the guest's screen (OCR)" })
+    expect(reads).toBeGreaterThanOrEqual(2)
+  })
+
+  test('screen evidence: a failure on the screen fails at once with the OCR tail; a slow screen read never delays the state check', async () => {
+    const screen: ScreenReader = {
+      unavailable: null,
+      read: async () => 'Gave up waiting for root file system device.\nALERT! UUID=abcd does not exist. Dropping to a shell!\n(initramfs) _\n',
+      close: async () => undefined,
+    }
+    const err = await thrown(() =>
+      checkBoot({ virsh: scripted([RUNNING]), name: 'vm11', graceSeconds: 0, timeoutSeconds: 30, pollMs: 20, expectEvidence: true, screen, screenEveryMs: 10 }),
+    )
+    expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
+    expect(err.details.source).toBe('screen')
+    expect(err.details.why).toBe('the kernel could not find its root device UUID=abcd (initramfs gave up waiting for it)')
+    expect(err.details.screen_tail.join('\n')).toContain('(initramfs)')
+
+    // A read that takes 3 s unless aborted (the real reader kills Tesseract on abort).
+    let aborted = false
+    const slow: ScreenReader = {
+      unavailable: null,
+      read: (signal) =>
+        new Promise((r) => {
+          const timer = setTimeout(() => r(''), 3000)
+          signal?.addEventListener('abort', () => {
+            aborted = true
+            clearTimeout(timer)
+            r(null)
+          })
+        }),
+      close: async () => undefined,
+    }
+    const t0 = Date.now()
+    const stopped = await thrown(() =>
+      checkBoot({
+        virsh: scripted([RUNNING, RUNNING, RUNNING, { state: 'shut off', reason: 'shutdown' }]),
+        name: 'vm12',
+        graceSeconds: 10,
+        timeoutSeconds: 30,
+        pollMs: 20,
+        screen: slow,
+      }),
+    )
+    expect(stopped.details.why).toBe('the domain is not running')
+    expect(Date.now() - t0).toBeLessThan(2000)
+    expect(aborted).toBe(true)
+  })
+
+  test('screen evidence: an unreadable screen is named in the unverified result', async () => {
+    const screen: ScreenReader = {
+      unavailable: 'tesseract is not installed (Debian package tesseract-ocr)',
+      read: async () => null,
+      close: async () => undefined,
+    }
+    const r = await checkBoot({ virsh: scripted([RUNNING]), name: 'vm13', graceSeconds: 0.1, timeoutSeconds: 0.3, pollMs: 20, expectEvidence: true, screen })
+    expect(r.verified).toBe(false)
+    expect(r.source).toBeNull()
+    expect(r.evidence).toContain('its screen could not be read (tesseract is not installed')
+  })
+})
+
+/** OVMF (Debian 2022.11) on the serial console of a TCG guest whose ESP has no loader (captured). */
+const OVMF_SHELL =
+  '\x1b[2J\x1b[01;01H\x1b[=3h\x1b[2J\x1b[01;01HBdsDxe: failed to load Boot0001 "UEFI Misc Device" from PciRoot(0x0)/Pci(0x2,0x3)/Pci(0x0,0x0): Not Found\r\n' +
+  'BdsDxe: loading Boot0002 "EFI Internal Shell" from Fv(7CB8BDC9-F8EB-4F34-AAEA-3EE4AF6516A1)/FvFile(7C04A583-9E3E-4F1C-AD65-E05268D0B4D1)\r\n' +
+  'BdsDxe: starting Boot0002 "EFI Internal Shell" from Fv(7CB8BDC9-F8EB-4F34-AAEA-3EE4AF6516A1)/FvFile(7C04A583-9E3E-4F1C-AD65-E05268D0B4D1)\r\n' +
+  '\x1b[2J\x1b[01;01H\x1b[01;01HUEFI Interactive Shell v2.2\r\nEDK II\r\nUEFI v2.70 (EDK II, 0x00010000)\r\n' +
+  '\x1b[16;01HPress \x1b[1m\x1b[37m\x1b[40mESC\x1b[0m\x1b[37m\x1b[40m in 5 seconds to skip \x1b[1m\x1b[33m\x1b[40mstartup.nsh\x1b[0m or any other key to continue.\r\nShell> '
+
+describe('classification rules', () => {
+  test("OVMF's UEFI Shell fails with the BdsDxe words and the fix", () => {
+    const v = classifySerial(OVMF_SHELL)
+    expect(v?.verdict).toBe('failed')
+    expect(v?.why).toContain('OVMF found no boot loader it could start and dropped to its UEFI Shell')
+    expect(v?.why).toContain('(OVMF: BdsDxe: failed to load Boot0001 "UEFI Misc Device": Not Found)')
+    expect(v?.why).toContain('\\EFI\\BOOT\\BOOTX64.EFI')
+    expect(v?.why).toContain('grub-install --removable')
+    // Only the Shell prompt, before the banner reached the log, is enough too.
+    expect(classifySerial('Shell> ')?.verdict).toBe('failed')
+  })
+
+  test('OVMF: a failed boot option followed by one that boots is not a failure; "No bootable option" is', () => {
+    const next =
+      'BdsDxe: failed to load Boot0001 "UEFI PXEv4 (MAC:525400123456)" from PciRoot(0x0)/Pci(0x1,0x0)/MAC(525400123456,0x1)/IPv4(0.0.0.0): Not Found\r\n' +
+      'BdsDxe: loading Boot0002 "UEFI Misc Device" from PciRoot(0x0)/Pci(0x2,0x3)/Pci(0x0,0x0)\r\nBdsDxe: starting Boot0002 "UEFI Misc Device"\r\n'
+    expect(classifySerial(next)).toBeNull()
+    const none = classifySerial(
+      `${next.split('\r\n')[0]}\r\nBdsDxe: No bootable option or device was found.\r\nBdsDxe: Press any key to enter the Boot Manager Menu.\r\n`,
+    )
+    expect(none?.verdict).toBe('failed')
+    expect(none?.why).toMatch(/^OVMF found no bootable option or device \(OVMF: BdsDxe: failed to load Boot0001 "UEFI PXEv4 \(MAC:525400123456\)": Not Found\)/)
+    expect(classifySerial('No bootable device.')?.why).toBe('the firmware found no bootable disk')
+  })
+
+  test("classifyScreen reads Tesseract's text of real screens (login prompt with its cursor, kernel messages, failures)", () => {
+    // Tesseract 5 on a Debian 12 guest's 1280x800 virtio-gpu console (captured; OCR misreads kept).
+    expect(classifyScreen('Debian GNU/Linux 12 migrator-quest tty1\n\nnigrator-quest login:\n')).toEqual({
+      verdict: 'booted',
+      why: "a login prompt on the guest's screen (OCR)",
+    })
+    expect(classifyScreen('Debian GNU/Linux 12 migrator-quest tty1\n\nmigrator-guest login: _\n')?.verdict).toBe('booted')
+    expect(classifyScreen('[  OK  ] Reached target multi-user.target - Multi-User System.\n')?.why).toBe(
+      "systemd reached the multi-user target on the guest's screen (OCR)",
+    )
+    expect(
+      classifyScreen(
+        '-8461591 Console: switching to colour frame buffer device 160x50\n-9804891 virtio-pci 0000:00:01.0: [drm] fbO: virtio_gpudrmfh frame buffer device\n',
+      ),
+    ).toBeNull()
+    expect(classifyScreen('You are in emergency mode. After logging in, type "journalctl -xb" to view\n')?.verdict).toBe('failed')
+    expect(classifyScreen('grub rescue> _')?.verdict).toBe('failed')
+    expect(classifyScreen('Last login: Sat Nov 28 17:00:01 UTC 2026 on tty1\n')).toBeNull()
   })
 })

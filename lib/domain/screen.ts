@@ -1,0 +1,95 @@
+/**
+ * The guest's screen as text, for the boot check (lib/domain/boot-check.ts): `virsh screenshot`
+ * (the domain's display as an image, PNG or PPM as qemu writes it) read by Debian's
+ * `tesseract-ocr` (Tesseract 5, English model). A Linux guest that does not write its boot to the
+ * serial console still shows it on its display: the kernel's and systemd's messages, then getty's
+ * `<host> login:` prompt, or an initramfs shell, emergency mode, GRUB rescue, OVMF's UEFI Shell.
+ *
+ * Cost: one screenshot is a few milliseconds; OCR of a full 1280x800 console takes about 1 s for
+ * a login screen and 10-20 s for a screen full of kernel messages on a loaded 2-core host (README
+ * "Boot check"). The reader therefore skips OCR when the image did not change since the last read
+ * and runs Tesseract single-threaded (`OMP_THREAD_LIMIT=1`) at the lowest CPU priority
+ * (`nice -n 19`), so it never starves the TCG guest it watches.
+ *
+ * Errors: none thrown. A missing `tesseract`, a domain without a display or a failed screenshot
+ * give `null` (no evidence) and `unavailable` says why.
+ */
+import { createHash } from 'node:crypto'
+import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import * as path from 'node:path'
+import { exec } from '../exec.ts'
+
+/** The part of {@link Virsh} the reader uses. */
+export interface ScreenVirsh {
+  run(args: string[], timeoutMs?: number): Promise<{ code: number; stdout: string; stderr: string }>
+}
+
+/**
+ * A reader of one domain's screen. `read()` resolves with the OCR text of the current screen, the
+ * previous text when the image is unchanged, or null when no text could be read (`unavailable`
+ * then holds the reason); it settles promptly when `signal` aborts (Tesseract is killed).
+ * `close()` removes its temporary directory.
+ */
+export interface ScreenReader {
+  read(signal?: AbortSignal): Promise<string | null>
+  readonly unavailable: string | null
+  close(): Promise<void>
+}
+
+let tesseractProbe: Promise<string | null> | null = null
+
+/** Null when `tesseract` runs here, else the reason (probed once per process). */
+export function tesseractMissing(binary = 'tesseract'): Promise<string | null> {
+  tesseractProbe ??= exec(binary, ['--version'], { timeoutMs: 10_000 }).then((r) =>
+    r.code === 0 ? null : `${binary} is not installed (Debian package tesseract-ocr): ${r.spawnError?.message ?? r.stderr.trim().slice(0, 200)}`,
+  )
+  return tesseractProbe
+}
+
+/** Creates a {@link ScreenReader} of domain `name` over `virsh` (OCR with `tesseract`, `binary` overrides it). */
+export async function screenReader(virsh: ScreenVirsh, name: string, binary = 'tesseract'): Promise<ScreenReader> {
+  const dir = await mkdtemp(path.join(tmpdir(), 'mig-screen-'))
+  const file = path.join(dir, 'screen')
+  let lastHash = ''
+  let lastText: string | null = null
+  const state: { unavailable: string | null } = { unavailable: await tesseractMissing(binary) }
+  return {
+    get unavailable() {
+      return state.unavailable
+    },
+    async read(signal) {
+      if ((await tesseractMissing(binary)) !== null) return null
+      const shot = await virsh.run(['screenshot', '--domain', name, '--file', file], 30_000)
+      if (shot.code !== 0) {
+        state.unavailable = `virsh screenshot failed: ${(shot.stderr || shot.stdout).trim().slice(0, 300)}`
+        return null
+      }
+      let image: Buffer
+      try {
+        image = await readFile(file)
+      } catch (e) {
+        state.unavailable = `virsh screenshot wrote nothing: ${(e as Error).message}`
+        return null
+      }
+      const hash = createHash('sha256').update(image).digest('hex')
+      if (hash === lastHash) return lastText
+      const r = await exec('nice', ['-n', '19', binary, file, '-'], {
+        timeoutMs: 120_000,
+        signal,
+        env: { ...process.env, OMP_THREAD_LIMIT: '1', LC_ALL: 'C' },
+      })
+      if (r.code !== 0) {
+        state.unavailable = `tesseract failed: ${r.stderr.trim().slice(0, 300)}`
+        return null
+      }
+      state.unavailable = null
+      lastHash = hash
+      lastText = r.stdout
+      return lastText
+    },
+    async close() {
+      await rm(dir, { recursive: true, force: true })
+    },
+  }
+}

@@ -20,6 +20,8 @@ import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import type { OrchestratorDeps } from '../lib/pipeline/orchestrator.ts'
 import { prepareSource } from '../lib/pipeline/prepare.ts'
 import { checkBeforeCopy } from '../lib/host/precopy.ts'
+import { spaceOf } from '../lib/host/fs-space.ts'
+import { STORE_NEEDS_BYTES } from '../lib/store/persist.ts'
 import { readQemuUser } from '../lib/host/qemu-access.ts'
 import type { VmManifest } from '../lib/manifest.ts'
 import type { Plan } from '../lib/plan.ts'
@@ -154,6 +156,10 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     signal,
     sink,
     keepOnCancel: config.keepOnCancel,
+    spaceWait:
+      config.copy.spaceWaitSeconds > 0
+        ? { seconds: config.copy.spaceWaitSeconds, spaceOf, storeFile: paths.dbFile, storeNeeds: STORE_NEEDS_BYTES }
+        : undefined,
     redact: (message: string) => redactHostPaths(message, paths.importRoot, config.dataDir),
     reserveDomainName: async (job, manifest) => reserveName(job, manifest, new Set(await domains)),
     delta: config.delta,

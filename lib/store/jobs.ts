@@ -18,6 +18,7 @@ import {
 } from '../job.ts'
 import { cutoverModeOf, type Plan, type Strategy } from '../plan.ts'
 import { persist } from './persist.ts'
+import { writeTransaction } from './tx.ts'
 import type { Database, JobsTable } from './schema.ts'
 
 function toJob(r: Selectable<JobsTable>, blockedBy: string[] = []): Job {
@@ -229,7 +230,10 @@ export class JobsRepo {
     return r?.cutover_requested_at ?? null
   }
 
-  /** Applies `patch` (and the derived `status`) at time `now`; returns the updated job. */
+  /**
+   * Applies `patch` (and the derived `status`) at time `now`; returns the updated job. A patch
+   * that sets `last_error` (a failure, a notice) may spend the store's space reserve (persist.ts).
+   */
   async update(id: string, patch: JobPatch, now: string): Promise<Job> {
     return persist('update job', async () => {
       const set: Partial<Selectable<JobsTable>> = { updated_at: now }
@@ -246,7 +250,7 @@ export class JobsRepo {
       if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
       await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
       return this.get(id)
-    })
+    }, { useReserve: patch.last_error !== undefined })
   }
 
   /**
@@ -313,14 +317,16 @@ export class JobsRepo {
    * released for a retry, or its worker or server died) for `owner` until `now + leaseSeconds`,
    * skipping jobs that wait for others (a `depends_on` job not `Completed`) and live jobs whose
    * source already runs its limit of jobs (held leases; the job's bulk-plan `source_limit`, and
-   * `perSourceLimit` when above 0). Returns its id, or null.
+   * `perSourceLimit` when above 0), and the jobs of `running` (ids whose worker this supervisor
+   * still runs: their lease may have expired while the store could not be written). Returns its
+   * id, or null.
    */
-  claimNext(owner: string, leaseSeconds: number, now: Date, perSourceLimit = 0): Promise<string | null> {
+  claimNext(owner: string, leaseSeconds: number, now: Date, perSourceLimit = 0, running: readonly string[] = []): Promise<string | null> {
     const nowIso = now.toISOString()
     const until = new Date(now.getTime() + leaseSeconds * 1000).toISOString()
     const sourceOf = sql<string | null>`json_extract(plan, '$.source_ref.source_id')`
     return persist('claim job', () =>
-      this.db.transaction().execute(async (tx) => {
+      writeTransaction(this.db, async (tx) => {
         const rows = await tx
           .selectFrom('jobs')
           .select(['id', 'status', 'depends_on', 'source_limit', sourceOf.as('source_id')])
@@ -330,6 +336,7 @@ export class JobsRepo {
           .orderBy('id')
           .execute()
         for (const row of rows) {
+          if (running.includes(row.id)) continue
           if (row.depends_on !== null && row.status === 'queued') {
             const deps = JSON.parse(row.depends_on) as string[]
             const done = await tx.selectFrom('jobs').select('id').where('id', 'in', deps).where('state', '=', 'Completed').execute()

@@ -323,7 +323,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     precopyIntervalSeconds: e.MIGRATOR_PRECOPY_INTERVAL_SECONDS,
     maxJobsPerSource: e.MIGRATOR_MAX_JOBS_PER_SOURCE,
     guestShutdownTimeoutSeconds: e.MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS,
-    copy: { flushEveryBytes: e.MIGRATOR_FLUSH_EVERY_BYTES, maxBytesPerSecond: e.MIGRATOR_COPY_MAX_BYTES_PER_SECOND, spaceWaitSeconds: e.MIGRATOR_SPACE_WAIT_SECONDS },
+    copy: {
+      flushEveryBytes: e.MIGRATOR_FLUSH_EVERY_BYTES,
+      maxBytesPerSecond: e.MIGRATOR_COPY_MAX_BYTES_PER_SECOND,
+      spaceWaitSeconds: e.MIGRATOR_SPACE_WAIT_SECONDS,
+    },
     keepOnCancel: e.MIGRATOR_KEEP_ON_CANCEL,
     warmWorker: e.MIGRATOR_WARM_WORKER,
     domain: {

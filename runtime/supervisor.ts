@@ -387,8 +387,7 @@ export class Supervisor {
           // The worker still runs the job (claimNext skips it): a lease the store cannot renew is no reason to stop it.
           if (this.leaseTrouble.failed(Date.now())) this.ctx.logger.warn({ err: (e as Error).message, job: id }, 'renewing a job lease failed')
         }
-      }
-      else if (m.type === 'job') await this.ctx.hub.publishJob(m.job)
+      } else if (m.type === 'job') await this.ctx.hub.publishJob(m.job)
       else if (m.type === 'progress') await this.ctx.hub.publishProgress({ id: m.id, state: m.state, progress: m.progress }, false)
     } catch (e) {
       this.ctx.logger.warn({ err: e, job: id }, 'relaying a worker message failed')

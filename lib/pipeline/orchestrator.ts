@@ -285,8 +285,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
             await patch({ last_error: notice })
           }
         }
-      }
-      else if (source.strategy === 'passthrough') {
+      } else if (source.strategy === 'passthrough') {
         await source.runFullImport(volumes, (label, done) => (tracker!.setDone(label, done), emit()), signal)
         for (const d of manifest.disks) tracker.finish(d.label)
       } else {

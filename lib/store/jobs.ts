@@ -152,6 +152,7 @@ export class JobsRepo {
       depends_on: j.placement && j.placement.depends_on.length > 0 ? JSON.stringify(j.placement.depends_on) : null,
       source_limit: j.placement?.source_limit ?? null,
       hardware: null,
+      space_reserved: null,
     }
     return persist('create job', async () => {
       await this.db.insertInto('jobs').values(row).execute()
@@ -235,22 +236,26 @@ export class JobsRepo {
    * that sets `last_error` (a failure, a notice) may spend the store's space reserve (persist.ts).
    */
   async update(id: string, patch: JobPatch, now: string): Promise<Job> {
-    return persist('update job', async () => {
-      const set: Partial<Selectable<JobsTable>> = { updated_at: now }
-      if (patch.state !== undefined) Object.assign(set, { state: patch.state, status: jobStatusOf(patch.state) })
-      if (patch.progress !== undefined) set.progress = JSON.stringify(patch.progress)
-      if (patch.last_error !== undefined) set.last_error = patch.last_error === null ? null : JSON.stringify(patch.last_error)
-      if (patch.effective_mode !== undefined) set.effective_mode = patch.effective_mode
-      if (patch.started_at !== undefined) set.started_at = patch.started_at
-      if (patch.finished_at !== undefined) set.finished_at = patch.finished_at
-      if (patch.domain !== undefined) set.domain = patch.domain
-      if (patch.cutover !== undefined) set.cutover = JSON.stringify({ ...patch.cutover, requested_at: null })
-      if (patch.source_vm !== undefined) set.source_vm = JSON.stringify(patch.source_vm)
-      if (patch.hardware !== undefined) set.hardware = patch.hardware === null ? null : JSON.stringify(patch.hardware)
-      if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
-      await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
-      return this.get(id)
-    }, { useReserve: patch.last_error !== undefined })
+    return persist(
+      'update job',
+      async () => {
+        const set: Partial<Selectable<JobsTable>> = { updated_at: now }
+        if (patch.state !== undefined) Object.assign(set, { state: patch.state, status: jobStatusOf(patch.state) })
+        if (patch.progress !== undefined) set.progress = JSON.stringify(patch.progress)
+        if (patch.last_error !== undefined) set.last_error = patch.last_error === null ? null : JSON.stringify(patch.last_error)
+        if (patch.effective_mode !== undefined) set.effective_mode = patch.effective_mode
+        if (patch.started_at !== undefined) set.started_at = patch.started_at
+        if (patch.finished_at !== undefined) set.finished_at = patch.finished_at
+        if (patch.domain !== undefined) set.domain = patch.domain
+        if (patch.cutover !== undefined) set.cutover = JSON.stringify({ ...patch.cutover, requested_at: null })
+        if (patch.source_vm !== undefined) set.source_vm = JSON.stringify(patch.source_vm)
+        if (patch.hardware !== undefined) set.hardware = patch.hardware === null ? null : JSON.stringify(patch.hardware)
+        if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
+        await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
+        return this.get(id)
+      },
+      { useReserve: patch.last_error !== undefined },
+    )
   }
 
   /**
@@ -379,6 +384,45 @@ export class JobsRepo {
     return persist('release job lease', async () => {
       await this.db.updateTable('jobs').set({ lease_owner: null, lease_expires_at: null }).where('id', '=', id).execute()
     })
+  }
+
+  /**
+   * Reserves `bytes` on file system or pool `key` for job `id`, atomically against every other
+   * job's reservation (one write transaction: two jobs checking at once see each other): calls
+   * `check(others)` with the other queued or running jobs that reserved on `key`, each with what
+   * it still has to write (`remainingOf(id, reserved bytes)`), and stores the reservation when
+   * `check` returns. `check` throws to refuse (its error is thrown, nothing stored).
+   * `E_MIG_PERSIST_FAILED` when the store fails.
+   */
+  reserveSpace(
+    id: string,
+    key: string,
+    bytes: number,
+    remainingOf: (jobId: string, reserved: number) => Promise<number>,
+    check: (others: Array<{ id: string; remaining: number }>) => void,
+  ): Promise<void> {
+    return persist('reserve space', () =>
+      writeTransaction(this.db, async (tx) => {
+        const rows = await tx
+          .selectFrom('jobs')
+          .select(['id', 'space_reserved'])
+          .where('status', 'in', ACTIVE)
+          .where('id', '!=', id)
+          .where('space_reserved', 'is not', null)
+          .execute()
+        const others: Array<{ id: string; remaining: number }> = []
+        for (const r of rows) {
+          const res = JSON.parse(r.space_reserved!) as { key: string; bytes: number }
+          if (res.key === key) others.push({ id: r.id, remaining: Math.max(0, await remainingOf(r.id, res.bytes)) })
+        }
+        check(others)
+        await tx
+          .updateTable('jobs')
+          .set({ space_reserved: JSON.stringify({ key, bytes }) })
+          .where('id', '=', id)
+          .execute()
+      }),
+    )
   }
 
   /** Counts one more worker attempt at `id`; returns the new count. */

@@ -100,7 +100,12 @@ describe('host faults (real server, worker processes, loop-device file systems)'
     })
     try {
       const job = await submit(srv.base, offlinePlan('qcow2', 'disk/disk.qcow2', { name: `${PREFIX}full`, start: false }))
-      await waitJob(srv.base, job.id, (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 24 * MiB) || !['queued', 'running'].includes(j.status), 60_000)
+      await waitJob(
+        srv.base,
+        job.id,
+        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 24 * MiB) || !['queued', 'running'].includes(j.status),
+        60_000,
+      )
       const filler = fill(d)
       const filledAt = Date.now()
       const waiting = await waitJob(srv.base, job.id, (j) => j.last_error !== null || j.status !== 'running', 30_000)
@@ -127,7 +132,16 @@ describe('host faults (real server, worker processes, loop-device file systems)'
       expect(srv.stdout() + srv.stderr()).not.toContain('cannot rollback')
     } finally {
       await srv.stop()
-      if (process.env.DEBUG_HF) console.log(srv.stdout().split('\n').filter((l) => !l.includes('"request"')).join('\n').slice(-5000), srv.stderr().slice(-3000))
+      if (process.env.DEBUG_HF)
+        console.log(
+          srv
+            .stdout()
+            .split('\n')
+            .filter((l) => !l.includes('"request"'))
+            .join('\n')
+            .slice(-5000),
+          srv.stderr().slice(-3000),
+        )
     }
     expect(integrity(d)).toBe('ok')
   }, 180_000)
@@ -143,14 +157,52 @@ describe('host faults (real server, worker processes, loop-device file systems)'
     })
     try {
       const job = await submit(srv.base, offlinePlan('qcow2', 'disk/disk.qcow2', { name: `${PREFIX}stays`, start: false }))
-      await waitJob(srv.base, job.id, (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 24 * MiB) || !['queued', 'running'].includes(j.status), 60_000)
+      await waitJob(
+        srv.base,
+        job.id,
+        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 24 * MiB) || !['queued', 'running'].includes(j.status),
+        60_000,
+      )
       fill(d)
       const done = await waitJob(srv.base, job.id, undefined, 60_000)
       expect(done.state).toBe('Failed')
       expect(['E_MIG_DISK_WRITE_FAILED', 'E_MIG_PERSIST_FAILED']).toContain(done.last_error.code)
       expect(done.last_error.fatal).toBe(true)
-      expect(done.last_error.message).toMatch(/^no space left on <data dir> \(the file system of .*\): \d+\.\d MiB free, \d+\.\d MiB needed after waiting 3 s; free space on <data dir>/)
+      expect(done.last_error.message).toMatch(
+        /^no space left on <data dir> \(the file system of .*\): \d+\.\d MiB free, \d+\.\d MiB needed after waiting 3 s; free space on <data dir>/,
+      )
       expect((await call(srv.base, 'GET', '/migrations')).status).toBe(200)
+    } finally {
+      await srv.stop()
+    }
+    expect(integrity(d)).toBe('ok')
+  }, 180_000)
+
+  test('two jobs started together that fit only one at a time: the second is refused before its copy, naming both figures; the first completes bit-exact', async () => {
+    // 128 MiB disks on a ~170 MiB file system: one fits, two do not.
+    const d = dataDirOnExt4('two', 192 * MiB)
+    const srv = await startServer('bun', d, {
+      MIGRATOR_IMPORT_ROOT: importRoot,
+      MIGRATOR_MAX_JOBS: '2',
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(16 * MiB),
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+    })
+    try {
+      const jobs = await Promise.all([1, 2].map((i) => submit(srv.base, offlinePlan('qcow2', 'disk/disk.qcow2', { name: `${PREFIX}two-${i}`, start: false }))))
+      const done = await Promise.all(jobs.map((j) => waitJob(srv.base, j.id, undefined, 90_000)))
+      const refused = done.filter((j) => j.state === 'Failed')
+      const completed = done.filter((j) => j.state === 'Completed')
+      expect([refused.length, completed.length]).toEqual([1, 1])
+      const r = refused[0]
+      expect(r.last_error.code).toBe('E_MIG_DISK_WRITE_FAILED')
+      // Refused by the pre-copy check: nothing of it was copied, its volumes never made.
+      expect(r.progress.bytes_done).toBe(0)
+      expect(existsSync(path.join(d, 'volumes', 'migrations', r.id))).toBe(false)
+      expect(r.last_error.message).toMatch(
+        /^not enough space for the disks under <data dir>\/volumes: [\d.]+ GiB free on <data dir>, 0\.13 GiB needed by this job .* and [\d.]+ GiB still to be written by 1 other job\(s\) on it \(/,
+      )
+      expect(r.last_error.message).toContain(completed[0].id)
+      expect(fileSha256(volumePath(d, completed[0].id, completed[0].progress.disks[0].label))).toBe(fileSha256(raw))
     } finally {
       await srv.stop()
     }

@@ -132,16 +132,15 @@ describe('host faults (real server, worker processes, loop-device file systems)'
       expect(srv.stdout() + srv.stderr()).not.toContain('cannot rollback')
     } finally {
       await srv.stop()
-      if (process.env.DEBUG_HF)
-        console.log(
-          srv
-            .stdout()
-            .split('\n')
-            .filter((l) => !l.includes('"request"'))
-            .join('\n')
-            .slice(-5000),
-          srv.stderr().slice(-3000),
-        )
+      console.log(
+        srv
+          .stdout()
+          .split('\n')
+          .filter((l) => !l.includes('"request"'))
+          .join('\n')
+          .slice(-5000),
+        srv.stderr().slice(-3000),
+      )
     }
     expect(integrity(d)).toBe('ok')
   }, 180_000)

@@ -73,8 +73,12 @@ export interface Config {
   maxJobsPerSource: number
   /** Live sources: how long a guest shutdown may take before the VM is powered off (s, default 300). */
   guestShutdownTimeoutSeconds: number
-  /** The copy loop: durable checkpoint (fsync + watermark) every `flushEveryBytes` (default 256 MiB); bandwidth cap on source reads in bytes/s (0: none). */
-  copy: { flushEveryBytes: number; maxBytesPerSecond: number }
+  /**
+   * The copy loop: durable checkpoint (fsync + watermark) every `flushEveryBytes` (default 256
+   * MiB); bandwidth cap on source reads in bytes/s (0: none); how long an offline copy waits for
+   * space on a file system that filled up, seconds (default 600; 0: fails at once).
+   */
+  copy: { flushEveryBytes: number; maxBytesPerSecond: number; spaceWaitSeconds: number }
   /** Keep the destination volumes of a cancelled job (default false: remove them). */
   keepOnCancel: boolean
   /** Keep one job worker started ahead of the next job (`MIGRATOR_WARM_WORKER`). */
@@ -293,6 +297,10 @@ export const VARIABLES = {
     doc: 'durable checkpoint (fsync + watermark) interval of the copy, in bytes of data read from the source (zero extents do not count)',
   },
   MIGRATOR_COPY_MAX_BYTES_PER_SECOND: { schema: int(0, 0), doc: 'bandwidth cap on source reads per disk copy (0: none)' },
+  MIGRATOR_SPACE_WAIT_SECONDS: {
+    schema: int(600, 0),
+    doc: 'an offline copy whose file system fills up (volumes, store) waits this long for space, with a notice, then fails (0: fails at once)',
+  },
   MIGRATOR_DELTA_CONVERGE_BYTES: { schema: int(64 * MiB, 0), doc: 'a warm delta pass below this converges' },
   MIGRATOR_DELTA_MAX_PASSES: { schema: int(8, 1), doc: 'delta passes before E_MIG_DELTA_TOO_LARGE' },
   MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: {
@@ -410,7 +418,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     precopyIntervalSeconds: e.MIGRATOR_PRECOPY_INTERVAL_SECONDS,
     maxJobsPerSource: e.MIGRATOR_MAX_JOBS_PER_SOURCE,
     guestShutdownTimeoutSeconds: e.MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS,
-    copy: { flushEveryBytes: e.MIGRATOR_FLUSH_EVERY_BYTES, maxBytesPerSecond: e.MIGRATOR_COPY_MAX_BYTES_PER_SECOND },
+    copy: {
+      flushEveryBytes: e.MIGRATOR_FLUSH_EVERY_BYTES,
+      maxBytesPerSecond: e.MIGRATOR_COPY_MAX_BYTES_PER_SECOND,
+      spaceWaitSeconds: e.MIGRATOR_SPACE_WAIT_SECONDS,
+    },
     keepOnCancel: e.MIGRATOR_KEEP_ON_CANCEL,
     warmWorker: e.MIGRATOR_WARM_WORKER,
     domain: {

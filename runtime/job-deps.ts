@@ -19,7 +19,10 @@ import type { Job, RestorePointRecord } from '../lib/job.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import type { OrchestratorDeps } from '../lib/pipeline/orchestrator.ts'
 import { prepareSource } from '../lib/pipeline/prepare.ts'
-import { checkBeforeCopy } from '../lib/host/precopy.ts'
+import { allocatedBelow, checkBeforeCopy } from '../lib/host/precopy.ts'
+import { run } from '../lib/host/doctor.ts'
+import { spaceOf } from '../lib/host/fs-space.ts'
+import { STORE_NEEDS_BYTES } from '../lib/store/persist.ts'
 import { readQemuUser } from '../lib/host/qemu-access.ts'
 import type { VmManifest } from '../lib/manifest.ts'
 import type { Plan } from '../lib/plan.ts'
@@ -146,6 +149,16 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     for (const w of result.warnings) logger.warn({ v2v: w }, 'V2V warning')
   }
 
+  // What another job of this host still has to write on its reservation: less what its volumes hold.
+  const remainingOf = async (other: string, reserved: number): Promise<number> => {
+    if (sink instanceof FileSink) return reserved - allocatedBelow(sink.jobDir(other))
+    if (sink instanceof ZvolSink) {
+      const used = await run('zfs', ['list', '-H', '-p', '-o', 'used', sink.jobDataset(other)])
+      return reserved - (used.code === 0 && /^\d+$/.test(used.stdout.trim()) ? Number(used.stdout.trim()) : 0)
+    }
+    return reserved
+  }
+
   return {
     jobId,
     jobs: store.jobs,
@@ -154,6 +167,8 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     signal,
     sink,
     keepOnCancel: config.keepOnCancel,
+    spaceWait:
+      config.copy.spaceWaitSeconds > 0 ? { seconds: config.copy.spaceWaitSeconds, spaceOf, storeFile: paths.dbFile, storeNeeds: STORE_NEEDS_BYTES } : undefined,
     redact: (message: string) => redactHostPaths(message, paths.importRoot, config.dataDir),
     reserveDomainName: async (job, manifest) => reserveName(job, manifest, new Set(await domains)),
     delta: config.delta,
@@ -166,6 +181,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         zvol: sink instanceof ZvolSink ? { pool: pool ?? config.zfsPool, jobDataset: sink.jobDataset(jobId) } : undefined,
         qemu: await qemuUser,
         bridges: bridgesInUse(manifest, job.plan.networks, config.domain.defaultBridge),
+        reserve: (key, bytes, check) => store.jobs.reserveSpace(jobId, key, bytes, remainingOf, check),
       })
     },
     prepare: (job, signal) =>

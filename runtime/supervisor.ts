@@ -25,6 +25,51 @@ import { TERMINAL_STATES, type Job } from '../lib/job.ts'
 import type { Ctx } from './context.ts'
 import { SPARE_ARG, type SupervisorMessage, type WorkerMessage } from './ipc.ts'
 import { freshWorkerBundle } from './worker-bundle.ts'
+import { ensureStoreReserve } from '../lib/store/persist.ts'
+
+/** First and longest pause of the queue poll after the store failed, ms (doubling in between). */
+const STORE_BACKOFF_MS = { first: 1000, max: 30_000 }
+
+/**
+ * The store's failures as the supervisor sees them (a full or read-only file system): the poll
+ * backs off exponentially (1 s doubling to 30 s) while they last, and one warning is logged per
+ * back-off step instead of one a second, with the store's own reason; its end is logged once.
+ */
+class StoreTrouble {
+  private delay = 0
+  private until = 0
+  private lastLog = 0
+  private failures = 0
+
+  /** Whether the poll should wait (a back-off runs). */
+  waiting(now: number): boolean {
+    return now < this.until
+  }
+
+  /** Records a failure of `what`; returns whether to log it (the first of each back-off step). */
+  failed(now: number): boolean {
+    this.failures++
+    this.delay = this.delay === 0 ? STORE_BACKOFF_MS.first : Math.min(STORE_BACKOFF_MS.max, this.delay * 2)
+    this.until = now + this.delay
+    if (now - this.lastLog < this.delay) return false
+    this.lastLog = now
+    return true
+  }
+
+  /** Records a success; returns the failures counted since the last success (0: none). */
+  ok(): number {
+    const n = this.failures
+    this.failures = 0
+    this.delay = 0
+    this.until = 0
+    return n
+  }
+
+  /** The current back-off, ms. */
+  get backoffMs(): number {
+    return this.delay
+  }
+}
 
 /** Timing and retry settings (seconds unless the name says ms). */
 export interface SupervisorOptions {
@@ -104,6 +149,8 @@ export class Supervisor {
   private polling = false
   private stopped = false
   private readonly opts: SupervisorOptions
+  private readonly storeTrouble = new StoreTrouble()
+  private readonly leaseTrouble = new StoreTrouble()
 
   constructor(
     private readonly ctx: Ctx,
@@ -235,13 +282,20 @@ export class Supervisor {
     this.polling = true
     try {
       this.watchdog()
+      if (this.storeTrouble.waiting(Date.now())) return
       while (this.running.size < this.ctx.config.maxJobs && !this.stopped) {
-        const id = await this.ctx.store.jobs.claimNext(this.owner, this.opts.leaseSeconds, this.ctx.now(), this.ctx.config.maxJobsPerSource)
+        const id = await this.ctx.store.jobs.claimNext(this.owner, this.opts.leaseSeconds, this.ctx.now(), this.ctx.config.maxJobsPerSource, [
+          ...this.running.keys(),
+        ])
         if (id === null) break
         await this.launch(id)
       }
+      const failures = this.storeTrouble.ok()
+      if (failures > 0) this.ctx.logger.warn({ failures }, 'supervisor: the store takes writes again')
+      ensureStoreReserve()
     } catch (e) {
-      this.ctx.logger.warn({ err: e }, 'supervisor poll failed')
+      if (this.storeTrouble.failed(Date.now()))
+        this.ctx.logger.warn({ err: (e as Error).message, retry_in_ms: this.storeTrouble.backoffMs }, 'supervisor poll failed; backing off')
     } finally {
       this.polling = false
     }
@@ -322,8 +376,15 @@ export class Supervisor {
         if (entry.assignPending && id !== null) entry.child.send({ type: 'assign', jobId: id } satisfies SupervisorMessage)
         entry.assignPending = false
       } else if (id === null) return
-      else if (m.type === 'heartbeat') await this.ctx.store.jobs.renewLease(id, this.owner, this.opts.leaseSeconds, this.ctx.now())
-      else if (m.type === 'job') await this.ctx.hub.publishJob(m.job)
+      else if (m.type === 'heartbeat') {
+        try {
+          await this.ctx.store.jobs.renewLease(id, this.owner, this.opts.leaseSeconds, this.ctx.now())
+          this.leaseTrouble.ok()
+        } catch (e) {
+          // The worker still runs the job (claimNext skips it): a lease the store cannot renew is no reason to stop it.
+          if (this.leaseTrouble.failed(Date.now())) this.ctx.logger.warn({ err: (e as Error).message, job: id }, 'renewing a job lease failed')
+        }
+      } else if (m.type === 'job') await this.ctx.hub.publishJob(m.job)
       else if (m.type === 'progress') await this.ctx.hub.publishProgress({ id: m.id, state: m.state, progress: m.progress }, false)
     } catch (e) {
       this.ctx.logger.warn({ err: e, job: id }, 'relaying a worker message failed')

@@ -6,7 +6,10 @@
  *   capacity (the images are sparse, but the guest may fill them, and a full file system under a
  *   running guest pauses it); zvol sink, the pool's available space against the data to write
  *   (each disk's `allocated_bytes` when the source tells, else its capacity; zvols are sparse,
- *   `-s`). What a resumed job already holds on the destination is subtracted.
+ *   `-s`). What a resumed job already holds on the destination is subtracted. What the other
+ *   queued and running jobs of this host that reserved space on the same file system or pool
+ *   still have to write is counted too (their reservation less what they hold already), checked
+ *   and reserved in one store transaction, so jobs started together cannot each pass alone.
  *   `E_MIG_DISK_WRITE_FAILED`.
  * - the qemu user can reach the file sink's volumes (see qemu-access.ts) and libvirt gives it the
  *   images (`dynamic_ownership`). `E_MIG_DOMAIN_DEFINE_FAILED`.
@@ -19,6 +22,7 @@ import { existsSync, readdirSync, statSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import { freeBytes, run } from './doctor.ts'
+import { mountPointOf } from './fs-space.ts'
 import { qemuCanReach, reachFix, type QemuUser } from './qemu-access.ts'
 
 /** A disk to be written (bytes). */
@@ -41,13 +45,38 @@ export interface PreCopyInput {
   bridges: Array<{ name: string; from: string }>
   /** Where network interfaces are listed (default `/sys/class/net`). */
   netDir?: string
+  /**
+   * Reserves the space this job counts on against the other jobs of this host (the store's
+   * `JobsRepo.reserveSpace` bound to the job): `key` names the file system or pool, `bytes` the
+   * job's whole need; `check` gets the other jobs reserving on `key` with what each still has to
+   * write, and throws to refuse. Absent: the job is checked alone.
+   */
+  reserve?: (key: string, bytes: number, check: (others: Array<{ id: string; remaining: number }>) => void) => Promise<void>
+}
+
+/** `, and N still to be written by K other job(s) here (ids)`, or '' when no other job counts. */
+function othersNote(others: Array<{ id: string; remaining: number }>): string {
+  const pending = others.reduce((s, o) => s + o.remaining, 0)
+  if (pending === 0) return ''
+  return ` and ${gib(pending)} still to be written by ${others.length} other job(s) on it (${others.map((o) => o.id).join(', ')})`
+}
+
+/** Runs `check` through the reservation when there is one, else alone. */
+async function reserveOrCheck(
+  input: PreCopyInput,
+  key: string,
+  bytes: number,
+  check: (others: Array<{ id: string; remaining: number }>) => void,
+): Promise<void> {
+  if (input.reserve) await input.reserve(key, bytes, check)
+  else check([])
 }
 
 const GiB = 1024 ** 3
 const gib = (n: number) => `${(n / GiB).toFixed(2)} GiB`
 
 /** Bytes the regular files below `dir` occupy (st_blocks), 0 when it does not exist. */
-function allocatedBelow(dir: string): number {
+export function allocatedBelow(dir: string): number {
   if (!existsSync(dir)) return 0
   let sum = 0
   for (const e of readdirSync(dir, { withFileTypes: true })) {
@@ -100,15 +129,18 @@ export async function checkBeforeCopy(input: PreCopyInput): Promise<void> {
         )
       }
     }
-    const need = input.disks.reduce((s, d) => s + d.capacity_bytes, 0) - allocatedBelow(jobDir)
+    const total = input.disks.reduce((s, d) => s + d.capacity_bytes, 0)
+    const need = total - allocatedBelow(jobDir)
     const free = freeBytes(volumesDir)
-    if (need > free) {
+    await reserveOrCheck(input, `fs:${mountPointOf(volumesDir)}`, total, (others) => {
+      const pending = others.reduce((s, o) => s + o.remaining, 0)
+      if (need + pending <= free) return
       throw new MigError(
         'E_MIG_DISK_WRITE_FAILED',
-        `not enough space for the disks under ${volumesDir}: ${gib(free)} free, ${gib(need)} needed (the capacity of ${input.disks.length} disk(s); sparse images can fill up to it); free space on that file system or set MIGRATOR_DATA_DIR to a larger one`,
-        { details: { free_bytes: free, needed_bytes: need, volumes: volumesDir } },
+        `not enough space for the disks under ${volumesDir}: ${gib(free)} free on ${mountPointOf(volumesDir)}, ${gib(need)} needed by this job (the capacity of ${input.disks.length} disk(s); sparse images can fill up to it)${othersNote(others)}; free space on that file system, wait for those jobs to end, or set MIGRATOR_DATA_DIR to a larger one`,
+        { details: { free_bytes: free, needed_bytes: need, reserved_by_others_bytes: pending, volumes: volumesDir, others: others.map((o) => o.id) } },
       )
-    }
+    })
   }
   if (input.zvol) {
     const { pool, jobDataset, zfsBinary = 'zfs' } = input.zvol
@@ -121,16 +153,17 @@ export async function checkBeforeCopy(input: PreCopyInput): Promise<void> {
     }
     const held = await run(zfsBinary, ['list', '-H', '-p', '-o', 'used', jobDataset])
     const already = held.code === 0 && /^\d+$/.test(held.stdout.trim()) ? Number(held.stdout.trim()) : 0
-    const need = input.disks.reduce((s, d) => s + (d.allocated_bytes ?? d.capacity_bytes), 0) - already
+    const total = input.disks.reduce((s, d) => s + (d.allocated_bytes ?? d.capacity_bytes), 0)
+    const need = total - already
     const free = Number(avail.stdout.trim())
-    if (need > free) {
+    await reserveOrCheck(input, `pool:${pool}`, total, (others) => {
+      const pending = others.reduce((s, o) => s + o.remaining, 0)
+      if (need + pending <= free) return
       throw new MigError(
         'E_MIG_DISK_WRITE_FAILED',
-        `not enough space in pool ${pool}: ${gib(free)} available, ${gib(need)} of data to write; free space in the pool or choose another (MIGRATOR_ZFS_POOL, plan destination.pool)`,
-        {
-          details: { free_bytes: free, needed_bytes: need, pool },
-        },
+        `not enough space in pool ${pool}: ${gib(free)} available, ${gib(need)} of data to write for this job${othersNote(others)}; free space in the pool, wait for those jobs to end, or choose another pool (MIGRATOR_ZFS_POOL, plan destination.pool)`,
+        { details: { free_bytes: free, needed_bytes: need, reserved_by_others_bytes: pending, pool, others: others.map((o) => o.id) } },
       )
-    }
+    })
   }
 }

@@ -28,6 +28,7 @@ import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { Sink, SinkVolume } from '../sink/types.ts'
 import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
 import { ProgressTracker } from './progress.ts'
+import { shortageOf, waitForSpace, type SpaceWait } from './space-wait.ts'
 import { TrailingThrottle } from '../throttle.ts'
 
 /** What `start` reports: the domain, the hardware chosen, and a boot notice (null: boot verified or not started). */
@@ -155,6 +156,12 @@ export interface OrchestratorDeps {
    * `started` (domain defined/started), `completed`.
    */
   mark?(name: string): void
+  /**
+   * Offline copies: a file system that fills up during the copy (the volumes', the store's) is
+   * waited out for a bounded time with a visible notice, then the copy resumes from its durable
+   * watermarks (lib/pipeline/space-wait.ts). Absent: such a copy fails at once.
+   */
+  spaceWait?: SpaceWait
 }
 
 /** Least time between two progress snapshots of a job (ms); the job's stored progress and SSE `progress`. */
@@ -230,7 +237,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
       job = await jobs.update(jobId, { restore_point: point }, iso())
       deps.onJob(job)
     }
-    const resumed = new Map((await deps.watermarks.list(jobId)).map((w) => [w.disk_label, w.watermark_bytes]))
+    let resumed = new Map((await deps.watermarks.list(jobId)).map((w) => [w.disk_label, w.watermark_bytes]))
     if (source.strategy === 'live') resumed.clear()
     tracker = new ProgressTracker(manifest.disks, resumed, () => deps.now().getTime())
     // A live job resumed in CuttingOver copies again (the source is down: one snapshot, full copy).
@@ -248,8 +255,37 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     deps.mark?.('copying')
 
     if (copies) {
-      if (source.strategy === 'offline') await copyOffline(deps, source, volumes, tracker, resumed, emit, early)
-      else if (source.strategy === 'passthrough') {
+      if (source.strategy === 'offline') {
+        for (;;) {
+          try {
+            await copyOffline(deps, source, volumes, tracker, resumed, emit, early)
+            break
+          } catch (e) {
+            const remaining = await remainingBytes(deps, manifest)
+            const shortage = deps.spaceWait && !signal.aborted ? shortageOf(e, deps.spaceWait, volumes[0]!.path, remaining) : null
+            if (!shortage) throw e
+            if (early && !early.taken) await early.reader.then((r) => r.close()).catch(() => {})
+            early = null
+            const before = notice
+            await waitForSpace(shortage, deps.spaceWait!, signal, async (message) => {
+              const waiting: LastError = { code: shortage.code, message: deps.redact ? deps.redact(message) : message, fatal: false }
+              // The store may refuse this write too (its file system is the full one): the SSE
+              // stream still carries the notice.
+              job = await jobs.update(jobId, { last_error: waiting }, iso()).catch(() => ({ ...job, last_error: waiting }))
+              deps.onJob(job)
+            })
+            // Fresh handles (a failed write may have left one in error), the durable watermarks again.
+            for (let i = 0; i < volumes.length; i++) {
+              await volumes[i]!.close().catch(() => {})
+              volumes[i] = await deps.sink.create(jobId, manifest.disks[i]!.label, manifest.disks[i]!.capacity_bytes)
+            }
+            resumed = new Map((await deps.watermarks.list(jobId)).map((w) => [w.disk_label, w.watermark_bytes]))
+            for (const d of manifest.disks) tracker.setDone(d.label, Math.min(resumed.get(d.label) ?? 0, d.capacity_bytes))
+            notice = before
+            await patch({ last_error: notice })
+          }
+        }
+      } else if (source.strategy === 'passthrough') {
         await source.runFullImport(volumes, (label, done) => (tracker!.setDone(label, done), emit()), signal)
         for (const d of manifest.disks) tracker.finish(d.label)
       } else {
@@ -333,6 +369,12 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     if (early && !early.taken) await early.reader.then((r) => r.close()).catch(() => {})
     await source?.close().catch(() => {})
   }
+}
+
+/** Bytes the offline copy of `manifest` still has to write: each disk's capacity above its durable watermark. */
+async function remainingBytes(deps: OrchestratorDeps, manifest: VmManifest): Promise<number> {
+  const marks = new Map((await deps.watermarks.list(deps.jobId).catch(() => [])).map((w) => [w.disk_label, w.watermark_bytes]))
+  return manifest.disks.reduce((sum, d) => sum + Math.max(0, d.capacity_bytes - (marks.get(d.label) ?? 0)), 0)
 }
 
 /** The first disk's reader, opened ahead of the copy ({@link openFirstReader}); `taken` once the copy has it. */

@@ -4,6 +4,7 @@
 import type { Kysely } from 'kysely'
 import { BulkPlansRepo } from './bulk-plans.ts'
 import { openDatabase } from './db.ts'
+import { setStoreFile } from './persist.ts'
 import { EventsRepo } from './events.ts'
 import { JobsRepo } from './jobs.ts'
 import type { Database } from './schema.ts'
@@ -23,9 +24,13 @@ export interface Store {
   close(): Promise<void>
 }
 
-/** Opens the store at `file` (see {@link openDatabase}); throws `E_MIG_PERSIST_FAILED`. */
+/**
+ * Opens the store at `file` (see {@link openDatabase}) and makes its space reserve (lib/store/persist.ts);
+ * throws `E_MIG_PERSIST_FAILED`.
+ */
 export async function openStore(file: string): Promise<Store> {
   const db = await openDatabase(file)
+  setStoreFile(file)
   return {
     db,
     sources: new SourcesRepo(db),

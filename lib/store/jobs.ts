@@ -18,6 +18,7 @@ import {
 } from '../job.ts'
 import { cutoverModeOf, type Plan, type Strategy } from '../plan.ts'
 import { persist } from './persist.ts'
+import { writeTransaction } from './tx.ts'
 import type { Database, JobsTable } from './schema.ts'
 
 function toJob(r: Selectable<JobsTable>, blockedBy: string[] = []): Job {
@@ -151,6 +152,7 @@ export class JobsRepo {
       depends_on: j.placement && j.placement.depends_on.length > 0 ? JSON.stringify(j.placement.depends_on) : null,
       source_limit: j.placement?.source_limit ?? null,
       hardware: null,
+      space_reserved: null,
     }
     return persist('create job', async () => {
       await this.db.insertInto('jobs').values(row).execute()
@@ -229,24 +231,31 @@ export class JobsRepo {
     return r?.cutover_requested_at ?? null
   }
 
-  /** Applies `patch` (and the derived `status`) at time `now`; returns the updated job. */
+  /**
+   * Applies `patch` (and the derived `status`) at time `now`; returns the updated job. A patch
+   * that sets `last_error` (a failure, a notice) may spend the store's space reserve (persist.ts).
+   */
   async update(id: string, patch: JobPatch, now: string): Promise<Job> {
-    return persist('update job', async () => {
-      const set: Partial<Selectable<JobsTable>> = { updated_at: now }
-      if (patch.state !== undefined) Object.assign(set, { state: patch.state, status: jobStatusOf(patch.state) })
-      if (patch.progress !== undefined) set.progress = JSON.stringify(patch.progress)
-      if (patch.last_error !== undefined) set.last_error = patch.last_error === null ? null : JSON.stringify(patch.last_error)
-      if (patch.effective_mode !== undefined) set.effective_mode = patch.effective_mode
-      if (patch.started_at !== undefined) set.started_at = patch.started_at
-      if (patch.finished_at !== undefined) set.finished_at = patch.finished_at
-      if (patch.domain !== undefined) set.domain = patch.domain
-      if (patch.cutover !== undefined) set.cutover = JSON.stringify({ ...patch.cutover, requested_at: null })
-      if (patch.source_vm !== undefined) set.source_vm = JSON.stringify(patch.source_vm)
-      if (patch.hardware !== undefined) set.hardware = patch.hardware === null ? null : JSON.stringify(patch.hardware)
-      if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
-      await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
-      return this.get(id)
-    })
+    return persist(
+      'update job',
+      async () => {
+        const set: Partial<Selectable<JobsTable>> = { updated_at: now }
+        if (patch.state !== undefined) Object.assign(set, { state: patch.state, status: jobStatusOf(patch.state) })
+        if (patch.progress !== undefined) set.progress = JSON.stringify(patch.progress)
+        if (patch.last_error !== undefined) set.last_error = patch.last_error === null ? null : JSON.stringify(patch.last_error)
+        if (patch.effective_mode !== undefined) set.effective_mode = patch.effective_mode
+        if (patch.started_at !== undefined) set.started_at = patch.started_at
+        if (patch.finished_at !== undefined) set.finished_at = patch.finished_at
+        if (patch.domain !== undefined) set.domain = patch.domain
+        if (patch.cutover !== undefined) set.cutover = JSON.stringify({ ...patch.cutover, requested_at: null })
+        if (patch.source_vm !== undefined) set.source_vm = JSON.stringify(patch.source_vm)
+        if (patch.hardware !== undefined) set.hardware = patch.hardware === null ? null : JSON.stringify(patch.hardware)
+        if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
+        await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
+        return this.get(id)
+      },
+      { useReserve: patch.last_error !== undefined },
+    )
   }
 
   /**
@@ -313,14 +322,16 @@ export class JobsRepo {
    * released for a retry, or its worker or server died) for `owner` until `now + leaseSeconds`,
    * skipping jobs that wait for others (a `depends_on` job not `Completed`) and live jobs whose
    * source already runs its limit of jobs (held leases; the job's bulk-plan `source_limit`, and
-   * `perSourceLimit` when above 0). Returns its id, or null.
+   * `perSourceLimit` when above 0), and the jobs of `running` (ids whose worker this supervisor
+   * still runs: their lease may have expired while the store could not be written). Returns its
+   * id, or null.
    */
-  claimNext(owner: string, leaseSeconds: number, now: Date, perSourceLimit = 0): Promise<string | null> {
+  claimNext(owner: string, leaseSeconds: number, now: Date, perSourceLimit = 0, running: readonly string[] = []): Promise<string | null> {
     const nowIso = now.toISOString()
     const until = new Date(now.getTime() + leaseSeconds * 1000).toISOString()
     const sourceOf = sql<string | null>`json_extract(plan, '$.source_ref.source_id')`
     return persist('claim job', () =>
-      this.db.transaction().execute(async (tx) => {
+      writeTransaction(this.db, async (tx) => {
         const rows = await tx
           .selectFrom('jobs')
           .select(['id', 'status', 'depends_on', 'source_limit', sourceOf.as('source_id')])
@@ -330,6 +341,7 @@ export class JobsRepo {
           .orderBy('id')
           .execute()
         for (const row of rows) {
+          if (running.includes(row.id)) continue
           if (row.depends_on !== null && row.status === 'queued') {
             const deps = JSON.parse(row.depends_on) as string[]
             const done = await tx.selectFrom('jobs').select('id').where('id', 'in', deps).where('state', '=', 'Completed').execute()
@@ -372,6 +384,45 @@ export class JobsRepo {
     return persist('release job lease', async () => {
       await this.db.updateTable('jobs').set({ lease_owner: null, lease_expires_at: null }).where('id', '=', id).execute()
     })
+  }
+
+  /**
+   * Reserves `bytes` on file system or pool `key` for job `id`, atomically against every other
+   * job's reservation (one write transaction: two jobs checking at once see each other): calls
+   * `check(others)` with the other queued or running jobs that reserved on `key`, each with what
+   * it still has to write (`remainingOf(id, reserved bytes)`), and stores the reservation when
+   * `check` returns. `check` throws to refuse (its error is thrown, nothing stored).
+   * `E_MIG_PERSIST_FAILED` when the store fails.
+   */
+  reserveSpace(
+    id: string,
+    key: string,
+    bytes: number,
+    remainingOf: (jobId: string, reserved: number) => Promise<number>,
+    check: (others: Array<{ id: string; remaining: number }>) => void,
+  ): Promise<void> {
+    return persist('reserve space', () =>
+      writeTransaction(this.db, async (tx) => {
+        const rows = await tx
+          .selectFrom('jobs')
+          .select(['id', 'space_reserved'])
+          .where('status', 'in', ACTIVE)
+          .where('id', '!=', id)
+          .where('space_reserved', 'is not', null)
+          .execute()
+        const others: Array<{ id: string; remaining: number }> = []
+        for (const r of rows) {
+          const res = JSON.parse(r.space_reserved!) as { key: string; bytes: number }
+          if (res.key === key) others.push({ id: r.id, remaining: Math.max(0, await remainingOf(r.id, res.bytes)) })
+        }
+        check(others)
+        await tx
+          .updateTable('jobs')
+          .set({ space_reserved: JSON.stringify({ key, bytes }) })
+          .where('id', '=', id)
+          .execute()
+      }),
+    )
   }
 
   /** Counts one more worker attempt at `id`; returns the new count. */

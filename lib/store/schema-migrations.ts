@@ -113,6 +113,12 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('jobs').addColumn('hardware', 'text').execute()
     },
   },
+  '0007_space_reservation': {
+    async up(db: Kysely<any>) {
+      // what a job's pre-copy check counted for its disks (lib/host/precopy.ts): {key, bytes}
+      await db.schema.alterTable('jobs').addColumn('space_reserved', 'text').execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

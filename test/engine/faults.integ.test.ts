@@ -212,7 +212,8 @@ describe('engine faults (real server, worker processes, file sink)', () => {
   test('a destination that fills up during the copy (ext4 on a loop device, filled by another writer) fails the job with E_MIG_DISK_WRITE_FAILED naming the volume and offset', async () => {
     // Room for the 320 MiB disk when the job starts (no blocks reserved for root: the worker is root).
     const d = dataDirOnExt4('full', 400 * MiB, ['-m', '0'])
-    const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot })
+    // The copy waits for space (lib/pipeline/space-wait.ts) 2 s here before it fails.
+    const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot, MIGRATOR_SPACE_WAIT_SECONDS: '2' })
     try {
       const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}full`, start: false }))
       await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' || (j.status !== 'running' && j.status !== 'queued'), 60_000)

@@ -1,0 +1,210 @@
+/**
+ * Faults a real host throws at a long migration (docs/reliability.md), each on real file
+ * systems: small ext4 file systems on loop devices holding the whole data directory (store,
+ * volumes, logs), filled by another process while a job copies; two jobs started together that
+ * fit only one at a time. Plans use `start: false` (the domain is defined, not booted).
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { Database } from 'bun:sqlite'
+import { execFileSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync, rmSync, statfsSync, writeSync } from 'node:fs'
+import * as path from 'node:path'
+import { buildInput, fileSha256 } from '../helpers/inputs.ts'
+import { call, offlinePlan, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { startServer } from '../helpers/server.ts'
+import { tempDir } from '../helpers/tmp.ts'
+
+const PREFIX = 'mighf-'
+const MiB = 1024 * 1024
+
+/** A raw image of `size` bytes with random data in its first `dataBytes`, then a hole. */
+function randomImage(file: string, size: number, dataBytes: number): string {
+  const fd = openSync(file, 'w')
+  for (let at = 0; at < dataBytes; at += 4 * MiB) writeSync(fd, randomBytes(Math.min(4 * MiB, dataBytes - at)), 0, undefined, at)
+  closeSync(fd)
+  execFileSync('truncate', ['-s', String(size), file])
+  return file
+}
+
+/** `PRAGMA integrity_check` of the store of `dataDir` (read-only). */
+function integrity(dataDir: string): string {
+  const db = new Database(path.join(dataDir, 'migrator.db', 'migrator.sqlite'), { readonly: true })
+  try {
+    return String((db.query('PRAGMA integrity_check').get() as Record<string, unknown>).integrity_check)
+  } finally {
+    db.close()
+  }
+}
+
+/** Takes every free block of the file system of `dir` with one file (`<dir>/filler`); returns its path. */
+function fill(dir: string): string {
+  const filler = path.join(dir, 'filler')
+  const st = statfsSync(dir)
+  try {
+    execFileSync('fallocate', ['-l', String(Number(st.bavail) * Number(st.bsize)), filler], { stdio: 'ignore' })
+  } catch {
+    // ext4 keeps what fallocate got when it hits ENOSPC
+  }
+  return filler
+}
+
+describe('host faults (real server, worker processes, loop-device file systems)', () => {
+  const t = tempDir('mig-hostflt-')
+  const importRoot = path.join(t.dir, 'imports')
+  const mounts: Array<{ dir: string; image: string }> = []
+  let raw = ''
+
+  /** A data dir `<t.dir>/<name>` that is a fresh ext4 of `size` bytes on a loop device (unmounted in afterAll). */
+  function dataDirOnExt4(name: string, size: number): string {
+    const d = path.join(t.dir, name)
+    mkdirSync(d, { recursive: true })
+    const image = path.join(t.dir, `${name}-ext4.img`)
+    execFileSync('truncate', ['-s', String(size), image])
+    execFileSync('mkfs.ext4', ['-q', '-m', '0', image])
+    execFileSync('mount', ['-o', 'loop', image, d])
+    mounts.push({ dir: d, image })
+    chmodSync(d, 0o755)
+    return d
+  }
+
+  beforeAll(async () => {
+    chmodSync(t.dir, 0o755)
+    mkdirSync(importRoot, { recursive: true })
+    raw = randomImage(path.join(t.dir, 'disk.raw'), 128 * MiB, 96 * MiB)
+    buildInput('qcow2', importRoot, 'disk', [raw])
+    await ensureLibvirt()
+    await cleanupDomains(PREFIX)
+  }, 120_000)
+
+  afterAll(async () => {
+    await cleanupDomains(PREFIX)
+    for (const m of mounts) {
+      try {
+        execFileSync('umount', [m.dir])
+      } catch {
+        execFileSync('umount', ['-l', m.dir])
+      }
+    }
+    t.cleanup()
+  })
+
+  test('the data dir fills up mid-copy: the job says "waiting for space" within seconds, the server answers, and the copy resumes bit-exact once space returns', async () => {
+    const d = dataDirOnExt4('full', 192 * MiB)
+    const srv = await startServer('bun', d, {
+      MIGRATOR_IMPORT_ROOT: importRoot,
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(16 * MiB),
+      MIGRATOR_FLUSH_EVERY_BYTES: String(8 * MiB),
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+    })
+    try {
+      const job = await submit(srv.base, offlinePlan('qcow2', 'disk/disk.qcow2', { name: `${PREFIX}full`, start: false }))
+      await waitJob(
+        srv.base,
+        job.id,
+        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 24 * MiB) || !['queued', 'running'].includes(j.status),
+        60_000,
+      )
+      const filler = fill(d)
+      const filledAt = Date.now()
+      const waiting = await waitJob(srv.base, job.id, (j) => j.last_error !== null || j.status !== 'running', 30_000)
+      expect(Date.now() - filledAt).toBeLessThan(10_000)
+      expect(waiting.status).toBe('running')
+      expect(['E_MIG_DISK_WRITE_FAILED', 'E_MIG_PERSIST_FAILED']).toContain(waiting.last_error.code)
+      expect(waiting.last_error.fatal).toBe(false)
+      // The mount point (the data dir, shown as such), both figures, the fix, the cause.
+      expect(waiting.last_error.message).toMatch(/^waiting for space on <data dir> \(the file system of /)
+      expect(waiting.last_error.message).toMatch(/\d+\.\d MiB free, \d+\.\d MiB needed/)
+      expect(waiting.last_error.message).toContain('free space on <data dir>')
+      expect(waiting.last_error.message).toMatch(/no space left on device|database or disk is full/i)
+      // The server keeps answering while the file system is full.
+      expect((await call(srv.base, 'GET', '/migrations')).status).toBe(200)
+      // No silent stall: the notice stays while the space is missing, the job does not end.
+      await new Promise((r) => setTimeout(r, 2000))
+      const still = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
+      expect([still.status, still.last_error?.code]).toEqual(['running', waiting.last_error.code])
+      rmSync(filler)
+      const done = await waitJob(srv.base, job.id, undefined, 90_000)
+      expect([done.state, done.last_error]).toEqual(['Completed', null])
+      expect(fileSha256(volumePath(d, job.id, done.progress.disks[0].label))).toBe(fileSha256(raw))
+      // The supervisor names the store's own reason, never a masking ROLLBACK error.
+      expect(srv.stdout() + srv.stderr()).not.toContain('cannot rollback')
+    } finally {
+      await srv.stop()
+      console.log(
+        srv
+          .stdout()
+          .split('\n')
+          .filter((l) => !l.includes('"request"'))
+          .join('\n')
+          .slice(-5000),
+        srv.stderr().slice(-3000),
+      )
+    }
+    expect(integrity(d)).toBe('ok')
+  }, 180_000)
+
+  test('a file system that stays full: after MIGRATOR_SPACE_WAIT_SECONDS the job fails E_MIG_DISK_WRITE_FAILED naming the mount point, both figures and the fix', async () => {
+    const d = dataDirOnExt4('stays', 192 * MiB)
+    const srv = await startServer('bun', d, {
+      MIGRATOR_IMPORT_ROOT: importRoot,
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(16 * MiB),
+      MIGRATOR_FLUSH_EVERY_BYTES: String(8 * MiB),
+      MIGRATOR_SPACE_WAIT_SECONDS: '3',
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+    })
+    try {
+      const job = await submit(srv.base, offlinePlan('qcow2', 'disk/disk.qcow2', { name: `${PREFIX}stays`, start: false }))
+      await waitJob(
+        srv.base,
+        job.id,
+        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 24 * MiB) || !['queued', 'running'].includes(j.status),
+        60_000,
+      )
+      fill(d)
+      const done = await waitJob(srv.base, job.id, undefined, 60_000)
+      expect(done.state).toBe('Failed')
+      expect(['E_MIG_DISK_WRITE_FAILED', 'E_MIG_PERSIST_FAILED']).toContain(done.last_error.code)
+      expect(done.last_error.fatal).toBe(true)
+      expect(done.last_error.message).toMatch(
+        /^no space left on <data dir> \(the file system of .*\): \d+\.\d MiB free, \d+\.\d MiB needed after waiting 3 s; free space on <data dir>/,
+      )
+      expect((await call(srv.base, 'GET', '/migrations')).status).toBe(200)
+    } finally {
+      await srv.stop()
+    }
+    expect(integrity(d)).toBe('ok')
+  }, 180_000)
+
+  test('two jobs started together that fit only one at a time: the second is refused before its copy, naming both figures; the first completes bit-exact', async () => {
+    // 128 MiB disks on a ~170 MiB file system: one fits, two do not.
+    const d = dataDirOnExt4('two', 192 * MiB)
+    const srv = await startServer('bun', d, {
+      MIGRATOR_IMPORT_ROOT: importRoot,
+      MIGRATOR_MAX_JOBS: '2',
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(16 * MiB),
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+    })
+    try {
+      const jobs = await Promise.all([1, 2].map((i) => submit(srv.base, offlinePlan('qcow2', 'disk/disk.qcow2', { name: `${PREFIX}two-${i}`, start: false }))))
+      const done = await Promise.all(jobs.map((j) => waitJob(srv.base, j.id, undefined, 90_000)))
+      const refused = done.filter((j) => j.state === 'Failed')
+      const completed = done.filter((j) => j.state === 'Completed')
+      expect([refused.length, completed.length]).toEqual([1, 1])
+      const r = refused[0]
+      expect(r.last_error.code).toBe('E_MIG_DISK_WRITE_FAILED')
+      // Refused by the pre-copy check: nothing of it was copied, its volumes never made.
+      expect(r.progress.bytes_done).toBe(0)
+      expect(existsSync(path.join(d, 'volumes', 'migrations', r.id))).toBe(false)
+      expect(r.last_error.message).toMatch(
+        /^not enough space for the disks under <data dir>\/volumes: [\d.]+ GiB free on <data dir>, 0\.13 GiB needed by this job .* and [\d.]+ GiB still to be written by 1 other job\(s\) on it \(/,
+      )
+      expect(r.last_error.message).toContain(completed[0].id)
+      expect(fileSha256(volumePath(d, completed[0].id, completed[0].progress.disks[0].label))).toBe(fileSha256(raw))
+    } finally {
+      await srv.stop()
+    }
+    expect(integrity(d)).toBe('ok')
+  }, 180_000)
+})

@@ -295,6 +295,15 @@ class HttpObject implements RemoteFile {
     if (a.body.buffer !== into.buffer || a.body.byteOffset !== into.byteOffset) a.body.copy(into)
   }
 
+  get identity(): string {
+    const v = this.validators.etag
+      ? `ETag ${this.validators.etag}`
+      : this.validators.lastModified
+        ? `Last-Modified ${this.validators.lastModified}`
+        : 'no validator'
+    return `${v}, ${this.size} bytes`
+  }
+
   close(): void {
     if (this.closed) return
     this.closed = true

@@ -106,11 +106,28 @@ const migrations: Record<string, Migration> = {
         .addColumn('created_at', 'text', (c) => c.notNull())
         .addColumn('updated_at', 'text', (c) => c.notNull())
         .execute()
+      // a retried job resumes only on the version of the remote object its first attempt read
+      await db.schema.alterTable('jobs').addColumn('input_identity', 'text').execute()
     },
   },
   '0006_job_hardware': {
     async up(db: Kysely<any>) {
       await db.schema.alterTable('jobs').addColumn('hardware', 'text').execute()
+    },
+  },
+  '0007_remote_credentials': {
+    async up(db: Kysely<any>) {
+      // credentials of remote offline inputs (roadmap v0.3); `secret` sealed like a source's password
+      await db.schema
+        .createTable('remote_credentials')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('name', 'text', (c) => c.notNull().unique())
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('username', 'text')
+        .addColumn('secret', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('updated_at', 'text', (c) => c.notNull())
+        .execute()
     },
   },
 }

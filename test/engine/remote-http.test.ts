@@ -13,10 +13,11 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, statSync, writeSync } from 'node:fs'
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync, writeSync } from 'node:fs'
 import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
+import { runCli } from '../helpers/cli.ts'
 import { call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { makeTestCa, NGINX_USER, startNginx, type RunningNginx } from '../helpers/nginx.ts'
@@ -165,6 +166,28 @@ describe('remote offline inputs over HTTP(S) (real nginx, server, workers, file 
     expect(fileSha256(volumePath(t.dir, ok.id, okDone.progress.disks[0].label))).toBe(rawSha256(files.vmdk!, 'vmdk', scratch))
     expect([noDone.state, noDone.last_error.code]).toEqual(['Failed', 'E_MIG_SOURCE_UNREACHABLE'])
     expect(noDone.last_error.message).toContain('TLS')
+  }, 120_000)
+
+  test('migrator import <https URL> --ca-file --credential: inspected remotely, submitted as offline_url, followed to Completed', async () => {
+    writeFileSync(path.join(scratch, 'ca.pem'), ca.caPem)
+    const cred = await call(srv.base, 'POST', '/remote-credentials', { name: 'cli', kind: 'http_basic', ...NGINX_USER })
+    const target = `${tlsWeb.base}/private/${path.relative(www, files.qcow2!)}`
+    const r = await runCli(
+      ['import', target, '--ca-file', path.join(scratch, 'ca.pem'), '--credential', cred.body.id, '--name', `${PREFIX}cli`, '--no-start'],
+      {
+        env: { MIGRATOR_URL: srv.base },
+        timeoutMs: 90_000,
+      },
+    )
+    expect([r.code, r.stderr]).toEqual([0, ''])
+    const lines = r.stdout.split('\n')
+    expect(lines).toContain('qcow2: q, 1 vCPU, 2.0 GiB, bios, guest unknown')
+    expect(lines).toContain('  disk q: 64.0 MiB qcow2')
+    const id = /^migration ([0-9a-f-]{36}) submitted$/m.exec(r.stdout)![1]!
+    expect(lines).toContain(`migration ${id} Completed`)
+    const job = (await call(srv.base, 'GET', `/migrations/${id}`)).body
+    expect(job.plan.source_ref).toEqual({ kind: 'offline_url', url: target, credential_id: cred.body.id, tls: { ca_pem: ca.caPem } })
+    expect(fileSha256(volumePath(t.dir, id, job.progress.disks[0].label))).toBe(rawSha256(files.qcow2!, 'qcow2', scratch))
   }, 120_000)
 
   test('404: the job fails E_MIG_NOT_FOUND naming the URL', async () => {

@@ -96,6 +96,9 @@ export const Plan = z
         message: 'an Offline source needs source_ref.kind "offline_host_path", "upload" or "offline_url"',
       })
     }
+    if (p.source_ref.kind === 'offline_url' && p.source_ref.s3 && !p.source_ref.url.startsWith('s3:')) {
+      ctx.addIssue({ code: 'custom', path: ['source_ref', 's3'], message: 's3 settings need an s3:// url' })
+    }
     if ('Offline' in p.source && p.source_ref.kind === 'offline_url' && !REMOTE_IMPORTERS.includes(p.source.Offline)) {
       ctx.addIssue({
         code: 'custom',

@@ -5,7 +5,7 @@ import { IMPORTER_KINDS } from '../../lib/kinds.ts'
 import { issuesOf } from '../../lib/plan.ts'
 import { credentialLookup } from '../../lib/remote/credentials.ts'
 import { inspectRemote } from '../../lib/remote/open.ts'
-import { RemoteTls, RemoteUrl } from '../../lib/remote/ref.ts'
+import { RemoteS3, RemoteTls, RemoteUrl } from '../../lib/remote/ref.ts'
 import { json, readJson } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'
 
@@ -16,11 +16,12 @@ const Body = z.strictObject({
   url: RemoteUrl,
   credential_id: z.uuid().optional(),
   tls: RemoteTls.optional(),
+  s3: RemoteS3.optional(),
   kind: z.enum(IMPORTER_KINDS).optional(),
 })
 
 /**
- * Body `{url, credential_id?, tls?, kind?}` (the fields of an `offline_url` source_ref; `kind`
+ * Body `{url, credential_id?, tls?, s3?, kind?}` (the fields of an `offline_url` source_ref; `kind`
  * skips detection). Reads headers, descriptors and tables with ranged requests, never the disks.
  * 200 `{detected_kind, manifest}`. Throws `E_MIG_BAD_REQUEST` (with `details.issues`),
  * `E_MIG_NOT_FOUND` (credential or object), `E_MIG_AUTH_FAILED`, `E_MIG_SOURCE_UNREACHABLE`,

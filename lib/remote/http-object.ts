@@ -23,7 +23,7 @@
  */
 import type { RemoteFile } from '../contracts/remote-file.ts'
 import { MigError, type ErrorCode } from '../errors.ts'
-import { RangeHttp, type RangeAnswer } from '../http/range-http.ts'
+import { RangeHttp, type RangeAnswer, type RangeGetOptions } from '../http/range-http.ts'
 import type { TlsTrust } from '../tls.ts'
 
 /** HTTP authentication: `basic` (RFC 7617) or `bearer` (RFC 6750). */
@@ -47,6 +47,13 @@ export interface HttpObjectOptions {
   pieceBytes?: number
   /** Largest object read whole into memory from a server without ranges (default 256 MiB). */
   wholeObjectLimit?: number
+  /** How messages and the scope name the object (default the URL): an `s3://bucket/key`. */
+  name?: string
+  /**
+   * Signs each request (S3 SigV4, `lib/remote/s3-object.ts`): the header fields to send for a
+   * `GET` of the URL with `headers`; called for every request, retries included.
+   */
+  sign?: (url: string, headers: Record<string, string>) => Promise<Record<string, string>>
 }
 
 /** Bytes asked by the open's ranged GET. */
@@ -62,11 +69,10 @@ function errCode(e: unknown): string {
 }
 
 /** A failure of the transport (no answer), as the error the caller sees. */
-function transportError(name: string, e: unknown): MigError {
+function transportError(name: string, e: unknown, host: string): MigError {
   if (e instanceof MigError) return e
   const code = errCode(e)
   const msg = (e as Error).message
-  const host = new URL(name).host
   if (DNS.has(code))
     return new MigError('E_MIG_SOURCE_UNREACHABLE', `${name}: cannot resolve ${host} (DNS, ${code})`, { cause: e, details: { url: name, code } })
   if (/CERT|TLS|SSL|THUMBPRINT|SELF_SIGNED|UNABLE_TO/i.test(code))
@@ -121,11 +127,24 @@ export async function openHttpObject(url: string, opts: HttpObjectOptions = {}):
   }
 }
 
+/** `pool.get` with the request signed when `opts.sign` is set. */
+async function signedGet(
+  pool: RangeHttp,
+  origin: string,
+  path: string,
+  headers: Record<string, string>,
+  o: RangeGetOptions,
+  opts: HttpObjectOptions,
+): Promise<RangeAnswer> {
+  return pool.get(path, opts.sign ? await opts.sign(`${origin}${path}`, headers) : headers, o)
+}
+
 class HttpObject implements RemoteFile {
   private closed = false
 
   private constructor(
     private readonly pool: RangeHttp,
+    private readonly origin: string,
     private readonly path: string,
     readonly name: string,
     readonly size: number,
@@ -136,7 +155,7 @@ class HttpObject implements RemoteFile {
   ) {}
 
   static async open(pool: RangeHttp, u: URL, opts: HttpObjectOptions): Promise<RemoteFile> {
-    const name = u.href
+    const name = opts.name ?? u.href
     const path = `${u.pathname}${u.search}`
     const auth: Record<string, string> = {}
     if (opts.auth?.kind === 'basic') auth.authorization = `Basic ${Buffer.from(`${opts.auth.username}:${opts.auth.password}`).toString('base64')}`
@@ -160,7 +179,7 @@ class HttpObject implements RemoteFile {
           /CERT|TLS|SSL|THUMBPRINT|SELF_SIGNED|UNABLE_TO/i.test(code) ||
           attempt >= (opts.retries ?? 5)
         )
-          throw transportError(name, e)
+          throw transportError(name, e, u.host)
         await sleep((opts.retryBaseMs ?? 250) * 2 ** attempt)
       }
     }
@@ -175,13 +194,13 @@ class HttpObject implements RemoteFile {
     if (a.status === 416) {
       // RFC 9110 15.5.17: no byte of the range exists: an empty object
       const cr = /^bytes \*\/(\d{1,15})$/.exec(a.headers['content-range'] ?? '')
-      return new HttpObject(pool, path, name, cr ? Number(cr[1]) : 0, validators, Buffer.alloc(0), opts, auth)
+      return new HttpObject(pool, u.origin, path, name, cr ? Number(cr[1]) : 0, validators, Buffer.alloc(0), opts, auth)
     }
     if (a.status === 206) {
       const cr = parseContentRange(a.headers['content-range'])
       if (cr?.first !== 0 || cr.size === null || cr.last !== a.body.length - 1)
         throw new MigError('E_MIG_DISK_READ_FAILED', `${name}: a 206 answer without a usable Content-Range (${a.headers['content-range'] ?? 'none'})`)
-      return new HttpObject(pool, path, name, cr.size, validators, Buffer.from(a.body), opts, auth)
+      return new HttpObject(pool, u.origin, path, name, cr.size, validators, Buffer.from(a.body), opts, auth)
     }
     // 200: the server ignores ranges; its Content-Length is the object's size
     const cl = a.headers['content-length']
@@ -195,14 +214,21 @@ class HttpObject implements RemoteFile {
         `${name}: the server does not serve byte ranges (it answered HTTP 200 to a Range request) and the object is ${size} bytes, more than the ${limit} bytes read whole into memory; enable ranges on the server (nginx: max_ranges), or copy it into the import root`,
         { details: { url: name, size, limit } },
       )
-    if (!a.cut && a.body.length === size) return new HttpObject(pool, path, name, size, validators, Buffer.from(a.body), opts, auth)
+    if (!a.cut && a.body.length === size) return new HttpObject(pool, u.origin, path, name, size, validators, Buffer.from(a.body), opts, auth)
     const whole = Buffer.allocUnsafe(size)
     let all: RangeAnswer | undefined
     for (let attempt = 0; !all; attempt++) {
       try {
-        all = await pool.get(path, { ...auth, 'accept-encoding': 'identity' }, { max: size, into: whole, timeoutMs: Math.max(timeoutMs, size / 1000) })
+        all = await signedGet(
+          pool,
+          u.origin,
+          path,
+          { ...auth, 'accept-encoding': 'identity' },
+          { max: size, into: whole, timeoutMs: Math.max(timeoutMs, size / 1000) },
+          opts,
+        )
       } catch (e) {
-        if (e instanceof MigError || attempt >= (opts.retries ?? 5)) throw transportError(name, e)
+        if (e instanceof MigError || attempt >= (opts.retries ?? 5)) throw transportError(name, e, u.host)
         await sleep((opts.retryBaseMs ?? 250) * 2 ** attempt)
       }
     }
@@ -217,7 +243,7 @@ class HttpObject implements RemoteFile {
       throw new MigError('E_MIG_DISK_READ_FAILED', `${name}: the object changed while it was read (HTTP ${all.status}, ${all.body.length} of ${size} bytes)`, {
         details: { url: name },
       })
-    return new HttpObject(pool, path, name, size, validators, whole, opts, auth)
+    return new HttpObject(pool, u.origin, path, name, size, validators, whole, opts, auth)
   }
 
   async read(into: Buffer, pos: number): Promise<number> {
@@ -251,7 +277,7 @@ class HttpObject implements RemoteFile {
       if (this.closed) break
       let a: RangeAnswer
       try {
-        a = await this.pool.get(this.path, headers, { max: into.length, into, timeoutMs: this.opts.requestTimeoutMs ?? 120_000 })
+        a = await signedGet(this.pool, this.origin, this.path, headers, { max: into.length, into, timeoutMs: this.opts.requestTimeoutMs ?? 120_000 }, this.opts)
       } catch (e) {
         if (e instanceof MigError) throw e
         why = `${errCode(e) || 'transport'}: ${(e as Error).message}`

@@ -9,11 +9,16 @@ import type { RemoteFile } from '../contracts/remote-file.ts'
 import { InputScope } from '../hostpath.ts'
 import { inspectInput, type InspectResult } from '../importers/index.ts'
 import type { ImporterKind } from '../kinds.ts'
+import { MigError } from '../errors.ts'
 import { openHttpObject, type HttpAuth, type HttpObjectOptions } from './http-object.ts'
+import { openS3Object, type S3Access } from './s3-object.ts'
 import type { OfflineUrlRef } from './ref.ts'
 
+/** A credential, unsealed: HTTP basic or bearer, or S3 access keys. */
+export type RemoteAuth = HttpAuth | S3Access
+
 /** Looks up the credential `id` (`E_MIG_NOT_FOUND` when absent) and unseals it. */
-export type CredentialLookup = (id: string) => Promise<HttpAuth>
+export type CredentialLookup = (id: string) => Promise<RemoteAuth>
 
 /** Settings of {@link openRemoteInput}: the credential lookup and transport tuning. */
 export interface RemoteOpenOptions {
@@ -27,12 +32,31 @@ export interface RemoteOpenOptions {
  * `lib/remote/http-object.ts`).
  */
 export async function openRemoteInput(ref: OfflineUrlRef, opts: RemoteOpenOptions = {}): Promise<RemoteFile> {
-  let auth: HttpAuth | null = null
+  let auth: RemoteAuth | null = null
   if (ref.credential_id) {
     if (!opts.credentials) throw new Error('openRemoteInput: a credential_id without a credential lookup')
     auth = await opts.credentials(ref.credential_id)
   }
-  return openHttpObject(ref.url, { ...opts.http, trust: ref.tls ?? {}, auth })
+  const s3 = ref.url.startsWith('s3:')
+  const problem = credentialProblem(s3, auth?.kind ?? null)
+  if (problem)
+    throw new MigError('E_MIG_INVALID_PLAN', `source_ref.credential_id: ${problem}`, {
+      details: { issues: [{ path: 'plan.source_ref.credential_id', message: problem }] },
+    })
+  if (s3)
+    return openS3Object(ref.url, { endpoint: ref.s3?.endpoint, region: ref.s3?.region, access: auth as S3Access | null, trust: ref.tls ?? {}, http: opts.http })
+  return openHttpObject(ref.url, { ...opts.http, trust: ref.tls ?? {}, auth: auth as HttpAuth | null })
+}
+
+/**
+ * Why a credential of kind `kind` (`basic`, `bearer`, `s3`; null: none) does not fit an input
+ * (`s3`: an `s3://` URL), or null.
+ */
+export function credentialProblem(s3: boolean, kind: string | null): string | null {
+  if (kind === null) return null
+  if (s3 && kind !== 's3') return 'an s3:// input needs a credential of kind s3'
+  if (!s3 && kind === 's3') return 'an http(s) input needs a credential of kind http_basic or http_bearer'
+  return null
 }
 
 /**

@@ -36,7 +36,7 @@ describe('remote offline inputs from S3 (s3rver, server, workers, file sink)', (
   const files: Record<string, string> = {}
   const client = new AwsClient({ ...KEYS, service: 's3', region: 'us-east-1' })
   const put = async (key: string, body: Buffer) => {
-    const r = await client.fetch(`${endpoint}/disks/${key}`, { method: 'PUT', body })
+    const r = await client.fetch(`${endpoint}/disks/${key}`, { method: 'PUT', body: new Uint8Array(body) })
     if (r.status !== 200) throw new Error(`PUT ${key}: ${r.status} ${await r.text()}`)
   }
 

@@ -8,6 +8,7 @@ import { AsyncLocalStorage } from 'node:async_hooks'
 import { closeSync, constants as FS, fstatSync, lstatSync, openSync, readlinkSync, realpathSync, type Stats } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from './errors.ts'
+import type { RemoteFile } from './contracts/remote-file.ts'
 
 /** Name of the directory below the import root that holds multipart uploads (spec 1.5). */
 export const UPLOADS_DIR = '.uploads'
@@ -59,6 +60,8 @@ function realpathOfExisting(p: string): string {
  */
 export function resolveInRoot(root: string, candidate: string, opts: ResolveOptions = {}): string {
   if (typeof candidate !== 'string' || candidate.length === 0) reject(String(candidate), 'empty path')
+  // a remote input of the active scope (its URL) is not a host path
+  if (scopeStorage.getStore()?.remote(candidate)) return candidate
   if (candidate.includes('\0')) reject(candidate, 'NUL byte in path')
   if (candidate.length > 4096) reject(candidate.slice(0, 64) + '…', 'path longer than 4096 bytes')
   if (/%(2e|2f|5c|00)/i.test(candidate)) reject(candidate, 'percent-encoded path characters')
@@ -104,6 +107,7 @@ export class InputScope {
   private readonly realRoot: string
   private readonly pins = new Map<string, { fd: number; stats: Stats; real: string }>()
   private readonly memos = new Map<string, Promise<unknown>>()
+  private readonly remotes = new Map<string, RemoteFile>()
   private closed = false
 
   /** `root`: the import root (absolute). */
@@ -124,6 +128,11 @@ export class InputScope {
    */
   pin(file: string): { fd: number; stats: Stats; real: string } | null {
     if (this.closed) throw new MigError('E_MIG_INTERNAL', 'input scope used after close')
+    if (this.remotes.has(file))
+      throw new MigError(
+        'E_MIG_UNSUPPORTED_FORMAT',
+        `${file}: this image needs a reader of host files (qemu); a remote input is read only by the migrator's own readers`,
+      )
     const hit = this.pins.get(file)
     if (hit) return hit
     let fd: number
@@ -167,9 +176,26 @@ export class InputScope {
     return p
   }
 
-  /** Closes every pinned descriptor. Never throws. */
+  /**
+   * Registers the remote input `file` (opened by `lib/remote/`) under its name (its URL): the
+   * format helpers of `lib/formats/io.ts` read it by that name, `resolveInRoot` passes it
+   * through, and {@link close} closes it.
+   */
+  addRemote(file: RemoteFile): void {
+    if (this.closed) throw new MigError('E_MIG_INTERNAL', 'input scope used after close')
+    this.remotes.set(file.name, file)
+  }
+
+  /** The remote input registered under `name`, if any. */
+  remote(name: string): RemoteFile | undefined {
+    return this.remotes.get(name)
+  }
+
+  /** Closes every pinned descriptor and remote input. Never throws. */
   close(): void {
     this.closed = true
+    for (const r of this.remotes.values()) r.close()
+    this.remotes.clear()
     for (const p of this.pins.values()) {
       try {
         closeSync(p.fd)
@@ -180,6 +206,11 @@ export class InputScope {
     this.pins.clear()
     this.memos.clear()
   }
+}
+
+/** The remote input `name` of the active scope (see {@link InputScope.addRemote}), if any. */
+export function remoteInput(name: string): RemoteFile | undefined {
+  return scopeStorage.getStore()?.remote(name)
 }
 
 /** The active {@link InputScope}, if any. */

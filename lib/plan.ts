@@ -5,17 +5,19 @@
 import { z } from 'zod'
 import { ADAPTER_KINDS, IMPORTER_KINDS, PASSTHROUGH_IMPORTERS, type ImporterKind } from './kinds.ts'
 import { MigError } from './errors.ts'
+import { OfflineUrlRef, REMOTE_IMPORTERS } from './remote/ref.ts'
 
 const uuid = z.string().regex(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i, 'must be a UUID')
 
 /** `source`: externally tagged, exactly one of `{"Live": <adapter kind>}` or `{"Offline": <importer kind>}`. */
 export const PlanSource = z.union([z.strictObject({ Live: z.enum(ADAPTER_KINDS) }), z.strictObject({ Offline: z.enum(IMPORTER_KINDS) })])
 
-/** `source_ref`, discriminated by `kind`. */
+/** `source_ref`, discriminated by `kind` (`offline_url`: a remote input, `lib/remote/ref.ts`). */
 export const SourceRef = z.discriminatedUnion('kind', [
   z.strictObject({ kind: z.literal('live_vm'), source_id: uuid, vm_id: z.string().min(1).max(256) }),
   z.strictObject({ kind: z.literal('offline_host_path'), path: z.string().min(1).max(4096) }),
   z.strictObject({ kind: z.literal('upload'), upload_id: uuid }),
+  OfflineUrlRef,
 ])
 
 /**
@@ -88,7 +90,21 @@ export const Plan = z
       ctx.addIssue({ code: 'custom', path: ['source_ref', 'kind'], message: 'a Live source needs source_ref.kind "live_vm"' })
     }
     if (!live && p.source_ref.kind === 'live_vm') {
-      ctx.addIssue({ code: 'custom', path: ['source_ref', 'kind'], message: 'an Offline source needs source_ref.kind "offline_host_path" or "upload"' })
+      ctx.addIssue({
+        code: 'custom',
+        path: ['source_ref', 'kind'],
+        message: 'an Offline source needs source_ref.kind "offline_host_path", "upload" or "offline_url"',
+      })
+    }
+    if (p.source_ref.kind === 'offline_url' && p.source_ref.s3 && !p.source_ref.url.startsWith('s3:')) {
+      ctx.addIssue({ code: 'custom', path: ['source_ref', 's3'], message: 's3 settings need an s3:// url' })
+    }
+    if ('Offline' in p.source && p.source_ref.kind === 'offline_url' && !REMOTE_IMPORTERS.includes(p.source.Offline)) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['source', 'Offline'],
+        message: `a remote input (offline_url) is one file read in place: ${REMOTE_IMPORTERS.join(', ')}; a ${p.source.Offline} export must be in the import root`,
+      })
     }
     if (p.cutover && !('mode' in p.cutover && p.cutover.mode === 'auto') && !(live && p.mode === 'Warm')) {
       ctx.addIssue({ code: 'custom', path: ['cutover'], message: 'a cutover on command or at a time needs a Live source with mode "Warm"' })

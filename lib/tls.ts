@@ -30,7 +30,7 @@ export function normalizeThumbprint(s: string): string {
  * `ERR_TLS_THUMBPRINT_MISMATCH` ("certificate thumbprint X does not match the pinned Y"), and
  * TLS connections are not resumed (a resumed TLS connection shows no peer certificate, so the pin could not
  * be checked on the pool's later connections). `socketOptions` go to `tls.connect` / `net.connect`
- * as they are (for example `onread`, see adapters/vim/range-http.ts).
+ * as they are (for example `onread`, see http/range-http.ts).
  */
 export function tlsConnector(trust: TlsTrust, timeoutMs: number, socketOptions: Record<string, unknown> = {}): buildConnector.connector {
   const pin = trust.thumbprint ? normalizeThumbprint(trust.thumbprint) : null

@@ -28,6 +28,10 @@ import * as uploadsDelete from '../handlers/uploads/delete.ts'
 import * as uploadsInspect from '../handlers/uploads/inspect.ts'
 import * as hostFilesBrowse from '../handlers/host-files/browse.ts'
 import * as hostFilesInspect from '../handlers/host-files/inspect.ts'
+import * as remoteFilesInspect from '../handlers/remote-files/inspect.ts'
+import * as remoteCredentialsCreate from '../handlers/remote-credentials/create.ts'
+import * as remoteCredentialsList from '../handlers/remote-credentials/list.ts'
+import * as remoteCredentialsDelete from '../handlers/remote-credentials/delete.ts'
 import * as doctorGet from '../handlers/doctor/get.ts'
 import * as openapiGet from '../handlers/openapi/get.ts'
 import * as uiStatic from '../handlers/ui/static.ts'
@@ -59,6 +63,11 @@ export const HANDLERS: readonly HandlerModule[] = [
   uploadsInspect,
   hostFilesBrowse,
   hostFilesInspect,
+  // remote offline inputs (roadmap v0.3, docs/remote-sources.md)
+  remoteFilesInspect,
+  remoteCredentialsCreate,
+  remoteCredentialsList,
+  remoteCredentialsDelete,
   doctorGet,
   // the OpenAPI 3.1 description of this API (not in spec 4)
   openapiGet,

@@ -1,10 +1,12 @@
 /**
- * `migrator import <path>`: brings an offline input in end to end. A path the server accepts
- * inside its import root is inspected in place; any other local file is uploaded (progress bar,
- * SHA-256 checked by the server) and inspected as an upload. Then the plan is submitted and
- * followed like `watch`.
+ * `migrator import <path|url>`: brings an offline input in end to end. An `http(s)://` URL is
+ * inspected remotely (`POST /remote-files/inspect`) and imported straight from the server
+ * (`source_ref.kind: "offline_url"`, docs/remote-sources.md), with `--credential`, `--ca-file`,
+ * `--thumbprint`, `--insecure`. A path the server accepts inside its import root is inspected in
+ * place; any other local file is uploaded (progress bar, SHA-256 checked by the server) and
+ * inspected as an upload. Then the plan is submitted and followed like `watch`.
  */
-import { existsSync, statSync } from 'node:fs'
+import { existsSync, readFileSync, statSync } from 'node:fs'
 import { resolve } from 'node:path'
 import cliProgress from 'cli-progress'
 import type { Command } from 'commander'
@@ -47,8 +49,31 @@ async function uploadWithProgress(api: Api, file: string, json: boolean): Promis
   return upload
 }
 
-/** Inspects `target` in place or after uploading it; returns the inspect result and the plan's source_ref. */
-async function locate(api: Api, target: string, kind: string | undefined, json: boolean): Promise<{ inspected: any; sourceRef: any }> {
+/** Options of a remote input: a registered credential's id and the TLS trust. */
+interface RemoteOptions {
+  credential?: string
+  caFile?: string
+  thumbprint?: string
+  insecure?: boolean
+}
+
+/** The `offline_url` source_ref of `url` with the command line's credential and TLS trust. */
+function remoteRef(url: string, o: RemoteOptions): Record<string, unknown> {
+  const tls = {
+    ...(o.caFile ? { ca_pem: readFileSync(o.caFile, 'utf8') } : {}),
+    ...(o.thumbprint ? { thumbprint: o.thumbprint } : {}),
+    ...(o.insecure ? { insecure: true } : {}),
+  }
+  return { kind: 'offline_url', url, ...(o.credential ? { credential_id: o.credential } : {}), ...(Object.keys(tls).length ? { tls } : {}) }
+}
+
+/** Inspects `target` remotely, in place or after uploading it; returns the inspect result and the plan's source_ref. */
+async function locate(api: Api, target: string, kind: string | undefined, json: boolean, remote: RemoteOptions): Promise<{ inspected: any; sourceRef: any }> {
+  if (/^[a-z][a-z0-9+.-]*:\/\//i.test(target)) {
+    const { kind: _k, ...ref } = remoteRef(target, remote)
+    const inspected = await api.call('POST', '/remote-files/inspect', { ...ref, ...(kind ? { kind } : {}) })
+    return { inspected, sourceRef: remoteRef(target, remote) }
+  }
   const local = existsSync(target) ? resolve(target) : null
   const asHostPath = local ?? target
   try {
@@ -67,16 +92,20 @@ async function locate(api: Api, target: string, kind: string | undefined, json: 
 export function register(program: Command): void {
   program
     .command('import <path>')
-    .description('inspect (uploading a local file when needed), submit and follow an offline migration')
+    .description('inspect (uploading a local file when needed; an http(s):// URL is read from its server), submit and follow an offline migration')
     .option('--kind <kind>', 'importer kind instead of detection')
+    .option('--credential <id>', 'a URL: the registered credential (POST /remote-credentials) to send')
+    .option('--ca-file <pem>', 'a https URL: trust this CA (PEM file)')
+    .option('--thumbprint <sha256>', "a https URL: trust the server's certificate by its SHA-256 thumbprint")
+    .option('--insecure', 'a https URL: do not verify the certificate')
     .option('--name <name>', 'target domain name')
     .option('--no-start', 'define the domain but do not start it')
     .option('--no-watch', 'return once the plan is submitted')
-    .action((target: string, o: { kind?: string; name?: string; start: boolean; watch: boolean }, cmd: Command) =>
+    .action((target: string, o: { kind?: string; name?: string; start: boolean; watch: boolean } & RemoteOptions, cmd: Command) =>
       run(async () => {
         const g = globals(cmd)
         const api = apiOf(cmd)
-        const { inspected, sourceRef } = await locate(api, target, o.kind, g.json)
+        const { inspected, sourceRef } = await locate(api, target, o.kind, g.json, o)
         const m = inspected.manifest
         if (g.json) process.stdout.write(JSON.stringify({ event: 'inspected', ...inspected }) + '\n')
         else {

@@ -5,7 +5,8 @@
 import { readSync, type Stats } from 'node:fs'
 import { open, stat, type FileHandle } from 'node:fs/promises'
 import { MigError, type ErrorDetails } from '../errors.ts'
-import { currentInputScope, pinnedPath } from '../hostpath.ts'
+import { currentInputScope, pinnedPath, remoteInput } from '../hostpath.ts'
+import type { RemoteFile } from '../contracts/remote-file.ts'
 
 /** `MigError('E_MIG_MALFORMED_ARCHIVE', '<file or member>: <reason>')`, with optional details. */
 export function malformed(label: string, reason: string, details?: ErrorDetails): MigError {
@@ -18,6 +19,8 @@ export function malformed(label: string, reason: string, details?: ErrorDetails)
  * `E_MIG_NOT_FOUND` / `E_MIG_HOST_PATH_REJECTED` as `InputScope.pin` does.
  */
 export async function statPath(path: string): Promise<Stats> {
+  const remote = remoteInput(path)
+  if (remote) return remoteStats(remote)
   try {
     const pin = currentInputScope()?.pin(path)
     if (pin) return pin.stats
@@ -33,6 +36,8 @@ export async function statPath(path: string): Promise<Stats> {
  * `E_MIG_DISK_READ_FAILED` when it cannot be opened, inside a scope also what `InputScope.pin` throws.
  */
 export async function openRead(path: string): Promise<FileHandle> {
+  const remote = remoteInput(path)
+  if (remote) return remoteHandle(remote)
   try {
     return await open(pinnedPath(path), 'r')
   } catch (e) {
@@ -57,6 +62,7 @@ export async function readAt(fh: FileHandle, path: string, len: number, pos: num
       got += bytesRead
     }
   } catch (e) {
+    if (e instanceof MigError) throw e
     throw new MigError('E_MIG_DISK_READ_FAILED', `${path}: read of ${len} bytes at offset ${pos} failed: ${(e as Error).message}`, { cause: e })
   }
   return got === len ? buf : buf.subarray(0, got)
@@ -68,6 +74,7 @@ export async function readAt(fh: FileHandle, path: string, len: number, pos: num
  * read itself (tar.ts). Same result and errors as {@link readAt}.
  */
 export function readAtSync(fh: FileHandle, path: string, len: number, pos: number): Buffer {
+  if (isRemoteHandle(fh)) throw new MigError('E_MIG_INTERNAL', `${path}: a blocking read of a remote input`)
   const buf = Buffer.alloc(len)
   let got = 0
   try {
@@ -108,4 +115,59 @@ export async function readFileRange(path: string, pos: number, len: number): Pro
   } finally {
     await fh.close().catch(() => {})
   }
+}
+
+/** Marks the handles of {@link remoteHandle}. */
+const REMOTE = Symbol('remote input')
+
+/**
+ * The `Stats` a remote input shows to the format helpers: a regular file of its size (times are
+ * the epoch: nothing reads them from an input).
+ */
+function remoteStats(r: RemoteFile): Stats {
+  const zero = new Date(0)
+  return {
+    size: r.size,
+    isFile: () => true,
+    isDirectory: () => false,
+    isBlockDevice: () => false,
+    isCharacterDevice: () => false,
+    isSymbolicLink: () => false,
+    isFIFO: () => false,
+    isSocket: () => false,
+    mode: 0o100444,
+    blocks: Math.ceil(r.size / 512),
+    blksize: 4096,
+    mtime: zero,
+    ctime: zero,
+    atime: zero,
+    birthtime: zero,
+    mtimeMs: 0,
+  } as unknown as Stats
+}
+
+/**
+ * A remote input as the `FileHandle` subset the format readers use: positioned `read`, `stat`,
+ * `close` (which leaves the object open: the input scope owns it). It has no descriptor (`fd` is
+ * -1): {@link readAtSync}, qemu and hole maps are not for it ({@link isRemoteHandle}).
+ */
+function remoteHandle(r: RemoteFile): FileHandle {
+  const h = {
+    [REMOTE]: r,
+    fd: -1,
+    async read(buffer: Buffer, offset = 0, length = buffer.length - offset, position = 0) {
+      const bytesRead = await r.read(buffer.subarray(offset, offset + length), position ?? 0)
+      return { bytesRead, buffer }
+    },
+    async stat() {
+      return remoteStats(r)
+    },
+    async close() {},
+  }
+  return h as unknown as FileHandle
+}
+
+/** True for a handle of a remote input ({@link openRead} of a remote name). */
+export function isRemoteHandle(fh: FileHandle): boolean {
+  return REMOTE in fh
 }

@@ -14,7 +14,7 @@ import { u64be } from '../bytes.ts'
 import { MigError } from '../errors.ts'
 import type { FileHandle } from 'node:fs/promises'
 import { type FileWindow, malformed, openRead, readAt, readInWindow, statPath } from './io.ts'
-import { resolveInRoot } from '../hostpath.ts'
+import { remoteInput, resolveInRoot } from '../hostpath.ts'
 import type { InspectContext } from '../contracts/inspect.ts'
 
 /** The qcow magic, `QFI\xfb`, shared by legacy qcow (v1) and qcow2 (v2, v3). */
@@ -354,7 +354,7 @@ async function sniffQcow(file: string): Promise<boolean> {
 export async function resolveQcow2BackingChain(file: string, ctx: InspectContext): Promise<Qcow2ChainLink[]> {
   let cur: string
   try {
-    cur = await realpath(file)
+    cur = remoteInput(file) ? file : await realpath(file)
   } catch (e) {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
   }
@@ -363,6 +363,11 @@ export async function resolveQcow2BackingChain(file: string, ctx: InspectContext
   let header = await readQcow2Header(cur)
   while (header.backing_file !== null) {
     const name = header.backing_file
+    if (remoteInput(cur))
+      throw new MigError(
+        'E_MIG_UNSUPPORTED_FORMAT',
+        `${cur}: a remote qcow2 image with a backing file (${JSON.stringify(name)}) is not read; flatten it at the source (qemu-img convert)`,
+      )
     if (chain.length >= QCOW2_MAX_CHAIN_DEPTH) throw malformed(file, `backing chain deeper than ${QCOW2_MAX_CHAIN_DEPTH}`)
     let plain = name
     if (plain.startsWith('file:')) plain = plain.slice(5)

@@ -17,7 +17,7 @@ import { createHash } from 'node:crypto'
 import type { FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import { currentInputScope } from '../hostpath.ts'
-import { malformed, openRead, readAt, readAtSync } from './io.ts'
+import { isRemoteHandle, malformed, openRead, readAt, readAtSync } from './io.ts'
 
 /** Size of a tar block (header or data padding unit), bytes. */
 export const TAR_BLOCK = 512
@@ -175,7 +175,7 @@ export function listTarMembers(path: string, opts: { offset?: number; maxMembers
   if (!Number.isSafeInteger(offset) || offset < 0 || offset % TAR_BLOCK !== 0) throw new MigError('E_MIG_INTERNAL', `listTarMembers: bad offset ${offset}`)
   // One walk per pinned file and job: the inspection and the disk reader list the same archive.
   const scope = currentInputScope()
-  if (scope?.pin(path)) return scope.memo(path, `tar:${offset}:${maxMembers}`, () => walkTar(path, offset, maxMembers))
+  if (scope?.remote(path) || scope?.pin(path)) return scope.memo(path, `tar:${offset}:${maxMembers}`, () => walkTar(path, offset, maxMembers))
   return walkTar(path, offset, maxMembers)
 }
 
@@ -251,7 +251,9 @@ async function walkTar(path: string, first: number, maxMembers: number): Promise
   let readAhead: HeaderReadAhead | null = null
   try {
     const fileSize = (await fh.stat()).size
-    readAhead = new HeaderReadAhead(fh, fileSize)
+    // a remote input: no read-ahead guesses (each is a request), reads awaited
+    const remote = isRemoteHandle(fh)
+    if (!remote) readAhead = new HeaderReadAhead(fh, fileSize)
     const members: TarMember[] = []
     let global: Record<string, string> = Object.create(null)
     let pending: Record<string, string> = Object.create(null)
@@ -262,7 +264,7 @@ async function walkTar(path: string, first: number, maxMembers: number): Promise
 
     while (pos < fileSize) {
       if (headers % HEADERS_PER_TURN === HEADERS_PER_TURN - 1) await new Promise<void>((r) => setImmediate(r))
-      const h = readAtSync(fh, path, TAR_BLOCK, pos)
+      const h = remote ? await readAt(fh, path, TAR_BLOCK, pos) : readAtSync(fh, path, TAR_BLOCK, pos)
       if (h.length < TAR_BLOCK) {
         if (isZeroBlock(h)) break // zero padding cut short: still the end
         throw malformed(path, `header at offset ${pos} cut short by end of file (${h.length} of 512 bytes)`, { offset: pos })
@@ -301,7 +303,7 @@ async function walkTar(path: string, first: number, maxMembers: number): Promise
         if (rawSize > MAX_META_RECORD) throw malformed(path, `${what} at offset ${pos} declares ${rawSize} bytes (limit ${MAX_META_RECORD})`, { offset: pos })
         if (dataOffset + rawSize > fileSize)
           throw malformed(path, `truncated member ${what}: declares ${rawSize} bytes, archive holds ${Math.max(0, fileSize - dataOffset)}`)
-        const data = readAtSync(fh, path, rawSize, dataOffset)
+        const data = remote ? await readAt(fh, path, rawSize, dataOffset) : readAtSync(fh, path, rawSize, dataOffset)
         if (typeflag === 'L') longName = cstr(data, 0, data.length)
         else if (typeflag === 'K') longLink = cstr(data, 0, data.length)
         else {
@@ -358,7 +360,7 @@ async function walkTar(path: string, first: number, maxMembers: number): Promise
       if (linkname !== undefined && (type === 'symlink' || type === 'hardlink')) m.linkname = linkname
       members.push(m)
       const next = dataOffset + padTo(dataSize)
-      if (prevHeader >= 0) readAhead.ahead(prevHeader, pos, next)
+      if (prevHeader >= 0) readAhead?.ahead(prevHeader, pos, next)
       prevHeader = pos
       pos = next
     }

@@ -4,7 +4,7 @@
  */
 import { stat } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
-import { withInputScope } from '../hostpath.ts'
+import { remoteInput, withInputScope } from '../hostpath.ts'
 import { checkDestinationLimits } from '../limits.ts'
 import type { ImporterKind } from '../kinds.ts'
 import { VmManifest } from '../manifest.ts'
@@ -35,17 +35,20 @@ export interface InspectResult {
 }
 
 /**
- * Detects the kind of `absPath` (already confined to the import root) unless `kind` is given,
+ * Detects the kind of `absPath` (already confined to the import root, or the name of a remote
+ * input of the active scope) unless `kind` is given,
  * runs that importer's inspect, and checks the manifest against the schema.
  * Throws `E_MIG_NOT_FOUND` (no such path) and whatever the importer throws
  * (`E_MIG_MALFORMED_ARCHIVE`, `E_MIG_UNSUPPORTED_FORMAT`, `E_MIG_HOST_PATH_REJECTED`, ...).
  */
 export async function inspectInput(absPath: string, ctx: InspectContext, kind?: ImporterKind): Promise<InspectResult> {
-  try {
-    await stat(absPath)
-  } catch {
-    throw new MigError('E_MIG_NOT_FOUND', `${absPath} does not exist`)
-  }
+  // a remote input of the active scope (lib/remote/) was found when it was opened
+  if (!remoteInput(absPath))
+    try {
+      await stat(absPath)
+    } catch {
+      throw new MigError('E_MIG_NOT_FOUND', `${absPath} does not exist`)
+    }
   return withInputScope(ctx.importRoot, () => inspectPinned(absPath, ctx, kind))
 }
 

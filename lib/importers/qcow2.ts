@@ -8,6 +8,7 @@
  */
 import * as nodePath from 'node:path'
 import { MigError } from '../errors.ts'
+import { remoteInput } from '../hostpath.ts'
 import { qemuImgInfo } from '../formats/qemu-info.ts'
 import { readQcow2Header, resolveQcow2BackingChain } from '../formats/qcow2.ts'
 import type { ImporterKind } from '../kinds.ts'
@@ -73,10 +74,12 @@ export function singleDiskManifest(args: {
  * @throws E_MIG_DISK_READ_FAILED unreadable file. E_MIG_INTERNAL qemu-img is not installed.
  */
 async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManifest> {
-  const file = nodePath.resolve(inputPath)
+  // a remote input (its URL) is read by the header and cluster readers only, never by qemu-img
+  const remote = remoteInput(inputPath) !== undefined
+  const file = remote ? inputPath : nodePath.resolve(inputPath)
   const header = await readQcow2Header(file)
   const chain = await resolveQcow2BackingChain(file, ctx)
-  const info = await qemuImgInfo(file, { format: 'qcow2', qemuImg: ctx.qemuImg })
+  const info = remote ? { virtual_size: header.virtual_size, actual_size: null } : await qemuImgInfo(file, { format: 'qcow2', qemuImg: ctx.qemuImg })
   if (info.virtual_size !== header.virtual_size) {
     throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${file}: header says ${header.virtual_size} bytes, qemu-img says ${info.virtual_size}`)
   }

@@ -14,7 +14,7 @@
 import { realpath } from 'node:fs/promises'
 import * as nodePath from 'node:path'
 import { MigError } from '../errors.ts'
-import { resolveInRoot } from '../hostpath.ts'
+import { remoteInput, resolveInRoot } from '../hostpath.ts'
 import { qemuImgInfo } from '../formats/qemu-info.ts'
 import { readVhdInfo, type VhdInfo } from '../formats/vhd.ts'
 import { readVhdxInfo, type VhdxInfo } from '../formats/vhdx.ts'
@@ -89,8 +89,10 @@ const normGuid = (g: string): string => g.replace(/[{}]/g, '').toUpperCase()
  */
 export async function resolveDifferencingChain(file: string, top: Image, ctx: InspectContext): Promise<string[]> {
   let cur: string
+  if (remoteInput(file) && hasParent(top))
+    throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: a remote differencing disk is not read; merge it into its parent at the source`)
   try {
-    cur = await realpath(file)
+    cur = remoteInput(file) ? file : await realpath(file)
   } catch (e) {
     throw new MigError('E_MIG_DISK_READ_FAILED', `${file}: cannot open: ${(e as Error).message}`, { cause: e })
   }
@@ -152,7 +154,9 @@ export async function resolveDifferencingChain(file: string, top: Image, ctx: In
  * @throws E_MIG_DISK_READ_FAILED unreadable file. E_MIG_INTERNAL qemu-img is not installed.
  */
 async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManifest> {
-  const file = nodePath.resolve(inputPath)
+  // a remote input (its URL) is read by the header and block readers only, never by qemu-img
+  const remote = remoteInput(inputPath) !== undefined
+  const file = remote ? inputPath : nodePath.resolve(inputPath)
   const img = await readImage(file)
   const format = img.kind === 'vhdx' ? 'vhdx' : 'vpc'
   const warnings: string[] = []
@@ -164,13 +168,13 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   }
   const chain = await resolveDifferencingChain(file, img, ctx)
   let allocated: number | null = null
-  if (chain.length === 0) {
+  if (chain.length === 0 && !remote) {
     const info = await qemuImgInfo(file, { format, qemuImg: ctx.qemuImg })
     if (info.virtual_size !== img.info.virtual_size) {
       throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${file}: header says ${img.info.virtual_size} bytes, qemu-img says ${info.virtual_size}`)
     }
     allocated = info.actual_size
-  } else {
+  } else if (chain.length > 0) {
     const why =
       format === 'vhdx'
         ? "qemu's vhdx driver refuses images with a parent"

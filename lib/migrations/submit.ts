@@ -6,6 +6,7 @@ import { randomUUID } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
+import { credentialProblem } from '../remote/open.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import type { Job } from '../job.ts'
 import { parseSubmitBody, strategyOf, type Plan } from '../plan.ts'
@@ -16,7 +17,8 @@ import { initialCutover, type JobPlacement } from '../store/jobs.ts'
  * Checks that the plan's `source_ref` points at something that exists:
  * - `live_vm`: a registered source (`E_MIG_NOT_FOUND`) of the plan's adapter kind (`E_MIG_INVALID_PLAN`);
  * - `offline_host_path`: a path inside the import root (`E_MIG_HOST_PATH_REJECTED`) that exists (`E_MIG_NOT_FOUND`);
- * - `upload`: a ready, unexpired upload (`E_MIG_UPLOAD_NOT_FOUND`).
+ * - `upload`: a ready, unexpired upload (`E_MIG_UPLOAD_NOT_FOUND`);
+ * - `offline_url`: its `credential_id`, when given, is registered (`E_MIG_NOT_FOUND`).
  */
 export async function checkPlanRefs(plan: Plan, store: Store, importRoot: string, now: Date): Promise<void> {
   const ref = plan.source_ref
@@ -36,6 +38,18 @@ export async function checkPlanRefs(plan: Plan, store: Store, importRoot: string
       })
     }
     if (!existsSync(abs)) throw new MigError('E_MIG_NOT_FOUND', `plan.source_ref.path ${JSON.stringify(ref.path)} does not exist in the import root`)
+  } else if (ref.kind === 'offline_url') {
+    // the object itself is opened by the job (or POST /remote-files/inspect); its credential must exist now
+    if (ref.credential_id) {
+      const c = await store.remoteCredentials.get(ref.credential_id).catch((e: unknown) => {
+        throw new MigError('E_MIG_NOT_FOUND', `plan.source_ref.credential_id: ${(e as Error).message}`, { details: { path: 'plan.source_ref.credential_id' } })
+      })
+      const problem = credentialProblem(ref.url.startsWith('s3:'), c.kind === 's3' ? 's3' : c.kind)
+      if (problem)
+        throw new MigError('E_MIG_INVALID_PLAN', `plan.source_ref.credential_id: ${problem}`, {
+          details: { issues: [{ path: 'plan.source_ref.credential_id', message: problem }] },
+        })
+    }
   } else {
     await store.uploads.get(ref.upload_id, now.toISOString())
   }

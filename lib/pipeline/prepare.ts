@@ -20,6 +20,10 @@ import { copyReadsStoredBytes, type ManifestDisk } from '../manifest.ts'
 import { openDiskReader } from './readers/open.ts'
 import { runV2vFullImport } from '../v2v/full-import.ts'
 import type { PreparedSource } from './orchestrator.ts'
+import { credentialLookup } from '../remote/credentials.ts'
+import { openRemoteInput } from '../remote/open.ts'
+import type { OfflineUrlRef } from '../remote/ref.ts'
+import type { RemoteFile } from '../contracts/remote-file.ts'
 
 /** Where offline inputs live. */
 export interface SourcePaths {
@@ -27,10 +31,19 @@ export interface SourcePaths {
   uploadsDir: string
 }
 
-/** The absolute input path of an offline plan; `E_MIG_HOST_PATH_REJECTED`, `E_MIG_UPLOAD_NOT_FOUND`. */
-export async function offlineInputPath(job: Job, store: Store, paths: SourcePaths, now: Date): Promise<{ path: string; upload: boolean }> {
+/**
+ * The absolute input path of an offline plan, or for a remote input (`offline_url`) its URL and
+ * reference; `E_MIG_HOST_PATH_REJECTED`, `E_MIG_UPLOAD_NOT_FOUND`.
+ */
+export async function offlineInputPath(
+  job: Job,
+  store: Store,
+  paths: SourcePaths,
+  now: Date,
+): Promise<{ path: string; upload: boolean; remote?: OfflineUrlRef }> {
   const ref = job.plan.source_ref
   if (ref.kind === 'offline_host_path') return { path: resolveInRoot(paths.importRoot, ref.path), upload: false }
+  if (ref.kind === 'offline_url') return { path: ref.url, upload: false, remote: ref }
   if (ref.kind === 'upload') {
     await store.uploads.get(ref.upload_id, now.toISOString())
     return { path: join(paths.uploadsDir, ref.upload_id), upload: true }
@@ -63,6 +76,23 @@ export async function verifyPackedDigest(disk: ManifestDisk, signal?: AbortSigna
 }
 
 /**
+ * Records the version (`RemoteFile.identity`) of job `jobId`'s remote input at its first attempt;
+ * a later attempt (a worker or server restarted, resuming from the durable watermarks) must see
+ * the same version, else `E_MIG_DISK_READ_FAILED`: the disks copied so far are of the old one,
+ * and going on would mix two versions.
+ */
+async function sameRemoteVersion(jobId: string, remote: RemoteFile, store: Store): Promise<void> {
+  const first = await store.jobs.inputIdentity(jobId)
+  if (first === null) return store.jobs.setInputIdentity(jobId, remote.identity)
+  if (first !== remote.identity)
+    throw new MigError(
+      'E_MIG_DISK_READ_FAILED',
+      `${remote.name}: the object changed on the server since the job's first attempt (${first}; now ${remote.identity}); the copy cannot resume on another version: submit the job again`,
+      { details: { url: remote.name } },
+    )
+}
+
+/**
  * Settings of the VMCX passthrough (`virt-v2v`): `workDir` for its run directory (needs about
  * 1 GiB free; default `<import root>/../tmp`), extra environment (`LIBGUESTFS_BACKEND_SETTINGS=
  * force_tcg` where KVM is not usable), the virtio-win ISO, the binary.
@@ -76,7 +106,8 @@ export interface FullImportSettings {
 
 /**
  * Prepares the source of `job`. Offline: inspects the input (the manifest is taken afresh, so an
- * input changed since submission is noticed) and opens readers per disk. Passthrough importers
+ * input changed since submission is noticed) and opens readers per disk; a remote input
+ * (`offline_url`, `lib/remote/`) is opened first and read in place with ranged requests. Passthrough importers
  * (`vmcx_export`) get the virt-v2v full import (`lib/v2v/full-import.ts`), which writes straight
  * into the destination volumes; gzip-compressed or chunked OVF files are staged under
  * `<stagingDir>/staging/<job id>` (default `<import root>/../tmp`). Live: logs in to the source and
@@ -104,6 +135,12 @@ export async function prepareSource(
     const scope = new InputScope(deps.paths.importRoot)
     let manifest: PreparedSource['manifest']
     try {
+      // a remote input is opened once (size and identity taken) and read by its URL through the scope
+      if (input.remote) {
+        const remote = await openRemoteInput(input.remote, { credentials: credentialLookup(deps.store.remoteCredentials, deps.sealer) })
+        scope.addRemote(remote)
+        await sameRemoteVersion(job.id, remote, deps.store)
+      }
       manifest = (await scope.run(() => inspectInput(input.path, { importRoot: deps.paths.importRoot, allowUploads: input.upload }, kind))).manifest
     } catch (e) {
       scope.close()

@@ -8,6 +8,7 @@ import { setStoreFile } from './persist.ts'
 import { EventsRepo } from './events.ts'
 import { JobsRepo } from './jobs.ts'
 import type { Database } from './schema.ts'
+import { RemoteCredentialsRepo } from './remote-credentials.ts'
 import { SourcesRepo } from './sources.ts'
 import { UploadsRepo } from './uploads.ts'
 import { WatermarksRepo } from './watermarks.ts'
@@ -21,6 +22,7 @@ export interface Store {
   events: EventsRepo
   watermarks: WatermarksRepo
   bulkPlans: BulkPlansRepo
+  remoteCredentials: RemoteCredentialsRepo
   close(): Promise<void>
 }
 
@@ -39,6 +41,7 @@ export async function openStore(file: string): Promise<Store> {
     events: new EventsRepo(db),
     watermarks: new WatermarksRepo(db),
     bulkPlans: new BulkPlansRepo(db),
+    remoteCredentials: new RemoteCredentialsRepo(db),
     close: () => db.destroy(),
   }
 }

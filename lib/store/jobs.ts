@@ -153,6 +153,7 @@ export class JobsRepo {
       source_limit: j.placement?.source_limit ?? null,
       hardware: null,
       space_reserved: null,
+      input_identity: null,
     }
     return persist('create job', async () => {
       await this.db.insertInto('jobs').values(row).execute()
@@ -229,6 +230,20 @@ export class JobsRepo {
   async cutoverRequestedAt(id: string): Promise<string | null> {
     const r = await persist('read cutover command', () => this.db.selectFrom('jobs').select('cutover_requested_at').where('id', '=', id).executeTakeFirst())
     return r?.cutover_requested_at ?? null
+  }
+
+  /**
+   * The identity of job `id`'s remote input as its first attempt saw it (`RemoteFile.identity`:
+   * validator and size), or null before any attempt opened it (lib/pipeline/prepare.ts).
+   */
+  async inputIdentity(id: string): Promise<string | null> {
+    const r = await persist('read input identity', () => this.db.selectFrom('jobs').select('input_identity').where('id', '=', id).executeTakeFirst())
+    return r?.input_identity ?? null
+  }
+
+  /** Records the identity of job `id`'s remote input (see {@link inputIdentity}). */
+  async setInputIdentity(id: string, identity: string): Promise<void> {
+    await persist('record input identity', () => this.db.updateTable('jobs').set({ input_identity: identity }).where('id', '=', id).execute())
   }
 
   /**

@@ -119,6 +119,23 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('jobs').addColumn('space_reserved', 'text').execute()
     },
   },
+  '0008_remote_inputs': {
+    async up(db: Kysely<any>) {
+      // credentials of remote offline inputs (roadmap v0.3); `secret` sealed like a source's password
+      await db.schema
+        .createTable('remote_credentials')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('name', 'text', (c) => c.notNull().unique())
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('username', 'text')
+        .addColumn('secret', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('updated_at', 'text', (c) => c.notNull())
+        .execute()
+      // a retried job resumes only on the version of the remote object its first attempt read
+      await db.schema.alterTable('jobs').addColumn('input_identity', 'text').execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

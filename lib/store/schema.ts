@@ -67,6 +67,8 @@ export interface JobsTable {
   hardware: string | null
   /** JSON `{key, bytes}`: the space the job's pre-copy check reserved on file system or pool `key`. */
   space_reserved: string | null
+  /** The identity (validator and size) of a remote input at the job's first attempt (lib/remote/). */
+  input_identity: string | null
 }
 
 /** Bulk plans (roadmap v0.5): many jobs submitted together (migration 0005). */
@@ -97,9 +99,25 @@ export interface WatermarksTable {
   updated_at: string
 }
 
+/**
+ * Credentials of remote offline inputs (roadmap v0.3, `lib/remote/credentials.ts`): `kind`
+ * `http_basic` (with `username`) or `http_bearer`; `secret` is the sealed password or token
+ * (AES-256-GCM, base64, bound to the id).
+ */
+export interface RemoteCredentialsTable {
+  id: string
+  name: string
+  kind: string
+  username: string | null
+  secret: string
+  created_at: string
+  updated_at: string
+}
+
 /** The whole database, for `Kysely<Database>`. */
 export interface Database {
   sources: SourcesTable
+  remote_credentials: RemoteCredentialsTable
   uploads: UploadsTable
   jobs: JobsTable
   job_events: JobEventsTable

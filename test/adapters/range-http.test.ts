@@ -1,5 +1,5 @@
 /**
- * The datastore transport (lib/adapters/vim/range-http.ts) against plain TCP servers on
+ * The datastore transport (lib/http/range-http.ts) against plain TCP servers on
  * 127.0.0.1 that write exactly the bytes each case needs (stand-ins for a datastore `/folder`
  * endpoint; TLS and the pinned thumbprint are exercised through the vCenter simulator in
  * vim-data.test.ts and live-vim.test.ts): bodies framed by Content-Length, chunked and by the
@@ -12,7 +12,7 @@ import { afterEach, describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { createServer, type Server, type Socket } from 'node:net'
 import { DatastoreHttp, openDatastoreVmdk } from '../../lib/adapters/vim/datastore.ts'
-import { MAX_HEAD_BYTES, RangeHttp } from '../../lib/adapters/vim/range-http.ts'
+import { MAX_HEAD_BYTES, RangeHttp } from '../../lib/http/range-http.ts'
 import type { VimClient } from '../../lib/adapters/vim/soap.ts'
 import { thrown } from '../helpers/tmp.ts'
 

@@ -12,7 +12,7 @@
  */
 import { MigError } from '../../errors.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
-import type { RangeAnswer } from './range-http.ts'
+import type { RangeAnswer } from '../../http/range-http.ts'
 import { x, type VimClient } from './soap.ts'
 import { MAX_RANGE, openVmdkChain, type RemoteFile } from './vmdk-chain.ts'
 

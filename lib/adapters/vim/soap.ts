@@ -27,7 +27,7 @@ import { XMLParser } from 'fast-xml-parser'
 import { MigError } from '../../errors.ts'
 import type { SourceTls } from '../../contracts/source-tls.ts'
 import { tlsConnector } from '../../tls.ts'
-import { RangeHttp } from './range-http.ts'
+import { RangeHttp } from '../../http/range-http.ts'
 
 /** A managed object reference: `type` (e.g. `VirtualMachine`) and `value` (e.g. `vm-42`). */
 export interface MoRef {

@@ -15,7 +15,7 @@ import { stat } from 'node:fs/promises'
 import type { Stats } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../errors.ts'
-import { readFileRange } from '../io.ts'
+import { readFileRange, statPath } from '../io.ts'
 import { currentInputScope, resolveInRoot } from '../../hostpath.ts'
 import type { ControllerBus, ManifestDisk } from '../../manifest.ts'
 import type { InspectContext } from '../../contracts/inspect.ts'
@@ -84,7 +84,7 @@ function readFailed(label: string, e: unknown): MigError {
 
 async function statOrNull(p: string): Promise<Stats | null> {
   try {
-    return currentInputScope()?.pin(p)?.stats ?? (await stat(p))
+    return currentInputScope()?.remote(p) ? await statPath(p) : (currentInputScope()?.pin(p)?.stats ?? (await stat(p)))
   } catch (e) {
     if (e instanceof MigError && e.code === 'E_MIG_NOT_FOUND') return null
     if (e instanceof MigError) throw e

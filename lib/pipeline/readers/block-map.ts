@@ -182,9 +182,10 @@ class BlockMapReader implements DiskReader {
 
   async *extents(from: number): AsyncIterable<DiskExtent> {
     if (this.closed) throw this.fail('extents after close')
-    const { length, isBlock, label } = this.file
+    const { length, isBlock, remote, label } = this.file
     const B = this.table.blockSize
-    const holes = new FileHoleMap({ node: imageFileNode(this.file), size: length, label, noHoles: isBlock })
+    // a remote input has no holes to ask for: every allocated block is data
+    const holes = new FileHoleMap({ node: remote ? {} : imageFileNode(this.file), size: length, label, noHoles: isBlock || remote })
     this.maps.add(holes)
     let run: DiskExtent | null = null
     /** Adds `x` to the run it continues; else starts a run with it and answers the finished one. */

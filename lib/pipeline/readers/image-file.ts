@@ -5,8 +5,8 @@
  */
 import { open, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
-import { readAt } from '../../formats/io.ts'
-import { pinnedPath } from '../../hostpath.ts'
+import { isRemoteHandle, openRead, readAt } from '../../formats/io.ts'
+import { pinnedPath, remoteInput } from '../../hostpath.ts'
 import type { VmdkFile } from '../../formats/vmdk/sparse-extent.ts'
 import type { QemuNode } from '../qemu-img-copy.ts'
 
@@ -19,6 +19,8 @@ export interface ImageFile {
   length: number
   /** A block device (no holes to look for). */
   isBlock: boolean
+  /** A remote input (`lib/remote/`): no descriptor, no holes to look for, no qemu node. */
+  remote: boolean
   /** Name used in messages. */
   label: string
 }
@@ -43,7 +45,8 @@ export async function openImageFile(path: string, opts: ImageFileOptions = {}): 
   const fail = (why: string, cause?: unknown) => new MigError('E_MIG_DISK_READ_FAILED', `${label}: ${why}`, cause ? { cause } : {})
   let fh: FileHandle
   try {
-    fh = await open(pinnedPath(path), 'r')
+    const remote = remoteInput(path)
+    fh = remote ? await openRead(path) : await open(pinnedPath(path), 'r')
   } catch (e) {
     throw fail(`cannot open: ${(e as Error).message}`, e)
   }
@@ -54,7 +57,7 @@ export async function openImageFile(path: string, opts: ImageFileOptions = {}): 
     const length = opts.length ?? st.size - base
     if (!Number.isSafeInteger(base) || base < 0 || !Number.isSafeInteger(length) || length < 0 || base + length > st.size)
       throw fail(`range of ${length} bytes at offset ${base} lies outside the file (${st.size} bytes)`)
-    return { fh, base, length, isBlock: st.isBlockDevice(), label }
+    return { fh, base, length, isBlock: st.isBlockDevice(), remote: isRemoteHandle(fh), label }
   } catch (e) {
     await fh.close().catch(() => {})
     throw e instanceof MigError ? e : fail((e as Error).message, e)
@@ -62,12 +65,14 @@ export async function openImageFile(path: string, opts: ImageFileOptions = {}): 
 }
 
 /**
- * The qemu block node over the image's byte range in `file`: the `raw` driver's `offset`/`size`
+ * The qemu block node over the image's byte range in `file` (not for a remote input:
+ * `E_MIG_INTERNAL`): the `raw` driver's `offset`/`size`
  * window on the open descriptor (`/proc/<pid>/fd/<fd>`, never the name again), a `host_device` or
  * `file` protocol node below it (qemu docs, "Block device options": raw, file, host_device).
  */
 export function imageFileNode(file: ImageFile): QemuNode {
   const { fh, base, length, isBlock } = file
+  if (file.remote) throw new MigError('E_MIG_INTERNAL', `${file.label}: a remote input has no qemu node`)
   return { driver: 'raw', offset: base, size: length, file: { driver: isBlock ? 'host_device' : 'file', filename: `/proc/${process.pid}/fd/${fh.fd}` } }
 }
 

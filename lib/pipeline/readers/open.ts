@@ -22,7 +22,7 @@
  */
 import { rm, rmdir } from 'node:fs/promises'
 import { MigError } from '../../errors.ts'
-import { outsideInputScope } from '../../hostpath.ts'
+import { outsideInputScope, remoteInput } from '../../hostpath.ts'
 import type { DiskFormat, ManifestDisk } from '../../manifest.ts'
 import { CHECKABLE_FORMATS, qemuImgCheck } from '../../formats/qemu-info.ts'
 import { readVdiInfo } from '../../formats/vdi.ts'
@@ -63,6 +63,7 @@ const stagingSlack = (capacity: number) => Math.ceil(capacity / 16) + 64 * 1024 
 export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOptions = {}): Promise<DiskReader> {
   const src = disk.source
   const label = src.member ? `${disk.label} (${src.member} in ${src.path})` : `${disk.label} (${src.path})`
+  if (remoteInput(src.path)) return openRemoteDiskReader(disk, label)
   if (src.compression === 'gzip' || src.layout === 'ovf_chunks') {
     const what = src.compression === 'gzip' ? 'gzip-compressed disk files (ovf:compression="gzip")' : 'chunked OVF disk files (ovf:chunkSize)'
     if (!opts.stagingDir) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: ${what} need a staging directory`)
@@ -131,6 +132,26 @@ export async function openDiskReader(disk: ManifestDisk, opts: OpenDiskReaderOpt
     reader = opened
   }
   return refuseLarger(reader, disk, label)
+}
+
+/**
+ * The reader of a disk of a remote input (`lib/remote/`): the raw reader or a reader by block
+ * table over ranged reads; what would need qemu (a backing chain, an image the table readers
+ * leave to qemu-nbd) or staging (gzip-compressed or chunked OVF files) is
+ * `E_MIG_UNSUPPORTED_FORMAT` naming the disk and the fix.
+ */
+async function openRemoteDiskReader(disk: ManifestDisk, label: string): Promise<DiskReader> {
+  const src = disk.source
+  const refuse = (why: string) =>
+    new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: ${why} from a remote input is not read; copy the export into the import root`)
+  if (src.compression === 'gzip') throw refuse('a gzip-compressed disk file (ovf:compression="gzip")')
+  if (src.layout === 'ovf_chunks') throw refuse('a chunked disk file (ovf:chunkSize)')
+  if (src.layout === 'xva_blocks') throw refuse('an XVA disk')
+  if (disk.backing_chain?.length) throw refuse('a disk with a backing chain')
+  if (disk.disk_format === 'raw') return refuseLarger(await openRawFileReader(src.path, { offset: src.offset, length: src.length, label }), disk, label)
+  const native = await openByBlockTable(disk.disk_format, src.path, { offset: src.offset, length: src.length, label })
+  if (!native) throw refuse(`this ${disk.disk_format} image (a layout only qemu reads: compressed clusters, an external data file ...)`)
+  return refuseLarger(native, disk, label)
 }
 
 /**

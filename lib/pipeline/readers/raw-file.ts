@@ -29,13 +29,18 @@ export async function openRawFileReader(path: string, opts: ImageFileOptions = {
   const file = await openImageFile(path, opts)
   const { fh, base, length: size, label } = file
   let closed = false
-  const qemuNode = imageFileNode(file)
+  const qemuNode = file.remote ? undefined : imageFileNode(file)
 
   return {
     size,
     qemuNode,
     async *extents(from: number): AsyncIterable<DiskExtent> {
       if (closed) throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: extents after close`)
+      if (!qemuNode) {
+        // a remote input: no holes to ask for, all of it is data (the chunker finds the zeros)
+        for (let o = Math.max(0, from); o < size; o += EXTENT_SPAN) yield { offset: o, length: Math.min(EXTENT_SPAN, size - o), zero: false }
+        return
+      }
       for await (const x of qemuImgMap({ node: qemuNode, from: Math.max(0, from), size, label })) {
         if (x.zero) yield x
         else

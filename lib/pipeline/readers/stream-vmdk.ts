@@ -69,7 +69,8 @@ export async function openStreamVmdkReader(path: string, opts: ImageFileOptions 
     const tables = Math.ceil(extent.g.capacityBytes / extent.span)
     let stored = 0
     for (let t = 0; t < tables; t++) for (const g of (await extent.tableGrains(t).catch(refuseMalformed)) ?? []) if (typeof g === 'number') stored++
-    if (stored > 0 && file.length > INCOMPRESSIBLE * stored * extent.g.grainBytes) {
+    // (a remote input has no qemu to hand it to: this reader reads it whatever the ratio)
+    if (!file.remote && stored > 0 && file.length > INCOMPRESSIBLE * stored * extent.g.grainBytes) {
       await file.fh.close()
       return null
     }

@@ -14,6 +14,7 @@ export function sourceOf(job: Job): string {
   const kind = 'Live' in job.plan.source ? job.plan.source.Live : job.plan.source.Offline
   if (r.kind === 'offline_host_path') return `${kind}: ${r.path}`
   if (r.kind === 'upload') return `${kind}: upload ${r.upload_id.slice(0, 8)}`
+  if (r.kind === 'offline_url') return `${kind}: ${r.url}`
   return `${kind}: VM ${r.vm_id}`
 }
 

@@ -1,6 +1,7 @@
 /**
- * New migration from a file: browse the import root (`GET /host-files`) or upload an archive
- * (`POST /uploads`, SHA-256 computed in the browser, streaming, in 8 MiB slices), inspect it,
+ * New migration from a file: browse the import root (`GET /host-files`), upload an archive
+ * (`POST /uploads`, SHA-256 computed in the browser, streaming, in 8 MiB slices), or name a
+ * remote input by its URL (`POST /remote-files/inspect`, docs/remote-sources.md); inspect it,
  * show the manifest, then the plan form.
  */
 import { createSHA256 } from 'hash-wasm'
@@ -15,7 +16,10 @@ import { PlanForm } from '../plan-form.tsx'
 
 /** An inspected input: where it is (for `source_ref`) and what inspect found. */
 interface Inspected {
-  ref: { kind: 'offline_host_path'; path: string } | { kind: 'upload'; upload_id: string }
+  ref:
+    | { kind: 'offline_host_path'; path: string }
+    | { kind: 'upload'; upload_id: string }
+    | { kind: 'offline_url'; url: string; credential_id?: string; tls?: { ca_pem: string } }
   label: string
   detected_kind: string
   manifest: VmManifest
@@ -152,7 +156,65 @@ function Uploader({ onUploaded }: { onUploaded(u: Upload): void }) {
   )
 }
 
-/** The page: pick a host file or upload one, inspect, plan. */
+/** A remote input's reference as the form spells it: `offline_url` with its optional credential and CA. */
+type UrlRef = { kind: 'offline_url'; url: string; credential_id?: string; tls?: { ca_pem: string } }
+
+/**
+ * The URL form: an http(s):// or s3:// URL, a registered credential (`GET /remote-credentials`,
+ * never a secret) and an optional CA certificate (PEM) to trust.
+ */
+function RemoteUrl({ onInspect }: { onInspect(ref: UrlRef): void }) {
+  const [url, setUrl] = useState('')
+  const [credential, setCredential] = useState('')
+  const [caPem, setCaPem] = useState('')
+  const [credentials, setCredentials] = useState<Array<{ id: string; name: string; kind: string }>>([])
+  useEffect(() => {
+    api<{ items: Array<{ id: string; name: string; kind: string }> }>('GET', '/remote-credentials')
+      .then((r) => setCredentials(r.items))
+      .catch(() => setCredentials([]))
+  }, [])
+  return (
+    <section class="card" data-testid="remote-url">
+      <h3>From a URL</h3>
+      <form
+        onSubmit={(e) => {
+          e.preventDefault()
+          onInspect({
+            kind: 'offline_url',
+            url: url.trim(),
+            ...(credential ? { credential_id: credential } : {}),
+            ...(caPem.trim() ? { tls: { ca_pem: caPem.trim() } } : {}),
+          })
+        }}
+      >
+        <label>
+          URL (https://, http:// or s3://)
+          <input data-testid="remote-url-input" type="text" value={url} placeholder="https://files.example.org/vm.ova" onInput={(e) => setUrl((e.target as HTMLInputElement).value)} />
+        </label>
+        <label>
+          Credential
+          <select data-testid="remote-credential" value={credential} onChange={(e) => setCredential((e.target as HTMLSelectElement).value)}>
+            <option value="">none</option>
+            {credentials.map((c) => (
+              <option key={c.id} value={c.id}>
+                {c.name} ({c.kind})
+              </option>
+            ))}
+          </select>
+        </label>
+        <label>
+          CA certificate (PEM, optional)
+          <textarea data-testid="remote-ca" rows={3} value={caPem} onInput={(e) => setCaPem((e.target as HTMLTextAreaElement).value)} />
+        </label>
+        <button type="submit" data-testid="remote-inspect" disabled={url.trim() === ''}>
+          Inspect
+        </button>
+      </form>
+    </section>
+  )
+}
+
+/** The page: pick a host file, upload one or name a URL, inspect, plan. */
 export function NewMigrationPage() {
   const [inspected, setInspected] = useState<Inspected | null>(null)
   const [busy, setBusy] = useState<string | null>(null)
@@ -177,6 +239,12 @@ export function NewMigrationPage() {
         <Browser onInspect={(path) => void inspect(path, { kind: 'offline_host_path', path }, () => api('POST', '/host-files/inspect', { path }))} />
         <Uploader onUploaded={(u) => void inspect(u.filename, { kind: 'upload', upload_id: u.id }, () => api('POST', `/uploads/${u.id}/inspect`))} />
       </div>
+      <RemoteUrl
+        onInspect={(ref) => {
+          const { kind: _kind, ...body } = ref
+          void inspect(ref.url, ref, () => api('POST', '/remote-files/inspect', body))
+        }}
+      />
       {busy && <p class="muted">Inspecting {busy}…</p>}
       {err && <ErrorBox code={err.code} message={err.message} />}
       {inspected && (

@@ -6,14 +6,17 @@
  * read is a new buffer; at a few hundred MB/s that garbage held a worker's RSS at 220-250 MiB
  * (bench/vim-job.ts) until the collector caught up.
  *
+ * Also the transport of remote offline inputs (`lib/remote/http-object.ts`): ranged GETs of an
+ * export on an HTTP(S) server, whose first request may cut a too-long answer (`partial`).
+ *
  * Only what a datastore `/folder` GET needs (RFC 9112, HTTP/1.1 message syntax): a status line
  * and header fields of at most 64 KiB together; a body framed by `Content-Length`, by the
  * `chunked` transfer coding, or by the connection's close; no 1xx answers, no pipelining. The
  * TLS trust (CA, pinned thumbprint, insecure) is the one of the SOAP client (`lib/tls.ts`).
  */
 import type { Socket } from 'node:net'
-import { MigError } from '../../errors.ts'
-import { tlsConnector, type TlsTrust } from '../../tls.ts'
+import { MigError } from '../errors.ts'
+import { tlsConnector, type TlsTrust } from '../tls.ts'
 
 /** Largest status line + header fields accepted, bytes. */
 export const MAX_HEAD_BYTES = 64 * 1024
@@ -22,11 +25,29 @@ const RX_BYTES = 256 * 1024
 /** Idle connections are closed after this many milliseconds. */
 const IDLE_MS = 30_000
 
-/** An answer: status, header fields (lower-case names) and the body (a view of `into` when given). */
+/**
+ * An answer: status, header fields (lower-case names) and the body (a view of `into` when given).
+ * `cut`: the body was longer than `max` and only its first `max` bytes were read (`partial`).
+ */
 export interface RangeAnswer {
   status: number
   headers: Record<string, string>
   body: Buffer
+  cut?: boolean
+}
+
+/**
+ * Options of one {@link RangeHttp.get}: `max` bytes of body at most (into `into` when given),
+ * `timeoutMs` for the whole exchange, `partial`: a longer 2xx body is cut at `max` bytes and the
+ * connection closed (a server that ignores `Range` answers with the whole object) instead of
+ * failing, `method` `HEAD` for an answer without body.
+ */
+export interface RangeGetOptions {
+  max: number
+  into?: Buffer
+  timeoutMs: number
+  partial?: boolean
+  method?: 'GET' | 'HEAD'
 }
 
 /** One request in progress on a connection: the parser's state. */
@@ -49,6 +70,9 @@ interface Exchange {
   /** The chunk-size or trailer line being read. */
   line: string
   keepAlive: boolean
+  partial: boolean
+  headOnly: boolean
+  cut: boolean
 }
 
 /** A pooled connection. */
@@ -86,7 +110,7 @@ export class RangeHttp {
    * whole exchange. A kept-alive connection the server closed while idle is retried once on a
    * new one.
    */
-  async get(path: string, headers: Record<string, string>, o: { max: number; into?: Buffer; timeoutMs: number }): Promise<RangeAnswer> {
+  async get(path: string, headers: Record<string, string>, o: RangeGetOptions): Promise<RangeAnswer> {
     for (let attempt = 0; ; attempt++) {
       const conn = await this.acquire()
       try {
@@ -206,9 +230,9 @@ export class RangeHttp {
     ex.reject(e)
   }
 
-  private exchange(c: Conn, path: string, headers: Record<string, string>, o: { max: number; into?: Buffer; timeoutMs: number }): Promise<RangeAnswer> {
+  private exchange(c: Conn, path: string, headers: Record<string, string>, o: RangeGetOptions): Promise<RangeAnswer> {
     const url = this.url
-    let req = `GET ${path} HTTP/1.1\r\nhost: ${url.host}\r\n`
+    let req = `${o.method ?? 'GET'} ${path} HTTP/1.1\r\nhost: ${url.host}\r\n`
     for (const [k, v] of Object.entries(headers)) {
       if (/[\r\n\0]/.test(k + v)) return Promise.reject(new Error(`header ${k}: control characters`))
       req += `${k}: ${v}\r\n`
@@ -243,6 +267,9 @@ export class RangeHttp {
         left: 0,
         line: '',
         keepAlive: true,
+        partial: o.partial === true,
+        headOnly: o.method === 'HEAD',
+        cut: false,
       }
       if (c.dead || !c.socket) return this.ended(c)
       c.socket.write(req)
@@ -346,14 +373,14 @@ export class RangeHttp {
       // an error page is not read: the answer ends here and its connection is closed
       ex.phase = 'done'
       ex.keepAlive = false
-    } else if (ex.status === 204) ex.phase = 'done'
+    } else if (ex.status === 204 || ex.headOnly) ex.phase = 'done'
     else if (te !== undefined) {
       if (!/(^|,)\s*chunked\s*$/i.test(te)) throw new Error(`transfer coding ${JSON.stringify(te.slice(0, 80))} is not chunked`)
       ex.phase = 'size'
     } else if (cl !== undefined) {
       if (!/^\d{1,15}$/.test(cl)) throw new Error(`Content-Length ${JSON.stringify(cl.slice(0, 80))}`)
       ex.left = Number(cl)
-      this.room(ex, ex.left)
+      if (!ex.partial) this.room(ex, ex.left)
       ex.phase = ex.left === 0 ? 'done' : 'fixed'
     } else {
       ex.phase = 'close'
@@ -372,7 +399,7 @@ export class RangeHttp {
     const m = /^([0-9a-fA-F]{1,12})[ \t]*(;.*)?$/.exec(line)
     if (!m) throw new Error(`a malformed chunk size: ${JSON.stringify(line.slice(0, 80))}`)
     ex.left = Number.parseInt(m[1]!, 16)
-    this.room(ex, ex.got + ex.left)
+    if (!ex.partial) this.room(ex, ex.got + ex.left)
     ex.phase = ex.left === 0 ? 'trailer' : 'data'
   }
 
@@ -383,6 +410,16 @@ export class RangeHttp {
 
   /** Copies body bytes to their place. */
   private take(ex: Exchange, part: Buffer): void {
+    if (ex.partial && ex.got + part.length >= ex.max) {
+      // the first `max` bytes are all that is wanted: the rest of the answer is not read
+      ex.body ??= ex.into ?? Buffer.allocUnsafe(ex.max)
+      part.copy(ex.body, ex.got, 0, ex.max - ex.got)
+      ex.cut = ex.got + part.length > ex.max || ex.left > part.length || ex.phase !== 'fixed'
+      ex.got = ex.max
+      ex.phase = 'done'
+      ex.keepAlive = false
+      return
+    }
     this.room(ex, ex.got + part.length)
     ex.body ??= ex.into ?? Buffer.allocUnsafe(ex.phase === 'fixed' ? ex.left : ex.max)
     part.copy(ex.body, ex.got)
@@ -392,6 +429,6 @@ export class RangeHttp {
   private finish(c: Conn, ex: Exchange): void {
     c.ex = null
     if (!ex.keepAlive) this.kill(c)
-    ex.resolve({ status: ex.status, headers: ex.headers, body: (ex.body ?? Buffer.alloc(0)).subarray(0, ex.got) })
+    ex.resolve({ status: ex.status, headers: ex.headers, body: (ex.body ?? Buffer.alloc(0)).subarray(0, ex.got), ...(ex.cut ? { cut: true } : {}) })
   }
 }

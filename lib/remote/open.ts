@@ -1,0 +1,81 @@
+/**
+ * Opening a remote offline input (`source_ref.kind: "offline_url"`, `lib/remote/ref.ts`) for an
+ * inspect or a job: the object is opened once ({@link openHttpObject}: size and identity taken),
+ * registered in the job's input scope under its URL (`lib/hostpath.ts`), and from then on the
+ * importers and disk readers read it by that name through `lib/formats/io.ts` as they read a
+ * pinned host file: positioned reads, here ranged requests.
+ */
+import type { RemoteFile } from '../contracts/remote-file.ts'
+import { InputScope } from '../hostpath.ts'
+import { inspectInput, type InspectResult } from '../importers/index.ts'
+import type { ImporterKind } from '../kinds.ts'
+import { MigError } from '../errors.ts'
+import { openHttpObject, type HttpAuth, type HttpObjectOptions } from './http-object.ts'
+import { openS3Object, type S3Access } from './s3-object.ts'
+import type { OfflineUrlRef } from './ref.ts'
+
+/** A credential, unsealed: HTTP basic or bearer, or S3 access keys. */
+export type RemoteAuth = HttpAuth | S3Access
+
+/** Looks up the credential `id` (`E_MIG_NOT_FOUND` when absent) and unseals it. */
+export type CredentialLookup = (id: string) => Promise<RemoteAuth>
+
+/** Settings of {@link openRemoteInput}: the credential lookup and transport tuning. */
+export interface RemoteOpenOptions {
+  credentials?: CredentialLookup
+  http?: Omit<HttpObjectOptions, 'trust' | 'auth'>
+}
+
+/**
+ * Opens the object `ref` names. Throws `E_MIG_NOT_FOUND` (no such credential, no such object),
+ * `E_MIG_AUTH_FAILED`, `E_MIG_SOURCE_UNREACHABLE`, `E_MIG_UNSUPPORTED_FORMAT` (see
+ * `lib/remote/http-object.ts`).
+ */
+export async function openRemoteInput(ref: OfflineUrlRef, opts: RemoteOpenOptions = {}): Promise<RemoteFile> {
+  let auth: RemoteAuth | null = null
+  if (ref.credential_id) {
+    if (!opts.credentials) throw new Error('openRemoteInput: a credential_id without a credential lookup')
+    auth = await opts.credentials(ref.credential_id)
+  }
+  const s3 = ref.url.startsWith('s3:')
+  const problem = credentialProblem(s3, auth?.kind ?? null)
+  if (problem)
+    throw new MigError('E_MIG_INVALID_PLAN', `source_ref.credential_id: ${problem}`, {
+      details: { issues: [{ path: 'plan.source_ref.credential_id', message: problem }] },
+    })
+  if (s3)
+    return openS3Object(ref.url, { endpoint: ref.s3?.endpoint, region: ref.s3?.region, access: auth as S3Access | null, trust: ref.tls ?? {}, http: opts.http })
+  return openHttpObject(ref.url, { ...opts.http, trust: ref.tls ?? {}, auth: auth as HttpAuth | null })
+}
+
+/**
+ * Why a credential of kind `kind` (`basic`, `bearer`, `s3`; null: none) does not fit an input
+ * (`s3`: an `s3://` URL), or null.
+ */
+export function credentialProblem(s3: boolean, kind: string | null): string | null {
+  if (kind === null) return null
+  if (s3 && kind !== 's3') return 'an s3:// input needs a credential of kind s3'
+  if (!s3 && kind === 's3') return 'an http(s) input needs a credential of kind http_basic or http_bearer'
+  return null
+}
+
+/**
+ * Inspects the remote input `ref` without copying (the `POST /remote-files/inspect` endpoint):
+ * headers, descriptors and tables are read with ranged requests, the object is closed after.
+ * `kind` skips detection. Throws what {@link openRemoteInput} and `inspectInput` throw.
+ */
+export async function inspectRemote(
+  ref: OfflineUrlRef,
+  importRoot: string,
+  kind: ImporterKind | undefined,
+  opts: RemoteOpenOptions = {},
+): Promise<InspectResult> {
+  const scope = new InputScope(importRoot)
+  try {
+    const remote = await openRemoteInput(ref, opts)
+    scope.addRemote(remote)
+    return await scope.run(() => inspectInput(remote.name, { importRoot }, kind))
+  } finally {
+    scope.close()
+  }
+}

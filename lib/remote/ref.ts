@@ -1,0 +1,94 @@
+/**
+ * The wire shape of a remote offline input (roadmap v0.3): `source_ref` of kind `offline_url`,
+ * validated with zod like the rest of the plan (`lib/plan.ts`).
+ *
+ * ```json
+ * {"kind": "offline_url", "url": "https://files.example/vm.ova",   (or "s3://bucket/key" with "s3": {"endpoint", "region"})
+ *  "credential_id": "<uuid of POST /remote-credentials>", "tls": {"ca_pem": "-----BEGIN CERTIFICATE-----..."}}
+ * ```
+ */
+import { z } from 'zod'
+import type { ImporterKind } from '../kinds.ts'
+
+/** URL schemes a remote input may use. */
+export const REMOTE_SCHEMES = ['http:', 'https:', 's3:'] as const
+
+/** Importer kinds whose input is one file, read in place through ranged reads. */
+export const REMOTE_IMPORTERS: readonly ImporterKind[] = ['ova_archive', 'qcow2', 'vmdk', 'vhdx']
+
+/** Why `s` is not an acceptable remote URL, or null. */
+export function remoteUrlProblem(s: string): string | null {
+  let u: URL
+  try {
+    u = new URL(s)
+  } catch {
+    return 'must be an absolute URL (https://host/path/file.ova)'
+  }
+  if (u.protocol === 'smb:') return 'smb:// inputs are not supported by this build; serve the file over https://, http:// or s3://'
+  if (!(REMOTE_SCHEMES as readonly string[]).includes(u.protocol))
+    return `scheme ${u.protocol.replace(/:$/, '')} is not supported: use https://, http:// or s3://bucket/key`
+  if (u.username !== '' || u.password !== '')
+    return 'must not carry credentials (user:password@); register them (POST /remote-credentials) and give credential_id'
+  if (u.hostname === '') return u.protocol === 's3:' ? 'must name a bucket (s3://bucket/key)' : 'must name a host'
+  if (u.protocol === 's3:' && (u.port !== '' || u.search !== '')) return 'an s3:// URL is s3://bucket/key (the server goes in s3.endpoint)'
+  if (u.hash !== '') return 'must not have a #fragment'
+  if (u.pathname === '/' || u.pathname.endsWith('/')) return 'must name a file, not a folder'
+  return null
+}
+
+/** `tls` of a remote input: trust by a CA (PEM), a pinned SHA-256 thumbprint, or insecure (`lib/tls.ts`). */
+export const RemoteTls = z.strictObject({
+  insecure: z.boolean().optional(),
+  ca_pem: z
+    .string()
+    .max(65536)
+    .regex(/-----BEGIN CERTIFICATE-----/, 'must be a PEM certificate')
+    .optional(),
+  thumbprint: z
+    .string()
+    .regex(/^([0-9A-Fa-f]{2}:?){32}$/, 'must be a SHA-256 thumbprint (64 hex digits, colons optional)')
+    .optional(),
+})
+
+/** The `url` field: an http(s) URL of one file, without credentials. */
+export const RemoteUrl = z
+  .string()
+  .min(1)
+  .max(4096)
+  .superRefine((s, c) => {
+    const why = remoteUrlProblem(s)
+    if (why) c.addIssue({ code: 'custom', message: why })
+  })
+
+/** `s3` of an `s3://` input: the server (default Amazon S3 of the region) and the signature's region. */
+export const RemoteS3 = z.strictObject({
+  endpoint: z
+    .string()
+    .max(2048)
+    .refine((s) => {
+      try {
+        const u = new URL(s)
+        return (u.protocol === 'http:' || u.protocol === 'https:') && u.username === '' && u.password === '' && u.search === '' && u.hash === ''
+      } catch {
+        return false
+      }
+    }, 'must be an http(s) URL without credentials, query or fragment (https://s3.example.org)')
+    .optional(),
+  region: z
+    .string()
+    .regex(/^[a-z0-9-]{1,64}$/, 'must be a region name (us-east-1)')
+    .optional(),
+})
+
+/** `source_ref` of kind `offline_url`. */
+export const OfflineUrlRef = z.strictObject({
+  kind: z.literal('offline_url'),
+  url: RemoteUrl,
+  s3: RemoteS3.optional(),
+  credential_id: z
+    .string()
+    .regex(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i, 'must be a UUID')
+    .optional(),
+  tls: RemoteTls.optional(),
+})
+export type OfflineUrlRef = z.infer<typeof OfflineUrlRef>

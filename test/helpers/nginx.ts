@@ -1,0 +1,203 @@
+/**
+ * A real nginx (Debian `nginx-light`) serving a directory on 127.0.0.1 for the remote-input
+ * tests (lib/remote/): its own configuration, prefix, logs and temp paths in a temp directory,
+ * one process (`master_process off`), stopped by `stop()`. Locations:
+ * - `/` static files (byte ranges on, strong ETags);
+ * - `/noranges/` the same files with `max_ranges 0` (every Range request answered 200 whole);
+ * - `/private/` HTTP basic auth (`user` / `secret`, nginx's `{PLAIN}` scheme).
+ * With `tls`, the server speaks HTTPS with that certificate and key.
+ * And a TCP proxy that cuts its answers (`startCuttingProxy`), for dropped connections.
+ */
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { createConnection, createServer, type Server, type Socket } from 'node:net'
+import * as path from 'node:path'
+import { freePort } from './server.ts'
+
+/** A running nginx. `requests()` are the access log's lines parsed (method, uri, range, status, bytes sent). */
+export interface RunningNginx {
+  base: string
+  port: number
+  requests(): Array<{ method: string; uri: string; range: string; status: number; bytes: number }>
+  stop(): Promise<void>
+}
+
+/** The credentials of `/private/`. */
+export const NGINX_USER = { username: 'user', password: 'secret' }
+
+/**
+ * Starts nginx serving `root` with its state under `dir` (created). `tls`: PEM certificate and key
+ * files. Resolves once it accepts connections; throws with nginx's error log otherwise.
+ */
+export async function startNginx(root: string, dir: string, opts: { tls?: { cert: string; key: string } } = {}): Promise<RunningNginx> {
+  mkdirSync(dir, { recursive: true })
+  const port = await freePort()
+  const p = (n: string) => path.join(dir, n)
+  writeFileSync(p('htpasswd'), `${NGINX_USER.username}:{PLAIN}${NGINX_USER.password}\n`)
+  const conf = `
+daemon off;
+master_process off;
+pid ${p('nginx.pid')};
+error_log ${p('error.log')} warn;
+events { worker_connections 128; }
+http {
+  log_format mig '$request_method $uri "$http_range" $status $body_bytes_sent';
+  access_log ${p('access.log')} mig;
+  client_body_temp_path ${p('body')};
+  proxy_temp_path ${p('proxy')};
+  fastcgi_temp_path ${p('fastcgi')};
+  uwsgi_temp_path ${p('uwsgi')};
+  scgi_temp_path ${p('scgi')};
+  default_type application/octet-stream;
+  sendfile on;
+  keepalive_requests 100000;
+  server {
+    listen 127.0.0.1:${port}${opts.tls ? ' ssl' : ''};
+    ${opts.tls ? `ssl_certificate ${opts.tls.cert}; ssl_certificate_key ${opts.tls.key};` : ''}
+    root ${root};
+    location /noranges/ { alias ${root}/; max_ranges 0; }
+    location /private/ { alias ${root}/; auth_basic "migrator test"; auth_basic_user_file ${p('htpasswd')}; }
+  }
+}
+`
+  writeFileSync(p('nginx.conf'), conf)
+  const child: ChildProcess = spawn('nginx', ['-p', dir, '-c', p('nginx.conf')], { stdio: ['ignore', 'ignore', 'pipe'] })
+  let err = ''
+  child.stderr!.on('data', (d) => (err += d))
+  const exited = new Promise<void>((r) => child.once('exit', () => r()))
+  const deadline = Date.now() + 10_000
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`nginx exited with ${child.exitCode}: ${err} ${safeRead(p('error.log'))}`)
+    if (await accepts(port)) break
+    if (Date.now() > deadline) {
+      child.kill('SIGKILL')
+      throw new Error(`nginx not listening in 10 s: ${err}`)
+    }
+    await new Promise((r) => setTimeout(r, 50))
+  }
+  return {
+    base: `${opts.tls ? 'https' : 'http'}://127.0.0.1:${port}`,
+    port,
+    requests: () =>
+      safeRead(p('access.log'))
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => {
+          const m = /^(\S+) (\S+) "([^"]*)" (\d+) (\d+)$/.exec(l)
+          if (!m) throw new Error(`access log line ${l}`)
+          return { method: m[1]!, uri: m[2]!, range: m[3] === '-' ? '' : m[3]!, status: Number(m[4]), bytes: Number(m[5]) }
+        }),
+    async stop() {
+      if (child.exitCode !== null) return
+      child.kill('SIGQUIT')
+      const t = setTimeout(() => child.kill('SIGKILL'), 5000)
+      await exited
+      clearTimeout(t)
+    },
+  }
+}
+
+function safeRead(f: string): string {
+  try {
+    return readFileSync(f, 'utf8')
+  } catch {
+    return ''
+  }
+}
+
+function accepts(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = createConnection({ host: '127.0.0.1', port }, () => {
+      s.destroy()
+      resolve(true)
+    })
+    s.on('error', () => resolve(false))
+  })
+}
+
+/** A running cutting proxy: `connections` counts the connections it took. */
+export interface CuttingProxy {
+  base: string
+  connections: number
+  close(): Promise<void>
+}
+
+/**
+ * A TCP proxy on 127.0.0.1 in front of `port` that forwards each connection's answer and cuts
+ * the connection (destroys both sides) once it forwarded `cutAfter` bytes of answer, for the
+ * first `cuts` connections (every connection when `cuts` is Infinity); later connections pass.
+ */
+export async function startCuttingProxy(port: number, cutAfter: number, cuts: number): Promise<CuttingProxy> {
+  const sockets = new Set<Socket>()
+  const proxy: CuttingProxy & { server?: Server } = {
+    base: '',
+    connections: 0,
+    close: async () => {
+      for (const s of sockets) s.destroy()
+      await new Promise<void>((r) => server.close(() => r()))
+    },
+  }
+  const server = createServer((client) => {
+    const n = proxy.connections++
+    const upstream = createConnection({ host: '127.0.0.1', port })
+    sockets.add(client).add(upstream)
+    let sent = 0
+    const cut = n < cuts
+    client.on('data', (d) => upstream.write(d))
+    upstream.on('data', (d: Buffer) => {
+      if (!cut) return void client.write(d)
+      const room = cutAfter - sent
+      if (room > 0) client.write(room >= d.length ? d : d.subarray(0, room))
+      sent += d.length
+      if (sent >= cutAfter) {
+        client.destroy()
+        upstream.destroy()
+      }
+    })
+    const end = () => {
+      client.destroy()
+      upstream.destroy()
+      sockets.delete(client)
+      sockets.delete(upstream)
+    }
+    client.on('close', end)
+    upstream.on('close', end)
+    client.on('error', end)
+    upstream.on('error', end)
+  })
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()))
+  proxy.base = `http://127.0.0.1:${(server.address() as { port: number }).port}`
+  return proxy
+}
+
+/**
+ * A test CA and a server certificate it signed for 127.0.0.1 (openssl, in `dir`): PEM paths, and
+ * the CA's PEM text and the server certificate's SHA-256 thumbprint.
+ */
+export function makeTestCa(dir: string): { caPem: string; cert: string; key: string; thumbprint: string } {
+  mkdirSync(dir, { recursive: true })
+  const f = (n: string) => path.join(dir, n)
+  const run = (args: string[]) => execFileSync('openssl', args, { stdio: ['ignore', 'pipe', 'pipe'] })
+  run(['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '2', '-subj', '/CN=migrator test CA', '-keyout', f('ca.key'), '-out', f('ca.pem')])
+  run(['req', '-newkey', 'rsa:2048', '-nodes', '-subj', '/CN=127.0.0.1', '-keyout', f('server.key'), '-out', f('server.csr')])
+  writeFileSync(f('ext.cnf'), 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n')
+  run([
+    'x509',
+    '-req',
+    '-in',
+    f('server.csr'),
+    '-CA',
+    f('ca.pem'),
+    '-CAkey',
+    f('ca.key'),
+    '-CAcreateserial',
+    '-days',
+    '2',
+    '-extfile',
+    f('ext.cnf'),
+    '-out',
+    f('server.pem'),
+  ])
+  const fp = run(['x509', '-in', f('server.pem'), '-noout', '-fingerprint', '-sha256']).toString()
+  return { caPem: readFileSync(f('ca.pem'), 'utf8'), cert: f('server.pem'), key: f('server.key'), thumbprint: fp.split('=')[1]!.trim() }
+}

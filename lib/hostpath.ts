@@ -191,6 +191,30 @@ export class InputScope {
     return this.remotes.get(name)
   }
 
+  /**
+   * Throws `E_MIG_DISK_READ_FAILED` ("the source changed while it was read", naming the file
+   * relative to the import root) when a pinned file's size or modification time (fstat of the
+   * pinned descriptor) differs from what it was when pinned: it was written in place. A file
+   * renamed over keeps its pinned inode, which is read consistently to the end, so that passes.
+   */
+  assertUnchanged(): void {
+    for (const [file, p] of this.pins) {
+      let now: Stats
+      try {
+        now = fstatSync(p.fd)
+      } catch {
+        continue // closed with the scope
+      }
+      if (now.size !== p.stats.size || now.mtimeMs !== p.stats.mtimeMs) {
+        throw new MigError(
+          'E_MIG_DISK_READ_FAILED',
+          `${relativeToRoot(this.realRoot, file)}: the source changed while it was read (size ${p.stats.size} -> ${now.size}, modified ${p.stats.mtime.toISOString()} -> ${now.mtime.toISOString()}); the copy would mix two versions of the disk: stop what writes the file, then submit the migration again`,
+          { details: { file: relativeToRoot(this.realRoot, file) } },
+        )
+      }
+    }
+  }
+
   /** Closes every pinned descriptor and remote input. Never throws. */
   close(): void {
     this.closed = true

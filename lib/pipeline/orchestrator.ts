@@ -51,6 +51,12 @@ export type PreparedSource =
        * `signal` aborts.
        */
       verifyDigest?(disk: ManifestDisk, signal: AbortSignal): Promise<void>
+      /**
+       * Throws `E_MIG_DISK_READ_FAILED` when an input file was written since it was opened
+       * (lib/hostpath.ts `InputScope.assertUnchanged`); called after each disk's copy, before the
+       * disk counts as copied.
+       */
+      assertUnchanged?(): void
       close(): Promise<void>
     }
   | {
@@ -427,7 +433,7 @@ async function copyOffline(
     const digest = source.verifyDigest?.(disk, stopDigest.signal) ?? Promise.resolve()
     digest.catch(() => {}) // awaited after the copy; a copy failure first is the error reported
     try {
-      await copyOne(deps, reader, volumes[i], disk, from, tracker, emit, digest)
+      await copyOne(deps, reader, volumes[i], disk, from, tracker, emit, digest, () => source.assertUnchanged?.())
     } finally {
       stopDigest.abort()
       await reader.close().catch(() => {})
@@ -444,6 +450,7 @@ async function copyOne(
   tracker: ProgressTracker,
   emit: (force?: boolean) => void,
   digest: Promise<void> = Promise.resolve(),
+  unchanged: () => void = () => {},
 ): Promise<void> {
   let zeroSeen = 0
   const res = await deps.copyDisk(reader, volume, {
@@ -463,6 +470,7 @@ async function copyOne(
     },
   })
   await digest
+  unchanged()
   tracker.setRead(disk.label, res.bytes_read)
   tracker.finish(disk.label)
   await deps.watermarks.set(

@@ -176,6 +176,7 @@ export async function prepareSource(
       manifest,
       openReader: (disk) => scope.run(() => openDiskReader(disk, { stagingDir, signal: deps.signal })),
       verifyDigest: (disk, signal) => scope.run(() => verifyPackedDigest(disk, signal)),
+      assertUnchanged: () => scope.assertUnchanged(),
       close: async () => scope.close(),
     }
   }

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { Database } from 'bun:sqlite'
 import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { chmodSync, closeSync, existsSync, mkdirSync, openSync, rmSync, statfsSync, writeSync } from 'node:fs'
+import { chmodSync, closeSync, copyFileSync, existsSync, mkdirSync, openSync, renameSync, rmSync, statfsSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, offlinePlan, submit, volumePath, waitJob } from '../helpers/jobs.ts'
@@ -207,4 +207,67 @@ describe('host faults (real server, worker processes, loop-device file systems)'
     }
     expect(integrity(d)).toBe('ok')
   }, 180_000)
+
+  /** A server on a plain data dir `<t.dir>/<name>`, copies capped at 16 MiB/s. */
+  async function slowServer(name: string) {
+    const d = path.join(t.dir, name)
+    mkdirSync(d, { recursive: true })
+    chmodSync(d, 0o755)
+    const srv = await startServer('bun', d, {
+      MIGRATOR_IMPORT_ROOT: importRoot,
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(16 * MiB),
+      MIGRATOR_DOMAIN_TYPE: 'qemu',
+    })
+    return { d, srv }
+  }
+
+  test('a source written in place during the copy fails the job E_MIG_DISK_READ_FAILED ("the source changed while it was read", naming the file)', async () => {
+    mkdirSync(path.join(importRoot, 'mod'))
+    copyFileSync(path.join(importRoot, 'disk', 'disk.qcow2'), path.join(importRoot, 'mod', 'mod.qcow2'))
+    const { d, srv } = await slowServer('inplace')
+    try {
+      const job = await submit(srv.base, offlinePlan('qcow2', 'mod/mod.qcow2', { name: `${PREFIX}inplace`, start: false }))
+      await waitJob(
+        srv.base,
+        job.id,
+        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 16 * MiB) || !['queued', 'running'].includes(j.status),
+        60_000,
+      )
+      // Another process rewrites 1 MiB of the image's data area in place (same size, new bytes).
+      const fd = openSync(path.join(importRoot, 'mod', 'mod.qcow2'), 'r+')
+      writeSync(fd, randomBytes(MiB), 0, MiB, 80 * MiB)
+      closeSync(fd)
+      const done = await waitJob(srv.base, job.id, undefined, 60_000)
+      expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DISK_READ_FAILED'])
+      expect(done.last_error.message).toMatch(/^mod\/mod\.qcow2: the source changed while it was read \(size \d+ -> \d+, modified /)
+      expect((await call(srv.base, 'GET', '/migrations')).status).toBe(200)
+    } finally {
+      await srv.stop()
+    }
+    expect(integrity(d)).toBe('ok')
+  }, 120_000)
+
+  test('a source renamed over during the copy: the file opened once is read to its end, the job completes bit-exact with the old version', async () => {
+    mkdirSync(path.join(importRoot, 'ren'))
+    copyFileSync(path.join(importRoot, 'disk', 'disk.qcow2'), path.join(importRoot, 'ren', 'ren.qcow2'))
+    const other = randomImage(path.join(t.dir, 'other.raw'), 128 * MiB, 8 * MiB)
+    const { d, srv } = await slowServer('renamed')
+    try {
+      const job = await submit(srv.base, offlinePlan('qcow2', 'ren/ren.qcow2', { name: `${PREFIX}renamed`, start: false }))
+      await waitJob(
+        srv.base,
+        job.id,
+        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 16 * MiB) || !['queued', 'running'].includes(j.status),
+        60_000,
+      )
+      execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', other, path.join(importRoot, 'ren', 'new.qcow2')])
+      renameSync(path.join(importRoot, 'ren', 'new.qcow2'), path.join(importRoot, 'ren', 'ren.qcow2'))
+      const done = await waitJob(srv.base, job.id, undefined, 60_000)
+      expect([done.state, done.last_error]).toEqual(['Completed', null])
+      expect(fileSha256(volumePath(d, job.id, done.progress.disks[0].label))).toBe(fileSha256(raw))
+    } finally {
+      await srv.stop()
+    }
+    expect(integrity(d)).toBe('ok')
+  }, 120_000)
 })

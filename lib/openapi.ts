@@ -13,6 +13,8 @@ import { ERROR_CODES } from './errors.ts'
 import { HostFileInspectBody } from './hostfiles.ts'
 import { BulkPlanBody } from './migrations/bulk.ts'
 import { SubmitPlanBody } from './plan.ts'
+import { RemoteCredentialInput } from './remote/credentials.ts'
+import { RemoteInspectBody } from './remote/ref.ts'
 import { SourceInput } from './sources.ts'
 
 /** One query parameter of a route. */
@@ -129,6 +131,36 @@ export const ROUTES: readonly RouteDoc[] = [
     body: HostFileInspectBody,
     ok: [200, '`{detected_kind, manifest}`'],
     errors: [400, 403, 404, 415, 422, 503],
+  },
+  {
+    method: 'POST',
+    path: '/remote-files/inspect',
+    summary: 'Inspect a remote input (http, https, s3) with ranged reads, without copying it',
+    body: RemoteInspectBody,
+    ok: [200, '`{detected_kind, manifest}`'],
+    errors: [400, 404, 415, 422, 502],
+  },
+  {
+    method: 'GET',
+    path: '/remote-credentials',
+    summary: 'List the credentials of remote inputs (never their secrets)',
+    ok: [200, '`{items: [{id, name, kind, username, created_at, updated_at}]}`'],
+    errors: [503],
+  },
+  {
+    method: 'POST',
+    path: '/remote-credentials',
+    summary: 'Register a credential of remote inputs (HTTP basic, bearer, S3 keys); sealed, never returned',
+    body: RemoteCredentialInput,
+    ok: [201, '`{id, name, kind, username, created_at, updated_at}`'],
+    errors: [400, 409, 415, 503],
+  },
+  {
+    method: 'DELETE',
+    path: '/remote-credentials/:id',
+    summary: 'Remove a credential of remote inputs',
+    ok: [204, 'removed'],
+    errors: [404, 503],
   },
   {
     method: 'GET',

@@ -1,24 +1,14 @@
 // POST /remote-files/inspect: detect format and manifest of a remote input without copying it (roadmap v0.3).
-import { z } from 'zod'
 import { MigError } from '../../lib/errors.ts'
-import { IMPORTER_KINDS } from '../../lib/kinds.ts'
 import { issuesOf } from '../../lib/plan.ts'
 import { credentialLookup } from '../../lib/remote/credentials.ts'
 import { inspectRemote } from '../../lib/remote/open.ts'
-import { RemoteS3, RemoteTls, RemoteUrl } from '../../lib/remote/ref.ts'
+import { RemoteInspectBody } from '../../lib/remote/ref.ts'
 import { json, readJson } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'
 
 export const method = 'POST'
 export const path = '/remote-files/inspect'
-
-const Body = z.strictObject({
-  url: RemoteUrl,
-  credential_id: z.uuid().optional(),
-  tls: RemoteTls.optional(),
-  s3: RemoteS3.optional(),
-  kind: z.enum(IMPORTER_KINDS).optional(),
-})
 
 /**
  * Body `{url, credential_id?, tls?, s3?, kind?}` (the fields of an `offline_url` source_ref; `kind`
@@ -28,7 +18,7 @@ const Body = z.strictObject({
  * `E_MIG_UNSUPPORTED_FORMAT`, `E_MIG_MALFORMED_ARCHIVE`.
  */
 export async function handle(request: Request, ctx: Ctx): Promise<Response> {
-  const body = Body.safeParse(await readJson(request))
+  const body = RemoteInspectBody.safeParse(await readJson(request))
   if (!body.success) {
     const issues = issuesOf(body.error)
     throw new MigError('E_MIG_BAD_REQUEST', `invalid body: ${issues.map((i) => `${i.path}: ${i.message}`).join('; ')}`, { details: { issues } })

@@ -8,7 +8,7 @@
  * ```
  */
 import { z } from 'zod'
-import type { ImporterKind } from '../kinds.ts'
+import { IMPORTER_KINDS, type ImporterKind } from '../kinds.ts'
 
 /** URL schemes a remote input may use. */
 export const REMOTE_SCHEMES = ['http:', 'https:', 's3:'] as const
@@ -92,3 +92,15 @@ export const OfflineUrlRef = z.strictObject({
   tls: RemoteTls.optional(),
 })
 export type OfflineUrlRef = z.infer<typeof OfflineUrlRef>
+
+/**
+ * Body of `POST /remote-files/inspect`: the fields of an `offline_url` source_ref, and `kind`
+ * (one of the importer kinds) to skip detection.
+ */
+export const RemoteInspectBody = z.strictObject({
+  url: RemoteUrl,
+  credential_id: z.uuid().optional(),
+  tls: RemoteTls.optional(),
+  s3: RemoteS3.optional(),
+  kind: z.enum(IMPORTER_KINDS).optional(),
+})

@@ -5,7 +5,7 @@
  * `GET /doctor` and the CLI report it with its fix, and the CLI exits 1. `--local` runs the same
  * checks without a server; on a fit configuration it exits 0. libvirt is asked through its
  * `test:///default` driver (a real libvirt connection that answers at once; the shared
- * qemu:///system is exercised by test/host/doctor.test.ts).
+ * qemu:///system is exercised by test/host/doctor.integ.test.ts).
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { chmodSync } from 'node:fs'

@@ -1,6 +1,6 @@
 /**
  * Live-path cases against govmomi's vCenter simulator (test/vcsim harness) that the scripted
- * double of test/pipeline/orchestrator.test.ts covered alone before: cancel of a live job (its
+ * double of test/pipeline/orchestrator.integ.test.ts covered alone before: cancel of a live job (its
  * snapshots removed, its volumes removed, or kept with MIGRATOR_KEEP_ON_CANCEL=1), a changeId
  * reset (E_MIG_CBT_RESET: one answered with a full copy, one in a later pass fails the job), a
  * snapshot the source refuses (E_MIG_SNAPSHOT_FAILED), a guest that ignores the shutdown request

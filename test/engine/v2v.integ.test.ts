@@ -5,7 +5,7 @@
  *
  * The tool here is a TEST DOUBLE of `virt-v2v-in-place` (a shell script): injecting virtio
  * drivers needs a real Windows guest image, which this machine cannot have. The real tool runs
- * against a Linux-less disk in test/v2v/real-tool.test.ts. The double records its command line
+ * against a Linux-less disk in test/v2v/real-tool.integ.test.ts. The double records its command line
  * and VIRTIO_WIN, and fails (after scribbling over the disk, so the rollback shows) when the
  * disk's first bytes say `V2V-FAIL`.
  */

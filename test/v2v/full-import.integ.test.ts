@@ -52,7 +52,7 @@ let seq = 0
 
 // virt-v2v-test-double: a TEST DOUBLE of virt-v2v 2.2, not the real tool.
 const DOUBLE_SCRIPT = `#!/bin/bash
-# Test double of virt-v2v 2.2 (NOT the real tool): see test/v2v/full-import.test.ts.
+# Test double of virt-v2v 2.2 (NOT the real tool): see test/v2v/full-import.integ.test.ts.
 set -u
 rec="$V2V_DOUBLE_RECORD"
 mode="$V2V_DOUBLE_MODE"

@@ -4,7 +4,7 @@
  * 127.0.0.1 with a temp directory: SigV4-signed ranged reads (lib/remote/s3-object.ts) and a
  * missing key or bucket (404) named. s3rver checks neither SigV4 signatures nor, on GET, the
  * access key id: these tests do not prove the signature (aws4fetch's) nor the 403 mapping over
- * S3 (the same code as HTTP's 401/403, tested against nginx in test/remote/http-object.test.ts).
+ * S3 (the same code as HTTP's 401/403, tested against nginx in test/remote/http-object.integ.test.ts).
  * Also an object replaced between two reads, and jobs
  * importing a qcow2 and a two-disk OVA bit-exact with a registered S3 credential.
  */

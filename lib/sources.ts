@@ -3,6 +3,7 @@
  */
 import { z } from 'zod'
 import { validateStubEndpoint } from './adapters/stubs.ts'
+import { SourceTlsSchema } from './contracts/source-tls.ts'
 import { vimSdkUrl } from './adapters/vim/soap.ts'
 import { ADAPTER_KINDS, type AdapterKind } from './kinds.ts'
 import { MigError, isMigError } from './errors.ts'
@@ -53,20 +54,7 @@ export const SourceInput = z.strictObject({
   endpoint,
   username: z.string().min(1).max(256),
   password: z.string().min(1).max(4096),
-  tls: z
-    .strictObject({
-      insecure: z.boolean().optional(),
-      ca_pem: z
-        .string()
-        .max(65536)
-        .regex(/-----BEGIN CERTIFICATE-----/, 'must be a PEM certificate')
-        .optional(),
-      thumbprint: z
-        .string()
-        .regex(/^([0-9A-Fa-f]{2}:?){32}$/, 'must be a SHA-256 thumbprint (64 hex digits, colons optional)')
-        .optional(),
-    })
-    .optional(),
+  tls: SourceTlsSchema.optional(),
 })
 export type SourceInput = z.infer<typeof SourceInput>
 

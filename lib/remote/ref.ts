@@ -8,6 +8,7 @@
  * ```
  */
 import { z } from 'zod'
+import { SourceTlsSchema } from '../contracts/source-tls.ts'
 import { IMPORTER_KINDS, type ImporterKind } from '../kinds.ts'
 
 /** URL schemes a remote input may use. */
@@ -37,18 +38,7 @@ export function remoteUrlProblem(s: string): string | null {
 }
 
 /** `tls` of a remote input: trust by a CA (PEM), a pinned SHA-256 thumbprint, or insecure (`lib/tls.ts`). */
-export const RemoteTls = z.strictObject({
-  insecure: z.boolean().optional(),
-  ca_pem: z
-    .string()
-    .max(65536)
-    .regex(/-----BEGIN CERTIFICATE-----/, 'must be a PEM certificate')
-    .optional(),
-  thumbprint: z
-    .string()
-    .regex(/^([0-9A-Fa-f]{2}:?){32}$/, 'must be a SHA-256 thumbprint (64 hex digits, colons optional)')
-    .optional(),
-})
+export const RemoteTls = SourceTlsSchema
 
 /** The `url` field: an http(s) URL of one file, without credentials. */
 export const RemoteUrl = z

@@ -290,6 +290,9 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       expectSerial: bc.expectSerial,
       expectEvidence: choice.serialConsole || screenEvidence,
       screen,
+      // OCR of a screen full of kernel messages costs a core for seconds, taken from a TCG guest:
+      // a guest that writes its boot to the serial console has its screen read only now and then.
+      screenEveryMs: choice.serialConsole ? 30_000 : 5_000,
       serialLogPath: input.serialLogPath,
       signal: input.signal,
     })

@@ -68,7 +68,7 @@ describe('boot check on a real guest stuck in its initramfs', () => {
       // The job's record: the bus the domain had (the inspection would have chosen pvscsi), and why the boot failed.
       expect(err.details.hardware.disk_bus).toBe('virtio-blk')
       expect(err.details.hardware.reason).toContain('set by the caller (the inspection chose pvscsi)')
-      expect(err.details.hardware.boot).toEqual({ verified: false, evidence: err.details.why })
+      expect(err.details.hardware.boot).toEqual({ verified: false, evidence: err.details.why, source: 'serial' })
       // The boot check's own wait (from `virsh start`), in its message: decided by evidence, not the timeout.
       expect(err.details.waited_seconds).toBeLessThan(TIMEOUT_S / 3)
       expect(seconds).toBeLessThan(TIMEOUT_S)

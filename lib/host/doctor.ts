@@ -10,9 +10,10 @@
  * `free-space` (at the destination), `default-bridge` (when set), `go-shim` (spec 1.5's
  * `<APPLIANCE>_MIGRATOR_SKIP_GO_SHIM`: accepted and reported; there is no shim).
  */
-import { accessSync, constants as C, existsSync, statSync, statfsSync } from 'node:fs'
+import { accessSync, constants as C, existsSync, statSync } from 'node:fs'
 import * as path from 'node:path'
 import { exec } from '../exec.ts'
+import { freeBytesOn } from './fs-space.ts'
 import { qemuCanReach, reachFix, readQemuUser } from './qemu-access.ts'
 
 /** One check's result. `fix` is null when there is nothing to do. */
@@ -329,18 +330,10 @@ export function importRootCheck(s: DoctorSettings): Check {
   return { id, status: 'warn', found: `${s.importRoot}: ${problems.join(', ')}`, fix: `chown ${uid} ${s.importRoot} && chmod 0750 ${s.importRoot}` }
 }
 
-/** Bytes available to unprivileged writers on the file system holding `dir` (or its nearest existing ancestor). */
-export function freeBytes(dir: string): number {
-  let d = path.resolve(dir)
-  while (!existsSync(d)) d = path.dirname(d)
-  const st = statfsSync(d)
-  return Number(st.bavail) * Number(st.bsize)
-}
-
 /** `free-space` (file sink; null for zvol, see `zfs-pool`): free bytes where the volumes go. */
 export function freeSpaceCheck(s: DoctorSettings): Check | null {
   if (s.sink === 'zvol') return null // zfs-pool reports the pool's space
-  const free = freeBytes(s.volumesDir)
+  const free = freeBytesOn(s.volumesDir)
   const status = free < FAIL_FREE ? 'fail' : free < WARN_FREE ? 'warn' : 'ok'
   return {
     id: 'free-space',

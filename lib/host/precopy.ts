@@ -21,8 +21,8 @@
 import { existsSync, readdirSync, statSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
-import { freeBytes, run } from './doctor.ts'
-import { mountPointOf } from './fs-space.ts'
+import { run } from './doctor.ts'
+import { freeBytesOn, mountPointOf } from './fs-space.ts'
 import { qemuCanReach, reachFix, type QemuUser } from './qemu-access.ts'
 
 /** A disk to be written (bytes). */
@@ -131,7 +131,7 @@ export async function checkBeforeCopy(input: PreCopyInput): Promise<void> {
     }
     const total = input.disks.reduce((s, d) => s + d.capacity_bytes, 0)
     const need = total - allocatedBelow(jobDir)
-    const free = freeBytes(volumesDir)
+    const free = freeBytesOn(volumesDir)
     await reserveOrCheck(input, `fs:${mountPointOf(volumesDir)}`, total, (others) => {
       const pending = others.reduce((s, o) => s + o.remaining, 0)
       if (need + pending <= free) return

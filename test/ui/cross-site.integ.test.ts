@@ -12,12 +12,14 @@
  * framed even by its own origin.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { execFileSync } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { createServer, type Server } from 'node:http'
 import * as path from 'node:path'
 import type { Frame } from 'playwright-core'
 import { consoleDir } from '../../lib/ui/assets.ts'
 import { offlinePlan } from '../helpers/jobs.ts'
+import { tempDir } from '../helpers/tmp.ts'
 import { sourceBody, startVictim, VICTIM_AUTH, VICTIM_PREFIX, type Victim } from '../helpers/victim.ts'
 import { consoleUrl, openBrowser, type Browser } from './browser.ts'
 
@@ -75,6 +77,7 @@ describe('a cross-site page against the migrator (Chromium, Bun server, Basic au
   let attacker: Server
   let attackerUrl = ''
   const consoleMessages: string[] = []
+  const t = tempDir('i46-page-')
   const [user, pass] = VICTIM_AUTH.split(':') as [string, string]
 
   beforeAll(async () => {
@@ -94,6 +97,7 @@ describe('a cross-site page against the migrator (Chromium, Bun server, Basic au
     await b?.close()
     await new Promise((r) => attacker?.close(r))
     await v?.close()
+    t.cleanup()
   }, 60_000)
 
   test('the console build has no inline script, event handler or style attribute for the CSP to refuse', () => {
@@ -116,10 +120,14 @@ describe('a cross-site page against the migrator (Chromium, Bun server, Basic au
     await b.page.getByText('..').first().click()
     // an upload from the page: SHA-256 in the browser (hash-wasm: WebAssembly), then XMLHttpRequest
     const uploadsBefore = ((await v.call('GET', '/uploads')).body as { items: unknown[] }).items.length
-    await b.page.getByTestId('upload-input').setInputFiles({ name: 'page.img', mimeType: 'application/octet-stream', buffer: Buffer.alloc(64 * 1024, 9) })
+    // a real (small) qcow2, so the inspect that follows the upload answers with its manifest
+    const image = path.join(t.dir, 'page.qcow2')
+    execFileSync('qemu-img', ['create', '-q', '-f', 'qcow2', image, '1M'])
+    await b.page.getByTestId('upload-input').setInputFiles(image)
     await b.page.getByText('sha256 ').first().waitFor({ timeout: 30_000 })
     await b.page.getByText('Uploaded').first().waitFor({ timeout: 30_000 })
     expect(((await v.call('GET', '/uploads')).body as { items: unknown[] }).items.length).toBe(uploadsBefore + 1)
+    await b.page.getByTestId('manifest').waitFor({ timeout: 30_000 })
     await b.page.goto(consoleUrl(v.base, '#/sources'))
     await b.page.getByText(`${VICTIM_PREFIX}vc`).first().waitFor({ timeout: 30_000 })
     expect(await b.page.evaluate(() => (window as any).__csp)).toEqual([])

@@ -14,6 +14,7 @@ import { HANDLERS } from './handlers.ts'
 import type { Logger } from './logger.ts'
 import { buildRouter } from './router.ts'
 import { Supervisor, type SupervisorOptions } from './supervisor.ts'
+import { TestBootService } from './test-boot.ts'
 
 /** The running migrator: its fetch function, its context, and a clean shutdown. */
 export interface App {
@@ -64,6 +65,8 @@ export async function createApp(
   if (supervisor) {
     ctx.runner = supervisor
     supervisor.start()
+    ctx.testBoots = new TestBootService(ctx)
+    ctx.testBoots.start()
   }
   const inspectPool = new InspectPool({ ...config.inspect, retryAfterSeconds: 2 })
   ctx.inspect = (absPath, ictx, kind) => inspectPool.run(absPath, ictx, kind)
@@ -110,6 +113,7 @@ export async function createApp(
       if (closed) return
       closed = true
       clearInterval(sweeper)
+      await ctx.testBoots?.stop()
       await supervisor?.stop()
       await inspectPool.close()
       ctx.hub.closeAll()

@@ -113,6 +113,11 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('jobs').addColumn('hardware', 'text').execute()
     },
   },
+  '0007_job_test_boot': {
+    async up(db: Kysely<any>) {
+      await db.schema.alterTable('jobs').addColumn('test_boot', 'text').execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

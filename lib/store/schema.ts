@@ -65,6 +65,8 @@ export interface JobsTable {
   source_limit: number | null
   /** JSON `HardwareRecord`: the destination's disk bus, NIC model and boot evidence (migration 0006). */
   hardware: string | null
+  /** JSON `TestBootRecord`: the latest test boot of the job (migration 0007). */
+  test_boot: string | null
 }
 
 /** Bulk plans (roadmap v0.5): many jobs submitted together (migration 0005). */

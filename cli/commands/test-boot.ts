@@ -25,7 +25,9 @@ export function testBootSummary(tb: any): string {
 export function register(program: Command): void {
   program
     .command('test-boot <id>')
-    .description('boot a disposable clone of the destination on no network while the source keeps running (warm job in DeltaSyncing, or Completed with start: false)')
+    .description(
+      'boot a disposable clone of the destination on no network while the source keeps running (warm job in DeltaSyncing, or Completed with start: false)',
+    )
     .option('--wait', 'wait for the test boot to end; exit 0 passed, 1 failed, 2 cancelled')
     .action((id: string, o: { wait?: boolean }, cmd: Command) =>
       run(async () => {

@@ -142,9 +142,10 @@ export async function runTestBoot(input: TestBootInput): Promise<TestBootRecord>
     await save({ finished_at: end.toISOString(), seconds: Math.round((end.getTime() - started.getTime()) / 100) / 10, serial_tail: tail, ...patch })
   }
   let cloned = false
+  let outcome: Partial<TestBootRecord>
   try {
     await save({})
-    // a stale domain of an interrupted test boot of this job (never another's: the name is the job's)
+    // a stale domain of an interrupted test boot of this job (never another's: see cleanupTestBoot)
     await cleanupTestBoot(virsh, name, job.id, null)
     if (signal.aborted) throw new MigError('E_MIG_CANCELLED', abortReason(signal))
     const disks = await clone.take(manifest.disks.map((d) => d.label))
@@ -176,23 +177,25 @@ export async function runTestBoot(input: TestBootInput): Promise<TestBootRecord>
       },
       signal,
     })
-    await finish({
-      state: 'passed',
-      verified: result.boot?.verified ?? false,
-      evidence: result.boot?.evidence ?? null,
-      hardware: result.hardware,
-    })
+    outcome = { state: 'passed', verified: result.boot?.verified ?? false, evidence: result.boot?.evidence ?? null, hardware: result.hardware }
   } catch (e) {
     const err = e instanceof MigError ? e : new MigError('E_MIG_INTERNAL', (e as Error).message)
-    if (signal.aborted || err.code === 'E_MIG_CANCELLED') await finish({ state: 'cancelled', error: abortReason(signal) })
+    if (signal.aborted || err.code === 'E_MIG_CANCELLED') outcome = { state: 'cancelled', error: abortReason(signal) }
     else {
       const hw = (err.details?.hardware ?? null) as TestBootRecord['hardware']
-      await finish({ state: 'failed', error: `${err.code}: ${err.message}`, hardware: hw, evidence: typeof err.details?.why === 'string' ? err.details.why : null })
+      outcome = { state: 'failed', error: `${err.code}: ${err.message}`, hardware: hw, evidence: typeof err.details?.why === 'string' ? err.details.why : null }
     }
-  } finally {
-    await cleanupTestBoot(virsh, name, job.id, cloned ? clone : null).catch(async (e) => {
-      await save({ error: `${rec.error ? `${rec.error}; ` : ''}cleanup failed: ${(e as Error).message}` }).catch(() => {})
-    })
+  }
+  // the domain and the clone are gone before the record says the test boot ended
+  try {
+    await cleanupTestBoot(virsh, name, job.id, cloned ? clone : null)
+  } catch (e) {
+    outcome.error = `${outcome.error ? `${outcome.error}; ` : ''}removing the test boot's domain or clone failed: ${(e as Error).message}`
+  }
+  try {
+    await finish(outcome)
+  } catch {
+    /* the store failed: the caller logs the returned record */
   }
   return rec
 }

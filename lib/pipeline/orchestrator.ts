@@ -704,8 +704,7 @@ async function copyLive(
     } else {
       const at = plan.at ? Date.parse(plan.at) : null
       const intervalMs = (plan.precopy_interval_seconds ?? 300) * 1000
-      const due = async () =>
-        (await deps.jobs.cutoverRequestedAt(deps.jobId)) !== null || (at !== null && deps.now().getTime() >= at && (await gateOk()))
+      const due = async () => (await deps.jobs.cutoverRequestedAt(deps.jobId)) !== null || (at !== null && deps.now().getTime() >= at && (await gateOk()))
       try {
         for (;;) {
           if (deps.signal.aborted) throw cancelled()

@@ -13,6 +13,7 @@ import * as plan from './commands/plan.ts'
 import * as plans from './commands/plans.ts'
 import * as serve from './commands/serve.ts'
 import * as sources from './commands/sources.ts'
+import * as testBoot from './commands/test-boot.ts'
 import * as uploads from './commands/uploads.ts'
 import * as watch from './commands/watch.ts'
 
@@ -26,5 +27,5 @@ const program = new Command('migrator')
   .option('--user <user>', 'Basic-auth user', process.env.MIGRATOR_USER)
   .option('--password <password>', 'Basic-auth password', process.env.MIGRATOR_PASSWORD)
   .option('--json', 'machine-readable output', false)
-for (const m of [serve, doctor, imp, plan, plans, jobs, watch, sources, uploads, backup]) m.register(program)
+for (const m of [serve, doctor, imp, plan, plans, jobs, testBoot, watch, sources, uploads, backup]) m.register(program)
 await program.parseAsync(process.argv)

@@ -181,6 +181,39 @@ export interface UefiBootRecord {
   detail: string
 }
 
+/**
+ * The test boot of a job (docs/test-boot.md): a disposable clone of the destination volumes booted
+ * as its own domain on no network, while the source keeps running. Timestamps ISO-8601 UTC,
+ * `seconds` wall time of the whole test boot.
+ * - `state`: `requested` (asked; a warm job takes it at its next pass boundary), `running`,
+ *   `passed` (the clone booted through the boot check), `failed` (did not boot, or the test boot
+ *   itself failed: `error`), `cancelled` (a cutover, the job's cancel, or a restart ended it).
+ * - `verified`: the boot check saw evidence of a booted OS (a `passed` boot may be unverified: a
+ *   guest that gives no serial evidence; `evidence` says so).
+ * - `domain`: the clone's domain name (`<domain>-testboot`), removed when the test boot ends.
+ * - `clone`: what was cloned (`qcow2 overlay` or `zfs clone`).
+ * - `hardware`: the hardware chosen for the clone, as a real start would choose it.
+ * - `serial_tail`: the last lines of the clone's serial console.
+ * A failed test boot never fails the job: it is a notice read before the cutover.
+ */
+export interface TestBootRecord {
+  state: 'requested' | 'running' | 'passed' | 'failed' | 'cancelled'
+  requested_at: string
+  started_at: string | null
+  finished_at: string | null
+  seconds: number | null
+  verified: boolean
+  evidence: string | null
+  domain: string | null
+  clone: string | null
+  hardware: HardwareRecord | null
+  serial_tail: string[]
+  error: string | null
+}
+
+/** Test boot states in which a clone may exist (a domain and volumes to remove). */
+export const TEST_BOOT_ACTIVE: readonly TestBootRecord['state'][] = ['requested', 'running']
+
 /** The job resource as the API returns it. Timestamps are ISO-8601 UTC. */
 export interface Job {
   id: string
@@ -210,6 +243,8 @@ export interface Job {
    * `HardwareRecord`); null before `Starting` (and for jobs that never reached it).
    */
   hardware: HardwareRecord | null
+  /** The latest test boot (see `TestBootRecord`); null when none was asked for. */
+  test_boot: TestBootRecord | null
   created_at: string
   updated_at: string
   started_at: string | null

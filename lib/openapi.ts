@@ -90,6 +90,7 @@ export const ROUTES: readonly RouteDoc[] = [
     errors: [400, 404],
   },
   { method: 'POST', path: '/migrations/:id/cutover', summary: 'Cut a warm job waiting in `DeltaSyncing` over now', ok: [202, 'the job'], errors: [404, 409] },
+  { method: 'POST', path: '/migrations/:id/test-boot', summary: 'Boot a disposable clone of the destination before the cutover (docs/test-boot.md)', ok: [202, 'the job, its `test_boot` requested'], errors: [404, 409] },
   { method: 'POST', path: '/plans', summary: 'Submit a bulk plan of many VMs', body: BulkPlanBody, ok: [201, 'the bulk plan'], errors: [400, 403, 404] },
   { method: 'GET', path: '/plans', summary: 'List bulk plans, newest first', ok: [200, '`{items: [bulk plan]}`'], errors: [503] },
   { method: 'GET', path: '/plans/:id', summary: 'Get a bulk plan', ok: [200, 'the bulk plan'], errors: [404] },

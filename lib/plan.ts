@@ -24,9 +24,13 @@ export const SourceRef = z.discriminatedUnion('kind', [
  * `cutover` of a warm live plan (roadmap v0.6): `{mode: "auto"}` (the default) cuts over as soon
  * as a delta pass converges; `{mode: "manual"}` keeps the copy warm until
  * `POST /migrations/:id/cutover`; `{at: <RFC 3339 time with offset>}` until that time (or an
- * earlier command).
+ * earlier command). `require_test_boot: true` holds a manual or scheduled cutover until the job's
+ * latest test boot passed (docs/test-boot.md).
  */
-export const CutoverPlan = z.union([z.strictObject({ mode: z.enum(['auto', 'manual']) }), z.strictObject({ at: z.iso.datetime({ offset: true }) })])
+export const CutoverPlan = z.union([
+  z.strictObject({ mode: z.enum(['auto', 'manual']), require_test_boot: z.boolean().optional() }),
+  z.strictObject({ at: z.iso.datetime({ offset: true }), require_test_boot: z.boolean().optional() }),
+])
 export type CutoverPlan = z.infer<typeof CutoverPlan>
 
 /** How a plan's cutover is triggered: `auto` (convergence), `manual` (command), `scheduled` (`at`, or a command). */
@@ -108,6 +112,13 @@ export const Plan = z
     }
     if (p.cutover && !('mode' in p.cutover && p.cutover.mode === 'auto') && !(live && p.mode === 'Warm')) {
       ctx.addIssue({ code: 'custom', path: ['cutover'], message: 'a cutover on command or at a time needs a Live source with mode "Warm"' })
+    }
+    if (p.cutover?.require_test_boot && 'mode' in p.cutover && p.cutover.mode === 'auto') {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['cutover', 'require_test_boot'],
+        message: 'an automatic cutover does not wait for a test boot: use {"mode": "manual"} or {"at": ...}',
+      })
     }
   })
 export type Plan = z.infer<typeof Plan>

@@ -16,6 +16,7 @@ import { createRequestGuard } from './request-guard.ts'
 import { buildRouter } from './router.ts'
 import { withSecurityHeaders } from './security-headers.ts'
 import { Supervisor, type SupervisorOptions } from './supervisor.ts'
+import { TestBootService } from './test-boot.ts'
 
 /** The running migrator: its fetch function, its context, and a clean shutdown. */
 export interface App {
@@ -83,6 +84,8 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
   if (supervisor) {
     ctx.runner = supervisor
     supervisor.start()
+    ctx.testBoots = new TestBootService(ctx)
+    ctx.testBoots.start()
   }
   const inspectPool = new InspectPool({ ...config.inspect, retryAfterSeconds: 2 })
   ctx.inspect = (absPath, ictx, kind) => inspectPool.run(absPath, ictx, kind)
@@ -154,6 +157,7 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
       if (closed) return
       closed = true
       clearInterval(sweeper)
+      await ctx.testBoots?.stop()
       await supervisor?.stop()
       await inspectPool.close()
       ctx.hub.closeAll()

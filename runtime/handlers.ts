@@ -17,6 +17,7 @@ import * as migrationsGet from '../handlers/migrations/get.ts'
 import * as migrationsCancel from '../handlers/migrations/cancel.ts'
 import * as migrationsSerialLog from '../handlers/migrations/serial-log.ts'
 import * as migrationsCutover from '../handlers/migrations/cutover.ts'
+import * as migrationsTestBoot from '../handlers/migrations/test-boot.ts'
 import * as plansCreate from '../handlers/plans/create.ts'
 import * as plansList from '../handlers/plans/list.ts'
 import * as plansGet from '../handlers/plans/get.ts'
@@ -52,6 +53,7 @@ export const HANDLERS: readonly HandlerModule[] = [
   migrationsCancel,
   migrationsSerialLog,
   migrationsCutover,
+  migrationsTestBoot,
   plansCreate,
   plansList,
   plansGet,

@@ -17,6 +17,7 @@ import { dataPaths, type Config } from './config.ts'
 import { SPARE_ARG, type SupervisorMessage, type WorkerMessage } from './ipc.ts'
 import { buildJobDeps } from './job-deps.ts'
 import { createLogger } from './logger.ts'
+import { testBootHook } from './test-boot.ts'
 
 /** The job id, or {@link SPARE_ARG} until a spare worker is assigned its job. */
 let jobId = process.argv[2] ?? ''
@@ -107,6 +108,7 @@ async function main(): Promise<void> {
   const job = await runJob({
     ...deps,
     mark,
+    testBoot: testBootHook({ config, paths, store, logger }, jobId),
     onJob: (j) => send({ type: 'job', job: j }),
     onProgress: (p) => send({ type: 'progress', ...p }),
   })

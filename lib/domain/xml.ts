@@ -65,6 +65,8 @@ export type ScsiModel = 'virtio-scsi' | 'vmpvscsi' | 'lsisas1068' | 'lsilogic'
  * - `kind`: `block` or `file`; default `block` when `path` is under `/dev/`, else `file`.
  * - `bus`: overrides the default bus of the guest family (e.g. `virtio` after V2V).
  * - `directIo`: the file accepts O_DIRECT (ignored for block devices, which always do).
+ * - `format`: the image format qemu opens (default `raw`; `qcow2` for a test boot's overlay, whose
+ *   backing file and its format qemu reads from the overlay's header).
  */
 export interface DomainVolume {
   label: string
@@ -72,6 +74,7 @@ export interface DomainVolume {
   kind?: 'block' | 'file'
   bus?: DiskBus
   directIo?: boolean
+  format?: 'raw' | 'qcow2'
 }
 
 /** OVMF files: the read-only code image, the VARS template and the per-domain NVRAM path. */
@@ -251,7 +254,7 @@ export function buildDomainXml(input: DomainXmlInput): string {
       '@_device': 'disk',
       driver: {
         '@_name': 'qemu',
-        '@_type': 'raw',
+        '@_type': v.format ?? 'raw',
         '@_cache': direct ? 'none' : 'writeback',
         '@_io': direct ? 'native' : 'threads',
         '@_discard': 'unmap',

@@ -110,6 +110,30 @@ export interface CutoverTiming {
   pollMs: number
 }
 
+/**
+ * The test boot of a warm job waiting in `DeltaSyncing` (docs/test-boot.md; runtime/job-deps.ts
+ * wires lib/domain/test-boot.ts).
+ * - `requested()`: the operator asked for a test boot that has not started (store).
+ * - `start(...)`: starts one over the job's volumes (flushed), publishing each change of the job
+ *   with `onJob`; `cloned` resolves once its clone
+ *   exists (or it ended before), `done` once it ended and its domain and clone are gone; neither
+ *   rejects. `holdsWrites`: the clone reads the volumes live (no delta pass while it runs).
+ *   `signal` ends it as `cancelled` (its `reason` string is recorded).
+ * - `recover(job)`: removes what a test boot the previous worker left running (a crash) made, and
+ *   records it `cancelled`; never rejects.
+ */
+export interface TestBootHook {
+  requested(): Promise<boolean>
+  start(
+    job: Job,
+    manifest: VmManifest,
+    volumes: SinkVolume[],
+    signal: AbortSignal,
+    onJob: (job: Job) => void,
+  ): { holdsWrites: boolean; cloned: Promise<void>; done: Promise<void> }
+  recover(job: Job, onJob: (job: Job) => void): Promise<void>
+}
+
 /** Everything the orchestrator needs; tests inject doubles of the outer systems. */
 export interface OrchestratorDeps {
   jobId: string
@@ -168,6 +192,8 @@ export interface OrchestratorDeps {
    * watermarks (lib/pipeline/space-wait.ts). Absent: such a copy fails at once.
    */
   spaceWait?: SpaceWait
+  /** The test boot of a warm job waiting for its cutover (absent: none is run). */
+  testBoot?: TestBootHook
 }
 
 /** Least time between two progress snapshots of a job (ms); the job's stored progress and SSE `progress`. */
@@ -228,6 +254,11 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
 
   try {
     if (signal.aborted) throw cancelled()
+    // a test boot the previous worker of this job left (a crash): its domain and clone go first
+    if (job.test_boot?.state === 'running') {
+      await deps.testBoot?.recover(job, deps.onJob)
+      job = await jobs.get(jobId)
+    }
     source = await deps.prepare(job, signal)
     deps.mark?.('inspected')
     const manifest = source.manifest
@@ -686,6 +717,32 @@ async function copyLive(
     await ctl.setState('DeltaSyncing')
     const plan = ctl.job().cutover
     let passes = 0
+    // The test boot (docs/test-boot.md): taken between passes, so its clone is of a pass boundary.
+    let testBoot: { stop: AbortController; holdsWrites: boolean; done: Promise<void>; ended: boolean } | null = null
+    const stopTestBoot = async (why: string) => {
+      if (!testBoot) return
+      testBoot.stop.abort(why)
+      await testBoot.done
+    }
+    const offerTestBoot = async () => {
+      if (!deps.testBoot || (testBoot && !testBoot.ended) || !(await deps.testBoot.requested())) return
+      for (const v of volumes) await v.flush()
+      const stop = new AbortController()
+      const onAbort = () => stop.abort('the job was cancelled')
+      deps.signal.addEventListener('abort', onAbort, { once: true })
+      const h = deps.testBoot.start(ctl.job(), manifest, volumes, stop.signal, deps.onJob)
+      const tb = { stop, holdsWrites: h.holdsWrites, done: h.done, ended: false }
+      testBoot = tb
+      void h.done.then(() => {
+        tb.ended = true
+        deps.signal.removeEventListener('abort', onAbort)
+      })
+      // the next pass waits for the clone (quick)
+      await h.cloned
+    }
+    const passesHeld = () => testBoot !== null && !testBoot.ended && testBoot.holdsWrites
+    // a plan that requires a passing test boot cuts over at its time only once one passed
+    const gateOk = async () => !ctl.job().plan.cutover?.require_test_boot || (await deps.jobs.testBoot(deps.jobId))?.state === 'passed'
     if (!plan || plan.mode === 'auto') {
       let converged = false
       for (let pass = 1; pass <= policy.maxPasses && !converged; pass++) {
@@ -697,20 +754,30 @@ async function copyLive(
     } else {
       const at = plan.at ? Date.parse(plan.at) : null
       const intervalMs = (plan.precopy_interval_seconds ?? 300) * 1000
-      const due = async () => (at !== null && deps.now().getTime() >= at) || (await deps.jobs.cutoverRequestedAt(deps.jobId)) !== null
-      for (;;) {
-        if (deps.signal.aborted) throw cancelled()
-        // the pass records as its start the instant the interval is timed from
-        const startedAt = deps.now()
-        const started = startedAt.getTime()
-        await recordedPass(++passes, startedAt)
-        if (await due()) break
-        let fired = false
-        for (let left = started + intervalMs - deps.now().getTime(); left > 0 && !fired; left = started + intervalMs - deps.now().getTime()) {
-          await sleep(Math.min(timing.pollMs, left), deps.signal)
-          fired = await due()
+      const due = async () => (await deps.jobs.cutoverRequestedAt(deps.jobId)) !== null || (at !== null && deps.now().getTime() >= at && (await gateOk()))
+      try {
+        for (;;) {
+          if (deps.signal.aborted) throw cancelled()
+          // the pass records as its start the instant the interval is timed from
+          const startedAt = deps.now()
+          const started = startedAt.getTime()
+          // a test boot whose clone reads the volumes live holds the passes until it ends
+          if (!passesHeld()) await recordedPass(++passes, startedAt)
+          if (await due()) break
+          await offerTestBoot()
+          let fired = false
+          for (let left = started + intervalMs - deps.now().getTime(); left > 0 && !fired; left = started + intervalMs - deps.now().getTime()) {
+            await sleep(Math.min(timing.pollMs, left), deps.signal)
+            fired = await due()
+            if (!fired) await offerTestBoot()
+          }
+          if (fired) break
         }
-        if (fired) break
+        // A cutover does not wait for a test boot: the test boot is cancelled (the operator chose
+        // to cut over; the real start runs the same boot check on the real volumes).
+        await stopTestBoot('cancelled: the cutover was requested')
+      } finally {
+        await stopTestBoot('cancelled: the job was cancelled or failed')
       }
     }
     const c = ctl.job().cutover

@@ -12,7 +12,7 @@ import { MigError } from '../errors.ts'
 import { sanitizeLabel } from '../manifest.ts'
 import { exec } from '../exec.ts'
 import { checkJobId, HandleVolume, openDirect, writeFailed, type Discarder } from './volume.ts'
-import type { Sink, SinkVolume, VolumeSnapshot } from './types.ts'
+import type { CloneVolume, Sink, SinkVolume, VolumeClone, VolumeSnapshot } from './types.ts'
 
 /** Options of {@link FileSink}. */
 export interface FileSinkOptions {
@@ -129,6 +129,42 @@ export class FileSink implements Sink {
       },
       release: async () => {
         await rm(snapDir, { recursive: true, force: true })
+      },
+    }
+  }
+
+  /**
+   * The test boot's clone: for each volume a qcow2 overlay backed by the raw image,
+   * `qemu-img create -f qcow2 -b <image> -F raw <jobDir>/.testboot/<label>.qcow2`; the booted
+   * clone writes only the overlay. The overlay reads its backing live, so it `holdsWrites`: the
+   * job must not write the images while it exists. `remove` deletes `.testboot/`.
+   * `E_MIG_DISK_WRITE_FAILED` naming the overlay and qemu-img's message.
+   */
+  testBootClone(jobId: string): VolumeClone {
+    const dir = join(this.jobDir(jobId), '.testboot')
+    return {
+      kind: 'qcow2 overlay over the raw volume',
+      holdsWrites: true,
+      take: async (labels: string[]): Promise<CloneVolume[]> => {
+        await rm(dir, { recursive: true, force: true })
+        // 0711: qemu (libvirt's user) traverses to the overlay libvirt gives it
+        await mkdir(dir, { mode: 0o711 })
+        const out: CloneVolume[] = []
+        for (const label of labels) {
+          const backing = this.volumePath(jobId, label)
+          const overlay = join(dir, `${sanitizeLabel(label)}.qcow2`)
+          const r = await exec('qemu-img', ['create', '-q', '-f', 'qcow2', '-b', backing, '-F', 'raw', overlay])
+          if (r.code !== 0) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${overlay}: qemu-img create of the test boot overlay failed: ${r.stderr.trim()}`)
+          out.push({ label, path: overlay, format: 'qcow2', backing })
+        }
+        return out
+      },
+      remove: async () => {
+        try {
+          await rm(dir, { recursive: true, force: true })
+        } catch (e) {
+          throw writeFailed(dir, 'remove the test boot overlays', 0, e)
+        }
       },
     }
   }

@@ -82,6 +82,35 @@ export interface Sink {
   create(jobId: string, label: string, capacityBytes: number): Promise<SinkVolume>
   remove(jobId: string): Promise<void>
   snapshot(jobId: string): VolumeSnapshot
+  /** The disposable clone of the job's volumes a test boot boots (absent: the sink cannot test-boot). */
+  testBootClone?(jobId: string): VolumeClone
+}
+
+/**
+ * One disk of a {@link VolumeClone}: what the clone's domain boots. `format` is the image format
+ * qemu opens `path` with; `backing` the job's volume under a `qcow2` overlay (null for a full
+ * clone), which the test boot reads for the inspection (an overlay never written equals it).
+ */
+export interface CloneVolume {
+  label: string
+  path: string
+  format: 'raw' | 'qcow2'
+  backing: string | null
+}
+
+/**
+ * A disposable clone of a job's volumes for a test boot (docs/test-boot.md): writes of the booted
+ * clone never reach the job's volumes. `take` makes it (`E_MIG_DISK_WRITE_FAILED`), `remove` removes
+ * everything the clone made, idempotent, also after a crash (`E_MIG_DISK_WRITE_FAILED`).
+ * `holdsWrites`: the clone reads the job's volumes live (an overlay), so nothing may write them
+ * while it exists (a warm job's delta passes wait); false for a point-in-time clone.
+ * `kind` says what it is in words.
+ */
+export interface VolumeClone {
+  kind: string
+  holdsWrites: boolean
+  take(labels: string[]): Promise<CloneVolume[]>
+  remove(): Promise<void>
 }
 
 /** A snapshot of a job's volumes (same shape as the V2V preparer's `V2vSnapshot`). */

@@ -19,7 +19,7 @@ import { MigError } from '../errors.ts'
 import { sanitizeLabel } from '../manifest.ts'
 import { exec } from '../exec.ts'
 import { blockDeviceSize, checkJobId, HandleVolume, openDirect, type Discarder } from './volume.ts'
-import type { Sink, SinkVolume, VolumeSnapshot } from './types.ts'
+import type { CloneVolume, Sink, SinkVolume, VolumeClone, VolumeSnapshot } from './types.ts'
 
 /** Zvol volblocksize, bytes (64 KiB, spec 8). */
 export const ZVOL_BLOCK = 64 * 1024
@@ -175,6 +175,56 @@ export class ZvolSink implements Sink {
     }
   }
 
+  /** `<pool>/<appliance>/migrations/<job-id>-testboot`: the parent of a test boot's clones. */
+  testBootDataset(jobId: string): string {
+    return `${this.jobDataset(jobId)}-testboot`
+  }
+
+  /**
+   * The test boot's clone: `zfs snapshot -r <job-dataset>@testboot` (every volume at the same
+   * instant), then `zfs clone -p <volume>@testboot <job-dataset>-testboot/<label>` per volume, and
+   * waits for each clone's device. A point-in-time copy: the job may go on writing its volumes.
+   * `remove`: `zfs destroy -r <job-dataset>-testboot`, then `zfs destroy -r <job-dataset>@testboot`
+   * (nothing there is fine). `E_MIG_DISK_WRITE_FAILED` with zfs's stderr.
+   */
+  testBootClone(jobId: string): VolumeClone {
+    const dataset = this.jobDataset(jobId)
+    const parent = this.testBootDataset(jobId)
+    const zfs = async (args: string[], absentOk = false) => {
+      const r = await exec(this.opts.zfsPath ?? 'zfs', args)
+      if (r.code !== 0 && !(absentOk && /does not exist|could not find any snapshots/i.test(r.stderr)))
+        throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs ${args.join(' ')} failed (exit ${r.code}): ${r.stderr.trim()}`, {
+          details: { volume: dataset },
+        })
+    }
+    const remove = async () => {
+      await zfs(['destroy', '-r', parent], true)
+      await zfs(['destroy', '-r', `${dataset}@${TEST_BOOT_SNAPSHOT}`], true)
+    }
+    return {
+      kind: 'zfs snapshot and clone',
+      holdsWrites: false,
+      take: async (labels: string[]): Promise<CloneVolume[]> => {
+        await remove()
+        await zfs(['snapshot', '-r', `${dataset}@${TEST_BOOT_SNAPSHOT}`])
+        const out: CloneVolume[] = []
+        for (const label of labels) {
+          const clone = `${parent}/${sanitizeLabel(label)}`
+          await zfs(['clone', '-p', `${this.volumeDataset(jobId, label)}@${TEST_BOOT_SNAPSHOT}`, clone])
+          const dev = this.devicePath(clone)
+          const deadline = Date.now() + (this.opts.deviceTimeoutMs ?? 30_000)
+          while (!(await exists(dev))) {
+            if (Date.now() > deadline) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${clone}: device ${dev} did not appear`, { details: { volume: dev } })
+            await new Promise((r) => setTimeout(r, 50))
+          }
+          out.push({ label, path: dev, format: 'raw', backing: null })
+        }
+        return out
+      },
+      remove,
+    }
+  }
+
   /** `zfs destroy -r <pool>/<appliance>/migrations/<job-id>`; a job with no dataset is fine. `E_MIG_DISK_WRITE_FAILED`. */
   async remove(jobId: string): Promise<void> {
     const dataset = this.jobDataset(jobId)
@@ -187,6 +237,9 @@ export class ZvolSink implements Sink {
 
 /** Name of the snapshot taken before V2V. */
 export const PRE_V2V_SNAPSHOT = 'pre-v2v'
+
+/** Name of the snapshot a test boot's clones are made from. */
+export const TEST_BOOT_SNAPSHOT = 'testboot'
 
 async function exists(p: string): Promise<boolean> {
   try {

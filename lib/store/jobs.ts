@@ -7,6 +7,7 @@ import {
   emptyProgress,
   jobStatusOf,
   TERMINAL_STATES,
+  TEST_BOOT_ACTIVE,
   type CutoverStatus,
   type HardwareRecord,
   type Job,
@@ -15,6 +16,7 @@ import {
   type Progress,
   type RestorePointRecord,
   type SourceVmRecord,
+  type TestBootRecord,
 } from '../job.ts'
 import { cutoverModeOf, type Plan, type Strategy } from '../plan.ts'
 import { persist } from './persist.ts'
@@ -42,6 +44,7 @@ function toJob(r: Selectable<JobsTable>, blockedBy: string[] = []): Job {
     depends_on: r.depends_on === null ? [] : (JSON.parse(r.depends_on) as string[]),
     blocked_by: blockedBy,
     hardware: r.hardware == null ? null : (JSON.parse(r.hardware) as HardwareRecord),
+    test_boot: r.test_boot == null ? null : (JSON.parse(r.test_boot) as TestBootRecord),
     created_at: r.created_at,
     updated_at: r.updated_at,
     started_at: r.started_at,
@@ -62,6 +65,7 @@ export interface JobPatch {
   cutover?: CutoverStatus
   source_vm?: SourceVmRecord
   hardware?: HardwareRecord | null
+  test_boot?: TestBootRecord | null
 }
 
 /**
@@ -154,6 +158,7 @@ export class JobsRepo {
       hardware: null,
       space_reserved: null,
       input_identity: null,
+      test_boot: null,
     }
     return persist('create job', async () => {
       await this.db.insertInto('jobs').values(row).execute()
@@ -210,7 +215,94 @@ export class JobsRepo {
       throw new MigError('E_MIG_CONFLICT', `migration ${id} is not waiting for a cutover: ${why}`)
     }
     if (job.cutover!.requested_at !== null) return job
+    if (job.plan.cutover?.require_test_boot && job.test_boot?.state !== 'passed') {
+      throw new MigError(
+        'E_MIG_CONFLICT',
+        `migration ${id} cannot cut over yet: its plan requires a passing test boot (cutover.require_test_boot) and ${
+          job.test_boot ? `the latest test boot is ${job.test_boot.state}` : 'none was run'
+        }; run POST /migrations/${id}/test-boot first`,
+      )
+    }
     return this.markCutover([id], now).then(() => this.get(id))
+  }
+
+  /**
+   * Records the operator's test-boot request for job `id` (docs/test-boot.md): a warm job waiting
+   * in `DeltaSyncing` for a `manual` or `scheduled` cutover not yet requested (its worker takes the
+   * request at its next pass boundary: `runner` `worker`), or a job that ended `Completed` with
+   * `plan.start: false` (domain defined, never started; the server runs it: `runner` `server`).
+   * A test boot already requested or running is answered as it is (`changed: false`). Throws
+   * `E_MIG_CONFLICT` with when it becomes possible, `E_MIG_NOT_FOUND`.
+   */
+  async requestTestBoot(id: string, now: string): Promise<{ job: Job; runner: 'worker' | 'server'; changed: boolean }> {
+    const job = await this.get(id)
+    const warm = job.state === 'DeltaSyncing' && job.cutover !== null && job.cutover.mode !== 'auto' && job.cutover.requested_at === null
+    const defined = job.state === 'Completed' && job.plan.start === false && job.domain !== null
+    if (!warm && !defined) {
+      const why =
+        job.state === 'Completed'
+          ? job.plan.start === false
+            ? 'it defined no domain'
+            : 'its destination domain was started already: the guest runs, there is nothing left to rehearse'
+          : job.state === 'DeltaSyncing' && job.cutover?.requested_at
+            ? 'its cutover was requested already'
+            : job.state === 'DeltaSyncing' && job.cutover?.mode === 'auto'
+              ? 'its plan cuts over automatically when the deltas converge (use cutover {"mode": "manual"} or {"at": ...})'
+              : TERMINAL_STATES.includes(job.state)
+                ? `it ended ${job.state}`
+                : `it is ${job.state}`
+      throw new MigError(
+        'E_MIG_CONFLICT',
+        `migration ${id} cannot test-boot now: ${why}. A test boot is possible once the disks hold a complete copy: a warm job with a manual or scheduled cutover waiting in DeltaSyncing, or an offline or cold job that ended Completed with plan start: false`,
+      )
+    }
+    const runner = warm ? 'worker' : 'server'
+    if (job.test_boot && TEST_BOOT_ACTIVE.includes(job.test_boot.state)) return { job, runner, changed: false }
+    const record: TestBootRecord = {
+      state: 'requested',
+      requested_at: now,
+      started_at: null,
+      finished_at: null,
+      seconds: null,
+      verified: false,
+      evidence: null,
+      domain: null,
+      clone: null,
+      hardware: null,
+      serial_tail: [],
+      error: null,
+    }
+    // Only one request wins: the row is updated only while no test boot is active on it.
+    const r = await persist('request test boot', () =>
+      this.db
+        .updateTable('jobs')
+        .set({ test_boot: JSON.stringify(record), updated_at: now })
+        .where('id', '=', id)
+        .where((eb) =>
+          eb.or([eb('test_boot', 'is', null), eb(sql<string>`json_extract(test_boot, '$.state')`, 'not in', TEST_BOOT_ACTIVE as unknown as string[])]),
+        )
+        .executeTakeFirst(),
+    )
+    return { job: await this.get(id), runner, changed: Number(r.numUpdatedRows) > 0 }
+  }
+
+  /** The test boot of job `id` as stored now (null when none). */
+  async testBoot(id: string): Promise<TestBootRecord | null> {
+    const r = await persist('read test boot', () => this.db.selectFrom('jobs').select('test_boot').where('id', '=', id).executeTakeFirst())
+    return r?.test_boot ? (JSON.parse(r.test_boot) as TestBootRecord) : null
+  }
+
+  /** Ids of jobs whose test boot is `requested` or `running` (a clone may exist). */
+  async withActiveTestBoot(): Promise<string[]> {
+    return persist('list active test boots', async () =>
+      (
+        await this.db
+          .selectFrom('jobs')
+          .select('id')
+          .where(sql<string>`json_extract(test_boot, '$.state')`, 'in', TEST_BOOT_ACTIVE as unknown as string[])
+          .execute()
+      ).map((r) => r.id),
+    )
   }
 
   /** Sets the cutover command time on jobs `ids` that have none yet (a bulk plan's shared cutover). */
@@ -265,6 +357,7 @@ export class JobsRepo {
         if (patch.cutover !== undefined) set.cutover = JSON.stringify({ ...patch.cutover, requested_at: null })
         if (patch.source_vm !== undefined) set.source_vm = JSON.stringify(patch.source_vm)
         if (patch.hardware !== undefined) set.hardware = patch.hardware === null ? null : JSON.stringify(patch.hardware)
+        if (patch.test_boot !== undefined) set.test_boot = patch.test_boot === null ? null : JSON.stringify(patch.test_boot)
         if (patch.restore_point !== undefined) set.restore_point = patch.restore_point === null ? null : JSON.stringify(patch.restore_point)
         await this.db.updateTable('jobs').set(set).where('id', '=', id).execute()
         return this.get(id)

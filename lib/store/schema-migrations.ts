@@ -136,6 +136,12 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('jobs').addColumn('input_identity', 'text').execute()
     },
   },
+  '0009_job_test_boot': {
+    async up(db: Kysely<any>) {
+      // JSON TestBootRecord: the latest test boot of the job (lib/domain/test-boot.ts)
+      await db.schema.alterTable('jobs').addColumn('test_boot', 'text').execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

@@ -69,6 +69,8 @@ export interface JobsTable {
   space_reserved: string | null
   /** The identity (validator and size) of a remote input at the job's first attempt (lib/remote/). */
   input_identity: string | null
+  /** JSON `TestBootRecord`: the latest test boot of the job (migration 0009). */
+  test_boot: string | null
 }
 
 /** Bulk plans (roadmap v0.5): many jobs submitted together (migration 0005). */

@@ -4,6 +4,7 @@ import type { Job, JobState } from '../../../lib/job.ts'
 import { api, ApiError } from '../api.ts'
 import { Bar, ErrorBox, Head, NoticeBanner, ProgressFigures, StateBadge, ThroughputChart, Timeline, type Sample } from '../components.tsx'
 import { CutoverCard } from '../cutover.tsx'
+import { TestBootCard } from '../test-boot.tsx'
 import { bytes, duration, rate, time } from '../format.ts'
 import { applyProgress, fresher, openStream, TERMINAL, type Connection } from '../live.ts'
 import { putJob, useStore } from '../store.ts'
@@ -199,6 +200,13 @@ export function JobPage({ id }: { id: string }) {
         )}
       </section>
       <CutoverCard
+        job={job}
+        onJob={(j) => {
+          setJob(j)
+          putJob(j)
+        }}
+      />
+      <TestBootCard
         job={job}
         onJob={(j) => {
           setJob(j)

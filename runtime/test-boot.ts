@@ -11,7 +11,7 @@
  */
 import { mkdir } from 'node:fs/promises'
 import * as path from 'node:path'
-import { cleanupTestBoot, runTestBoot, testBootDomainName } from '../lib/domain/test-boot.ts'
+import { cleanupTestBoot, manifestOfDefinedDomain, runTestBoot, testBootDomainName } from '../lib/domain/test-boot.ts'
 import { Virsh } from '../lib/domain/virsh.ts'
 import { MigError } from '../lib/errors.ts'
 import { TERMINAL_STATES, type Job, type TestBootRecord } from '../lib/job.ts'
@@ -172,11 +172,29 @@ export class TestBootService {
 
   /**
    * Starts the test boot of `job` (a `Completed` job with `plan.start: false` whose test boot is
-   * `requested`) in this process; the manifest is rebuilt from the job's plan (disk labels of its
-   * volumes). Returns at once.
+   * `requested`) in this process, its manifest rebuilt from the job's defined domain and its plan
+   * (lib/domain/test-boot.ts `manifestOfDefinedDomain`). Returns once the domain is read; the test
+   * boot goes on in the background. Throws `E_MIG_CONFLICT` (the test boot recorded `failed`) when
+   * the job's domain is not defined any more.
    */
-  run(job: Job, manifest: VmManifest): void {
+  async runDefined(job: Job): Promise<void> {
     if (this.running.has(job.id)) return
+    const xml = await new Virsh({ uri: this.ctx.config.libvirtUri }).run(['dumpxml', '--domain', job.domain!])
+    if (xml.code !== 0) {
+      const now = this.ctx.now().toISOString()
+      const why = xml.stderr.trim()
+      const failed = await this.ctx.store.jobs.update(
+        job.id,
+        { test_boot: { ...job.test_boot!, state: 'failed', finished_at: now, error: `the job's domain ${job.domain} cannot be read: ${why}` } },
+        now,
+      )
+      await this.ctx.hub.publishJob(failed)
+      throw new MigError('E_MIG_CONFLICT', `migration ${job.id}: its domain ${job.domain} is not defined any more (${why}): nothing to test-boot`)
+    }
+    this.run(job, manifestOfDefinedDomain(job, xml.stdout))
+  }
+
+  private run(job: Job, manifest: VmManifest): void {
     const stop = new AbortController()
     const h = startTestBoot(this.env(), job, manifest, stop.signal, (j) => this.ctx.hub.publishJob(j))
     const done = h.done.finally(() => this.running.delete(job.id))

@@ -1,6 +1,4 @@
 // POST /migrations/:id/test-boot: boot a disposable clone of the destination before the cutover (docs/test-boot.md).
-import { manifestOfDefinedDomain } from '../../lib/domain/test-boot.ts'
-import { Virsh } from '../../lib/domain/virsh.ts'
 import { MigError } from '../../lib/errors.ts'
 import { json } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'
@@ -20,20 +18,6 @@ export async function handle(_request: Request, ctx: Ctx, params: Record<string,
   if (!ctx.testBoots) throw new MigError('E_MIG_CONFLICT', 'this server runs no jobs: it cannot test-boot')
   const { job, runner, changed } = await ctx.store.jobs.requestTestBoot(params.id, ctx.now().toISOString())
   if (changed) await ctx.hub.publishJob(job)
-  if (runner === 'server' && job.test_boot?.state === 'requested' && !ctx.testBoots.has(job.id)) {
-    const virsh = new Virsh({ uri: ctx.config.libvirtUri })
-    const xml = await virsh.run(['dumpxml', '--domain', job.domain!])
-    if (xml.code !== 0) {
-      const now = ctx.now().toISOString()
-      const failed = await ctx.store.jobs.update(
-        job.id,
-        { test_boot: { ...job.test_boot, state: 'failed', finished_at: now, error: `the job's domain ${job.domain} cannot be read: ${xml.stderr.trim()}` } },
-        now,
-      )
-      await ctx.hub.publishJob(failed)
-      throw new MigError('E_MIG_CONFLICT', `migration ${job.id}: its domain ${job.domain} is not defined any more (${xml.stderr.trim()}): nothing to test-boot`)
-    }
-    ctx.testBoots.run(job, manifestOfDefinedDomain(job, xml.stdout))
-  }
+  if (runner === 'server' && job.test_boot?.state === 'requested') await ctx.testBoots.runDefined(job)
   return json(await ctx.store.jobs.get(job.id), 202)
 }

@@ -3,7 +3,8 @@
  * harness; ESXi itself cannot run here), the real server (Bun) and Chromium:
  * - a warm job with `cutover: {mode: "manual"}` waits in DeltaSyncing; its page shows the delta
  *   passes (last sync time and bytes) and the projected downtime; Cut over (confirmed in the
- *   dialog) sends `POST /migrations/:id/cutover` and the job goes on to Completed;
+ *   dialog) sends `POST /migrations/:id/cutover` and the job goes on to Completed; before that,
+ *   Test boot boots a clone of its disk (no OS on it: the card shows the failure, the job waits);
  * - a Cut over confirmed after the job was cancelled under the open dialog shows the server's
  *   409 with its code (`E_MIG_CONFLICT`);
  * - a bulk plan of two warm VMs (app depends on db) is listed on the Plans page with its counts;
@@ -102,6 +103,13 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     expect(await page.getByTestId('cutover-downtime').textContent()).toContain('shutdown ≤ 5 s')
     expect((await call(srv.base, 'GET', `/migrations/${job.id}`)).body.state).toBe('DeltaSyncing')
     await card.screenshot({ path: path.join(path.dirname(await b.screenshot('cutover-waiting')), 'cutover-card.png') })
+    // a test boot from the page: the disk holds no OS, so the clone does not boot; the card says
+    // so with the reason and the job keeps waiting for its cutover
+    await page.getByTestId('test-boot-button').click()
+    await page.locator('[data-testid=test-boot][data-state=failed]').waitFor({ timeout: 120_000 })
+    expect(await page.getByTestId('test-boot-state').textContent()).toContain('read why before cutting over')
+    const tested = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
+    expect([tested.state, tested.test_boot.state, tested.test_boot.domain]).toEqual(['DeltaSyncing', 'failed', 'i17-cut-testboot'])
     // the dialog asks first; "Not yet" sends nothing
     await button.click()
     await page.getByTestId('cutover-dialog').waitFor()

@@ -244,7 +244,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       const uefi = planUefiBoot(inspection.esps)
       const volume = uefi.copy ? volumes[uefi.copy.esp.disk] : undefined
       try {
-        uefiBoot = uefi.copy && volume ? await installFallbackLoader(uefi, volume.path, input.signal) : uefi.record
+        uefiBoot = uefi.copy && volume ? await installFallbackLoader(uefi, volume.path, input.signal, volume.format) : uefi.record
       } catch (e) {
         const err = e as MigError
         throw new MigError(err.code ?? 'E_MIG_GUEST_BOOT_FAILED', `domain ${name}: installing the UEFI fallback loader failed: ${err.message}`, {

@@ -100,12 +100,20 @@ async function mtools(cmd: string, args: string[], signal?: AbortSignal): Promis
 
 /**
  * Installs the fallback loader {@link planUefiBoot} chose on `volume` (the destination disk that
- * holds the ESP: raw file or block device), through mtools at the ESP's offset. Returns the record.
- * Throws `E_MIG_GUEST_BOOT_FAILED` naming the mtools command and its error (a FAT mtools cannot
- * write, mtools missing), `E_MIG_CANCELLED` when `signal` aborts.
+ * holds the ESP: raw file or block device; `format` as qemu opens it), through mtools at the
+ * ESP's offset. Returns the record. Throws `E_MIG_GUEST_BOOT_FAILED` naming the mtools command
+ * and its error (a FAT mtools cannot write, mtools missing), or when `format` is not `raw` (a
+ * test boot's qcow2 overlay: mtools reads and writes raw bytes only); `E_MIG_CANCELLED` when
+ * `signal` aborts.
  */
-export async function installFallbackLoader(plan: UefiBootPlan, volume: string, signal?: AbortSignal): Promise<UefiBootRecord> {
+export async function installFallbackLoader(plan: UefiBootPlan, volume: string, signal?: AbortSignal, format: 'raw' | 'qcow2' = 'raw'): Promise<UefiBootRecord> {
   if (!plan.copy) return plan.record
+  if (format !== 'raw') {
+    throw new MigError(
+      'E_MIG_GUEST_BOOT_FAILED',
+      `the ESP has no \\EFI\\BOOT\\BOOTX64.EFI and its disk ${volume} is a ${format} image, which the fallback loader cannot be written to (the real start writes it on the raw volume)`,
+    )
+  }
   const { esp, dir, loader } = plan.copy
   const img = `${volume}@@${esp.offsetBytes}`
   const work = await mkdtemp(path.join(tmpdir(), 'mig-esp-'))

@@ -78,6 +78,18 @@ describe('installFallbackLoader on a real FAT at an offset', () => {
     expect(execFileSync('mdir', ['-i', `${disk}@@${1 << 20}`, '-b', '::/EFI/debian'], { encoding: 'utf8', env: MT }).toUpperCase()).toContain('FBX64.EFI')
   })
 
+  test('a qcow2 image (a test boot overlay): E_MIG_GUEST_BOOT_FAILED before mtools touches it', async () => {
+    const disk = path.join(tmp.dir, 'overlay.qcow2')
+    execFileSync('qemu-img', ['create', '-q', '-f', 'qcow2', disk, '64M'])
+    const before = readFileSync(disk)
+    const err = await installFallbackLoader(planUefiBoot([esp(['/EFI/debian/grubx64.efi'])]), disk, undefined, 'qcow2').catch((e) => e)
+    expect([err.code, err.message]).toEqual([
+      'E_MIG_GUEST_BOOT_FAILED',
+      `the ESP has no \\EFI\\BOOT\\BOOTX64.EFI and its disk ${disk} is a qcow2 image, which the fallback loader cannot be written to (the real start writes it on the raw volume)`,
+    ])
+    expect(readFileSync(disk).equals(before)).toBe(true)
+  })
+
   test('a volume mtools cannot read: E_MIG_GUEST_BOOT_FAILED naming the command', async () => {
     const bad = path.join(tmp.dir, 'zero.img')
     writeFileSync(bad, Buffer.alloc(2 << 20))

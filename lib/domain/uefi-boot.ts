@@ -106,7 +106,12 @@ async function mtools(cmd: string, args: string[], signal?: AbortSignal): Promis
  * test boot's qcow2 overlay: mtools reads and writes raw bytes only); `E_MIG_CANCELLED` when
  * `signal` aborts.
  */
-export async function installFallbackLoader(plan: UefiBootPlan, volume: string, signal?: AbortSignal, format: 'raw' | 'qcow2' = 'raw'): Promise<UefiBootRecord> {
+export async function installFallbackLoader(
+  plan: UefiBootPlan,
+  volume: string,
+  signal?: AbortSignal,
+  format: 'raw' | 'qcow2' = 'raw',
+): Promise<UefiBootRecord> {
   if (!plan.copy) return plan.record
   if (format !== 'raw') {
     throw new MigError(

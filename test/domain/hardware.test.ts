@@ -39,6 +39,7 @@ function linux(over: Partial<GuestInspection> = {}): GuestInspection {
     builtinModules: [],
     installedModules: ['virtio_net', 'vmxnet3', 'e1000e', 'e1000'],
     esp: true,
+    network: null,
     seconds: 1,
     ...over,
   }

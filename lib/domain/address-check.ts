@@ -1,77 +1,83 @@
 /**
- * After the boot: did the guest take the addresses its configuration gives a carried interface
- * (docs/network-identity.md)? Checked from the host, cheaply, only where the host has a route to
- * the address through the bridge the NIC is attached to (`ip -o route get ADDR` naming that
- * bridge): one ICMP echo per try (`ping -c 1 -W 1 -I BRIDGE ADDR`), then the host's neighbour
- * table (`ip neigh show ADDR dev BRIDGE`) must hold the NIC's MAC for the address. The answer of
- * another machine with the address would carry another MAC and does not count.
+ * After the boot: did the guest take the static addresses its configuration gives a carried
+ * interface (docs/network-identity.md)? Checked from the host with an ARP probe on the bridge the
+ * NIC is attached to (`arping -D -c 1 -w 2 -I BRIDGE ADDR`, iputils: sender address 0.0.0.0, as
+ * a duplicate-address probe, so the host needs no address on that network and no route changes);
+ * the address counts as `seen` only when the reply comes from the NIC's MAC (another machine
+ * holding the address answers with another MAC). Tried every 2 s up to `waitSeconds`. A NIC on
+ * qemu user networking (no bridge) or a host without `arping` is `not-checked`, with the reason.
  */
 import { exec } from '../exec.ts'
 import type { CarriedInterface } from './net-identity.ts'
 
-/** Options: the bridge of each NIC by MAC (absent: user networking), how long to keep trying (s), cancellation. */
+/** Options: the bridge of each NIC by MAC (absent: user networking), how long to keep trying (s), cancellation, the arping binary. */
 export interface AddressCheckOptions {
   bridgeOf: Map<string, string>
   waitSeconds: number
   signal?: AbortSignal
+  arping?: string
 }
 
-async function out(cmd: string, args: string[]): Promise<string> {
-  const r = await exec(cmd, args, { timeoutMs: 10_000, env: { ...process.env, LC_ALL: 'C' } })
-  return r.code === 0 ? r.stdout : ''
+/** The MACs that answered an `arping` run (`Unicast reply from A [MAC]`), lower-case. */
+export function arpingReplies(output: string): string[] {
+  return [...output.matchAll(/reply from \S+ \[([0-9a-fA-F:]{17})\]/g)].map((m) => m[1]!.toLowerCase())
 }
 
 /**
- * Fills `address_check` and `address_evidence` of every carried interface with IPv4 static
- * addresses (others: `not-checked`, with why). Never throws.
+ * Fills `address_check` and `address_evidence` of each interface: carried interfaces with static
+ * IPv4 addresses are probed; the others are `not-checked` with why. Never throws.
  */
 export async function checkAddresses(interfaces: CarriedInterface[], opts: AddressCheckOptions): Promise<void> {
   const deadline = Date.now() + opts.waitSeconds * 1000
+  const bin = opts.arping ?? 'arping'
   for (const rec of interfaces) {
     const v4 = rec.addresses.map((a) => a.split('/')[0]!).filter((a) => /^\d{1,3}(\.\d{1,3}){3}$/.test(a))
+    const notChecked = (why: string) => Object.assign(rec, { address_check: 'not-checked', address_evidence: why })
     if (!rec.carried || !rec.mac) {
-      rec.address_check = 'not-checked'
-      rec.address_evidence = 'the interface was not carried over'
+      notChecked('the interface was not carried over')
       continue
     }
     if (v4.length === 0) {
-      rec.address_check = 'not-checked'
-      rec.address_evidence = rec.method === 'dhcp' ? 'the address comes from DHCP: nothing to compare' : 'no static IPv4 address configured'
+      notChecked(rec.method === 'dhcp' ? 'the address comes from DHCP: nothing to compare' : 'no static IPv4 address configured')
       continue
     }
     const bridge = opts.bridgeOf.get(rec.mac)
     if (!bridge) {
-      rec.address_check = 'not-checked'
-      rec.address_evidence = 'the NIC uses qemu user networking (no host bridge): the host cannot see its traffic'
-      continue
-    }
-    const routed: string[] = []
-    for (const a of v4) if (new RegExp(`\\bdev ${bridge.replace(/[.]/g, '\\.')}\\b`).test(await out('ip', ['-o', 'route', 'get', a]))) routed.push(a)
-    if (routed.length === 0) {
-      rec.address_check = 'not-checked'
-      rec.address_evidence = `the host has no route to ${v4.join(', ')} through bridge ${bridge} (no host address on that network)`
+      notChecked('the NIC uses qemu user networking (no host bridge): the host cannot probe its address')
       continue
     }
     let seen: string | null = null
-    let last = ''
+    let others: string[] = []
+    let failure = ''
     while (!seen && !opts.signal?.aborted) {
-      for (const a of routed) {
-        await exec('ping', ['-n', '-q', '-c', '1', '-W', '1', '-I', bridge, a], { timeoutMs: 5000 })
-        last = (await out('ip', ['neigh', 'show', a, 'dev', bridge])).trim()
-        if (new RegExp(`lladdr ${rec.mac}\\b`, 'i').test(last)) {
+      for (const a of v4) {
+        const r = await exec(bin, ['-D', '-c', '1', '-w', '2', '-I', bridge, a], { timeoutMs: 10_000, env: { ...process.env, LC_ALL: 'C' } })
+        if (r.spawnError) {
+          failure = `${bin}: ${r.spawnError.message}`
+          break
+        }
+        const macs = arpingReplies(r.stdout)
+        if (macs.includes(rec.mac)) {
           seen = a
           break
         }
+        others = [...new Set([...others, ...macs])]
+        // Exit 2: arping itself failed (no such interface, no permission for a raw socket).
+        if (r.code === 2) failure = (r.stderr || r.stdout).trim().split('\n').pop() ?? `exit status 2`
       }
-      if (seen || Date.now() >= deadline) break
+      if (seen || failure || Date.now() >= deadline) break
       await new Promise((r) => setTimeout(r, 2000))
     }
     if (seen) {
       rec.address_check = 'seen'
-      rec.address_evidence = `${seen} answered on bridge ${bridge} from MAC ${rec.mac} (host neighbour table)`
+      rec.address_evidence = `${seen} answered an ARP probe on bridge ${bridge} from MAC ${rec.mac}`
+    } else if (failure) {
+      notChecked(`ARP probe on bridge ${bridge} failed: ${failure}`)
     } else {
       rec.address_check = 'not-seen'
-      rec.address_evidence = `no answer from ${routed.join(', ')} with MAC ${rec.mac} on bridge ${bridge} within ${opts.waitSeconds} s${last ? ` (neighbour table: ${last})` : ''}`
+      rec.address_evidence =
+        `no ARP reply for ${v4.join(', ')} from MAC ${rec.mac} on bridge ${bridge} within ${opts.waitSeconds} s` +
+        (others.length ? ` (answered by other MACs: ${others.join(', ')})` : '')
     }
   }
 }

@@ -108,17 +108,25 @@ export async function writeGuestFiles(disks: string[], writes: GuestFileWrite[],
       try {
         await withGuest(disks, { ...opts, signal: undefined }, (fish) => putBack(fish, before))
       } catch (re) {
-        throw new MigError('E_MIG_V2V_FAILED', `writing ${writes.map((w) => w.path).join(', ')} into the guest failed (${failure.message}); putting back the files it touched failed too: ${(re as Error).message}`, {
-          details: { rolled_back: false, files: before.map((b) => b.path) },
-        })
+        throw new MigError(
+          'E_MIG_V2V_FAILED',
+          `writing ${writes.map((w) => w.path).join(', ')} into the guest failed (${failure.message}); putting back the files it touched failed too: ${(re as Error).message}`,
+          {
+            details: { rolled_back: false, files: before.map((b) => b.path) },
+          },
+        )
       }
     }
   }
   if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled while the guest files were written; the files were put back')
   if (failure) {
-    throw new MigError('E_MIG_V2V_FAILED', `writing ${writes.map((w) => w.path).join(', ')} into the guest failed: ${(failure as Error).message}; the files were put back`, {
-      details: { rolled_back: true, files: before.map((b) => b.path) },
-    })
+    throw new MigError(
+      'E_MIG_V2V_FAILED',
+      `writing ${writes.map((w) => w.path).join(', ')} into the guest failed: ${(failure as Error).message}; the files were put back`,
+      {
+        details: { rolled_back: true, files: before.map((b) => b.path) },
+      },
+    )
   }
   return { before }
 }

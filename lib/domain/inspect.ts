@@ -23,7 +23,17 @@ import { mkdtemp, open, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 import { exec, fishEnv, startFish, type Fish } from './guestfish.ts'
-import { ifupdownIncludes, parseIfcfg, parseIfupdown, parseLinkFiles, parseNetplan, parseNetworkd, parseNmKeyfiles, parseUdevNetRules, type GuestText } from './net-config.ts'
+import {
+  ifupdownIncludes,
+  parseIfcfg,
+  parseIfupdown,
+  parseLinkFiles,
+  parseNetplan,
+  parseNetworkd,
+  parseNmKeyfiles,
+  parseUdevNetRules,
+  type GuestText,
+} from './net-config.ts'
 import type { GuestNetwork } from './net-identity.ts'
 
 /** What the first sectors of a disk show (see {@link probeDiskLayout}). */

@@ -226,8 +226,9 @@ export function parseNetplan(files: GuestText[]): ConfiguredInterface[] {
       const name = setName ?? matchName ?? (Object.keys(match).length === 0 ? id : null)
       const entry = iface('netplan', f.path, name)
       entry.mac = mac
-      for (const a of asList(e.addresses)) if (typeof a === 'string') pushUnique(entry.addresses, a)
-      else if (a && typeof a === 'object') pushUnique(entry.addresses, Object.keys(a)[0])
+      for (const a of asList(e.addresses))
+        if (typeof a === 'string') pushUnique(entry.addresses, a)
+        else if (a && typeof a === 'object') pushUnique(entry.addresses, Object.keys(a)[0])
       entry.gateway = typeof e.gateway4 === 'string' ? e.gateway4 : typeof e.gateway6 === 'string' ? e.gateway6 : null
       for (const r of asList(e.routes)) {
         if (!r || typeof r !== 'object') continue
@@ -285,7 +286,11 @@ export function parseNmKeyfiles(files: GuestText[]): ConfiguredInterface[] {
   const out: ConfiguredInterface[] = []
   for (const f of files) {
     const secs = iniSections(f.text)
-    const get = (sec: string, key: string) => secs.find((s) => s.name === sec)?.values.get(key)?.at(-1) ?? null
+    const get = (sec: string, key: string) =>
+      secs
+        .find((s) => s.name === sec)
+        ?.values.get(key)
+        ?.at(-1) ?? null
     const type = get('connection', 'type')
     if (type !== 'ethernet' && type !== '802-3-ethernet') continue
     const entry = iface('networkmanager', f.path, get('connection', 'interface-name') || null)
@@ -343,7 +348,10 @@ export function parseIfcfg(files: GuestText[]): ConfiguredInterface[] {
   const out: ConfiguredInterface[] = []
   for (const f of files) {
     const v = shellAssignments(f.text)
-    const fileName = f.path.split('/').pop()!.replace(/^ifcfg-/, '')
+    const fileName = f.path
+      .split('/')
+      .pop()!
+      .replace(/^ifcfg-/, '')
     const type = (v.get('TYPE') ?? 'Ethernet').toLowerCase()
     if (fileName === 'lo' || (type !== 'ethernet' && !v.get('MASTER') && !v.get('BRIDGE'))) continue
     const entry = iface('ifcfg', f.path, v.get('DEVICE') || (v.get('HWADDR') ? null : fileName))
@@ -402,7 +410,10 @@ export function parseLinkFiles(files: GuestText[]): NamingRule[] {
   for (const f of files) {
     const secs = iniSections(f.text)
     const macs = secs.filter((s) => s.name === 'Match').flatMap((s) => (s.values.get('MACAddress') ?? []).flatMap((v) => v.split(/\s+/)))
-    const name = secs.find((s) => s.name === 'Link')?.values.get('Name')?.at(-1)
+    const name = secs
+      .find((s) => s.name === 'Link')
+      ?.values.get('Name')
+      ?.at(-1)
     const mac = macs.length === 1 ? normalizeMac(macs[0]) : null
     if (mac && name) out.push({ file: f.path, mac, name })
   }

@@ -24,7 +24,7 @@
  */
 import type { ManifestNic } from '../manifest.ts'
 import { normalizeMac } from '../mac.ts'
-import type { ConfiguredInterface, NamingRule, NetConfigStyle } from './net-config.ts'
+import type { ConfiguredInterface, NamingRule } from './net-config.ts'
 
 /** What the inspection found about the guest's network (see `GuestInspection.network`). */
 export interface GuestNetwork {

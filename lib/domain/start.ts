@@ -125,7 +125,15 @@ function record(
   boot: HardwareRecord['boot'],
   network: HardwareRecord['network'] = null,
 ): HardwareRecord {
-  return { disk_bus: choice.disk_bus, nic_model: choice.nic_model, firmware: choice.firmware, reason: choice.reason, inspected: !!inspection?.inspected, boot, network }
+  return {
+    disk_bus: choice.disk_bus,
+    nic_model: choice.nic_model,
+    firmware: choice.firmware,
+    reason: choice.reason,
+    inspected: !!inspection?.inspected,
+    boot,
+    network,
+  }
 }
 
 /** The host bridge of each NIC by MAC, as buildDomainXml attaches it (`plan.networks`, else the default bridge). */

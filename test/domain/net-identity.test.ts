@@ -1,6 +1,9 @@
 // The guest network configuration parsers (each style) and the network identity plan: which
 // configured interface goes to which destination NIC, and the .link file that pins its name.
 import { describe, expect, test } from 'bun:test'
+import { writeFileSync } from 'node:fs'
+import * as path from 'node:path'
+import { arpingReplies, checkAddresses } from '../../lib/domain/address-check.ts'
 import {
   ifupdownIncludes,
   parseIfcfg,
@@ -12,7 +15,8 @@ import {
   parseUdevNetRules,
   prefixOfNetmask,
 } from '../../lib/domain/net-config.ts'
-import { destinationNics, linkFileFor, planNetworkIdentity, type GuestNetwork } from '../../lib/domain/net-identity.ts'
+import { destinationNics, linkFileFor, planNetworkIdentity, type CarriedInterface, type GuestNetwork } from '../../lib/domain/net-identity.ts'
+import { tempDir } from '../helpers/tmp.ts'
 
 const VMX_MAC = '00:0c:29:aa:bb:cc'
 
@@ -298,5 +302,54 @@ describe('planNetworkIdentity', () => {
     const bad = planNetworkIdentity(net({ interfaces: [{ ...staticEns192[0]!, name: 'a/b' }] }), destinationNics([vmxNic]))
     expect(bad.writes).toEqual([])
     expect(bad.problems[0]).toContain('is not an interface name')
+  })
+})
+
+describe('checkAddresses (after the boot)', () => {
+  const rec = (over: Partial<CarriedInterface> = {}): CarriedInterface => ({
+    ...planNetworkIdentity(
+      { interfaces: parseIfupdown([{ path: '/e/i', text: 'iface ens192 inet static\n address 192.0.2.10/24\n' }]), rules: [], notes: [] },
+      destinationNics([{ label: 'ethernet0', mac: VMX_MAC, model: 'vmxnet3', network: 'VM Network', pci_slot: 192 }]),
+    ).interfaces[0]!,
+    ...over,
+  })
+
+  test("arping's replies are read with their MACs", () => {
+    const out = 'ARPING 192.0.2.10 from 0.0.0.0 br0\nUnicast reply from 192.0.2.10 [00:0C:29:AA:BB:CC]  0.784ms\nSent 1 probes (1 broadcast(s))\nReceived 1 response(s)\n'
+    expect(arpingReplies(out)).toEqual([VMX_MAC])
+    expect(arpingReplies('Sent 1 probes\nReceived 0 response(s)\n')).toEqual([])
+  })
+
+  // A shell script stands in for arping here (no guest answers in a unit test); the real probe
+  // runs in test/engine/real-guests-fleet.test.ts.
+  const fake = (dir: string, mac: string | null) => {
+    const p = path.join(dir, `arping-${mac ?? 'none'}`)
+    writeFileSync(p, `#!/bin/sh\nfor a; do last=$a; done\n${mac ? `echo "Unicast reply from $last [${mac}]  1.0ms"; exit 1` : 'echo "Received 0 response(s)"; exit 0'}\n`, { mode: 0o755 })
+    return p
+  }
+
+  test('seen only when the NIC MAC answers; another MAC is not-seen; no bridge, DHCP and a missing arping are not-checked', async () => {
+    const t = tempDir('mig-arping-')
+    try {
+      const bridgeOf = new Map([[VMX_MAC, 'br-test']])
+      const a = [rec()]
+      await checkAddresses(a, { bridgeOf, waitSeconds: 0, arping: fake(t.dir, VMX_MAC.toUpperCase()) })
+      expect([a[0]!.address_check, a[0]!.address_evidence]).toEqual(['seen', `192.0.2.10 answered an ARP probe on bridge br-test from MAC ${VMX_MAC}`])
+      const b = [rec()]
+      await checkAddresses(b, { bridgeOf, waitSeconds: 0, arping: fake(t.dir, '52:54:00:00:00:01') })
+      expect(b[0]!.address_check).toBe('not-seen')
+      expect(b[0]!.address_evidence).toContain('answered by other MACs: 52:54:00:00:00:01')
+      const c = [rec(), rec({ method: 'dhcp', addresses: [] })]
+      await checkAddresses(c, { bridgeOf: new Map(), waitSeconds: 0, arping: fake(t.dir, VMX_MAC) })
+      expect(c.map((x) => x.address_check)).toEqual(['not-checked', 'not-checked'])
+      expect(c[0]!.address_evidence).toContain('qemu user networking')
+      expect(c[1]!.address_evidence).toContain('DHCP')
+      const d = [rec()]
+      await checkAddresses(d, { bridgeOf, waitSeconds: 0, arping: path.join(t.dir, 'no-such-arping') })
+      expect(d[0]!.address_check).toBe('not-checked')
+      expect(d[0]!.address_evidence).toContain('ARP probe on bridge br-test failed')
+    } finally {
+      t.cleanup()
+    }
   })
 })

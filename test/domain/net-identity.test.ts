@@ -315,7 +315,8 @@ describe('checkAddresses (after the boot)', () => {
   })
 
   test("arping's replies are read with their MACs", () => {
-    const out = 'ARPING 192.0.2.10 from 0.0.0.0 br0\nUnicast reply from 192.0.2.10 [00:0C:29:AA:BB:CC]  0.784ms\nSent 1 probes (1 broadcast(s))\nReceived 1 response(s)\n'
+    const out =
+      'ARPING 192.0.2.10 from 0.0.0.0 br0\nUnicast reply from 192.0.2.10 [00:0C:29:AA:BB:CC]  0.784ms\nSent 1 probes (1 broadcast(s))\nReceived 1 response(s)\n'
     expect(arpingReplies(out)).toEqual([VMX_MAC])
     expect(arpingReplies('Sent 1 probes\nReceived 0 response(s)\n')).toEqual([])
   })
@@ -324,7 +325,11 @@ describe('checkAddresses (after the boot)', () => {
   // runs in test/engine/real-guests-fleet.test.ts.
   const fake = (dir: string, mac: string | null) => {
     const p = path.join(dir, `arping-${mac ?? 'none'}`)
-    writeFileSync(p, `#!/bin/sh\nfor a; do last=$a; done\n${mac ? `echo "Unicast reply from $last [${mac}]  1.0ms"; exit 1` : 'echo "Received 0 response(s)"; exit 0'}\n`, { mode: 0o755 })
+    writeFileSync(
+      p,
+      `#!/bin/sh\nfor a; do last=$a; done\n${mac ? `echo "Unicast reply from $last [${mac}]  1.0ms"; exit 1` : 'echo "Received 0 response(s)"; exit 0'}\n`,
+      { mode: 0o755 },
+    )
     return p
   }
 

@@ -3,6 +3,7 @@
  */
 import type { Plan, Strategy } from './plan.ts'
 import type { ErrorCode } from './errors.ts'
+import type { CarriedInterface } from './domain/net-identity.ts'
 
 /** Job states: spec section 3's phases plus `Queued` (initial), `Failed`, `Cancelled`. */
 export const JOB_STATES = ['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'V2vProcessing', 'Starting', 'Completed', 'Failed', 'Cancelled'] as const
@@ -147,6 +148,10 @@ export interface SourceVmRecord {
  *   nor file system, Windows guests and plans that skip it);
  * - `boot`: the boot check's verdict, `verified` (evidence of a booted OS seen) or not, with the
  *   evidence in words; null when the domain was not started.
+ * - `network`: the guest's network identity (docs/network-identity.md): every interface its
+ *   configuration names, whether and how it was carried over to a NIC of the domain, and what the
+ *   host saw of its addresses after the boot; `notes` on files that were not read. Null (or
+ *   absent in records written before this field) when the guest was not inspected or is not Linux.
  */
 export interface HardwareRecord {
   disk_bus: 'virtio-blk' | 'virtio-scsi' | 'pvscsi' | 'lsisas1068' | 'lsilogic' | 'sata' | 'ide'
@@ -162,6 +167,8 @@ export interface HardwareRecord {
   boot: { verified: boolean; evidence: string; source?: BootEvidenceSource | null } | null
   /** UEFI guests: how OVMF finds the boot loader (lib/domain/uefi-boot.ts); absent or null for BIOS guests. */
   uefi_boot?: UefiBootRecord | null
+  /** Linux guests: the interfaces their network configuration names and how each was carried over (docs/network-identity.md). */
+  network?: { interfaces: CarriedInterface[]; notes: string[] } | null
 }
 
 /** Which evidence decided a boot check: the serial console, the screen (OCR), the operator's serial pattern, the domain state. */

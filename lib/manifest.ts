@@ -74,12 +74,17 @@ export function copyReadsStoredBytes(disk: ManifestDisk): boolean {
   return disk.disk_format === 'raw' && !disk.source.compression && disk.source.layout !== 'ovf_chunks'
 }
 
-/** One network adapter. `mac` is lower-case `aa:bb:cc:dd:ee:ff`, or null when the source generates it. */
+/**
+ * One network adapter. `mac` is lower-case `aa:bb:cc:dd:ee:ff`, or null when the source generates
+ * it. `pci_slot`: the source's PCI slot number of the NIC when the descriptor says it (VMX
+ * `ethernetN.pciSlotNumber`; VMware guests name the NIC `ens<slot>` after it), absent otherwise.
+ */
 export const ManifestNic = z.object({
   label: z.string(),
   mac: z.string().nullable(),
   model: z.string(),
   network: z.string().nullable(),
+  pci_slot: z.number().int().nonnegative().optional(),
 })
 export type ManifestNic = z.infer<typeof ManifestNic>
 

@@ -254,7 +254,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         throw e instanceof MigError ? e : new MigError('E_MIG_DOMAIN_DEFINE_FAILED', (e as Error).message)
       })
       logger.info({ domain: result.name, started: result.started, hardware: result.hardware, inspection_s: result.inspection?.seconds }, 'domain defined')
-      return { domain: result.name, hardware: result.hardware, notice: result.notice }
+      return { domain: result.name, hardware: result.hardware, notice: result.notice, networkNotice: result.networkNotice }
     },
   }
 }

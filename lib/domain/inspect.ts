@@ -20,10 +20,22 @@
  * Nothing is written to the guest. Failures of the inspection itself are not job failures: the
  * result says `inspected: false` with the reason, and the caller falls back to the family defaults.
  */
-import { execFile } from 'node:child_process'
 import { mkdtemp, open, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
+import { catFile, exec, fishEnv, startFish, type Fish } from './guestfish.ts'
+import {
+  ifupdownIncludes,
+  parseIfcfg,
+  parseIfupdown,
+  parseLinkFiles,
+  parseNetplan,
+  parseNetworkd,
+  parseNmKeyfiles,
+  parseUdevNetRules,
+  type GuestText,
+} from './net-config.ts'
+import type { GuestNetwork } from './net-identity.ts'
 
 /** What the first sectors of a disk show (see {@link probeDiskLayout}). */
 export interface DiskLayout {
@@ -55,6 +67,8 @@ export interface GuestFilesystem {
  *   `installedModules`: every module in `modules.dep`.
  * - `esp`: a FAT file system is present (an EFI system partition candidate).
  * - `esps`: each FAT file system's loaders and where it lies on its disk ({@link EspInfo}).
+ * - `network`: the interfaces the guest's network configuration names and the naming rules it
+ *   carries (Linux guests; null otherwise; see {@link readGuestNetwork}).
  * - `seconds`: wall time of the libguestfs stage.
  */
 export interface GuestInspection {
@@ -73,6 +87,7 @@ export interface GuestInspection {
   installedModules: string[]
   esp: boolean
   esps: EspInfo[]
+  network: GuestNetwork | null
   seconds: number
 }
 
@@ -121,6 +136,7 @@ function empty(skipped: string, layout: DiskLayout | null): GuestInspection {
     installedModules: [],
     esp: false,
     esps: [],
+    network: null,
     seconds: 0,
   }
 }
@@ -153,38 +169,6 @@ export async function probeDiskLayout(file: string): Promise<DiskLayout> {
   let code = false
   for (let i = 0; i < 440 && i < n; i++) if (b[i] !== 0) code = true
   return { partitioned: mbrEntries || gpt, filesystem, biosBootCode: sig && code }
-}
-
-interface Fish {
-  pid: string
-  env: NodeJS.ProcessEnv
-  run(args: string[]): Promise<string>
-  tryRun(args: string[]): Promise<string | null>
-}
-
-function exec(cmd: string, args: string[], env: NodeJS.ProcessEnv, timeoutMs: number): Promise<{ code: number; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    execFile(cmd, args, { env, timeout: timeoutMs, killSignal: 'SIGKILL', maxBuffer: 64 << 20, encoding: 'latin1' }, (err, stdout, stderr) => {
-      const e = err as (NodeJS.ErrnoException & { code?: number | string }) | null
-      resolve({ code: e ? (typeof e.code === 'number' ? e.code : -1) : 0, stdout: String(stdout ?? ''), stderr: String(stderr ?? '') || (e ? e.message : '') })
-    })
-  })
-}
-
-/** Starts `guestfish --listen` over `disks` (read-only, raw); resolves with a client of it. */
-async function startFish(disks: string[], env: NodeJS.ProcessEnv, timeoutMs: number): Promise<Fish> {
-  const args = ['--listen', '--ro']
-  for (const d of disks) args.push('--format=raw', '-a', d)
-  const r = await exec('guestfish', args, env, 30_000)
-  const m = /GUESTFISH_PID=(\d+)/.exec(r.stdout)
-  if (r.code !== 0 || !m) throw new Error(`guestfish --listen failed: ${(r.stderr || r.stdout).trim().slice(0, 500)}`)
-  const pid = m[1]!
-  const run = async (a: string[]) => {
-    const out = await exec('guestfish', [`--remote=${pid}`, '--', ...a], env, timeoutMs)
-    if (out.code !== 0) throw new Error(`guestfish ${a[0]}: ${(out.stderr || out.stdout).trim().slice(0, 500) || `exit status ${out.code}`}`)
-    return out.stdout
-  }
-  return { pid, env, run, tryRun: (a) => run(a).catch(() => null) }
 }
 
 /** Module names of a list of paths (`…/vmw_pvscsi.ko.xz` -> `vmw_pvscsi`), `-` spelled `_`. */
@@ -269,6 +253,66 @@ async function readEsp(fish: Fish, device: string): Promise<EspInfo | null> {
   }
 }
 
+/** Largest network configuration file read (bytes), and most files read per pattern. */
+const NET_FILE_MAX = 256 * 1024
+const NET_FILES_PER_PATTERN = 64
+
+/**
+ * The guest's network configuration, read through `fish` (the guest mounted read-only):
+ * `/etc/network/interfaces` and what it sources, `/etc/netplan/*.yaml`,
+ * `/etc/NetworkManager/system-connections/*`, `/etc/sysconfig/network-scripts/ifcfg-*`,
+ * `/etc/systemd/network/*.network` and `*.link`, `/etc/udev/rules.d/*.rules` (naming rules).
+ * Files above 256 KiB, and patterns matching more than 64 files, are noted and not read whole.
+ */
+async function readGuestNetwork(fish: Fish): Promise<GuestNetwork> {
+  const notes: string[] = []
+  const read = async (p: string): Promise<GuestText | null> => {
+    if ((await fish.tryRun(['is-file', p, 'followsymlinks:true']))?.trim() !== 'true') return null
+    const size = Number((await fish.tryRun(['filesize', p])) ?? 'NaN')
+    if (!(size <= NET_FILE_MAX)) {
+      notes.push(`${p}: ${Number.isFinite(size) ? `${size} bytes, above ${NET_FILE_MAX}` : 'size unknown'}: not read`)
+      return null
+    }
+    const text = await catFile(fish, p).catch(() => null)
+    return text === null ? null : { path: p, text }
+  }
+  const glob = async (pattern: string): Promise<GuestText[]> => {
+    const paths = ((await fish.tryRun(['glob-expand', pattern])) ?? '')
+      .split('\n')
+      .map((s) => s.trim())
+      .filter(Boolean)
+      .sort()
+    if (paths.length > NET_FILES_PER_PATTERN) notes.push(`${pattern}: ${paths.length} files, only the first ${NET_FILES_PER_PATTERN} read`)
+    const out: GuestText[] = []
+    for (const p of paths.slice(0, NET_FILES_PER_PATTERN)) {
+      const f = await read(p)
+      if (f) out.push(f)
+    }
+    return out
+  }
+  const ifupdown: GuestText[] = []
+  const main = await read('/etc/network/interfaces')
+  if (main) {
+    ifupdown.push(main)
+    // One level of `source`: Debian's default sources /etc/network/interfaces.d/*.
+    for (const inc of ifupdownIncludes(main.text)) {
+      for (const f of await glob(inc.kind === 'glob' ? inc.path : `${inc.path.replace(/\/$/, '')}/*`)) {
+        if (inc.kind === 'dir' && !/^[A-Za-z0-9_-]+$/.test(path.posix.basename(f.path))) continue
+        if (!ifupdown.some((x) => x.path === f.path)) ifupdown.push(f)
+      }
+    }
+  }
+  const interfaces = [
+    ...parseIfupdown(ifupdown),
+    ...parseNetplan(await glob('/etc/netplan/*.yaml')),
+    ...parseNmKeyfiles(await glob('/etc/NetworkManager/system-connections/*')),
+    ...parseIfcfg(await glob('/etc/sysconfig/network-scripts/ifcfg-*')),
+    ...parseNetworkd(await glob('/etc/systemd/network/*.network')),
+  ]
+  const rules = [...parseLinkFiles(await glob('/etc/systemd/network/*.link')), ...parseUdevNetRules(await glob('/etc/udev/rules.d/*.rules'))]
+  return { interfaces, rules, notes }
+}
+
 /**
  * Inspects the guest on `disks` (raw images or block devices, boot disk first) read-only. Skips
  * libguestfs (result `inspected: false`) when the boot disk has neither partitions nor a file
@@ -284,8 +328,7 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
   if (!layout.partitioned && !layout.biosBootCode)
     return empty('the boot disk is a bare file system without boot code (no partition table, no boot sector): no firmware boots it', layout)
   const t0 = Date.now()
-  const env: NodeJS.ProcessEnv = { ...process.env, LC_ALL: 'C', LIBGUESTFS_BACKEND: process.env.LIBGUESTFS_BACKEND || 'direct' }
-  if (opts.tcg) env.LIBGUESTFS_BACKEND_SETTINGS = 'force_tcg'
+  const env = fishEnv(opts.tcg)
   const timeoutMs = opts.timeoutMs ?? 900_000
   let fish: Fish | null = null
   const work = await mkdtemp(path.join(tmpdir(), 'mig-inspect-'))
@@ -336,6 +379,7 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
     }
     const cat = async (p: string) => ((await fish!.tryRun(['is-file', p]))?.trim() === 'true' ? ((await fish!.tryRun(['cat', p])) ?? '') : null)
     result.fstab = parseFstab((await cat('/etc/fstab')) ?? '')
+    result.network = await readGuestNetwork(fish)
     let entry: ReturnType<typeof grubDefaultEntry> = null
     for (const p of ['/boot/grub/grub.cfg', '/boot/grub2/grub.cfg']) {
       const cfg = await cat(p)
@@ -381,15 +425,7 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
     return r
   } finally {
     opts.signal?.removeEventListener('abort', onAbort)
-    if (fish) {
-      await fish.tryRun(['exit'])
-      try {
-        process.kill(Number(fish.pid), 0)
-        process.kill(Number(fish.pid), 'SIGKILL')
-      } catch {
-        // already gone
-      }
-    }
+    await fish?.stop()
     await rm(work, { recursive: true, force: true })
   }
 }

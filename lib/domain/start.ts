@@ -27,6 +27,10 @@ import { screenReader, type ScreenReader } from './screen.ts'
 import { installFallbackLoader, planUefiBoot, type UefiBootRecord } from './uefi-boot.ts'
 import { chooseHardware, recordOfBus, type HardwareChoice } from './hardware.ts'
 import { inspectGuest, type GuestInspection } from './inspect.ts'
+import { checkAddresses } from './address-check.ts'
+import { restoreGuestFiles, writeGuestFiles, type GuestFilesUndo } from './guest-files.ts'
+import { destinationNics, planNetworkIdentity, type CarriedInterface } from './net-identity.ts'
+import { normalizeMac } from '../mac.ts'
 import type { Virsh } from './virsh.ts'
 import {
   buildDomainXml,
@@ -67,6 +71,12 @@ export interface StartBootCheck {
  *   the guest is then inspected again and attached on what it has after the conversion. Without
  *   it such a guest is refused before its start (the fix named). Throws what the converter throws
  *   (`E_MIG_V2V_FAILED`, volumes rolled back; `E_MIG_CANCELLED`).
+ * - `network`: carry the guest's network identity over (docs/network-identity.md; default on
+ *   when the guest is inspected): `.link` files written into the guest on the volumes after the
+ *   inspection (and conversion) and before the define, put back when the define fails or the
+ *   guest turns out unbootable; `addressCheckSeconds` (default 60) bounds the check of the
+ *   configured addresses after a verified boot. `false` skips both. `writeGuestFiles` replaces
+ *   the libguestfs writer (tests).
  * - `rename`: when libvirt refuses the name as taken ("already exists"), picks and records another
  *   given the names libvirt has now (runtime/job-deps.ts: the store's reservation, so the name is
  *   also free of every other active job's); default {@link Virsh.uniqueName}'s `-2`, `-3`, ... of
@@ -90,6 +100,8 @@ export interface DefineAndStartInput {
   inspectGuest?: typeof inspectGuest
   convertGuest?: (paths: string[], signal?: AbortSignal) => Promise<void>
   rename?: (taken: ReadonlySet<string>) => Promise<string>
+  network?: { addressCheckSeconds?: number } | false
+  writeGuestFiles?: typeof writeGuestFiles
 }
 
 /** Defines tried with a fresh name after libvirt answered "already exists" (see `rename`). */
@@ -98,7 +110,8 @@ const RENAME_ATTEMPTS = 5
 /**
  * Outcome: the final domain `name`, its `uuid` and `xml`, whether it was started, the boot check
  * result, the hardware record for the job (with the boot verdict), the inspection, and `notice`:
- * the reason a started guest's boot is not verified (null when verified or not started).
+ * the reason a started guest's boot is not verified (null when verified or not started), and
+ * `networkNotice`: the configured interfaces of the guest not carried over, in words (null: none).
  */
 export interface DefineAndStartResult {
   name: string
@@ -109,9 +122,16 @@ export interface DefineAndStartResult {
   hardware: HardwareRecord
   inspection: GuestInspection | null
   notice: string | null
+  networkNotice: string | null
 }
 
-function record(choice: HardwareChoice, inspection: GuestInspection | null, boot: HardwareRecord['boot'], uefiBoot: UefiBootRecord | null): HardwareRecord {
+function record(
+  choice: HardwareChoice,
+  inspection: GuestInspection | null,
+  boot: HardwareRecord['boot'],
+  uefiBoot: UefiBootRecord | null,
+  network: HardwareRecord['network'] = null,
+): HardwareRecord {
   return {
     disk_bus: choice.disk_bus,
     nic_model: choice.nic_model,
@@ -120,7 +140,21 @@ function record(choice: HardwareChoice, inspection: GuestInspection | null, boot
     inspected: !!inspection?.inspected,
     boot,
     ...(choice.firmware === 'efi' ? { uefi_boot: uefiBoot } : {}),
+    network,
   }
+}
+
+/** The host bridge of each NIC by MAC, as buildDomainXml attaches it (`plan.networks`, else the default bridge). */
+function bridgesByMac(manifest: VmManifest, plan: DomainPlanOverrides | undefined, defaultBridge: string | null): Map<string, string> {
+  const bridgeOf = new Map<string, string>()
+  for (const m of plan?.networks ?? []) if (!bridgeOf.has(m.source)) bridgeOf.set(m.source, m.bridge)
+  const out = new Map<string, string>()
+  for (const nic of manifest.nics) {
+    const mac = normalizeMac(nic.mac)
+    const bridge = (nic.network !== null ? bridgeOf.get(nic.network) : undefined) ?? defaultBridge
+    if (mac && bridge && !out.has(mac)) out.set(mac, bridge)
+  }
+  return out
 }
 
 /** Whether `file` can be opened with O_DIRECT (qemu's `cache='none'`); false on tmpfs and some FUSE file systems. */
@@ -197,6 +231,31 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       reason: `disk bus ${recordOfBus(forced, scsiModel)} set by the caller (the inspection chose ${choice.disk_bus}); ${choice.reason}`,
     }
   }
+  // Network identity: pin the names the guest's configuration uses to the NICs' MACs (a guest
+  // conversion step on the destination volumes; nothing is written when the guest cannot boot).
+  let network: HardwareRecord['network'] = null
+  let networkProblems: string[] = []
+  let undo: GuestFilesUndo | null = null
+  const fileOpts = { tcg: inspectOpt !== false && inspectOpt.tcg, signal: input.signal }
+  if (input.network !== false && inspection?.network && !choice.fatal) {
+    const planned = planNetworkIdentity(inspection.network, destinationNics(manifest.nics))
+    networkProblems = planned.problems
+    if (planned.writes.length) {
+      try {
+        undo = await (input.writeGuestFiles ?? writeGuestFiles)(paths, planned.writes, fileOpts)
+      } catch (e) {
+        if (e instanceof MigError && e.code === 'E_MIG_CANCELLED') throw e
+        const why = `writing its .link file failed: ${(e as Error).message}`
+        for (const r of planned.interfaces) if (r.how === 'link-file') Object.assign(r, { carried: false, how: null, link_file: null, why })
+        networkProblems = [...networkProblems, `the interface names of the guest could not be pinned (${why})`]
+      }
+    }
+    network = { interfaces: planned.interfaces, notes: inspection.network.notes }
+  }
+  const undoNetwork = async () => {
+    if (undo) await restoreGuestFiles(paths, undo, fileOpts).catch(() => undefined)
+    undo = null
+  }
   const volumes = probed.map((v) => ({ ...v, bus: v.bus ?? choice.bus }))
   const firmware = choice.firmware
   const secureBoot = firmware === 'efi' && manifest.secure_boot
@@ -222,19 +281,27 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   // job). A name found free can be taken again before its define (another job's define,
   // whose reservation a stale list did not show): a few tries.
   let name = base
-  let xml = xmlFor(name)
+  let xml = ''
   let defined = ''
-  for (let attempt = 1; ; attempt++) {
-    try {
-      defined = await virsh.define(xml)
-      break
-    } catch (e) {
-      if (!(e instanceof MigError && /already exists/i.test(e.message)) || attempt >= RENAME_ATTEMPTS) throw e
-      name = input.rename ? await input.rename(new Set(await virsh.list())) : await virsh.uniqueName(base)
-      xml = xmlFor(name)
+  try {
+    xml = xmlFor(name)
+    for (let attempt = 1; ; attempt++) {
+      try {
+        defined = await virsh.define(xml)
+        break
+      } catch (e) {
+        if (!(e instanceof MigError && /already exists/i.test(e.message)) || attempt >= RENAME_ATTEMPTS) throw e
+        name = input.rename ? await input.rename(new Set(await virsh.list())) : await virsh.uniqueName(base)
+        xml = xmlFor(name)
+      }
     }
+  } catch (e) {
+    // No domain: the guest goes back to how it was copied.
+    await undoNetwork()
+    throw e
   }
   if (defined && defined !== name) {
+    await undoNetwork()
     throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `libvirt defined ${defined}, expected ${name}`, { details: { domain: defined } })
   }
   let uefiBoot: UefiBootRecord | null = null
@@ -256,13 +323,18 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       uefiBoot = { method: 'not-inspected', loader: null, detail: `the EFI system partition was not read (${inspection?.skipped ?? 'no inspection'})` }
     }
   }
-  const hardware = record(choice, inspection, null, uefiBoot)
+  const networkNotice = networkProblems.length ? networkProblems.join('; ') : null
+  if (network) {
+    for (const r of network.interfaces)
+      if (r.carried) r.address_evidence = plan?.start === false ? 'the domain was not started' : 'not checked yet: the boot check did not verify a boot'
+  }
+  const hardware = record(choice, inspection, null, uefiBoot, network)
   if (choice.fatal) {
     throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name} cannot boot: ${choice.fatal} (static inspection; the domain is defined, not started)`, {
       details: { domain: name, defined: true, hardware, why: choice.fatal },
     })
   }
-  if (plan?.start === false) return { name, uuid, xml, started: false, boot: null, hardware, inspection, notice: null }
+  if (plan?.start === false) return { name, uuid, xml, started: false, boot: null, hardware, inspection, notice: null, networkNotice }
 
   try {
     await writeFile(input.serialLogPath, '', { mode: 0o640 })
@@ -297,6 +369,13 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       signal: input.signal,
     })
     const verdict = { verified: boot.verified, evidence: boot.evidence, source: boot.source }
+    if (boot.verified && network && input.network !== false) {
+      await checkAddresses(network.interfaces as CarriedInterface[], {
+        bridgeOf: bridgesByMac(manifest, plan, input.defaultBridge),
+        waitSeconds: input.network?.addressCheckSeconds ?? 60,
+        signal: input.signal,
+      })
+    }
     return {
       name,
       uuid,
@@ -306,6 +385,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       hardware: { ...hardware, boot: verdict },
       inspection,
       notice: boot.verified ? null : `boot not verified: ${boot.evidence}`,
+      networkNotice,
     }
   } catch (e) {
     await virsh.destroy(name).catch(() => undefined)

@@ -155,7 +155,8 @@ const CDROM_TYPES = new Set(['cdrom-image', 'atapi-cdrom', 'cdrom-raw'])
  * an `.iso` file), on a controller not marked `present = "FALSE"`; ordered scsi, sata, nvme, ide,
  * then N, then M. NICs: `ethernetN.present` true, ordered by N; model `.virtualDev` (default
  * e1000); MAC from `.generatedAddress` (addressType generated/vpx) or `.address` (static),
- * lower-case, null when absent or not a MAC; network `.networkName` or null.
+ * lower-case, null when absent or not a MAC; network `.networkName` or null; `pci_slot` from
+ * `.pciSlotNumber` when it is a slot number (absent for `-1` or anything else).
  *
  * Throws `E_MIG_UNSUPPORTED_FORMAT` for a `rawDisk` (physical disk) device.
  */
@@ -224,7 +225,11 @@ export function vmxHardware(vmx: VmxFile): { controllers: VmxController[]; disks
       if (mac === null) warnings.push(`ethernet${n}: MAC address ${JSON.stringify(rawMac)} is not valid; a new one will be generated`)
     }
     const network = get('networkName')
-    nics.push({ label: `ethernet${n}`, mac, model, network: network && network !== '' ? network : null })
+    const nic: ManifestNic = { label: `ethernet${n}`, mac, model, network: network && network !== '' ? network : null }
+    // VMware writes -1 for a slot not yet assigned; a real slot is below 2^16.
+    const slot = get('pciSlotNumber')?.trim()
+    if (slot && /^\d{1,5}$/.test(slot) && Number(slot) < 65536) nic.pci_slot = Number(slot)
+    nics.push(nic)
   }
   const ctlList = [...controllers.values()].sort((a, b) => VMX_DISK_BUSES.indexOf(a.bus) - VMX_DISK_BUSES.indexOf(b.bus) || a.index - b.index)
   return { controllers: ctlList, disks, nics, warnings }

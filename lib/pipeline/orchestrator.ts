@@ -31,11 +31,16 @@ import { ProgressTracker } from './progress.ts'
 import { shortageOf, waitForSpace, type SpaceWait } from './space-wait.ts'
 import { TrailingThrottle } from '../throttle.ts'
 
-/** What `start` reports: the domain, the hardware chosen, and a boot notice (null: boot verified or not started). */
+/**
+ * What `start` reports: the domain, the hardware chosen, a boot notice (null: boot verified or
+ * not started), and a network notice (configured interfaces of the guest that were not carried
+ * over to the domain, in words; absent or null: none).
+ */
 export interface StartOutcome {
   domain: string
   hardware: HardwareRecord | null
   notice: string | null
+  networkNotice?: string | null
 }
 
 /** What the source side provides once the plan is resolved. */
@@ -156,7 +161,8 @@ export interface OrchestratorDeps {
   /**
    * Defines and starts the domain; returns the domain name, or the name with the chosen hardware
    * (recorded on the job) and `notice` (the boot is not verified: recorded as a non-fatal
-   * `E_MIG_GUEST_BOOT_FAILED` in `last_error`).
+   * `E_MIG_GUEST_BOOT_FAILED` in `last_error`) and `networkNotice` (interfaces not carried over:
+   * a non-fatal `E_MIG_V2V_FAILED`, kept inside the boot notice's message when both happen).
    */
   start(job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal): Promise<string | StartOutcome>
   /**
@@ -352,6 +358,11 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     const started = await deps.start(job, manifest, volumes, signal)
     deps.mark?.('started')
     const outcome: StartOutcome = typeof started === 'string' ? { domain: started, hardware: null, notice: null } : started
+    if (outcome.networkNotice) {
+      // The guest conversion could not carry an interface over: a non-fatal V2V notice.
+      const earlier = notice ? ` (earlier notice ${notice.code}: ${notice.message})` : ''
+      notice = { code: 'E_MIG_V2V_FAILED', message: `${outcome.networkNotice}${earlier}`, fatal: false }
+    }
     if (outcome.notice) {
       // An unverified boot is the notice the operator must see first; an earlier one is kept in the message.
       const earlier = notice ? ` (earlier notice ${notice.code}: ${notice.message})` : ''

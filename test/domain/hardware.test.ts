@@ -40,6 +40,7 @@ function linux(over: Partial<GuestInspection> = {}): GuestInspection {
     installedModules: ['virtio_net', 'vmxnet3', 'e1000e', 'e1000'],
     esp: true,
     esps: [],
+    network: null,
     seconds: 1,
     ...over,
   }

@@ -123,7 +123,7 @@ describe('vmxToManifest', () => {
     expect(m.memory_bytes).toBe(2048 * MiB)
     expect(r.calls).toEqual([['RHEL-7.1-UEFI.vmdk', 'scsi', 'scsi0:0', 'scsi0:0.fileName']])
     expect(m.disks.map((d) => [d.label, d.controller, d.address])).toEqual([['RHEL-7.1-UEFI', 'scsi', 'scsi0:0']])
-    expect(m.nics).toEqual([{ label: 'ethernet0', mac: '00:0c:29:4b:2b:8c', model: 'vmxnet3', network: 'VM Network' }])
+    expect(m.nics).toEqual([{ label: 'ethernet0', mac: '00:0c:29:4b:2b:8c', model: 'vmxnet3', network: 'VM Network', pci_slot: 192 }])
     expect(m.cbt_available).toBe(false)
     expect(m.warnings.some((w) => w.includes('pvscsi'))).toBe(true)
   })
@@ -138,7 +138,7 @@ describe('vmxToManifest', () => {
     expect(m.memory_bytes).toBe(2048 * MiB)
     expect(m.cpu).toEqual({ count: 1, cores_per_socket: 1 })
     expect(r.calls).toEqual([['MSEdge-Win10_preview.vmdk', 'scsi', 'scsi0:0', 'scsi0:0.fileName']])
-    expect(m.nics).toEqual([{ label: 'ethernet0', mac: '00:0c:29:bf:e4:5d', model: 'e1000e', network: null }])
+    expect(m.nics).toEqual([{ label: 'ethernet0', mac: '00:0c:29:bf:e4:5d', model: 'e1000e', network: null, pci_slot: 192 }])
     expect(m.warnings.some((w) => w.includes('lsisas1068'))).toBe(true)
     const hw = vmxHardware(vmx)
     expect(hw.controllers).toEqual([{ bus: 'scsi', index: 0, model: 'lsisas1068', present: true }])
@@ -187,7 +187,9 @@ describe('vmxToManifest', () => {
       'ethernet1.addressType = "static"',
       'ethernet1.address = "00:50:56:AA:BB:CC"',
       'ethernet1.generatedAddress = "00:0c:29:00:00:01"',
+      'ethernet1.pciSlotNumber = "-1"',
       'ethernet0.present = "TRUE"',
+      'ethernet0.pciSlotNumber = "224"',
       'ethernet0.addressType = "vpx"',
       'ethernet0.generatedAddress = "00:50:56:01:02:03"',
       'ethernet0.networkName = "Prod"',
@@ -195,6 +197,7 @@ describe('vmxToManifest', () => {
       'ethernet3.present = "TRUE"',
       'ethernet3.virtualDev = "vlance"',
       'ethernet3.generatedAddress = "not-a-mac"',
+      'ethernet3.pciSlotNumber = "1e3"',
     ])
     const r = recorder()
     const m = await vmxToManifest(vmx, { resolveDisk: r.resolveDisk, fallbackName: 'fallback' })
@@ -208,7 +211,7 @@ describe('vmxToManifest', () => {
     expect(m.disks.map((d) => d.controller)).toEqual(['scsi', 'scsi', 'scsi', 'sata', 'nvme', 'ide'])
     expect(m.warnings.some((w) => w.includes('dropped.vmdk'))).toBe(true)
     expect(m.nics).toEqual([
-      { label: 'ethernet0', mac: '00:50:56:01:02:03', model: 'e1000', network: 'Prod' },
+      { label: 'ethernet0', mac: '00:50:56:01:02:03', model: 'e1000', network: 'Prod', pci_slot: 224 },
       { label: 'ethernet1', mac: '00:50:56:aa:bb:cc', model: 'e1000', network: null },
       { label: 'ethernet3', mac: null, model: 'vlance', network: null },
     ])

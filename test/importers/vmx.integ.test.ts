@@ -66,7 +66,7 @@ describe('vmx_folder importer', () => {
         address: 'scsi0:0',
       },
     ])
-    expect(m.nics).toEqual([{ label: 'ethernet0', mac: '00:0c:29:4b:2b:8c', model: 'vmxnet3', network: 'VM Network' }])
+    expect(m.nics).toEqual([{ label: 'ethernet0', mac: '00:0c:29:4b:2b:8c', model: 'vmxnet3', network: 'VM Network', pci_slot: 192 }])
     const again = await vmxImporter.inspect(path.join(dir, 'test-i-vmx-3.vmx'), ctx())
     expect(again).toEqual(m)
     const viaIndex = await inspectInput(dir, ctx(), 'vmx_folder')
@@ -90,7 +90,7 @@ describe('vmx_folder importer', () => {
         address: 'scsi0:0',
       },
     ])
-    expect(m.nics[0]).toEqual({ label: 'ethernet0', mac: '00:0c:29:bf:e4:5d', model: 'e1000e', network: null })
+    expect(m.nics[0]).toEqual({ label: 'ethernet0', mac: '00:0c:29:bf:e4:5d', model: 'e1000e', network: null, pci_slot: 192 })
   })
 
   test('split sparse and split flat disks, and a snapshot chain', async () => {

@@ -157,6 +157,8 @@ export async function runTestBoot(input: TestBootInput): Promise<TestBootRecord>
       virsh,
       // no NIC: the source still runs with the same MAC and IP addresses
       manifest: { ...manifest, nics: [] },
+      // and so no interface names to pin nor addresses to probe (the real start does both)
+      network: false,
       plan: { name, guest_os: job.plan.guest_os, firmware: job.plan.firmware, start: true },
       volumes: disks.map((d) => ({ label: d.label, path: d.path, format: d.format })),
       domainType: input.domainType,

@@ -81,6 +81,16 @@ export async function mountGuest(fish: Fish, rw = false): Promise<string | null>
     .filter(Boolean)
   if (roots.length === 0) return null
   const root = roots[0]!
+  await mountFilesystems(fish, root, rw)
+  return root
+}
+
+/**
+ * Mounts the file systems of operating system `root` (as `inspect-os` named it) at their mount
+ * points, shortest first, read-only unless `rw`; one that does not mount is passed over.
+ * Throws as {@link Fish.run} when libguestfs cannot list them.
+ */
+export async function mountFilesystems(fish: Fish, root: string, rw = false): Promise<void> {
   const mps = (await fish.run(['inspect-get-mountpoints', root]))
     .split('\n')
     .map((l) => /^(\S+):\s*(\S+)/.exec(l))
@@ -88,5 +98,4 @@ export async function mountGuest(fish: Fish, rw = false): Promise<string | null>
     .map((m) => ({ mp: m[1]!, dev: m[2]! }))
     .sort((a, b) => a.mp.length - b.mp.length)
   for (const { mp, dev } of mps) await fish.tryRun([rw ? 'mount' : 'mount-ro', dev, mp])
-  return root
 }

@@ -23,7 +23,7 @@
 import { mkdtemp, open, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
-import { catFile, exec, fishEnv, startFish, type Fish } from './guestfish.ts'
+import { catFile, exec, fishEnv, mountFilesystems, startFish, type Fish } from './guestfish.ts'
 import {
   ifupdownIncludes,
   parseIfcfg,
@@ -366,18 +366,12 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
     const root = roots[0]!
     const get = async (cmd: string) => ((await fish!.tryRun([cmd, root])) ?? '').trim()
     result.os = { type: await get('inspect-get-type'), distro: await get('inspect-get-distro'), product: await get('inspect-get-product-name') }
-    const mps = (await fish.run(['inspect-get-mountpoints', root]))
-      .split('\n')
-      .map((l) => /^(\S+):\s*(\S+)/.exec(l))
-      .filter((m): m is RegExpExecArray => !!m)
-      .map((m) => ({ mp: m[1]!, dev: m[2]! }))
-      .sort((a, b) => a.mp.length - b.mp.length)
-    for (const { mp, dev } of mps) await fish.tryRun(['mount-ro', dev, mp])
+    await mountFilesystems(fish, root)
     if (result.os.type !== 'linux') {
       result.seconds = (Date.now() - t0) / 1000
       return result
     }
-    const cat = async (p: string) => ((await fish!.tryRun(['is-file', p]))?.trim() === 'true' ? ((await fish!.tryRun(['cat', p])) ?? '') : null)
+    const cat = async (p: string) => ((await fish!.tryRun(['is-file', p]))?.trim() === 'true' ? await catFile(fish!, p).catch(() => '') : null)
     result.fstab = parseFstab((await cat('/etc/fstab')) ?? '')
     result.network = await readGuestNetwork(fish)
     let entry: ReturnType<typeof grubDefaultEntry> = null

@@ -108,6 +108,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     await page.getByTestId('test-boot-button').click()
     await page.locator('[data-testid=test-boot][data-state=failed]').waitFor({ timeout: 120_000 })
     expect(await page.getByTestId('test-boot-state').textContent()).toContain('read why before cutting over')
+    await page.getByTestId('test-boot').screenshot({ path: path.join(path.dirname(await b.screenshot('test-boot-failed')), 'test-boot-card.png') })
     const tested = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
     expect([tested.state, tested.test_boot.state, tested.test_boot.domain]).toEqual(['DeltaSyncing', 'failed', 'i17-cut-testboot'])
     // the dialog asks first; "Not yet" sends nothing

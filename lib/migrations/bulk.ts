@@ -8,7 +8,7 @@
 import { randomUUID } from 'node:crypto'
 import { z } from 'zod'
 import { MigError } from '../errors.ts'
-import { TERMINAL_STATES, type Job } from '../job.ts'
+import { TERMINAL_STATES, type Job, type TestBootRecord } from '../job.ts'
 import { CutoverPlan, issuesOf, Plan } from '../plan.ts'
 import type { BulkPlanRow } from '../store/bulk-plans.ts'
 import type { Store } from '../store/index.ts'
@@ -45,6 +45,8 @@ export interface BulkPlanVm {
   depends_on: string[]
   /** Keys of the VMs that block this one (ended Failed/Cancelled, or blocked themselves). */
   blocked_by: string[]
+  /** State of the VM's latest test boot (docs/test-boot.md), null when none was asked for. */
+  test_boot: TestBootRecord['state'] | null
 }
 
 /** The plan resource (`GET /plans/:id`). Timestamps ISO-8601 UTC. */
@@ -109,6 +111,7 @@ export function bulkPlanView(row: BulkPlanRow, jobs: Job[]): BulkPlanView {
       status: j.status,
       depends_on: j.depends_on.map((d) => keyOf.get(d) ?? d),
       blocked_by: j.blocked_by.map((d) => keyOf.get(d) ?? d),
+      test_boot: j.test_boot?.state ?? null,
     })),
     created_at: row.created_at,
     updated_at: row.updated_at,

@@ -181,6 +181,11 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     await page.waitForFunction(() => !(document.querySelector('[data-testid=plan-cutover]') as HTMLButtonElement | null)?.disabled, null, { timeout: 60_000 })
     expect(await page.locator('[data-vm=app]').getAttribute('data-state')).toBe('Queued')
     expect(await page.getByTestId('plan-cutover-text').textContent()).toContain('1 of 2 warm VM(s) wait in DeltaSyncing')
+    // a test boot of db (its disk holds no OS) shows in the plan's test boot column
+    expect(await page.getByTestId('test-boot-db').textContent()).toBe('–')
+    const dbJob = await page.getByTestId('vm-job-db').getAttribute('href')
+    await call(srv.base, 'POST', `/migrations/${dbJob!.split('/').pop()}/test-boot`)
+    await page.waitForFunction(() => document.querySelector('[data-testid=test-boot-db]')?.textContent === 'failed', null, { timeout: 120_000 })
     await b.screenshot('plan-page')
     // the VM's job link leads to its job page, which links back to the plan
     await page.getByTestId('vm-job-db').click()

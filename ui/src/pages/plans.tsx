@@ -193,7 +193,7 @@ export function PlanPage({ id }: { id: string }) {
         <Counts plan={plan} />
       </section>
       <table class="grid-table jobs" data-testid="plan-vms">
-        <Head cols={['Key', 'Job', 'State', 'Depends on', 'Blocked by', 'Cutover']} />
+        <Head cols={['Key', 'Job', 'State', 'Depends on', 'Blocked by', 'Test boot', 'Cutover']} />
         <tbody>
           {plan.vms.map((v) => {
             const j = jobOf(v.job_id)
@@ -214,6 +214,9 @@ export function PlanPage({ id }: { id: string }) {
                 <td data-testid={`depends-${v.key}`}>{v.depends_on.join(', ') || '–'}</td>
                 <td data-testid={`blocked-${v.key}`} class={v.blocked_by.length ? 'err-text' : ''}>
                   {v.blocked_by.join(', ') || '–'}
+                </td>
+                <td data-testid={`test-boot-${v.key}`} class={v.test_boot === 'failed' ? 'err-text' : ''}>
+                  {v.test_boot ?? '–'}
                 </td>
                 <td class="small">
                   {c === null

@@ -14,8 +14,9 @@
  *   boot it as it is (qemu's mptsas1068 presents no disk to Linux's mptsas, measured): converted
  *   in place with virt-v2v-in-place (initramfs rebuilt with virtio), inspected again -> virtio-blk
  * - /dev/sda3 in fstab and on the kernel line, VMDK           -> virtio-scsi (sd names)
- * - UEFI only (no BIOS boot code), QCOW2 (no descriptor)     -> firmware efi detected from the disk
  * - root UUID that does not exist, OVA                        -> E_MIG_GUEST_BOOT_FAILED before start
+ * UEFI guests boot in test/engine/real-guests-boot.integ.test.ts (uefi-distro, VMX and OVA); the
+ * choice of efi for a disk without BIOS boot code is in test/domain/hardware.test.ts.
  * The jobs run on one server two at a time; each domain is destroyed as soon as its job ends.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
@@ -47,7 +48,6 @@ const CASES: Case[] = [
   { variant: 'sata', kind: 'vbox_folder', disk_bus: 'sata', firmware: 'bios' },
   { variant: 'lsisas', kind: 'vhdx', disk_bus: 'virtio-blk', firmware: 'bios' },
   { variant: 'sdx', kind: 'vmdk', disk_bus: 'virtio-scsi', firmware: 'bios' },
-  { variant: 'uefi', kind: 'qcow2', disk_bus: 'virtio-blk', firmware: 'efi' },
 ]
 
 function virsh(...args: string[]): string {

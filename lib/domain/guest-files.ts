@@ -1,7 +1,9 @@
 /**
  * Writes files into a guest on its DESTINATION volumes (never the source), for the guest conversion
  * steps of the Starting state (docs/network-identity.md): libguestfs read-write (`guestfish --rw`),
- * the guest's file systems mounted as its fstab says (`inspect-os`).
+ * the guest's file systems mounted where the inspection of the same disks found them
+ * (`GuestInspection.mounts`), so the session does not run `inspect-os` again (about 30 s of an
+ * appliance under TCG).
  *
  * Undo: before a file is written, what was there (its bytes and mode, or that it did not exist) is
  * kept in memory; every written file is read back and compared. When a write or a check fails, or
@@ -11,7 +13,7 @@
  */
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
-import { catFile, fishEnv, mountGuest, startFish, type Fish } from './guestfish.ts'
+import { catFile, fishEnv, mountAt, startFish, type Fish, type GuestMount } from './guestfish.ts'
 import type { GuestFileWrite } from './net-identity.ts'
 
 /** What a file was before {@link writeGuestFiles} wrote it: its text and mode, or null when it did not exist. */
@@ -26,8 +28,12 @@ export interface GuestFilesUndo {
   before: GuestFileBefore[]
 }
 
-/** Options: libguestfs on TCG (`tcg`), per-command time limit (ms, default 900 s), cancellation. */
+/**
+ * Options: the guest's file systems and mount points (`mounts`, from the inspection; `/` required),
+ * libguestfs on TCG (`tcg`), per-command time limit (ms, default 900 s), cancellation.
+ */
 export interface GuestFilesOptions {
+  mounts: GuestMount[]
   tcg: boolean
   timeoutMs?: number
   signal?: AbortSignal
@@ -45,7 +51,7 @@ async function withGuest<T>(disks: string[], opts: GuestFilesOptions, fn: (fish:
   signal?.addEventListener('abort', onAbort, { once: true })
   try {
     await fish.run(['run'])
-    if ((await mountGuest(fish, true)) === null) throw new Error('libguestfs found no operating system on the volumes')
+    await mountAt(fish, opts.mounts, true)
     const out = await fn(fish)
     await fish.run(['umount-all'])
     await fish.run(['sync'])
@@ -76,6 +82,8 @@ export async function writeGuestFiles(disks: string[], writes: GuestFileWrite[],
   const before: GuestFileBefore[] = []
   if (writes.length === 0) return { before }
   if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled before the guest files were written')
+  if (!opts.mounts.some((m) => m.mountpoint === '/'))
+    throw new MigError('E_MIG_V2V_FAILED', 'the inspection found no root file system to write the guest files into')
   let failure: Error | null = null
   try {
     await withGuest(

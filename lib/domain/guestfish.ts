@@ -4,7 +4,11 @@
  * (lib/domain/guest-files.ts). `LIBGUESTFS_BACKEND=direct` unless the environment says otherwise;
  * the caller adds `LIBGUESTFS_BACKEND_SETTINGS=force_tcg` where the host runs guests under TCG.
  */
-import { execFile } from 'node:child_process'
+import { spawn } from 'node:child_process'
+import { mkdtemp, open, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import * as path from 'node:path'
+import { exec } from '../exec.ts'
 
 /** A running guestfish server: `run` throws on a failed command, `tryRun` answers null; `stop` ends it (never throws). */
 export interface Fish {
@@ -15,16 +19,6 @@ export interface Fish {
   stop(): Promise<void>
 }
 
-/** Runs `cmd args` with `env` (output decoded as latin1), killed after `timeoutMs`; resolves with exit code and output, never rejects. */
-export function exec(cmd: string, args: string[], env: NodeJS.ProcessEnv, timeoutMs: number): Promise<{ code: number; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    execFile(cmd, args, { env, timeout: timeoutMs, killSignal: 'SIGKILL', maxBuffer: 64 << 20, encoding: 'latin1' }, (err, stdout, stderr) => {
-      const e = err as (NodeJS.ErrnoException & { code?: number | string }) | null
-      resolve({ code: e ? (typeof e.code === 'number' ? e.code : -1) : 0, stdout: String(stdout ?? ''), stderr: String(stderr ?? '') || (e ? e.message : '') })
-    })
-  })
-}
-
 /** The environment of a guestfish run: the process's, `LC_ALL=C`, the direct backend, TCG when `tcg`. */
 export function fishEnv(tcg: boolean): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = { ...process.env, LC_ALL: 'C', LIBGUESTFS_BACKEND: process.env.LIBGUESTFS_BACKEND || 'direct' }
@@ -33,20 +27,43 @@ export function fishEnv(tcg: boolean): NodeJS.ProcessEnv {
 }
 
 /**
+ * Runs `guestfish --listen args` and reads what it printed. Its output goes to a file, not a pipe:
+ * the server it forks keeps the descriptors it inherited, so a pipe would stay open (and a
+ * reader wait) for the server's whole life; the command itself exits once the server is up.
+ */
+async function listen(args: string[], env: NodeJS.ProcessEnv, timeoutMs: number): Promise<{ code: number | null; output: string }> {
+  const dir = await mkdtemp(path.join(tmpdir(), 'mig-fish-'))
+  const out = await open(path.join(dir, 'out'), 'w+')
+  try {
+    const child = spawn('guestfish', ['--listen', ...args], { env, stdio: ['ignore', out.fd, out.fd] })
+    const code = await new Promise<number | null>((resolve) => {
+      const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs)
+      child.once('error', () => (clearTimeout(timer), resolve(null)))
+      child.once('exit', (c) => (clearTimeout(timer), resolve(c)))
+    })
+    const { buffer, bytesRead } = await out.read({ buffer: Buffer.alloc(64 * 1024), position: 0 })
+    return { code, output: buffer.subarray(0, bytesRead).toString('utf8') }
+  } finally {
+    await out.close()
+    await rm(dir, { recursive: true, force: true })
+  }
+}
+
+/**
  * Starts `guestfish --listen` over `disks` (raw), read-only unless `rw`; resolves with a client of
  * it. Each command is bounded by `timeoutMs`. Throws an `Error` when guestfish does not start.
  */
 export async function startFish(disks: string[], env: NodeJS.ProcessEnv, timeoutMs: number, rw = false): Promise<Fish> {
-  const args = ['--listen', rw ? '--rw' : '--ro']
+  const args = [rw ? '--rw' : '--ro']
   for (const d of disks) args.push('--format=raw', '-a', d)
-  const r = await exec('guestfish', args, env, 30_000)
-  const m = /GUESTFISH_PID=(\d+)/.exec(r.stdout)
-  if (r.code !== 0 || !m) throw new Error(`guestfish --listen failed: ${(r.stderr || r.stdout).trim().slice(0, 500)}`)
+  const started = await listen(args, env, 30_000)
+  const m = /GUESTFISH_PID=(\d+)/.exec(started.output)
+  if (started.code !== 0 || !m) throw new Error(`guestfish --listen failed: ${started.output.trim().slice(0, 500) || `exit status ${started.code}`}`)
   const pid = m[1]!
   const run = async (a: string[]) => {
-    const out = await exec('guestfish', [`--remote=${pid}`, '--', ...a], env, timeoutMs)
-    if (out.code !== 0) throw new Error(`guestfish ${a[0]}: ${(out.stderr || out.stdout).trim().slice(0, 500) || `exit status ${out.code}`}`)
-    return out.stdout
+    const r = await exec('guestfish', [`--remote=${pid}`, '--', ...a], { env, timeoutMs, maxStdout: 64 << 20 })
+    if (r.code !== 0) throw new Error(`guestfish ${a[0]}: ${(r.stderr || r.stdout).trim().slice(0, 500) || `exit status ${r.code}`}`)
+    return r.stdout
   }
   const tryRun = (a: string[]) => run(a).catch(() => null)
   const stop = async () => {
@@ -70,32 +87,36 @@ export async function catFile(fish: Fish, file: string): Promise<string> {
   return out.endsWith('\n') ? out.slice(0, -1) : out
 }
 
-/**
- * Mounts the first operating system libguestfs finds (`inspect-os`) at its mount points, shortest
- * first, read-only unless `rw`. Returns the root device, or null when no operating system is found.
- */
-export async function mountGuest(fish: Fish, rw = false): Promise<string | null> {
-  const roots = (await fish.run(['inspect-os']))
-    .split('\n')
-    .map((s) => s.trim())
-    .filter(Boolean)
-  if (roots.length === 0) return null
-  const root = roots[0]!
-  await mountFilesystems(fish, root, rw)
-  return root
+/** A file system of a guest and its mount point (`/`, `/boot`), as libguestfs names the device (`/dev/sda2`). */
+export interface GuestMount {
+  mountpoint: string
+  device: string
 }
 
 /**
  * Mounts the file systems of operating system `root` (as `inspect-os` named it) at their mount
- * points, shortest first, read-only unless `rw`; one that does not mount is passed over.
- * Throws as {@link Fish.run} when libguestfs cannot list them.
+ * points, shortest first, read-only unless `rw` (as {@link mountAt}). Resolves with the list, in
+ * mount order. Throws as {@link Fish.run} when libguestfs cannot list them or the root does not mount.
  */
-export async function mountFilesystems(fish: Fish, root: string, rw = false): Promise<void> {
-  const mps = (await fish.run(['inspect-get-mountpoints', root]))
+export async function mountFilesystems(fish: Fish, root: string, rw = false): Promise<GuestMount[]> {
+  const mounts = (await fish.run(['inspect-get-mountpoints', root]))
     .split('\n')
     .map((l) => /^(\S+):\s*(\S+)/.exec(l))
     .filter((m): m is RegExpExecArray => !!m)
-    .map((m) => ({ mp: m[1]!, dev: m[2]! }))
-    .sort((a, b) => a.mp.length - b.mp.length)
-  for (const { mp, dev } of mps) await fish.tryRun([rw ? 'mount' : 'mount-ro', dev, mp])
+    .map((m) => ({ mountpoint: m[1]!, device: m[2]! }))
+    .sort((a, b) => a.mountpoint.length - b.mountpoint.length)
+  await mountAt(fish, mounts, rw)
+  return mounts
+}
+
+/**
+ * Mounts `mounts` in their order, read-only unless `rw`. The root (`/`) must mount (throws as
+ * {@link Fish.run}); another file system that does not mount is passed over.
+ */
+export async function mountAt(fish: Fish, mounts: GuestMount[], rw = false): Promise<void> {
+  for (const { mountpoint, device } of mounts) {
+    const cmd = [rw ? 'mount' : 'mount-ro', device, mountpoint]
+    if (mountpoint === '/') await fish.run(cmd)
+    else await fish.tryRun(cmd)
+  }
 }

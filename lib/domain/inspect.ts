@@ -23,7 +23,8 @@
 import { mkdtemp, open, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
-import { catFile, exec, fishEnv, mountFilesystems, startFish, type Fish } from './guestfish.ts'
+import { exec } from '../exec.ts'
+import { catFile, fishEnv, mountFilesystems, startFish, type Fish, type GuestMount } from './guestfish.ts'
 import {
   ifupdownIncludes,
   parseIfcfg,
@@ -69,6 +70,9 @@ export interface GuestFilesystem {
  * - `esps`: each FAT file system's loaders and where it lies on its disk ({@link EspInfo}).
  * - `network`: the interfaces the guest's network configuration names and the naming rules it
  *   carries (Linux guests; null otherwise; see {@link readGuestNetwork}).
+ * - `mounts`: the file systems of the operating system found and where they mount, shortest
+ *   mount point first (`inspect-get-mountpoints`), for a later read-write session on the same
+ *   disks ({@link import('./guest-files.ts').writeGuestFiles}); empty when no OS was found.
  * - `seconds`: wall time of the libguestfs stage.
  */
 export interface GuestInspection {
@@ -88,6 +92,7 @@ export interface GuestInspection {
   esp: boolean
   esps: EspInfo[]
   network: GuestNetwork | null
+  mounts: GuestMount[]
   seconds: number
 }
 
@@ -137,6 +142,7 @@ function empty(skipped: string, layout: DiskLayout | null): GuestInspection {
     esp: false,
     esps: [],
     network: null,
+    mounts: [],
     seconds: 0,
   }
 }
@@ -366,7 +372,7 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
     const root = roots[0]!
     const get = async (cmd: string) => ((await fish!.tryRun([cmd, root])) ?? '').trim()
     result.os = { type: await get('inspect-get-type'), distro: await get('inspect-get-distro'), product: await get('inspect-get-product-name') }
-    await mountFilesystems(fish, root)
+    result.mounts = await mountFilesystems(fish, root)
     if (result.os.type !== 'linux') {
       result.seconds = (Date.now() - t0) / 1000
       return result
@@ -402,7 +408,7 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
         result.initramfs = `/boot/${initrd}`
         const local = path.join(work, 'initrd')
         await fish.run(['download', result.initramfs, local])
-        const ls = await exec('lsinitramfs', [local], env, 120_000)
+        const ls = await exec('lsinitramfs', [local], { env, timeoutMs: 120_000, maxStdout: 64 << 20 })
         result.initramfsModules = moduleNames(ls.stdout.split('\n'))
         await rm(local, { force: true })
       }

@@ -236,7 +236,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   let network: HardwareRecord['network'] = null
   let networkProblems: string[] = []
   let undo: GuestFilesUndo | null = null
-  const fileOpts = { tcg: inspectOpt !== false && inspectOpt.tcg, signal: input.signal }
+  const fileOpts = { mounts: inspection?.mounts ?? [], tcg: inspectOpt !== false && inspectOpt.tcg, signal: input.signal }
   if (input.network !== false && inspection?.network && !choice.fatal) {
     const planned = planNetworkIdentity(inspection.network, destinationNics(manifest.nics))
     networkProblems = planned.problems

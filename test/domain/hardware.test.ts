@@ -41,6 +41,7 @@ function linux(over: Partial<GuestInspection> = {}): GuestInspection {
     esp: true,
     esps: [],
     network: null,
+    mounts: [{ mountpoint: '/', device: '/dev/sda3' }],
     seconds: 1,
     ...over,
   }

@@ -17,7 +17,7 @@ import { cleanupDomains, ensureLibvirt, TEST_LIBVIRT_URI } from '../helpers/libv
 import { tempDir, thrown } from '../helpers/tmp.ts'
 import { disk, manifest } from './fixtures.ts'
 
-const PREFIX = 'i11-hang-'
+const PREFIX = 'i11h-'
 const TIMEOUT_S = 1800
 const tmp = tempDir('mig-i11-hang-')
 chmodSync(tmp.dir, 0o755)

@@ -21,7 +21,7 @@ import { putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '
 const MiB = 1024 * 1024
 
 describe('bulk plans (vCenter simulator + offline input)', () => {
-  const t = tempDir('mig-i16-bulk-')
+  const t = tempDir('mig-i16b-bulk-')
   const dataDir = path.join(t.dir, 'data')
   let v: Vcsim
   let srv: RunningServer
@@ -63,7 +63,7 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
 
   beforeAll(async () => {
     await ensureLibvirt()
-    await cleanupDomains('i16-')
+    await cleanupDomains('i16b-')
     chmodSync(t.dir, 0o755)
     mkdirSync(path.join(dataDir, 'imports'), { recursive: true })
     v = await startVcsim({ cbtPage: 4 * MiB })
@@ -80,30 +80,30 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
   afterAll(async () => {
     await srv?.stop()
     await v?.stop()
-    await cleanupDomains('i16-')
+    await cleanupDomains('i16b-')
     t.cleanup()
   })
 
   test('five VMs: db -> app in order, at most two per source at once, a failing VM blocks only its dependant', async () => {
-    const ids = { db: await makeVm('i16-db'), app: await makeVm('i16-app'), solo: await makeVm('i16-solo'), bad: await makeVm('i16-bad') }
+    const ids = { db: await makeVm('i16b-db'), app: await makeVm('i16b-app'), solo: await makeVm('i16b-solo'), bad: await makeVm('i16b-bad') }
     // the guest keeps writing 1 MiB (above the 512 KiB threshold) before every delta pass
-    await v.scheduleWrites(ids.bad, [{ before_snapshot: 1, every: true, file: 'i16-bad/i16-bad.vmdk', offset: 4 * MiB, length: MiB, pattern: 0x70 }])
-    const report = buildInput('qcow2', path.join(dataDir, 'imports'), 'i16-report', [makeRawImage(path.join(t.dir, 'report.raw'), 4 * MiB, 3)])
+    await v.scheduleWrites(ids.bad, [{ before_snapshot: 1, every: true, file: 'i16b-bad/i16b-bad.vmdk', offset: 4 * MiB, length: MiB, pattern: 0x70 }])
+    const report = buildInput('qcow2', path.join(dataDir, 'imports'), 'i16b-report', [makeRawImage(path.join(t.dir, 'report.raw'), 4 * MiB, 3)])
     const body = {
       name: 'erp',
       max_per_source: 2,
       vms: [
-        { key: 'app', plan: live(ids.app, 'i16-app'), depends_on: ['db'] },
-        { key: 'db', plan: live(ids.db, 'i16-db') },
-        { key: 'solo', plan: live(ids.solo, 'i16-solo') },
-        { key: 'bad', plan: live(ids.bad, 'i16-bad', 'Warm') },
+        { key: 'app', plan: live(ids.app, 'i16b-app'), depends_on: ['db'] },
+        { key: 'db', plan: live(ids.db, 'i16b-db') },
+        { key: 'solo', plan: live(ids.solo, 'i16b-solo') },
+        { key: 'bad', plan: live(ids.bad, 'i16b-bad', 'Warm') },
         {
           key: 'report',
           plan: {
             source: { Offline: 'qcow2' },
             source_ref: { kind: 'offline_host_path', path: path.relative(path.join(dataDir, 'imports'), report.path) },
             mode: 'Cold',
-            name: 'i16-report',
+            name: 'i16b-report',
             start: false,
           },
           depends_on: ['bad'],
@@ -169,14 +169,14 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
   }, 240_000)
 
   test("shared cutover: the plan's warm VMs wait together and cut over on one POST /plans/:id/cutover", async () => {
-    const a = await makeVm('i16-wa')
-    const b = await makeVm('i16-wb')
+    const a = await makeVm('i16b-wa')
+    const b = await makeVm('i16b-wb')
     const created = await call(srv.base, 'POST', '/plans', {
       cutover: { mode: 'manual' },
       precopy_interval_seconds: 1,
       vms: [
-        { key: 'wa', plan: live(a, 'i16-wa', 'Warm') },
-        { key: 'wb', plan: live(b, 'i16-wb', 'Warm') },
+        { key: 'wa', plan: live(a, 'i16b-wa', 'Warm') },
+        { key: 'wb', plan: live(b, 'i16b-wb', 'Warm') },
       ],
     })
     expect(created.status).toBe(201)

@@ -19,7 +19,7 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
 
-const PREFIX = 'i16-lp-'
+const PREFIX = 'i16lp-'
 const MiB = 1024 * 1024
 
 describe('live paths against the vCenter simulator', () => {
@@ -98,7 +98,7 @@ describe('live paths against the vCenter simulator', () => {
   for (const keepOnCancel of [false, true]) {
     test(`cancel of a live job during its copy removes its snapshots, powers the source on again and ${keepOnCancel ? 'keeps (MIGRATOR_KEEP_ON_CANCEL=1)' : 'removes'} its volumes`, async () => {
       const s = keepOnCancel ? keep : srv
-      const name = keepOnCancel ? 'i16-lp-keep' : 'i16-lp-cancel'
+      const name = keepOnCancel ? 'i16lp-keep' : 'i16lp-cancel'
       const vm = await makeVm(name)
       const job = await submit(s.base, plan(s, vm.id, name, 'Cold'))
       await waitJob(s.base, job.id, (j) => j.state === 'CopyingFull' && j.progress.bytes_done > 0, 60_000)
@@ -116,9 +116,9 @@ describe('live paths against the vCenter simulator', () => {
   }
 
   test('a changeId reset while waiting for the cutover is answered with a full copy; a reset in a later pass fails the job E_MIG_CBT_RESET', async () => {
-    const vm = await makeVm('i16-lp-cbt')
+    const vm = await makeVm('i16lp-cbt')
     await v.scheduleWrites(vm.id, [{ before_snapshot: 1, every: true, file: vm.files[1], offset: 0, length: 64 * 1024, pattern: 0x11 }])
-    const job = await submit(srv.base, plan(srv, vm.id, 'i16-lp-cbt', 'Warm', { cutover: { mode: 'manual' }, precopy_interval_seconds: 2 }))
+    const job = await submit(srv.base, plan(srv, vm.id, 'i16lp-cbt', 'Warm', { cutover: { mode: 'manual' }, precopy_interval_seconds: 2 }))
     const first = await waitJob(srv.base, job.id, (j) => j.cutover?.passes_total >= 1, 90_000)
     expect(first.cutover.passes.at(-1).changed_bytes).toBe(64 * 1024)
     await v.resetCbt(vm.id)
@@ -135,9 +135,9 @@ describe('live paths against the vCenter simulator', () => {
   }, 120_000)
 
   test('a snapshot the source refuses: E_MIG_SNAPSHOT_FAILED, nothing copied, the source powered on again', async () => {
-    const vm = await makeVm('i16-lp-nosnap')
+    const vm = await makeVm('i16lp-nosnap')
     await v.disableMethod(vm.id, 'CreateSnapshot_Task')
-    const job = await submit(srv.base, plan(srv, vm.id, 'i16-lp-nosnap', 'Cold'))
+    const job = await submit(srv.base, plan(srv, vm.id, 'i16lp-nosnap', 'Cold'))
     const done = await waitJob(srv.base, job.id, undefined, 60_000)
     expect([done.status, done.last_error.code, done.progress.bytes_done]).toEqual(['failed', 'E_MIG_SNAPSHOT_FAILED', 0])
     expect(done.last_error.message).toContain('was powered on again')
@@ -146,9 +146,9 @@ describe('live paths against the vCenter simulator', () => {
   }, 60_000)
 
   test('a guest that ignores ShutdownGuest is powered off after MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS (2 s); the job completes', async () => {
-    const vm = await makeVm('i16-lp-deaf')
+    const vm = await makeVm('i16lp-deaf')
     await v.ignoreShutdown(vm.id)
-    const job = await submit(srv.base, plan(srv, vm.id, 'i16-lp-deaf', 'Cold'))
+    const job = await submit(srv.base, plan(srv, vm.id, 'i16lp-deaf', 'Cold'))
     const done = await waitJob(srv.base, job.id, undefined, 60_000)
     expect([done.status, done.last_error]).toEqual(['completed', null])
     expect((await v.vm(vm.id)).power_state).toBe('poweredOff')
@@ -157,11 +157,11 @@ describe('live paths against the vCenter simulator', () => {
   }, 60_000)
 
   test('a Windows warm job: DeltaSyncing, CuttingOver, then V2vProcessing (TEST DOUBLE tool) over the copied volumes, then Starting', async () => {
-    const vm = await makeVm('i16-lp-win', 'windows9Server64Guest')
+    const vm = await makeVm('i16lp-win', 'windows9Server64Guest')
     await v.scheduleWrites(vm.id, [{ before_snapshot: 1, file: vm.files[0], offset: MiB, length: 128 * 1024, pattern: 0x21 }])
     const stream = openStream(srv.base)
     await stream.ready
-    const job = await submit(srv.base, plan(srv, vm.id, 'i16-lp-win', 'Warm', { guest_os: 'windows' }))
+    const job = await submit(srv.base, plan(srv, vm.id, 'i16lp-win', 'Warm', { guest_os: 'windows' }))
     const done = await waitJob(srv.base, job.id, undefined, 90_000)
     await streamSaw(stream, job.id, 'Completed')
     stream.close()
@@ -179,8 +179,8 @@ describe('live paths against the vCenter simulator', () => {
     // the tool ran (once) over the job's volumes after the cutover's final delta
     const calls = readFileSync(record, 'utf8')
     expect(calls.match(/^argv: /gm)?.length).toBe(1)
-    expect(calls).toContain(volumePath(t.dir, job.id, 'i16-lp-win'))
-    expect(calls).toContain(volumePath(t.dir, job.id, 'i16-lp-win_1'))
+    expect(calls).toContain(volumePath(t.dir, job.id, 'i16lp-win'))
+    expect(calls).toContain(volumePath(t.dir, job.id, 'i16lp-win_1'))
     expect((await v.vm(vm.id)).power_state).toBe('poweredOff')
   }, 120_000)
 })

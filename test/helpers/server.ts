@@ -35,11 +35,17 @@ export interface RunningServer {
 
 let nodeBuild: Promise<void> | null = null
 
+/** Set by `scripts/test.ts` once it has built dist/ for the whole run. */
+export const NODE_BUILD_DONE = 'MIGRATOR_TEST_NODE_BUILD_DONE'
+
 /**
  * Compiles the server for Node (`npm run build:node`: tsc into dist/) once per test process, as
- * `npm run start:node` does. Type errors are the typecheck step's business; a missing output fails.
+ * `npm run start:node` does; not at all under `scripts/test.ts`, which built it before the files
+ * started (files running in parallel must not rewrite dist/ under each other's Node processes).
+ * Type errors are the typecheck step's business; a missing output fails.
  */
 export function ensureNodeBuild(): Promise<void> {
+  if (process.env[NODE_BUILD_DONE] === '1' && existsSync(path.join(REPO, 'dist/runtime/serve-node.js'))) return Promise.resolve()
   nodeBuild ??= new Promise<void>((resolve, reject) => {
     execFile(path.join(REPO, 'node_modules/.bin/tsc'), ['-p', 'tsconfig.node.json'], { cwd: REPO }, (_err, stdout) => {
       if (existsSync(path.join(REPO, 'dist/runtime/serve-node.js'))) resolve()

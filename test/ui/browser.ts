@@ -11,9 +11,6 @@ import { chromium, type BrowserContext, type Locator, type Page } from 'playwrig
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import type { RunningServer } from '../helpers/server.ts'
 
-/** Name prefix of every domain the console tests define. */
-export const PREFIX = 'i17-'
-
 /** Where the tests' screenshots are written. */
 export const SCREENSHOTS = path.join(import.meta.dir, 'screenshots')
 
@@ -73,19 +70,20 @@ export function consoleUrl(base: string, hash = '#/'): string {
 
 /**
  * Before a console suite: the test's temporary dir made traversable (qemu reaches the file-sink
- * volumes under it), libvirt up, no domain left from an earlier run.
+ * volumes under it), libvirt up, no domain left from an earlier run. `prefix` names the suite's
+ * domains; each file has its own, none the start of another's, since files run in parallel.
  */
-export async function prepareHost(dir: string): Promise<void> {
+export async function prepareHost(dir: string, prefix: string): Promise<void> {
   chmodSync(dir, 0o755)
   await ensureLibvirt()
-  await cleanupDomains(PREFIX)
+  await cleanupDomains(prefix)
 }
 
-/** After a console suite: closes the browser, stops the server, removes the suite's domains and temporary dir. */
-export async function teardown(b: Browser | undefined, srv: RunningServer | undefined, t: { cleanup(): void }): Promise<void> {
+/** After a console suite: closes the browser, stops the server, removes the suite's domains (`prefix`) and temporary dir. */
+export async function teardown(b: Browser | undefined, srv: RunningServer | undefined, t: { cleanup(): void }, prefix: string): Promise<void> {
   await b?.close()
   await srv?.stop()
-  await cleanupDomains(PREFIX)
+  await cleanupDomains(prefix)
   t.cleanup()
 }
 

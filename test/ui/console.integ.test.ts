@@ -6,7 +6,7 @@
  * running job from the page. Copies are throttled (MIGRATOR_COPY_MAX_BYTES_PER_SECOND) so the
  * page can be seen while they run; a guest whose boot check fails shows E_MIG_GUEST_BOOT_FAILED and
  * the tail of its serial log. Domains are defined with `start: false` where a boot is not the
- * point (prefix `i17-`).
+ * point (prefix `i17c-`).
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
@@ -32,7 +32,7 @@ function rawImage(file: string, sizeBytes: number, dataBytes: number): string {
 }
 
 describe('web console (Bun server, Chromium)', () => {
-  const t = tempDir('i17-ui-')
+  const t = tempDir('i17c-ui-')
   const inputs = path.join(t.dir, 'inputs')
   const data = path.join(t.dir, 'data')
   let srv: RunningServer
@@ -41,7 +41,7 @@ describe('web console (Bun server, Chromium)', () => {
   const requested: string[] = []
 
   beforeAll(async () => {
-    await prepareHost(t.dir)
+    await prepareHost(t.dir, 'i17c-')
     mkdirSync(inputs)
     // No MIGRATOR_BOOT_SERIAL_PATTERN: the failed boot below is a guest that really stops.
     srv = await startServer('bun', data, {
@@ -54,26 +54,26 @@ describe('web console (Bun server, Chromium)', () => {
     b.page.on('request', (r) => requested.push(r.url()))
   }, 120_000)
 
-  afterAll(() => teardown(b, srv, t))
+  afterAll(() => teardown(b, srv, t, 'i17c-'))
 
   test('upload an OVA from the page: the browser hashes and uploads it, the manifest shows, the progress bar moves and reaches Completed', async () => {
     // 8 MiB of data then 8 MiB of zeros: 4 s at the cap, the zeros skipped
     const raw = rawImage(path.join(inputs, 'up.raw'), 16 * MiB, 8 * MiB)
-    const ova = buildInput('ova_archive', inputs, 'i17-upload', [raw]).path
+    const ova = buildInput('ova_archive', inputs, 'i17c-upload', [raw]).path
     const { page } = b
     await page.goto(consoleUrl(srv.base, '#/new'))
     await page.getByTestId('upload-input').setInputFiles(ova)
     await page.locator('[data-testid=upload-progress][data-phase=done]').waitFor({ timeout: 30_000 })
     // the server checked the browser's SHA-256 against the bytes it received
     const uploads = (await call(srv.base, 'GET', '/uploads')).body.items
-    expect(uploads.map((u: any) => [u.filename, u.sha256])).toEqual([['i17-upload.ova', fileSha256(ova)]])
+    expect(uploads.map((u: any) => [u.filename, u.sha256])).toEqual([['i17c-upload.ova', fileSha256(ova)]])
     await expect(page.getByTestId('upload-progress').textContent()).resolves.toContain(`sha256 ${fileSha256(ova)}`)
     // the manifest: the disk with its capacity, the NIC with its MAC
     const manifest = page.getByTestId('manifest')
     await manifest.waitFor()
     expect(await page.getByTestId('disks').textContent()).toContain('16.0 MiB')
     expect(await page.getByTestId('nics').textContent()).toContain('00:50:56:01:02:03')
-    const id = await submitPlan(page, page, 'i17-upload')
+    const id = await submitPlan(page, page, 'i17c-upload')
     // watch the bar: some value strictly between 0 and 100 while copying, 100 at the end
     const seen = new Set<number>()
     const deadline = Date.now() + 60_000
@@ -92,7 +92,7 @@ describe('web console (Bun server, Chromium)', () => {
       'Completed',
       'upload',
       false,
-      'i17-upload',
+      'i17c-upload',
       16 * MiB,
     ])
     // figures, per-disk bar, chart from the progress events, timeline through Starting
@@ -103,7 +103,7 @@ describe('web console (Bun server, Chromium)', () => {
     expect(await page.getByTestId('disk-bars').locator('[role=progressbar]').count()).toBe(1)
     expect(Number(await page.getByTestId('chart').getAttribute('data-samples'))).toBeGreaterThanOrEqual(2)
     expect(await page.locator('[data-testid=timeline] li.done .st').allTextContents()).toEqual(['Queued', 'CopyingFull', 'Starting'])
-    expect(await page.getByTestId('domain').textContent()).toBe('i17-upload')
+    expect(await page.getByTestId('domain').textContent()).toBe('i17c-upload')
     await b.screenshot('job-completed')
     // the list shows it Completed too
     await page.goto(consoleUrl(srv.base, '#/'))
@@ -126,11 +126,11 @@ describe('web console (Bun server, Chromium)', () => {
   }
 
   test('a plan with bad fields: each E_MIG_INVALID_PLAN issue is shown next to its field, nothing is submitted', async () => {
-    const root = path.join(data, 'imports', 'i17-bad')
+    const root = path.join(data, 'imports', 'i17c-bad')
     mkdirSync(root, { recursive: true })
-    buildInput('ova_archive', root, 'i17-bad', [rawImage(path.join(inputs, 'bad.raw'), 4 * MiB, 1 * MiB)])
+    buildInput('ova_archive', root, 'i17c-bad', [rawImage(path.join(inputs, 'bad.raw'), 4 * MiB, 1 * MiB)])
     const before = (await call(srv.base, 'GET', '/migrations')).body.items.length
-    await inspectHostFile('i17-bad/i17-bad.ova', 'i17-bad')
+    await inspectHostFile('i17c-bad/i17c-bad.ova', 'i17c-bad')
     const { page } = b
     await page.locator('input[name=name]').fill('bad name!')
     await page.locator('input[name=bridge-0]').fill('not a bridge name at all')
@@ -149,37 +149,37 @@ describe('web console (Bun server, Chromium)', () => {
   }, 60_000)
 
   test('browse the import root, inspect an OVA, see its manifest, submit the plan: the job page follows it to Completed', async () => {
-    const root = path.join(data, 'imports', 'i17-host')
+    const root = path.join(data, 'imports', 'i17c-host')
     mkdirSync(root, { recursive: true })
-    buildInput('ova_archive', root, 'i17-host', [rawImage(path.join(inputs, 'host.raw'), 8 * MiB, 2 * MiB)])
-    await inspectHostFile('i17-host/i17-host.ova', 'i17-host')
+    buildInput('ova_archive', root, 'i17c-host', [rawImage(path.join(inputs, 'host.raw'), 8 * MiB, 2 * MiB)])
+    await inspectHostFile('i17c-host/i17c-host.ova', 'i17c-host')
     const { page } = b
     expect(await page.getByTestId('firmware').textContent()).toBe('bios')
     expect(await page.getByTestId('disks').textContent()).toContain('8.0 MiB')
     expect(await page.getByTestId('nics').textContent()).toContain('00:50:56:01:02:03')
-    const id = await submitPlan(page, page, 'i17-host')
+    const id = await submitPlan(page, page, 'i17c-host')
     await page.locator('[data-testid=job][data-state=Completed]').waitFor({ timeout: 60_000 })
     const job = (await call(srv.base, 'GET', `/migrations/${id}`)).body
     expect([job.state, job.plan.source, job.plan.source_ref, job.plan.name, job.plan.start]).toEqual([
       'Completed',
       { Offline: 'ova_archive' },
-      { kind: 'offline_host_path', path: 'i17-host/i17-host.ova' },
-      'i17-host',
+      { kind: 'offline_host_path', path: 'i17c-host/i17c-host.ova' },
+      'i17c-host',
       false,
     ])
   }, 90_000)
 
   test('cancel a running job from the page: confirmation, then Cancelled with E_MIG_CANCELLED and its volumes removed', async () => {
     // 32 MiB of data at 2 MiB/s: 16 s of copy, cancelled after the first bytes
-    const root = path.join(data, 'imports', 'i17-cancel')
+    const root = path.join(data, 'imports', 'i17c-cancel')
     mkdirSync(root, { recursive: true })
-    buildInput('qcow2', root, 'i17-cancel', [rawImage(path.join(inputs, 'cancel.raw'), 32 * MiB, 32 * MiB)])
+    buildInput('qcow2', root, 'i17c-cancel', [rawImage(path.join(inputs, 'cancel.raw'), 32 * MiB, 32 * MiB)])
     const created = await call(srv.base, 'POST', '/migrations', {
       plan: {
         source: { Offline: 'qcow2' },
-        source_ref: { kind: 'offline_host_path', path: 'i17-cancel/i17-cancel/i17-cancel.qcow2' },
+        source_ref: { kind: 'offline_host_path', path: 'i17c-cancel/i17c-cancel/i17c-cancel.qcow2' },
         mode: 'Cold',
-        name: 'i17-cancel',
+        name: 'i17c-cancel',
         start: false,
       },
     })
@@ -227,17 +227,17 @@ describe('web console (Bun server, Chromium)', () => {
   }, 90_000)
 
   test('a failed boot: the job page shows E_MIG_GUEST_BOOT_FAILED, the defined domain and the tail of its serial log', async () => {
-    const root = path.join(data, 'imports', 'i17-boot')
+    const root = path.join(data, 'imports', 'i17c-boot')
     mkdirSync(root, { recursive: true })
     // prints its marker, then powers the VM off: the domain does not stay up, whatever the serial says
     const disk = makePowerOffBootDisk(path.join(inputs, 'boot.raw'), 'I17-SERIAL-TAIL-4242', 2 * MiB)
-    const input = buildInput('qcow2', root, 'i17-boot', [disk.path])
+    const input = buildInput('qcow2', root, 'i17c-boot', [disk.path])
     const created = await call(srv.base, 'POST', '/migrations', {
       plan: {
         source: { Offline: 'qcow2' },
         source_ref: { kind: 'offline_host_path', path: path.relative(path.join(data, 'imports'), input.path) },
         mode: 'Cold',
-        name: 'i17-boot',
+        name: 'i17c-boot',
       },
     })
     expect(created.status).toBe(201)
@@ -245,7 +245,7 @@ describe('web console (Bun server, Chromium)', () => {
     await page.goto(consoleUrl(srv.base, `#/migrations/${created.body.id}`))
     await page.locator('[data-testid=job][data-state=Failed]').waitFor({ timeout: 90_000 })
     expect(await page.getByTestId('error').textContent()).toContain('E_MIG_GUEST_BOOT_FAILED')
-    expect(await page.getByTestId('domain').textContent()).toBe('i17-boot')
+    expect(await page.getByTestId('domain').textContent()).toBe('i17c-boot')
     const serial = page.getByTestId('serial-log')
     await serial.waitFor()
     expect(await serial.textContent()).toContain('I17-SERIAL-TAIL-4242')

@@ -25,7 +25,7 @@ import type { Locator } from 'playwright-core'
 const MiB = 1024 * 1024
 
 describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
-  const t = tempDir('i17-ui-cut-')
+  const t = tempDir('i17x-ui-cut-')
   let v: Vcsim
   let srv: RunningServer
   let b: Browser
@@ -72,20 +72,20 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
 
   beforeAll(async () => {
     v = await startVcsim()
-    await prepareHost(t.dir)
+    await prepareHost(t.dir, 'i17x-')
     srv = await startServer('bun', path.join(t.dir, 'data'), { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5' })
     sourceId = await registerVcsim(srv.base, v)
     b = await openBrowser()
   }, 180_000)
 
   afterAll(async () => {
-    await teardown(b, srv, t)
+    await teardown(b, srv, t, 'i17x-')
     await v?.stop()
   })
 
   test('a warm job waits for the cutover, shows its last delta sync, and cuts over from the page', async () => {
-    const vm = await makeVm('i17-cut')
-    const job = await submit(srv.base, { ...warmPlan(vm, 'i17-cut'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
+    const vm = await makeVm('i17x-cut')
+    const job = await submit(srv.base, { ...warmPlan(vm, 'i17x-cut'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
     const { page } = b
     await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
     const card = page.getByTestId('cutover')
@@ -110,7 +110,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     expect(await page.getByTestId('test-boot-state').textContent()).toContain('read why before cutting over')
     await page.getByTestId('test-boot').screenshot({ path: path.join(path.dirname(await b.screenshot('test-boot-failed')), 'test-boot-card.png') })
     const tested = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
-    expect([tested.state, tested.test_boot.state, tested.test_boot.domain]).toEqual(['DeltaSyncing', 'failed', 'i17-cut-testboot'])
+    expect([tested.state, tested.test_boot.state, tested.test_boot.domain]).toEqual(['DeltaSyncing', 'failed', 'i17x-cut-testboot'])
     // the dialog asks first; "Not yet" sends nothing
     await button.click()
     await page.getByTestId('cutover-dialog').waitFor()
@@ -129,8 +129,8 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
   }, 300_000)
 
   test('a Cut over confirmed after the job was cancelled under the dialog shows E_MIG_CONFLICT', async () => {
-    const vm = await makeVm('i17-cut409')
-    const job = await submit(srv.base, { ...warmPlan(vm, 'i17-cut409'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
+    const vm = await makeVm('i17x-cut409')
+    const job = await submit(srv.base, { ...warmPlan(vm, 'i17x-cut409'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
     const { page } = b
     await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
     await page.locator('[data-testid=cutover][data-waiting=true]').waitFor({ timeout: 120_000 })
@@ -152,15 +152,15 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
   }, 240_000)
 
   test('Plans: the list shows a bulk plan with counts, its page lists the VMs and Cut over all completes it', async () => {
-    const db = await makeVm('i17-db')
-    const app = await makeVm('i17-app')
+    const db = await makeVm('i17x-db')
+    const app = await makeVm('i17x-app')
     const created = await call(srv.base, 'POST', '/plans', {
-      name: 'i17-erp',
+      name: 'i17x-erp',
       cutover: { mode: 'manual' },
       precopy_interval_seconds: 1,
       vms: [
-        { key: 'db', plan: warmPlan(db, 'i17-db') },
-        { key: 'app', plan: warmPlan(app, 'i17-app'), depends_on: ['db'] },
+        { key: 'db', plan: warmPlan(db, 'i17x-db') },
+        { key: 'app', plan: warmPlan(app, 'i17x-app'), depends_on: ['db'] },
       ],
     })
     expect(created.status).toBe(201)
@@ -170,7 +170,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     const row = page.locator(`[data-plan="${id}"]`)
     await row.waitFor()
     expect(await row.textContent()).toContain('2 VMs')
-    await row.getByRole('link', { name: 'i17-erp' }).click()
+    await row.getByRole('link', { name: 'i17x-erp' }).click()
     await page.waitForURL(new RegExp(`#/plans/${id}$`))
     await page.getByTestId('plan-vms').waitFor()
     expect(await page.getByTestId('depends-app').textContent()).toBe('db')

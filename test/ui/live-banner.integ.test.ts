@@ -17,28 +17,28 @@ import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browse
 const MiB = 1024 * 1024
 
 describe('web console: vSphere source, warm plan without CBT (vCenter simulator)', () => {
-  const t = tempDir('i17-ui-vim-')
+  const t = tempDir('i17l-ui-vim-')
   let v: Vcsim
   let srv: RunningServer
   let b: Browser
 
   beforeAll(async () => {
     v = await startVcsim()
-    await prepareHost(t.dir)
+    await prepareHost(t.dir, 'i17l-')
     srv = await startServer('bun', path.join(t.dir, 'data'), { MIGRATOR_DOMAIN_TYPE: 'qemu' })
     b = await openBrowser()
   }, 180_000)
 
   afterAll(async () => {
-    await teardown(b, srv, t)
+    await teardown(b, srv, t, 'i17l-')
     await v?.stop()
   })
 
   test('register, test, list, inspect, start Warm: the downgrade banner shows and the job completes cold', async () => {
     const raw = makeRawImage(path.join(t.dir, 'nocbt.raw'), 8 * MiB, 3)
-    const file = await putVmdk(v, 'i17-nocbt', 'i17-nocbt', raw, 'flat')
+    const file = await putVmdk(v, 'i17l-nocbt', 'i17l-nocbt', raw, 'flat')
     await v.createVm({
-      name: 'i17-nocbt',
+      name: 'i17l-nocbt',
       ...SMALL_LINUX_VM,
       cbt: false,
       power_on: true,
@@ -63,13 +63,13 @@ describe('web console: vSphere source, warm plan without CBT (vCenter simulator)
     await card.getByRole('button', { name: 'Test' }).click()
     expect(await card.getByTestId('source-test').textContent()).toContain('Connected: ')
     await card.getByTestId('list-vms').click()
-    await card.locator('[data-vm=i17-nocbt]').waitFor()
-    await card.getByTestId('inspect-vm-i17-nocbt').click()
+    await card.locator('[data-vm=i17l-nocbt]').waitFor()
+    await card.getByTestId('inspect-vm-i17l-nocbt').click()
     await card.getByTestId('manifest').waitFor()
     expect(await card.getByTestId('manifest').textContent()).toContain('CBTnot available')
     expect(await card.getByTestId('nics').textContent()).toContain('00:50:56:0a:0b:0c')
     await card.locator('input[name=mode][value=Warm]').check()
-    const id = await submitPlan(page, card, 'i17-nocbt')
+    const id = await submitPlan(page, card, 'i17l-nocbt')
     const banner = page.getByTestId('notice-banner')
     await banner.waitFor({ timeout: 60_000 })
     expect(await banner.textContent()).toContain('E_MIG_CBT_UNSUPPORTED')

@@ -13,36 +13,36 @@ import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browse
 
 const MiB = 1024 * 1024
 const USER = 'operator'
-const PASSWORD = 'i17-pw!'
+const PASSWORD = 'i17n-pw!'
 
 describe('web console on the Node server (Basic guard on)', () => {
-  const t = tempDir('i17-ui-node-')
+  const t = tempDir('i17n-ui-node-')
   const data = path.join(t.dir, 'data')
   let srv: RunningServer
   let b: Browser
 
   beforeAll(async () => {
-    await prepareHost(t.dir)
+    await prepareHost(t.dir, 'i17n-')
     srv = await startServer('node', data, { MIGRATOR_BASIC_AUTH: `${USER}:${PASSWORD}`, MIGRATOR_DOMAIN_TYPE: 'qemu' })
   }, 180_000)
 
-  afterAll(() => teardown(b, srv, t))
+  afterAll(() => teardown(b, srv, t, 'i17n-'))
 
   test('401 without credentials; with them the console lists, inspects, submits and follows a job', async () => {
     expect((await fetch(consoleUrl(srv.base))).status).toBe(401)
-    const dir = path.join(data, 'imports', 'i17-node')
+    const dir = path.join(data, 'imports', 'i17n-node')
     mkdirSync(dir, { recursive: true })
-    buildInput('ova_archive', dir, 'i17-node', [makeRawImage(path.join(t.dir, 'node.raw'), 4 * MiB, 5)])
+    buildInput('ova_archive', dir, 'i17n-node', [makeRawImage(path.join(t.dir, 'node.raw'), 4 * MiB, 5)])
     b = await openBrowser({ httpCredentials: { username: USER, password: PASSWORD } })
     const { page } = b
     await page.goto(consoleUrl(srv.base, '#/new'))
     await page.locator('[data-connection=live]').waitFor({ timeout: 15_000 })
-    await page.locator('[data-file="i17-node"] a').click()
-    await page.locator('[data-file="i17-node/i17-node.ova"] button').click()
+    await page.locator('[data-file="i17n-node"] a').click()
+    await page.locator('[data-file="i17n-node/i17n-node.ova"] button').click()
     await page.getByTestId('manifest').waitFor()
-    await submitPlan(page, page, 'i17-node')
+    await submitPlan(page, page, 'i17n-node')
     await page.locator('[data-testid=job][data-state=Completed]').waitFor({ timeout: 60_000 })
-    expect(await page.getByTestId('domain').textContent()).toBe('i17-node')
+    expect(await page.getByTestId('domain').textContent()).toBe('i17n-node')
     expect(b.errors).toEqual([])
   }, 120_000)
 })

@@ -19,7 +19,7 @@ import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browse
 const MiB = 1024 * 1024
 
 describe('web console: a new migration from a URL (Bun server, nginx, Chromium)', () => {
-  const t = tempDir('i17-url-')
+  const t = tempDir('i17r-url-')
   const www = path.join(t.dir, 'www')
   const data = path.join(t.dir, 'data')
   let srv: RunningServer
@@ -29,9 +29,9 @@ describe('web console: a new migration from a URL (Bun server, nginx, Chromium)'
   const bodies: string[] = []
 
   beforeAll(async () => {
-    await prepareHost(t.dir)
+    await prepareHost(t.dir, 'i17r-')
     mkdirSync(www)
-    ova = buildInput('ova_archive', www, 'i17-url', [makeRawImage(path.join(t.dir, 'u.raw'), 8 * MiB, 5)]).path
+    ova = buildInput('ova_archive', www, 'i17r-url', [makeRawImage(path.join(t.dir, 'u.raw'), 8 * MiB, 5)]).path
     web = await startNginx(www, path.join(t.dir, 'nginx'))
     srv = await startServer('bun', data, { MIGRATOR_DOMAIN_TYPE: 'qemu' })
     b = await openBrowser()
@@ -47,7 +47,7 @@ describe('web console: a new migration from a URL (Bun server, nginx, Chromium)'
 
   afterAll(async () => {
     await web?.stop()
-    await teardown(b, srv, t)
+    await teardown(b, srv, t, 'i17r-')
   })
 
   test('type a URL, pick a credential, inspect, submit: the job reads the OVA from nginx and completes bit-exact', async () => {
@@ -62,7 +62,7 @@ describe('web console: a new migration from a URL (Bun server, nginx, Chromium)'
     await page.getByTestId('remote-inspect').click()
     await page.getByTestId('manifest').waitFor()
     expect(await page.getByTestId('disks').textContent()).toContain('8.0 MiB')
-    const id = await submitPlan(page, page, 'i17-url')
+    const id = await submitPlan(page, page, 'i17r-url')
     await page.locator('[data-testid=job][data-state=Completed]').waitFor({ timeout: 60_000 })
     const job = (await call(srv.base, 'GET', `/migrations/${id}`)).body
     expect([job.state, job.plan.source, job.plan.source_ref]).toEqual([
@@ -73,7 +73,7 @@ describe('web console: a new migration from a URL (Bun server, nginx, Chromium)'
     const x = path.join(t.dir, 'x')
     mkdirSync(x)
     execFileSync('tar', ['-xf', ova, '-C', x])
-    expect(fileSha256(volumePath(data, id, job.progress.disks[0].label))).toBe(rawSha256(path.join(x, 'i17-url-disk1.vmdk'), 'vmdk', t.dir))
+    expect(fileSha256(volumePath(data, id, job.progress.disks[0].label))).toBe(rawSha256(path.join(x, 'i17r-url-disk1.vmdk'), 'vmdk', t.dir))
     // the page listed the credential by name; no secret ever reached it
     expect(bodies.length).toBeGreaterThan(0)
     for (const body of bodies) expect(body).not.toContain(NGINX_USER.password)

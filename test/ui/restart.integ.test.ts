@@ -18,14 +18,14 @@ import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './
 const MiB = 1024 * 1024
 
 describe('web console across a server restart', () => {
-  const t = tempDir('i17-ui-restart-')
+  const t = tempDir('i17s-ui-restart-')
   const data = path.join(t.dir, 'data')
   let env: Record<string, string>
   let srv: RunningServer
   let b: Browser
 
   beforeAll(async () => {
-    await prepareHost(t.dir)
+    await prepareHost(t.dir, 'i17s-')
     // a short lease (8 s, eight worker heartbeats of margin on a loaded machine): the restarted
     // server resumes the job soon after the first one stopped
     env = {
@@ -39,19 +39,19 @@ describe('web console across a server restart', () => {
     b = await openBrowser()
   }, 120_000)
 
-  afterAll(() => teardown(b, srv, t))
+  afterAll(() => teardown(b, srv, t, 'i17s-'))
 
   test('connection loss is shown, the page reconnects with Last-Event-ID and follows the resumed job to Completed', async () => {
     const root = path.join(data, 'imports')
     mkdirSync(root, { recursive: true })
     const raw = path.join(t.dir, 'restart.raw')
     writeFileSync(raw, randomBytes(16 * MiB))
-    const input = buildInput('qcow2', root, 'i17-restart', [raw])
+    const input = buildInput('qcow2', root, 'i17s-restart', [raw])
     const job = await submit(srv.base, {
       source: { Offline: 'qcow2' },
       source_ref: { kind: 'offline_host_path', path: path.relative(root, input.path) },
       mode: 'Cold',
-      name: 'i17-restart',
+      name: 'i17s-restart',
       start: false,
     })
     const { page } = b
@@ -90,7 +90,7 @@ describe('web console across a server restart', () => {
       source: { Offline: 'qcow2' },
       source_ref: { kind: 'offline_host_path', path: path.relative(root, input.path) },
       mode: 'Cold',
-      name: 'i17-restart-2',
+      name: 'i17s-restart-2',
       start: false,
     })
     await page.locator(`[data-job="${second.id}"]`).waitFor({ timeout: 10_000 })

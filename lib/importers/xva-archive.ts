@@ -1,10 +1,11 @@
 /**
  * `xva_archive` importer (spec 1.1 `XvaArchive`): a XenServer / XCP-ng `.xva` export (a plain tar,
- * see `lib/formats/xva.ts`). The archive is walked without extraction ({@link listTarMembers}),
- * `ova.xml` is read (4 MiB cap) and parsed ({@link parseOvaXml}); each disk VBD of the VM becomes
- * a disk whose source is the archive with `member: 'Ref:<n>'` and `layout: 'xva_blocks'` (the
- * reader places chunk N at N MiB and leaves missing chunks as zeros), `disk_format: 'raw'`,
- * `capacity_bytes` the VDI's `virtual_size`, `allocated_bytes` the bytes of the chunks present.
+ * see `lib/formats/xva.ts` and `xva-chunks.ts`). The archive is walked without extraction
+ * ({@link listTarMembers}), `ova.xml` is read (4 MiB cap) and parsed ({@link parseOvaXml}); each
+ * disk VBD of the VM becomes a disk whose source is the archive with `member: 'Ref:<n>'` and
+ * `layout: 'xva_blocks'` (the reader places chunk N at N MiB and leaves missing chunks as zeros),
+ * `disk_format: 'raw'`, `capacity_bytes` the VDI's `virtual_size`, `allocated_bytes` the bytes of
+ * the chunks present.
  * The block structure of every disk is checked at inspect; the checksums (XXH64 `.xxhash` or SHA-1
  * `.checksum`) of the first 64 MiB of blocks (in archive order) are verified at inspect, the rest
  * while the data is copied.
@@ -14,7 +15,8 @@ import { MigError } from '../errors.ts'
 import { resolveInRoot } from '../hostpath.ts'
 import { guestFamilyOf, sanitizeLabel, type ManifestDisk, type ManifestNic, type VmManifest } from '../manifest.ts'
 import { assertSafeMemberNames, listTarMembers, readTarMember } from '../formats/tar.ts'
-import { MAX_OVA_XML_BYTES, parseOvaXml, verifyXvaBlocks, XVA_MAX_MEMBERS } from '../formats/xva.ts'
+import { MAX_OVA_XML_BYTES, parseOvaXml } from '../formats/xva.ts'
+import { verifyXvaBlocks, XVA_MAX_MEMBERS } from '../formats/xva-chunks.ts'
 import type { Importer, InspectContext } from './types.ts'
 import { statPath } from '../formats/io.ts'
 

@@ -14,7 +14,7 @@ import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import { readAt, readAtSync } from '../../formats/io.ts'
 import { listTarMembers } from '../../formats/tar.ts'
-import { checkXvaBlock, indexXvaBlocks, XVA_BLOCK_SIZE, XVA_MAX_MEMBERS, type XvaBlock } from '../../formats/xva.ts'
+import { checkXvaBlock, indexXvaBlocks, XVA_BLOCK_SIZE, XVA_MAX_MEMBERS, type XvaBlock } from '../../formats/xva-chunks.ts'
 import type { DiskExtent, DiskReader } from '../../contracts/disk-reader.ts'
 
 /** Options of {@link openXvaBlocksReader}. */

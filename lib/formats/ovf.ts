@@ -3,8 +3,8 @@
  * envelopes) for the `ova_archive` and `ovf_folder` importers: the envelope, hardware section
  * choice, href checks and each disk's qemu format. Beside it: `ovf-to-vm-manifest.ts` (the
  * VmManifest assembly), `ovf-manifest.ts` (the `.mf` digests), `cim-os.ts` (CIM OS types),
- * `gzip-head.ts` (head of a compressed disk), `sniff.ts` (magic bytes) and `xml.ts` (the
- * namespace-aware tree).
+ * `gzip-head.ts` (head of a compressed disk), `sniff.ts` (magic bytes, and the virtual size a
+ * disk header declares) and `xml.ts` (the namespace-aware tree).
  *
  * Elements and attributes are matched by namespace URI, never by prefix (XML Namespaces 1.0):
  * the OVF envelope namespaces (`…/ovf/envelope/1`, `…/ovf/envelope/2`), the CIM RASD / SASD /
@@ -578,19 +578,4 @@ export function chooseDiskFormat(p: { uri: string | null; head: Uint8Array; tail
   }
   if (!declared) p.warnings.push(`${p.name}: format not declared and not recognized; reading it as raw`)
   return 'raw'
-}
-
-/**
- * Virtual size in bytes read from an image header, for disks referenced as `ovf:/file/<id>`
- * (no DiskSection capacity): VMDK sparse extent header `capacity` (sectors, u64 LE at offset 12;
- * VMDK spec 5.0 "SparseExtentHeader"), qcow2 `size` (u64 BE at offset 24; qemu
- * docs/interop/qcow2.txt). Null for other formats or a short head.
- */
-export function capacityFromHeader(format: DiskFormat, head: Uint8Array): number | null {
-  const b = Buffer.from(head.buffer, head.byteOffset, head.byteLength)
-  let v: bigint | null = null
-  if (format === 'vmdk' && b.length >= 20 && b.toString('latin1', 0, 4) === 'KDMV') v = b.readBigUInt64LE(12) * 512n
-  else if (format === 'qcow2' && b.length >= 32) v = b.readBigUInt64BE(24)
-  if (v === null || v > BigInt(Number.MAX_SAFE_INTEGER)) return null
-  return Number(v)
 }

@@ -1,8 +1,10 @@
 /**
  * Format sniffing: what a file or a stream is from its magic bytes, the one place that knows the
- * signatures (DESIGN.md section 5 "Probing"). Used by the probe of unlabelled inputs
- * (`importers/probe.ts`), the OVF disk-format choice (`formats/ovf.ts`) and the qemu driver of
- * backing-chain parents (`pipeline/qemu-nbd.ts`).
+ * signatures (DESIGN.md section 5 "Probing"), and the virtual size the fixed header of a VMDK
+ * sparse extent or a qcow2 image declares. Used by the probe of unlabelled inputs
+ * (`importers/probe.ts`), the OVF disk-format choice (`formats/ovf.ts`), the OVA/OVF importers
+ * (the capacity of a disk without a DiskSection entry) and the qemu driver of backing-chain
+ * parents (`pipeline/qemu-nbd.ts`).
  *
  * Magic bytes checked (sources: qemu `docs/interop/qcow2.txt` (`QFI\xfb`, version 1 is the legacy
  * qcow format), MS-VHDX 2.2.1, VMware "Virtual Disk Format 5.0" (sparse extent `KDMV`, ESX
@@ -150,4 +152,19 @@ export function sniffDiskFormat(head: Uint8Array, tail?: Uint8Array): DiskFormat
   const h = Buffer.from(head.buffer, head.byteOffset, head.byteLength)
   const t = tail ? Buffer.from(tail.buffer, tail.byteOffset, tail.byteLength) : Buffer.alloc(0)
   return probeMagic(h, t, Math.max(h.length, 1))?.disk_format ?? null
+}
+
+/**
+ * Virtual size in bytes read from an image header, for disks referenced as `ovf:/file/<id>`
+ * (no DiskSection capacity): VMDK sparse extent header `capacity` (sectors, u64 LE at offset 12;
+ * VMDK spec 5.0 "SparseExtentHeader"), qcow2 `size` (u64 BE at offset 24; qemu
+ * docs/interop/qcow2.txt). Null for other formats or a short head.
+ */
+export function capacityFromHeader(format: DiskFormat, head: Uint8Array): number | null {
+  const b = Buffer.from(head.buffer, head.byteOffset, head.byteLength)
+  let v: bigint | null = null
+  if (format === 'vmdk' && b.length >= 20 && b.toString('latin1', 0, 4) === 'KDMV') v = b.readBigUInt64LE(12) * 512n
+  else if (format === 'qcow2' && b.length >= 32) v = b.readBigUInt64BE(24)
+  if (v === null || v > BigInt(Number.MAX_SAFE_INTEGER)) return null
+  return Number(v)
 }

@@ -13,16 +13,8 @@ import { checkMemberHeader } from '../formats/member-header.ts'
 import { currentInputScope, resolveInRoot } from '../hostpath.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { hashRange } from '../formats/tar.ts'
-import {
-  MAX_DESCRIPTOR_BYTES,
-  capacityFromHeader,
-  checkHref,
-  chooseDiskFormat,
-  decodeDescriptor,
-  parseOvfEnvelope,
-  pickHardwareSection,
-  type OvfFile,
-} from '../formats/ovf.ts'
+import { MAX_DESCRIPTOR_BYTES, checkHref, chooseDiskFormat, decodeDescriptor, parseOvfEnvelope, pickHardwareSection, type OvfFile } from '../formats/ovf.ts'
+import { capacityFromHeader } from '../formats/sniff.ts'
 import { attachManifestDigests, ovfDiskRefs, ovfToManifest, type ResolvedOvfFile } from '../formats/ovf-to-vm-manifest.ts'
 import { inflateHead } from '../formats/gzip-head.ts'
 import { MAX_MANIFEST_BYTES, normalizeManifestName, parseOvfManifest, verifyOvfManifest, type ManifestTarget } from '../formats/ovf-manifest.ts'

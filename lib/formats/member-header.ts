@@ -12,6 +12,7 @@
  */
 import { type ErrorCode, MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
+import { QCOW_MAGIC } from './qcow2.ts'
 import { readVhdInfo } from './vhd.ts'
 import { readVhdxInfo } from './vhdx.ts'
 import { readVmdkSparseHeader } from './vmdk/inspect.ts'
@@ -67,7 +68,7 @@ export async function checkMemberHeader(format: DiskFormat, file: string, offset
     return
   }
   if (format === 'qcow2' && head.length >= 72) {
-    if (head.readUInt32BE(0) !== 0x514649fb) throw bad(member, 'magic', 'not QFI\\xfb')
+    if (head.readUInt32BE(0) !== QCOW_MAGIC) throw bad(member, 'magic', 'not QFI\\xfb')
     const version = head.readUInt32BE(4)
     if (version !== 2 && version !== 3) throw bad(member, 'version', `${version} (2 or 3)`)
     const clusterBits = head.readUInt32BE(20)

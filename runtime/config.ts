@@ -34,6 +34,8 @@ export interface Config {
   zfsPool: string
   /** libvirt connection URI (default `qemu:///system`). */
   libvirtUri: string
+  /** Seconds a libvirt call waits for libvirtd to come back (a restart) before it fails (default 60). */
+  libvirtReconnectSeconds: number
   /** Concurrent jobs (default 2). */
   maxJobs: number
   /** Inspects: running at once in worker threads (default: CPUs - 1, 1 to 4, so one core stays with the API), waiting (default 8; more answer 503 with `Retry-After`). */
@@ -249,6 +251,10 @@ export const VARIABLES = {
   },
   MIGRATOR_ZFS_POOL: { schema: str('tank'), doc: 'pool of the zvol sink' },
   MIGRATOR_LIBVIRT_URI: { schema: str('qemu:///system'), doc: 'libvirt connection' },
+  MIGRATOR_LIBVIRT_RECONNECT_SECONDS: {
+    schema: int(60, 0),
+    doc: 'how long a libvirt call waits for libvirtd to answer again (stopped or restarting) before the job fails',
+  },
   MIGRATOR_LIBVIRT_QEMU_CONF: { schema: str('/etc/libvirt/qemu.conf'), doc: "libvirt's QEMU driver configuration, read for the user and group qemu runs as" },
   MIGRATOR_MAX_JOBS: { schema: int(2, 1), doc: 'concurrent jobs' },
   MIGRATOR_MAX_JOBS_PER_SOURCE: {
@@ -398,6 +404,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     sink: e.MIGRATOR_SINK,
     zfsPool: e.MIGRATOR_ZFS_POOL,
     libvirtUri: e.MIGRATOR_LIBVIRT_URI,
+    libvirtReconnectSeconds: e.MIGRATOR_LIBVIRT_RECONNECT_SECONDS,
     maxJobs: e.MIGRATOR_MAX_JOBS,
     inspect: { concurrency: e.MIGRATOR_INSPECT_CONCURRENCY, queue: e.MIGRATOR_INSPECT_QUEUE },
     uploadCapBytes: e.MIGRATOR_UPLOAD_CAP_BYTES,

@@ -78,9 +78,10 @@ export interface Config {
   /**
    * The copy loop: durable checkpoint (fsync + watermark) every `flushEveryBytes` (default 256
    * MiB); bandwidth cap on source reads in bytes/s (0: none); how long an offline copy waits for
-   * space on a file system that filled up, seconds (default 600; 0: fails at once).
+   * space on a file system that filled up, seconds (default 600; 0: fails at once);
+   * `readRetrySeconds`: how long it tries again a source that returns I/O errors (default 300; 0: fails at once).
    */
-  copy: { flushEveryBytes: number; maxBytesPerSecond: number; spaceWaitSeconds: number }
+  copy: { flushEveryBytes: number; maxBytesPerSecond: number; spaceWaitSeconds: number; readRetrySeconds: number }
   /** Keep the destination volumes of a cancelled job (default false: remove them). */
   keepOnCancel: boolean
   /** Keep one job worker started ahead of the next job (`MIGRATOR_WARM_WORKER`). */
@@ -307,6 +308,10 @@ export const VARIABLES = {
     schema: int(600, 0),
     doc: 'an offline copy whose file system fills up (volumes, store) waits this long for space, with a notice, then fails (0: fails at once)',
   },
+  MIGRATOR_READ_RETRY_SECONDS: {
+    schema: int(300, 0),
+    doc: 'an offline copy whose source returns I/O errors tries again from its durable watermark every 5 s for this long, with a notice, then fails (0: fails at once)',
+  },
   MIGRATOR_DELTA_CONVERGE_BYTES: { schema: int(64 * MiB, 0), doc: 'a warm delta pass below this converges' },
   MIGRATOR_DELTA_MAX_PASSES: { schema: int(8, 1), doc: 'delta passes before E_MIG_DELTA_TOO_LARGE' },
   MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: {
@@ -429,6 +434,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       flushEveryBytes: e.MIGRATOR_FLUSH_EVERY_BYTES,
       maxBytesPerSecond: e.MIGRATOR_COPY_MAX_BYTES_PER_SECOND,
       spaceWaitSeconds: e.MIGRATOR_SPACE_WAIT_SECONDS,
+      readRetrySeconds: e.MIGRATOR_READ_RETRY_SECONDS,
     },
     keepOnCancel: e.MIGRATOR_KEEP_ON_CANCEL,
     warmWorker: e.MIGRATOR_WARM_WORKER,

@@ -160,6 +160,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     keepOnCancel: config.keepOnCancel,
     spaceWait:
       config.copy.spaceWaitSeconds > 0 ? { seconds: config.copy.spaceWaitSeconds, spaceOf, storeFile: paths.dbFile, storeNeeds: STORE_NEEDS_BYTES } : undefined,
+    readRetry: { seconds: config.copy.readRetrySeconds },
     redact: (message: string) => redactHostPaths(message, paths.importRoot, config.dataDir),
     reserveDomainName: async (job, manifest) => reserveName(job, manifest, new Set(await domains)),
     delta: config.delta,

@@ -34,6 +34,8 @@ export interface Config {
   zfsPool: string
   /** libvirt connection URI (default `qemu:///system`). */
   libvirtUri: string
+  /** Seconds a libvirt call waits for libvirtd to come back (a restart) before it fails (default 60). */
+  libvirtReconnectSeconds: number
   /** Concurrent jobs (default 2). */
   maxJobs: number
   /** Inspects: running at once in worker threads (default: CPUs - 1, 1 to 4, so one core stays with the API), waiting (default 8; more answer 503 with `Retry-After`). */
@@ -76,9 +78,10 @@ export interface Config {
   /**
    * The copy loop: durable checkpoint (fsync + watermark) every `flushEveryBytes` (default 256
    * MiB); bandwidth cap on source reads in bytes/s (0: none); how long an offline copy waits for
-   * space on a file system that filled up, seconds (default 600; 0: fails at once).
+   * space on a file system that filled up, seconds (default 600; 0: fails at once);
+   * `readRetrySeconds`: how long it tries again a source that returns I/O errors (default 300; 0: fails at once).
    */
-  copy: { flushEveryBytes: number; maxBytesPerSecond: number; spaceWaitSeconds: number }
+  copy: { flushEveryBytes: number; maxBytesPerSecond: number; spaceWaitSeconds: number; readRetrySeconds: number }
   /** Keep the destination volumes of a cancelled job (default false: remove them). */
   keepOnCancel: boolean
   /** Keep one job worker started ahead of the next job (`MIGRATOR_WARM_WORKER`). */
@@ -249,6 +252,10 @@ export const VARIABLES = {
   },
   MIGRATOR_ZFS_POOL: { schema: str('tank'), doc: 'pool of the zvol sink' },
   MIGRATOR_LIBVIRT_URI: { schema: str('qemu:///system'), doc: 'libvirt connection' },
+  MIGRATOR_LIBVIRT_RECONNECT_SECONDS: {
+    schema: int(60, 0),
+    doc: 'how long a libvirt call waits for libvirtd to answer again (stopped or restarting) before the job fails',
+  },
   MIGRATOR_LIBVIRT_QEMU_CONF: { schema: str('/etc/libvirt/qemu.conf'), doc: "libvirt's QEMU driver configuration, read for the user and group qemu runs as" },
   MIGRATOR_MAX_JOBS: { schema: int(2, 1), doc: 'concurrent jobs' },
   MIGRATOR_MAX_JOBS_PER_SOURCE: {
@@ -300,6 +307,10 @@ export const VARIABLES = {
   MIGRATOR_SPACE_WAIT_SECONDS: {
     schema: int(600, 0),
     doc: 'an offline copy whose file system fills up (volumes, store) waits this long for space, with a notice, then fails (0: fails at once)',
+  },
+  MIGRATOR_READ_RETRY_SECONDS: {
+    schema: int(300, 0),
+    doc: 'an offline copy whose source returns I/O errors tries again from its durable watermark every 5 s for this long, with a notice, then fails (0: fails at once)',
   },
   MIGRATOR_DELTA_CONVERGE_BYTES: { schema: int(64 * MiB, 0), doc: 'a warm delta pass below this converges' },
   MIGRATOR_DELTA_MAX_PASSES: { schema: int(8, 1), doc: 'delta passes before E_MIG_DELTA_TOO_LARGE' },
@@ -398,6 +409,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     sink: e.MIGRATOR_SINK,
     zfsPool: e.MIGRATOR_ZFS_POOL,
     libvirtUri: e.MIGRATOR_LIBVIRT_URI,
+    libvirtReconnectSeconds: e.MIGRATOR_LIBVIRT_RECONNECT_SECONDS,
     maxJobs: e.MIGRATOR_MAX_JOBS,
     inspect: { concurrency: e.MIGRATOR_INSPECT_CONCURRENCY, queue: e.MIGRATOR_INSPECT_QUEUE },
     uploadCapBytes: e.MIGRATOR_UPLOAD_CAP_BYTES,
@@ -422,6 +434,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       flushEveryBytes: e.MIGRATOR_FLUSH_EVERY_BYTES,
       maxBytesPerSecond: e.MIGRATOR_COPY_MAX_BYTES_PER_SECOND,
       spaceWaitSeconds: e.MIGRATOR_SPACE_WAIT_SECONDS,
+      readRetrySeconds: e.MIGRATOR_READ_RETRY_SECONDS,
     },
     keepOnCancel: e.MIGRATOR_KEEP_ON_CANCEL,
     warmWorker: e.MIGRATOR_WARM_WORKER,

@@ -88,20 +88,11 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
   const { config, paths, store, sealer, logger, jobId, signal } = input
   const pool = (await store.jobs.get(jobId)).plan.destination?.pool
   const sink = sinkFromConfig(config, pool)
-  const virsh = new Virsh({ uri: config.libvirtUri })
+  const virsh = new Virsh({ uri: config.libvirtUri, reconnectMs: config.libvirtReconnectSeconds * 1000 })
   // The domain list for the name reservation is asked for now, so `virsh list` runs while the
   // input is inspected (a fixed cost of every job); a failure surfaces at the reservation.
-  // libvirt briefly unreachable (a daemon restart) is retried for about 4 s before the job fails.
-  const listDomains = async (): Promise<string[]> => {
-    for (let attempt = 1; ; attempt++) {
-      try {
-        return await virsh.list()
-      } catch (e) {
-        if (attempt >= 5) throw e
-        await new Promise((r) => setTimeout(r, 1000))
-      }
-    }
-  }
+  // libvirt out of reach (a daemon restart) is waited for by the client (libvirtReconnectSeconds).
+  const listDomains = (): Promise<string[]> => virsh.list()
   const domains = listDomains()
   domains.catch(() => {})
   // Read while the job inspects its source (two getent processes): the pre-copy checks need it.
@@ -169,6 +160,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     keepOnCancel: config.keepOnCancel,
     spaceWait:
       config.copy.spaceWaitSeconds > 0 ? { seconds: config.copy.spaceWaitSeconds, spaceOf, storeFile: paths.dbFile, storeNeeds: STORE_NEEDS_BYTES } : undefined,
+    readRetry: { seconds: config.copy.readRetrySeconds },
     redact: (message: string) => redactHostPaths(message, paths.importRoot, config.dataDir),
     reserveDomainName: async (job, manifest) => reserveName(job, manifest, new Set(await domains)),
     delta: config.delta,

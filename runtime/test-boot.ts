@@ -87,7 +87,7 @@ function startTestBoot(
         job,
         manifest,
         clone,
-        virsh: new Virsh({ uri: config.libvirtUri }),
+        virsh: new Virsh({ uri: config.libvirtUri, reconnectMs: config.libvirtReconnectSeconds * 1000 }),
         domainType: config.domain.type,
         serialLogPath: testBootSerialLog(paths, job.id),
         bootCheck: {
@@ -122,7 +122,12 @@ export async function recoverTestBoot(env: TestBootEnv, job: Job, why: string, o
   let error = why
   try {
     const name = tb.domain ?? testBootDomainName(job)
-    await cleanupTestBoot(new Virsh({ uri: env.config.libvirtUri }), name, job.id, cloneOf(env.config, job).clone)
+    await cleanupTestBoot(
+      new Virsh({ uri: env.config.libvirtUri, reconnectMs: env.config.libvirtReconnectSeconds * 1000 }),
+      name,
+      job.id,
+      cloneOf(env.config, job).clone,
+    )
     error += '; its domain and clone were removed'
   } catch (e) {
     error += `; removing its domain or clone failed: ${(e as Error).message}`
@@ -179,7 +184,11 @@ export class TestBootService {
    */
   async runDefined(job: Job): Promise<void> {
     if (this.running.has(job.id)) return
-    const xml = await new Virsh({ uri: this.ctx.config.libvirtUri }).run(['dumpxml', '--domain', job.domain!])
+    const xml = await new Virsh({ uri: this.ctx.config.libvirtUri, reconnectMs: this.ctx.config.libvirtReconnectSeconds * 1000 }).run([
+      'dumpxml',
+      '--domain',
+      job.domain!,
+    ])
     if (xml.code !== 0) {
       const now = this.ctx.now().toISOString()
       const why = xml.stderr.trim()

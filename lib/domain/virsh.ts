@@ -6,6 +6,14 @@
  * Error codes: `define`, `undefine`, `exists`, `list` and `uniqueName` throw
  * `E_MIG_DOMAIN_DEFINE_FAILED`; `start`, `state`, `destroy` throw `E_MIG_GUEST_BOOT_FAILED`
  * (the destination did not come up). Messages carry libvirt's own `error: ...` text.
+ *
+ * libvirt out of reach (libvirtd stopped or restarting, as a package upgrade does, or the
+ * connection cut mid-call): every call is tried again, 0.5 s then doubling up to 5 s apart, until
+ * libvirt answers or `reconnectMs` has passed; then the call fails with the last error and how
+ * long libvirt was away. Domains keep running while libvirtd is away, so a boot check goes on.
+ * Calls that change state are safe to repeat: `define` of the same XML updates the definition,
+ * `start` of a domain that is running already (the first try reached libvirt) succeeds,
+ * `destroy`/`undefine` of what is gone succeed.
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -14,12 +22,16 @@ import { MigError, type ErrorCode } from '../errors.ts'
 import { exec } from '../exec.ts'
 import { sanitizeDomainName } from './xml.ts'
 
-/** Result of one virsh invocation. `code` is the exit status (-1 when killed or not started). */
+/**
+ * Result of one virsh invocation. `code` is the exit status (-1 when killed or not started);
+ * `reconnected`: an earlier try of the same call lost libvirt (its outcome unknown).
+ */
 export interface VirshResult {
   code: number
   stdout: string
   stderr: string
   timedOut: boolean
+  reconnected?: boolean
 }
 
 /** `virsh domstate --reason` split: `state` like `running`, `shut off`; `reason` like `destroyed`. */
@@ -30,12 +42,15 @@ export interface DomainState {
 
 /**
  * Options: `uri` (libvirt connection URI, e.g. config `libvirtUri`, default `qemu:///system`),
- * `binary` (default `virsh`), `timeoutMs` (default per call: 30 s; `define` 60 s; `start` 120 s).
+ * `binary` (default `virsh`), `timeoutMs` (default per call: 30 s; `define` 60 s; `start` 120 s),
+ * `reconnectMs` (how long a call waits for libvirt to come back, milliseconds; default 60 s;
+ * 0 tries once).
  */
 export interface VirshOptions {
   uri?: string
   binary?: string
   timeoutMs?: number
+  reconnectMs?: number
 }
 
 const MAX_OUTPUT = 8 << 20
@@ -52,20 +67,55 @@ export function libvirtMessage(r: VirshResult): string {
   return (r.timedOut ? 'timed out; ' : '') + msg.slice(0, 4000)
 }
 
+/**
+ * True when a call failed because libvirt could not be reached, not because of what it asked:
+ * no daemon behind the socket, or the connection dropped while the call ran.
+ */
+export function isConnectionLoss(r: VirshResult): boolean {
+  return /failed to connect to the hypervisor|Failed to connect socket|End of file while reading data|Cannot recv data|Connection reset by peer|client socket is closed|Cannot write data: Broken pipe/i.test(
+    r.stderr,
+  )
+}
+
 /** Client of one libvirt connection. */
 export class Virsh {
   readonly uri: string
   readonly binary: string
   private readonly timeoutMs: number | undefined
+  private readonly reconnectMs: number
 
   constructor(opts: VirshOptions = {}) {
     this.uri = opts.uri ?? 'qemu:///system'
     this.binary = opts.binary ?? 'virsh'
     this.timeoutMs = opts.timeoutMs
+    this.reconnectMs = opts.reconnectMs ?? 60_000
   }
 
-  /** Runs `virsh -c <uri> <args...>`; never throws (a spawn failure is code -1 with the reason in stderr). */
+  /**
+   * Runs `virsh -c <uri> <args...>`, again while libvirt is out of reach (up to `reconnectMs`,
+   * see the module comment); never throws (a spawn failure is code -1 with the reason in stderr).
+   * When libvirt stayed away, the result's stderr says for how long.
+   */
   async run(args: string[], timeoutMs = 30_000): Promise<VirshResult> {
+    const t0 = Date.now()
+    let reconnected = false
+    for (let delay = 500; ; delay = Math.min(delay * 2, 5000)) {
+      const r = { ...(await this.runOnce(args, timeoutMs)), ...(reconnected ? { reconnected } : {}) }
+      if (r.code === 0 || !isConnectionLoss(r)) return r
+      const waited = Date.now() - t0
+      if (waited + delay > this.reconnectMs) {
+        if (waited < 1000) return r
+        return {
+          ...r,
+          stderr: `${r.stderr.trim()}\nerror: libvirt at ${this.uri} did not answer for ${Math.round(waited / 1000)} s; start libvirtd and retry the job`,
+        }
+      }
+      reconnected = true
+      await new Promise((res) => setTimeout(res, delay))
+    }
+  }
+
+  private async runOnce(args: string[], timeoutMs: number): Promise<VirshResult> {
     const r = await exec(this.binary, ['-c', this.uri, ...args], {
       timeoutMs: this.timeoutMs ?? timeoutMs,
       maxStdout: MAX_OUTPUT,
@@ -100,9 +150,16 @@ export class Virsh {
     }
   }
 
-  /** `virsh start`. Throws `E_MIG_GUEST_BOOT_FAILED` with libvirt's message (e.g. qemu failed to start). */
+  /**
+   * `virsh start`. A domain found running already after libvirt was out of reach during the call
+   * counts as started (the first try got through). Throws `E_MIG_GUEST_BOOT_FAILED` with
+   * libvirt's message (e.g. qemu failed to start).
+   */
   async start(name: string): Promise<void> {
-    await this.must('E_MIG_GUEST_BOOT_FAILED', `virsh start ${name} failed`, ['start', '--domain', name], 120_000)
+    const r = await this.run(['start', '--domain', name], 120_000)
+    if (r.code === 0) return
+    if (r.reconnected && /domain is already active/i.test(r.stderr) && (await this.run(['domstate', '--domain', name])).stdout.trim() === 'running') return
+    throw new MigError('E_MIG_GUEST_BOOT_FAILED', `virsh start ${name} failed: ${libvirtMessage(r)}`, { details: { libvirt_uri: this.uri } })
   }
 
   /** `virsh domstate --reason`: `{ state: 'running', reason: 'booted' }`. Throws `E_MIG_GUEST_BOOT_FAILED`. */

@@ -28,6 +28,7 @@ import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { Sink, SinkVolume } from '../sink/types.ts'
 import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
 import { ProgressTracker } from './progress.ts'
+import { isSourceIoError, ReadRetryWindow, type ReadRetry } from './read-retry.ts'
 import { shortageOf, waitForSpace, type SpaceWait } from './space-wait.ts'
 import { TrailingThrottle } from '../throttle.ts'
 
@@ -198,6 +199,12 @@ export interface OrchestratorDeps {
    * watermarks (lib/pipeline/space-wait.ts). Absent: such a copy fails at once.
    */
   spaceWait?: SpaceWait
+  /**
+   * Source reads failing with I/O errors during an offline copy: tried again from the durable
+   * watermarks for a bounded time with a visible notice (lib/pipeline/read-retry.ts). Absent:
+   * such a copy fails at once.
+   */
+  readRetry?: ReadRetry
   /** The test boot of a warm job waiting for its cutover (absent: none is run). */
   testBoot?: TestBootHook
 }
@@ -299,6 +306,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
 
     if (copies) {
       if (source.strategy === 'offline') {
+        const readRetry = deps.readRetry && deps.readRetry.seconds > 0 ? new ReadRetryWindow(deps.readRetry) : null
         for (;;) {
           try {
             await copyOffline(deps, source, volumes, tracker, resumed, emit, early)
@@ -306,17 +314,20 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
           } catch (e) {
             const remaining = await remainingBytes(deps, manifest)
             const shortage = deps.spaceWait && !signal.aborted ? shortageOf(e, deps.spaceWait, volumes[0]!.path, remaining) : null
-            if (!shortage) throw e
+            const ioError = !shortage && readRetry && !signal.aborted && isSourceIoError(e)
+            if (!shortage && !ioError) throw e
             if (early && !early.taken) await early.reader.then((r) => r.close()).catch(() => {})
             early = null
             const before = notice
-            await waitForSpace(shortage, deps.spaceWait!, signal, async (message) => {
-              const waiting: LastError = { code: shortage.code, message: deps.redact ? deps.redact(message) : message, fatal: false }
+            const announce = (code: LastError['code']) => async (message: string) => {
+              const waiting: LastError = { code, message: deps.redact ? deps.redact(message) : message, fatal: false }
               // The store may refuse this write too (its file system is the full one): the SSE
               // stream still carries the notice.
               job = await jobs.update(jobId, { last_error: waiting }, iso()).catch(() => ({ ...job, last_error: waiting }))
               deps.onJob(job)
-            })
+            }
+            if (shortage) await waitForSpace(shortage, deps.spaceWait!, signal, announce(shortage.code))
+            else await readRetry!.wait(e as MigError, signal, announce('E_MIG_DISK_READ_FAILED'))
             // Fresh handles (a failed write may have left one in error), the durable watermarks again.
             for (let i = 0; i < volumes.length; i++) {
               await volumes[i]!.close().catch(() => {})

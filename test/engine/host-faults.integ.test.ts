@@ -6,9 +6,9 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { Database } from 'bun:sqlite'
-import { execFileSync } from 'node:child_process'
+import { execFileSync, spawn, spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { chmodSync, closeSync, copyFileSync, existsSync, mkdirSync, openSync, renameSync, rmSync, statfsSync, writeSync } from 'node:fs'
+import { chmodSync, closeSync, copyFileSync, existsSync, mkdirSync, openSync, renameSync, rmSync, statfsSync, writeFileSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, offlinePlan, submit, volumePath, waitJob } from '../helpers/jobs.ts'
@@ -54,6 +54,7 @@ describe('host faults (real server, worker processes, loop-device file systems)'
   const t = tempDir('mig-hostflt-')
   const importRoot = path.join(t.dir, 'imports')
   const mounts: Array<{ dir: string; image: string }> = []
+  const fuseMounts: string[] = []
   let raw = ''
 
   /** A data dir `<t.dir>/<name>` that is a fresh ext4 of `size` bytes on a loop device (unmounted in afterAll). */
@@ -80,6 +81,7 @@ describe('host faults (real server, worker processes, loop-device file systems)'
 
   afterAll(async () => {
     await cleanupDomains(PREFIX)
+    for (const m of fuseMounts) spawnSync('fusermount3', ['-u', m])
     for (const m of mounts) {
       try {
         execFileSync('umount', [m.dir])
@@ -209,7 +211,7 @@ describe('host faults (real server, worker processes, loop-device file systems)'
   }, 180_000)
 
   /** A server on a plain data dir `<t.dir>/<name>`, copies capped at 16 MiB/s. */
-  async function slowServer(name: string) {
+  async function slowServer(name: string, env: Record<string, string> = {}) {
     const d = path.join(t.dir, name)
     mkdirSync(d, { recursive: true })
     chmodSync(d, 0o755)
@@ -217,6 +219,7 @@ describe('host faults (real server, worker processes, loop-device file systems)'
       MIGRATOR_IMPORT_ROOT: importRoot,
       MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(16 * MiB),
       MIGRATOR_DOMAIN_TYPE: 'qemu',
+      ...env,
     })
     return { d, srv }
   }
@@ -266,6 +269,82 @@ describe('host faults (real server, worker processes, loop-device file systems)'
       expect([done.state, done.last_error]).toEqual(['Completed', null])
       expect(fileSha256(volumePath(d, job.id, done.progress.disks[0].label))).toBe(fileSha256(raw))
     } finally {
+      await srv.stop()
+    }
+    expect(integrity(d)).toBe('ok')
+  }, 120_000)
+
+  /** An export file `<importRoot>/<name>/<name>.qcow2` served through FUSE (nbdfuse) by nbdkit from the test's qcow2, every read failing with EIO while `trigger` exists (nbdkit's error filter). */
+  async function eioExport(name: string, trigger: string): Promise<string> {
+    const dir = path.join(importRoot, name)
+    mkdirSync(dir)
+    const file = path.join(dir, `${name}.qcow2`)
+    const args = ['--filter=error', 'file', path.join(importRoot, 'disk', 'disk.qcow2'), 'error-pread=EIO', 'error-pread-rate=1', `error-file=${trigger}`]
+    spawn('nbdfuse', [file, '[', 'nbdkit', ...args, ']'], { stdio: 'ignore' }).unref()
+    fuseMounts.push(dir)
+    for (let i = 0; i < 100 && !existsSync(file); i++) await Bun.sleep(100)
+    expect(existsSync(file)).toBe(true)
+    return `${name}/${name}.qcow2`
+  }
+
+  test('a source that returns EIO mid-copy, then reads again: a notice naming the offset, the copy resumes from its durable watermark by itself, bit-exact', async () => {
+    const trigger = path.join(t.dir, 'eio-on')
+    const rel = await eioExport('eio', trigger)
+    const { d, srv } = await slowServer('eio', { MIGRATOR_FLUSH_EVERY_BYTES: String(8 * MiB) })
+    try {
+      const job = await submit(srv.base, offlinePlan('qcow2', rel, { name: `${PREFIX}eio`, start: false }))
+      const before = await waitJob(
+        srv.base,
+        job.id,
+        (j) => (j.state === 'CopyingFull' && j.progress.disks[0]?.watermark >= 24 * MiB) || !['queued', 'running'].includes(j.status),
+        60_000,
+      )
+      expect(before.state).toBe('CopyingFull')
+      writeFileSync(trigger, '')
+      const failing = await waitJob(srv.base, job.id, (j) => j.last_error !== null || j.status !== 'running', 30_000)
+      expect([failing.status, failing.last_error.code, failing.last_error.fatal]).toEqual(['running', 'E_MIG_DISK_READ_FAILED', false])
+      expect(failing.last_error.message).toMatch(/^the source returns I\/O errors \(eio \(eio\/eio\.qcow2\): read of \d+ bytes at offset \d+ failed: EIO/)
+      expect(failing.last_error.message).toContain('MIGRATOR_READ_RETRY_SECONDS=300')
+      // Still trying, not failed, while the source fails.
+      await Bun.sleep(6000)
+      const still = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
+      expect([still.status, still.last_error?.code]).toEqual(['running', 'E_MIG_DISK_READ_FAILED'])
+      const durable = still.progress.disks[0].watermark
+      expect(durable).toBeGreaterThanOrEqual(24 * MiB)
+      rmSync(trigger)
+      const done = await waitJob(srv.base, job.id, undefined, 90_000)
+      expect([done.state, done.last_error]).toEqual(['Completed', null])
+      expect(fileSha256(volumePath(d, job.id, done.progress.disks[0].label))).toBe(fileSha256(raw))
+      // Not read twice: the bytes read by the last try (per attempt) are at most the data above
+      // the durable watermark plus one flush interval (96 MiB of data in all).
+      expect(done.progress.disks[0].bytes_read).toBeLessThanOrEqual(96 * MiB - durable + 8 * MiB)
+    } finally {
+      await srv.stop()
+    }
+    expect(integrity(d)).toBe('ok')
+  }, 180_000)
+
+  test('a source that keeps returning EIO past MIGRATOR_READ_RETRY_SECONDS: the job fails E_MIG_DISK_READ_FAILED saying how long, the server answers', async () => {
+    const trigger = path.join(t.dir, 'eio2-on')
+    const rel = await eioExport('eio2', trigger)
+    const { d, srv } = await slowServer('eio2', { MIGRATOR_READ_RETRY_SECONDS: '8' })
+    try {
+      const job = await submit(srv.base, offlinePlan('qcow2', rel, { name: `${PREFIX}eio2`, start: false }))
+      await waitJob(
+        srv.base,
+        job.id,
+        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 16 * MiB) || !['queued', 'running'].includes(j.status),
+        60_000,
+      )
+      writeFileSync(trigger, '')
+      const done = await waitJob(srv.base, job.id, undefined, 60_000)
+      expect([done.state, done.last_error.code, done.last_error.fatal]).toEqual(['Failed', 'E_MIG_DISK_READ_FAILED', true])
+      expect(done.last_error.message).toMatch(
+        /at offset \d+ failed: EIO.*; the source still returned I\/O errors after 8 s of tries; mend its storage and submit the migration again$/,
+      )
+      expect((await call(srv.base, 'GET', '/migrations')).status).toBe(200)
+    } finally {
+      rmSync(trigger, { force: true })
       await srv.stop()
     }
     expect(integrity(d)).toBe('ok')

@@ -13,8 +13,10 @@ import { existsSync, readFileSync } from 'node:fs'
 /** The libvirt URI the tests use. */
 export const TEST_LIBVIRT_URI = 'qemu:///system'
 
-/** Daemons started by this process (their pids), so `stopLibvirt` stops only those. */
-const started: Array<{ name: string; pid: number }> = []
+const LIBVIRTD_PID = '/run/libvirtd.pid'
+
+/** Daemons started by this process (their pid files), so `stopLibvirt` stops only those, whatever pid a restart gave them. */
+const started: Array<{ name: string; pidFile: string }> = []
 
 function run(cmd: string, args: string[], timeoutMs = 15_000): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
@@ -38,14 +40,13 @@ function alivePid(pidFile: string): number | null {
   }
 }
 
-async function ensureDaemon(name: 'virtlogd' | 'libvirtd', bin: string, pidFile: string): Promise<void> {
+async function ensureDaemon(name: 'virtlogd' | 'libvirtd', bin: string, pidFile: string, record = true): Promise<void> {
   if (alivePid(pidFile) !== null) return
   const r = await run(bin, ['--daemon'])
   if (r.code !== 0) throw new Error(`${name} --daemon failed: ${r.stderr.trim()}`)
   for (let i = 0; i < 100; i++) {
-    const pid = alivePid(pidFile)
-    if (pid !== null) {
-      started.push({ name, pid })
+    if (alivePid(pidFile) !== null) {
+      if (record) started.push({ name, pidFile })
       return
     }
     await Bun.sleep(50)
@@ -59,7 +60,11 @@ async function ensureDaemon(name: 'virtlogd' | 'libvirtd', bin: string, pidFile:
  */
 export async function ensureLibvirt(): Promise<void> {
   await ensureDaemon('virtlogd', '/usr/sbin/virtlogd', '/run/virtlogd.pid')
-  await ensureDaemon('libvirtd', '/usr/sbin/libvirtd', '/run/libvirtd.pid')
+  await ensureDaemon('libvirtd', '/usr/sbin/libvirtd', LIBVIRTD_PID)
+  await waitForLibvirt()
+}
+
+async function waitForLibvirt(): Promise<void> {
   let last = ''
   for (let i = 0; i < 80; i++) {
     const r = await run('virsh', ['-c', TEST_LIBVIRT_URI, 'version'], 5000)
@@ -73,12 +78,43 @@ export async function ensureLibvirt(): Promise<void> {
 /** Stops (SIGTERM) only the daemons `ensureLibvirt` started, libvirtd first (the preload's global afterAll; scripts). */
 export async function stopLibvirt(): Promise<void> {
   for (const d of started.splice(0).reverse()) {
+    const pid = alivePid(d.pidFile)
+    if (pid === null) continue
     try {
-      process.kill(d.pid, 'SIGTERM')
+      process.kill(pid, 'SIGTERM')
     } catch {
       /* already gone */
     }
   }
+}
+
+/**
+ * Stops libvirtd as a package upgrade's restart does (SIGTERM; running domains stay up) and
+ * waits until it is gone (up to 30 s). Only for `*.serial.integ.test.ts` files: every other file
+ * shares the daemon. Throws when it does not stop.
+ */
+export async function stopLibvirtd(): Promise<void> {
+  const pid = alivePid(LIBVIRTD_PID)
+  if (pid === null) return
+  process.kill(pid, 'SIGTERM')
+  for (let i = 0; i < 300; i++) {
+    try {
+      process.kill(pid, 0)
+    } catch {
+      return
+    }
+    await Bun.sleep(100)
+  }
+  throw new Error(`libvirtd (pid ${pid}) did not stop within 30 s`)
+}
+
+/**
+ * Starts libvirtd again after {@link stopLibvirtd} and waits until it answers; whoever started
+ * the first one (this process's `stopLibvirt`, or nobody) stops this one too.
+ */
+export async function startLibvirtd(): Promise<void> {
+  await ensureDaemon('libvirtd', '/usr/sbin/libvirtd', LIBVIRTD_PID, false)
+  await waitForLibvirt()
 }
 
 /** Names of every domain (running or not) whose name starts with `prefix`. */

@@ -14,7 +14,7 @@ describe('job configuration', () => {
   test('engine defaults', () => {
     const c = loadConfig({ MIGRATOR_DATA_DIR: '/var/lib/migrator' })
     expect(c.supervisor).toEqual({ leaseSeconds: 30, heartbeatTimeoutSeconds: 20, maxAttempts: 3 })
-    expect(c.copy).toEqual({ flushEveryBytes: 256 * 1024 * 1024, maxBytesPerSecond: 0, spaceWaitSeconds: 600 })
+    expect(c.copy).toEqual({ flushEveryBytes: 256 * 1024 * 1024, maxBytesPerSecond: 0, spaceWaitSeconds: 600, readRetrySeconds: 300 })
     expect(c.delta).toEqual({ convergeBelowBytes: 64 * 1024 * 1024, maxPasses: 8 })
     expect(c.domain.bootGraceSeconds).toBe(10)
     expect(c.domain.bootTimeoutSeconds).toBe(120)

@@ -225,12 +225,16 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
   let screenAt = -Infinity
   let screenVerdict: SerialVerdict = null
   let screenText = ''
+  const screenReads = { count: 0, lastMs: 0 }
   const pollScreen = () => {
     if (!input.screen || screenPending || Date.now() - screenAt < screenEveryMs) return
     screenAt = Date.now()
+    const started = screenAt
     screenPending = input.screen
       .read(screenStop.signal)
       .then((text) => {
+        screenReads.count++
+        screenReads.lastMs = Date.now() - started
         if (text !== null) {
           screenText = text
           screenVerdict = classifyScreen(text)
@@ -302,7 +306,7 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
           ? 'its screen is not read'
           : input.screen.unavailable
             ? `its screen could not be read (${input.screen.unavailable})`
-            : 'nor did its screen'
+            : `nor did its screen (${screenReads.count} reads, the last in ${(screenReads.lastMs / 1000).toFixed(1)} s${screenText.trim() ? `; its last lines: ${screenTail(screenText).slice(-3).join(' / ')}` : '; no text on it'})`
         const evidence = input.expectEvidence
           ? `the domain is running after ${(elapsed / 1000).toFixed(0)} s but its serial console showed neither a boot nor a failure, ${screenWhy}`
           : `the domain is running after ${(elapsed / 1000).toFixed(0)} s; the guest gives no boot evidence the migrator can read (no serial console output it recognizes, ${screenWhy})`

@@ -174,6 +174,25 @@ describe('checkBoot', () => {
     expect(reads).toBeGreaterThanOrEqual(2)
   })
 
+  test('screen read but nothing recognized: not verified, the notice says how many reads, how long the last took and its last lines', async () => {
+    const quiet = path.join(tmp.dir, 'screen-unknown.log')
+    writeFileSync(quiet, '')
+    const screen: ScreenReader = { unavailable: null, read: async () => 'line one\nline two\n\nsomething else entirely\n', close: async () => undefined }
+    const r = await checkBoot({
+      virsh: scripted([RUNNING]),
+      name: 'vm12',
+      graceSeconds: 0,
+      timeoutSeconds: 0.3,
+      pollMs: 20,
+      serialLogPath: quiet,
+      expectEvidence: true,
+      screen,
+      screenEveryMs: 50,
+    })
+    expect(r.verified).toBe(false)
+    expect(r.evidence).toMatch(/nor did its screen \(\d+ reads, the last in \d+\.\d s; its last lines: line one \/ line two \/ something else entirely\)$/)
+  })
+
   test('screen evidence: a failure on the screen fails at once with the OCR tail; a slow screen read never delays the state check', async () => {
     const screen: ScreenReader = {
       unavailable: null,

@@ -22,7 +22,7 @@ import { MigError, asMigError } from '../errors.ts'
 import type { CutoverStatus, DeltaPassRecord, HardwareRecord, Job, JobState, LastError, RestorePointRecord } from '../job.ts'
 import { copyReadsStoredBytes, type ManifestDisk, type VmManifest } from '../manifest.ts'
 import type { Plan } from '../plan.ts'
-import type { LiveSession, SnapshotRef } from '../adapters/types.ts'
+import type { SnapshotRef } from '../adapters/types.ts'
 import type { JobPatch, JobsRepo } from '../store/jobs.ts'
 import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { Sink, SinkVolume } from '../sink/types.ts'
@@ -30,6 +30,7 @@ import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
 import { ProgressTracker } from './progress.ts'
 import { shortageOf, waitForSpace, type SpaceWait } from './space-wait.ts'
 import { TrailingThrottle } from '../throttle.ts'
+import type { PreparedSource } from './prepared-source.ts'
 
 /**
  * What `start` reports: the domain, the hardware chosen, a boot notice (null: boot verified or
@@ -42,35 +43,6 @@ export interface StartOutcome {
   notice: string | null
   networkNotice?: string | null
 }
-
-/** What the source side provides once the plan is resolved. */
-export type PreparedSource =
-  | {
-      strategy: 'offline'
-      manifest: VmManifest
-      openReader(disk: ManifestDisk): Promise<DiskReader>
-      /**
-       * Checks the `.mf` digest of the disk's packed file (a file that is not the disk's raw bytes:
-       * streamOptimized VMDK, qcow2 ...); run while the disk copies, awaited before the disk is
-       * declared copied. Throws `E_MIG_MALFORMED_ARCHIVE` on a mismatch, `E_MIG_CANCELLED` when
-       * `signal` aborts.
-       */
-      verifyDigest?(disk: ManifestDisk, signal: AbortSignal): Promise<void>
-      /**
-       * Throws `E_MIG_DISK_READ_FAILED` when an input file was written since it was opened
-       * (lib/hostpath.ts `InputScope.assertUnchanged`); called after each disk's copy, before the
-       * disk counts as copied.
-       */
-      assertUnchanged?(): void
-      close(): Promise<void>
-    }
-  | {
-      strategy: 'passthrough'
-      manifest: VmManifest
-      runFullImport(volumes: SinkVolume[], onBytes: (label: string, bytesDone: number) => void, signal: AbortSignal): Promise<void>
-      close(): Promise<void>
-    }
-  | { strategy: 'live'; manifest: VmManifest; session: LiveSession; vmId: string; close(): Promise<void> }
 
 /** Result of copying one disk (bytes). */
 export interface CopyResult {

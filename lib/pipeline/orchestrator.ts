@@ -30,6 +30,7 @@ import { ProgressTracker } from './progress.ts'
 import { shortageOf, waitForSpace } from './space-wait.ts'
 import { TrailingThrottle } from '../throttle.ts'
 import type { PreparedSource } from './prepared-source.ts'
+import { allocatedOnly, restrictTo } from './reader-wrappers.ts'
 import type { CutoverTiming, DeltaPolicy, OrchestratorDeps, StartOutcome } from './orchestrator-deps.ts'
 
 /** Least time between two progress snapshots of a job (ms); the job's stored progress and SSE `progress`. */
@@ -350,51 +351,6 @@ async function copyOne(
     { disk_label: disk.label, watermark_bytes: disk.capacity_bytes, capacity_bytes: disk.capacity_bytes },
     deps.now().toISOString(),
   )
-}
-
-/** A reader that yields only `areas` (changed extents) of `inner`, in order. */
-export function restrictTo(inner: DiskReader, areas: DiskArea[]): DiskReader {
-  const sorted = [...areas].sort((a, b) => a.offset - b.offset)
-  return {
-    size: inner.size,
-    readAhead: inner.readAhead,
-    async *extents(from: number) {
-      for (const a of sorted) {
-        const end = Math.min(a.offset + a.length, inner.size)
-        const start = Math.max(a.offset, from)
-        if (end > start) yield { offset: start, length: end - start, zero: false }
-      }
-    },
-    read: (offset: number, length: number, into?: Buffer) => inner.read(offset, length, into),
-    close: () => inner.close(),
-  }
-}
-
-/**
- * A reader of `inner` whose only data extents are `areas` (the disk's allocated areas, as
- * `QueryChangedDiskAreas` with changeId `*` reports them); the rest of the disk is zero extents,
- * never read: a thin disk's unallocated space reads as zeros.
- */
-export function allocatedOnly(inner: DiskReader, areas: DiskArea[]): DiskReader {
-  const sorted = [...areas].sort((a, b) => a.offset - b.offset)
-  return {
-    size: inner.size,
-    readAhead: inner.readAhead,
-    async *extents(from: number) {
-      let at = from
-      for (const a of sorted) {
-        const start = Math.max(a.offset, at)
-        const end = Math.min(a.offset + a.length, inner.size)
-        if (end <= start) continue
-        if (start > at) yield { offset: at, length: start - at, zero: true }
-        yield { offset: start, length: end - start, zero: false }
-        at = end
-      }
-      if (at < inner.size) yield { offset: at, length: inner.size - at, zero: true }
-    },
-    read: (offset: number, length: number, into?: Buffer) => inner.read(offset, length, into),
-    close: () => inner.close(),
-  }
 }
 
 /** What the live copy may do to its job. */

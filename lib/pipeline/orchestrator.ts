@@ -20,17 +20,19 @@
  */
 import { MigError, asMigError } from '../errors.ts'
 import type { CutoverStatus, DeltaPassRecord, HardwareRecord, Job, JobState, LastError } from '../job.ts'
-import { copyReadsStoredBytes, type ManifestDisk, type VmManifest } from '../manifest.ts'
+import type { ManifestDisk, VmManifest } from '../manifest.ts'
 import type { Plan } from '../plan.ts'
 import type { SnapshotRef } from '../adapters/types.ts'
 import type { JobPatch, JobsRepo } from '../store/jobs.ts'
 import type { SinkVolume } from '../sink/types.ts'
-import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
+import type { DiskArea } from '../contracts/disk-reader.ts'
 import { ProgressTracker } from './progress.ts'
 import { shortageOf, waitForSpace } from './space-wait.ts'
 import { TrailingThrottle } from '../throttle.ts'
 import type { PreparedSource } from './prepared-source.ts'
 import { allocatedOnly, restrictTo } from './reader-wrappers.ts'
+import { copyOne } from './copy-one.ts'
+import { copyOffline, openFirstReader, remainingBytes, type EarlyReader } from './offline-copy.ts'
 import type { CutoverTiming, DeltaPolicy, OrchestratorDeps, StartOutcome } from './orchestrator-deps.ts'
 
 /** Least time between two progress snapshots of a job (ms); the job's stored progress and SSE `progress`. */
@@ -248,109 +250,6 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     if (early && !early.taken) await early.reader.then((r) => r.close()).catch(() => {})
     await source?.close().catch(() => {})
   }
-}
-
-/** Bytes the offline copy of `manifest` still has to write: each disk's capacity above its durable watermark. */
-async function remainingBytes(deps: OrchestratorDeps, manifest: VmManifest): Promise<number> {
-  const marks = new Map((await deps.watermarks.list(deps.jobId).catch(() => [])).map((w) => [w.disk_label, w.watermark_bytes]))
-  return manifest.disks.reduce((sum, d) => sum + Math.max(0, d.capacity_bytes - (marks.get(d.label) ?? 0)), 0)
-}
-
-/** The first disk's reader, opened ahead of the copy ({@link openFirstReader}); `taken` once the copy has it. */
-interface EarlyReader {
-  index: number
-  reader: Promise<DiskReader>
-  taken: boolean
-}
-
-/**
- * Starts opening the reader of the first disk an offline copy will read (from its durable
- * watermark; none when every disk is copied), so that its fixed cost (qemu-nbd's start, a BAT
- * check) runs while the pre-copy checks run, the volumes are made and `CopyingFull` is written.
- * Nothing is read from it before the copy; its error is the copy's, raised when the
- * copy takes it (a pre-copy refusal still comes first); an untaken reader is closed by the job.
- */
-function openFirstReader(source: Extract<PreparedSource, { strategy: 'offline' }>, resumed: Map<string, number>): EarlyReader | null {
-  const index = source.manifest.disks.findIndex((d) => Math.min(resumed.get(d.label) ?? 0, d.capacity_bytes) < d.capacity_bytes)
-  if (index < 0) return null
-  const reader = source.openReader(source.manifest.disks[index]!)
-  reader.catch(() => {}) // observed when taken, or closed unused
-  return { index, reader, taken: false }
-}
-
-/** The offline `read_disk` loop: every disk from its durable watermark to its end (the first reader maybe opened already: `early`). */
-async function copyOffline(
-  deps: OrchestratorDeps,
-  source: Extract<PreparedSource, { strategy: 'offline' }>,
-  volumes: SinkVolume[],
-  tracker: ProgressTracker,
-  resumed: Map<string, number>,
-  emit: (force?: boolean) => void,
-  early: EarlyReader | null,
-): Promise<void> {
-  const disks = source.manifest.disks
-  for (let i = 0; i < disks.length; i++) {
-    const disk = disks[i]
-    const from = Math.min(resumed.get(disk.label) ?? 0, disk.capacity_bytes)
-    if (from >= disk.capacity_bytes) continue
-    let opening: Promise<DiskReader>
-    if (early?.index === i) {
-      early.taken = true
-      opening = early.reader
-    } else opening = source.openReader(disk)
-    const reader = await opening
-    deps.mark?.('reader')
-    // The packed file's digest is read on the other core while the disk copies (a second
-    // sequential read of the file); a mismatch fails the job before the disk counts as copied.
-    const stopDigest = new AbortController()
-    const digest = source.verifyDigest?.(disk, stopDigest.signal) ?? Promise.resolve()
-    digest.catch(() => {}) // awaited after the copy; a copy failure first is the error reported
-    try {
-      await copyOne(deps, reader, volumes[i], disk, from, tracker, emit, digest, () => source.assertUnchanged?.())
-    } finally {
-      stopDigest.abort()
-      await reader.close().catch(() => {})
-    }
-  }
-}
-
-async function copyOne(
-  deps: OrchestratorDeps,
-  reader: DiskReader,
-  volume: SinkVolume,
-  disk: ManifestDisk,
-  from: number,
-  tracker: ProgressTracker,
-  emit: (force?: boolean) => void,
-  digest: Promise<void> = Promise.resolve(),
-  unchanged: () => void = () => {},
-): Promise<void> {
-  let zeroSeen = 0
-  const res = await deps.copyDisk(reader, volume, {
-    from,
-    signal: deps.signal,
-    digest: copyReadsStoredBytes(disk) ? disk.source.digest : undefined,
-    onProgress(p) {
-      tracker.setDone(disk.label, p.bytes_done)
-      if (p.bytes_read !== undefined) tracker.setRead(disk.label, p.bytes_read)
-      tracker.add(disk.label, 0, p.bytes_zero - zeroSeen)
-      zeroSeen = p.bytes_zero
-      emit()
-    },
-    async onWatermark(w) {
-      await deps.watermarks.set(deps.jobId, { disk_label: disk.label, watermark_bytes: w, capacity_bytes: disk.capacity_bytes }, deps.now().toISOString())
-      tracker.setWatermark(disk.label, w)
-    },
-  })
-  await digest
-  unchanged()
-  tracker.setRead(disk.label, res.bytes_read)
-  tracker.finish(disk.label)
-  await deps.watermarks.set(
-    deps.jobId,
-    { disk_label: disk.label, watermark_bytes: disk.capacity_bytes, capacity_bytes: disk.capacity_bytes },
-    deps.now().toISOString(),
-  )
 }
 
 /** What the live copy may do to its job. */

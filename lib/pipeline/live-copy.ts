@@ -12,6 +12,7 @@ import { MigError } from '../errors.ts'
 import type { CutoverStatus, DeltaPassRecord, Job, JobState } from '../job.ts'
 import type { ManifestDisk } from '../manifest.ts'
 import type { SinkVolume } from '../sink/types.ts'
+import { sleep } from '../retry.ts'
 import type { JobPatch } from '../store/jobs.ts'
 import { copyOne } from './copy-one.ts'
 import type { CutoverTiming, DeltaPolicy, OrchestratorDeps } from './orchestrator-deps.ts'
@@ -31,22 +32,6 @@ export interface LiveControl {
   job(): Job
   /** The job was resumed in `CuttingOver`: the source is down; copy it whole once, no deltas. */
   resumedInCutover: boolean
-}
-
-/** Resolves after `ms`, or rejects with `E_MIG_CANCELLED` as soon as `signal` aborts. */
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal.aborted) return reject(cancelled())
-    const onAbort = () => {
-      clearTimeout(t)
-      reject(cancelled())
-    }
-    const t = setTimeout(() => {
-      signal.removeEventListener('abort', onAbort)
-      resolve()
-    }, ms)
-    signal.addEventListener('abort', onAbort, { once: true })
-  })
 }
 
 /**
@@ -235,7 +220,7 @@ export async function copyLive(
           await offerTestBoot()
           let fired = false
           for (let left = started + intervalMs - deps.now().getTime(); left > 0 && !fired; left = started + intervalMs - deps.now().getTime()) {
-            await sleep(Math.min(timing.pollMs, left), deps.signal)
+            await sleep(Math.min(timing.pollMs, left), deps.signal, cancelled)
             fired = await due()
             if (!fired) await offerTestBoot()
           }

@@ -14,6 +14,7 @@ import { defineAndStart } from '../lib/domain/start.ts'
 import { Virsh } from '../lib/domain/virsh.ts'
 import { sanitizeDomainName } from '../lib/domain/xml.ts'
 import { MigError } from '../lib/errors.ts'
+import { retry } from '../lib/retry.ts'
 import { redactHostPaths } from '../lib/hostpath.ts'
 import type { Job, RestorePointRecord } from '../lib/job.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
@@ -92,17 +93,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
   // The domain list for the name reservation is asked for now, so `virsh list` runs while the
   // input is inspected (a fixed cost of every job); a failure surfaces at the reservation.
   // libvirt briefly unreachable (a daemon restart) is retried for about 4 s before the job fails.
-  const listDomains = async (): Promise<string[]> => {
-    for (let attempt = 1; ; attempt++) {
-      try {
-        return await virsh.list()
-      } catch (e) {
-        if (attempt >= 5) throw e
-        await new Promise((r) => setTimeout(r, 1000))
-      }
-    }
-  }
-  const domains = listDomains()
+  const domains = retry(() => virsh.list(), { attempts: 5, delayMs: 1000 })
   domains.catch(() => {})
   // Read while the job inspects its source (two getent processes): the pre-copy checks need it.
   const qemuUser = readQemuUser(config.qemuConf)

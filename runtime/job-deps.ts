@@ -17,7 +17,7 @@ import { MigError } from '../lib/errors.ts'
 import { redactHostPaths } from '../lib/hostpath.ts'
 import type { Job, RestorePointRecord } from '../lib/job.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
-import type { OrchestratorDeps } from '../lib/pipeline/orchestrator.ts'
+import type { OrchestratorDeps } from '../lib/pipeline/orchestrator-deps.ts'
 import { prepareSource } from '../lib/pipeline/prepare.ts'
 import { allocatedBelow, checkBeforeCopy } from '../lib/host/precopy.ts'
 import { run } from '../lib/host/doctor.ts'
@@ -92,8 +92,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
   // The domain list for the name reservation is asked for now, so `virsh list` runs while the
   // input is inspected (a fixed cost of every job); a failure surfaces at the reservation.
   // libvirt out of reach (a daemon restart) is waited for by the client (libvirtReconnectSeconds).
-  const listDomains = (): Promise<string[]> => virsh.list()
-  const domains = listDomains()
+  const domains = virsh.list()
   domains.catch(() => {})
   // Read while the job inspects its source (two getent processes): the pre-copy checks need it.
   const qemuUser = readQemuUser(config.qemuConf)

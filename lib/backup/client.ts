@@ -16,6 +16,7 @@ import { Agent, request } from 'undici/index.js'
 import { tlsConnector } from '../tls.ts'
 import { z } from 'zod'
 import { MigError } from '../errors.ts'
+import { sleep } from '../retry.ts'
 
 /** How to reach the backup API. `baseUrl` is the host's `{base_url}` (the client adds `/api/v1`). */
 export interface BackupClientOptions {
@@ -160,7 +161,7 @@ export class BackupClient {
           'E_MIG_SNAPSHOT_FAILED',
           `backup run ${runId} registered no restore point within ${Math.round((opts.timeoutMs ?? 600_000) / 1000)} s`,
         )
-      await new Promise((r) => setTimeout(r, Math.min(opts.pollMs ?? 2000, Math.max(0, deadline - Date.now()))))
+      await sleep(Math.min(opts.pollMs ?? 2000, Math.max(0, deadline - Date.now())))
     }
   }
 

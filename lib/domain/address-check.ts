@@ -8,6 +8,7 @@
  * qemu user networking (no bridge) or a host without `arping` is `not-checked`, with the reason.
  */
 import { exec } from '../exec.ts'
+import { sleep } from '../retry.ts'
 import type { CarriedInterface } from './net-identity.ts'
 
 /** Options: the bridge of each NIC by MAC (absent: user networking), how long to keep trying (s), cancellation, the arping binary. */
@@ -66,7 +67,7 @@ export async function checkAddresses(interfaces: CarriedInterface[], opts: Addre
         if (r.code === 2) failure = (r.stderr || r.stdout).trim().split('\n').pop() ?? `exit status 2`
       }
       if (seen || failure || Date.now() >= deadline) break
-      await new Promise((r) => setTimeout(r, 2000))
+      await sleep(2000)
     }
     if (seen) {
       rec.address_check = 'seen'

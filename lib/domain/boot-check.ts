@@ -23,6 +23,7 @@
 import { open } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import type { BootEvidenceSource } from '../job.ts'
+import { sleep } from '../retry.ts'
 import type { ScreenReader } from './screen.ts'
 import type { DomainState } from './virsh.ts'
 
@@ -182,19 +183,9 @@ export async function serialTail(file: string | undefined, count = 20): Promise<
   return lines.slice(-count)
 }
 
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) return reject(new MigError('E_MIG_CANCELLED', 'boot check cancelled'))
-    const t = setTimeout(() => {
-      signal?.removeEventListener('abort', onAbort)
-      resolve()
-    }, ms)
-    const onAbort = () => {
-      clearTimeout(t)
-      reject(new MigError('E_MIG_CANCELLED', 'boot check cancelled'))
-    }
-    signal?.addEventListener('abort', onAbort, { once: true })
-  })
+/** The error of a boot check whose signal aborted while it waited. */
+function bootCheckCancelled(): MigError {
+  return new MigError('E_MIG_CANCELLED', 'boot check cancelled')
 }
 
 /**
@@ -313,7 +304,7 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
         return { state, waitedSeconds: elapsed / 1000, serialMatched: false, verified: false, evidence, source: null }
       }
       pollScreen()
-      await sleep(Math.min(pollMs, Math.max(10, (proof ? graceMs : deadlineMs) - elapsed)), input.signal)
+      await sleep(Math.min(pollMs, Math.max(10, (proof ? graceMs : deadlineMs) - elapsed)), input.signal, bootCheckCancelled)
     }
   }
 }

@@ -20,6 +20,7 @@ import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 import { MigError, type ErrorCode } from '../errors.ts'
 import { exec } from '../exec.ts'
+import { sleep } from '../retry.ts'
 import { sanitizeDomainName } from './xml.ts'
 
 /**
@@ -111,7 +112,7 @@ export class Virsh {
         }
       }
       reconnected = true
-      await new Promise((res) => setTimeout(res, delay))
+      await sleep(delay)
     }
   }
 

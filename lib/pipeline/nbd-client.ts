@@ -20,6 +20,7 @@
 import { connect as netConnect, type Socket } from 'node:net'
 import { u64be } from '../bytes.ts'
 import { MigError } from '../errors.ts'
+import { sleep } from '../retry.ts'
 
 /** Largest read or block-status span the client sends in one request, bytes (32 MiB). */
 export const NBD_MAX_REQUEST = 32 * 1024 * 1024
@@ -260,7 +261,7 @@ export class NbdClient {
       } catch (e) {
         const code = (e as NodeJS.ErrnoException).code
         if ((code === 'ENOENT' || code === 'ECONNREFUSED') && Date.now() < deadline && !opts.serverGone?.()) {
-          await new Promise((r) => setTimeout(r, 20))
+          await sleep(20)
           continue
         }
         throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot connect to NBD socket ${socketPath}: ${(e as Error).message}`, { cause: e })

@@ -22,6 +22,7 @@ import { stat } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { MigError } from '../errors.ts'
+import { sleep } from '../retry.ts'
 import type { DiskFormat } from '../manifest.ts'
 import { probeMagic, readHeadTail } from '../formats/sniff.ts'
 import { childFile } from '../hostpath.ts'
@@ -220,7 +221,7 @@ export async function startQemuNbd(opts: QemuNbdOptions): Promise<QemuNbdServer>
     }
     if (exitInfo !== null) {
       // Let the last stderr bytes arrive before reporting.
-      await new Promise((r) => setTimeout(r, 20))
+      await sleep(20)
       return fail(`exited before serving (${exitInfo})`)
     }
     try {
@@ -232,7 +233,7 @@ export async function startQemuNbd(opts: QemuNbdOptions): Promise<QemuNbdServer>
     if (Date.now() > deadline) return fail('did not open its socket in time')
     // qemu-nbd serves 10-20 ms after its start here: polled every 3 ms (a fixed cost of every
     // job), every 15 ms after the first half second.
-    await new Promise((r) => setTimeout(r, Date.now() - started < 500 ? 3 : 15))
+    await sleep(Date.now() - started < 500 ? 3 : 15)
   }
   return { socketPath, pid: child.pid!, stderr, exited: () => exitInfo !== null, close }
 }

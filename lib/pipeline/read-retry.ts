@@ -7,8 +7,8 @@
  * docs/reliability.md). Other read failures (a malformed table, a source that changed) are not
  * waited out: trying again cannot mend them.
  */
-import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError } from '../errors.ts'
+import { sleep } from '../retry.ts'
 
 /** How a copy waits out source I/O errors: longest wait (seconds, `MIGRATOR_READ_RETRY_SECONDS`) and the pause between tries (ms, default 5000). */
 export interface ReadRetry {
@@ -65,8 +65,6 @@ export class ReadRetryWindow {
     await notify(
       `the source returns I/O errors (${e.message}); trying again from the durable watermark every ${Math.round(pause / 1000)} s until ${until} (try ${this.tries}, MIGRATOR_READ_RETRY_SECONDS=${this.opts.seconds}): check the storage or share the export is read from`,
     )
-    if (signal.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled by operator')
-    await sleep(pause, undefined, { signal }).catch(() => {})
-    if (signal.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled by operator')
+    await sleep(pause, signal, () => new MigError('E_MIG_CANCELLED', 'cancelled by operator'))
   }
 }

@@ -9,9 +9,9 @@
  * copy resumes once the file system has the bytes needed free; after `seconds` without them the
  * job fails with the same code.
  */
-import { setTimeout as sleep } from 'node:timers/promises'
 import { MigError, asMigError, type ErrorCode } from '../errors.ts'
 import { isNoSpace, mib } from '../host/fs-space.ts'
+import { sleep } from '../retry.ts'
 
 /** How a copy waits for space: settings and the host facts it reads. */
 export interface SpaceWait {
@@ -77,6 +77,6 @@ export async function waitForSpace(s: SpaceShortage, wait: SpaceWait, signal: Ab
         { cause: s.cause, details: { mount: now.mount, free_bytes: now.free, needed_bytes: s.needed } },
       )
     }
-    await sleep(wait.pollMs ?? 1000, undefined, { signal }).catch(() => {})
+    await sleep(wait.pollMs ?? 1000, signal).catch(() => {})
   }
 }

@@ -23,6 +23,7 @@
  */
 import type { RemoteFile } from '../contracts/remote-file.ts'
 import { MigError, type ErrorCode } from '../errors.ts'
+import { retry, sleep } from '../retry.ts'
 import { RangeHttp, type RangeAnswer, type RangeGetOptions } from '../http/range-http.ts'
 import type { TlsTrust } from '../tls.ts'
 
@@ -61,8 +62,6 @@ const PROBE_BYTES = 64 * 1024
 
 const UNREACHABLE = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT', 'UND_ERR_CONNECT_TIMEOUT', 'ECONNRESET', 'EPIPE'])
 const DNS = new Set(['ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL'])
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 
 function errCode(e: unknown): string {
   return String((e as { code?: unknown }).code ?? '')
@@ -161,27 +160,23 @@ class HttpObject implements RemoteFile {
     if (opts.auth?.kind === 'basic') auth.authorization = `Basic ${Buffer.from(`${opts.auth.username}:${opts.auth.password}`).toString('base64')}`
     else if (opts.auth?.kind === 'bearer') auth.authorization = `Bearer ${opts.auth.token}`
     const timeoutMs = opts.requestTimeoutMs ?? 120_000
-    let a: RangeAnswer | undefined
-    for (let attempt = 0; !a; attempt++) {
-      try {
-        a = await pool.get(
-          path,
-          { ...auth, range: `bytes=0-${PROBE_BYTES - 1}`, 'accept-encoding': 'identity' },
-          { max: PROBE_BYTES, timeoutMs, partial: true },
-        )
-      } catch (e) {
-        const code = errCode(e)
-        // a refused connection, DNS or TLS failure is the answer; a reset may pass
-        if (
-          e instanceof MigError ||
-          DNS.has(code) ||
-          code === 'ECONNREFUSED' ||
-          /CERT|TLS|SSL|THUMBPRINT|SELF_SIGNED|UNABLE_TO/i.test(code) ||
-          attempt >= (opts.retries ?? 5)
-        )
-          throw transportError(name, e, u.host)
-        await sleep((opts.retryBaseMs ?? 250) * 2 ** attempt)
-      }
+    // transport failures: `retries` more tries, the waits doubling from `retryBaseMs`
+    const backoff = { attempts: (opts.retries ?? 5) + 1, delayMs: (n: number) => (opts.retryBaseMs ?? 250) * 2 ** n }
+    let a: RangeAnswer
+    try {
+      a = await retry(
+        () => pool.get(path, { ...auth, range: `bytes=0-${PROBE_BYTES - 1}`, 'accept-encoding': 'identity' }, { max: PROBE_BYTES, timeoutMs, partial: true }),
+        {
+          ...backoff,
+          // a refused connection, DNS or TLS failure is the answer; a reset may pass
+          shouldRetry: (e) => {
+            const code = errCode(e)
+            return !(e instanceof MigError || DNS.has(code) || code === 'ECONNREFUSED' || /CERT|TLS|SSL|THUMBPRINT|SELF_SIGNED|UNABLE_TO/i.test(code))
+          },
+        },
+      )
+    } catch (e) {
+      throw transportError(name, e, u.host)
     }
     const refused = statusError(name, a)
     if (refused) throw refused
@@ -216,21 +211,22 @@ class HttpObject implements RemoteFile {
       )
     if (!a.cut && a.body.length === size) return new HttpObject(pool, u.origin, path, name, size, validators, Buffer.from(a.body), opts, auth)
     const whole = Buffer.allocUnsafe(size)
-    let all: RangeAnswer | undefined
-    for (let attempt = 0; !all; attempt++) {
-      try {
-        all = await signedGet(
-          pool,
-          u.origin,
-          path,
-          { ...auth, 'accept-encoding': 'identity' },
-          { max: size, into: whole, timeoutMs: Math.max(timeoutMs, size / 1000) },
-          opts,
-        )
-      } catch (e) {
-        if (e instanceof MigError || attempt >= (opts.retries ?? 5)) throw transportError(name, e, u.host)
-        await sleep((opts.retryBaseMs ?? 250) * 2 ** attempt)
-      }
+    let all: RangeAnswer
+    try {
+      all = await retry(
+        () =>
+          signedGet(
+            pool,
+            u.origin,
+            path,
+            { ...auth, 'accept-encoding': 'identity' },
+            { max: size, into: whole, timeoutMs: Math.max(timeoutMs, size / 1000) },
+            opts,
+          ),
+        { ...backoff, shouldRetry: (e) => !(e instanceof MigError) },
+      )
+    } catch (e) {
+      throw transportError(name, e, u.host)
     }
     const again = statusError(name, all)
     if (again) throw again

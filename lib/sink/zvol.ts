@@ -16,6 +16,7 @@
 import { constants as C } from 'node:fs'
 import { open, stat, type FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
+import { sleep } from '../retry.ts'
 import { sanitizeLabel } from '../manifest.ts'
 import { exec } from '../exec.ts'
 import { blockDeviceSize, checkJobId, HandleVolume, openDirect, type Discarder } from './volume.ts'
@@ -114,7 +115,7 @@ export class ZvolSink implements Sink {
     const deadline = Date.now() + (this.opts.deviceTimeoutMs ?? 30_000)
     while (!(await exists(dev))) {
       if (Date.now() > deadline) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: device ${dev} did not appear`, { details: { volume: dev } })
-      await new Promise((r) => setTimeout(r, 50))
+      await sleep(50)
     }
     let fh: FileHandle
     try {
@@ -215,7 +216,7 @@ export class ZvolSink implements Sink {
           const deadline = Date.now() + (this.opts.deviceTimeoutMs ?? 30_000)
           while (!(await exists(dev))) {
             if (Date.now() > deadline) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${clone}: device ${dev} did not appear`, { details: { volume: dev } })
-            await new Promise((r) => setTimeout(r, 50))
+            await sleep(50)
           }
           out.push({ label, path: dev, format: 'raw', backing: null })
         }

@@ -1,10 +1,10 @@
-// The live copy's area readers (lib/pipeline/orchestrator.ts): `allocatedOnly` (a full pass with
+// The live copy's area readers (lib/pipeline/reader-wrappers.ts): `allocatedOnly` (a full pass with
 // CBT's allocated areas) and `restrictTo` (a delta pass's changed areas) yield their areas in
 // order and pass the copy's buffer on to the snapshot reader, which fills it (no buffer per read),
 // and its reads-in-flight wish.
 import { describe, expect, test } from 'bun:test'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
-import { allocatedOnly, restrictTo } from '../../lib/pipeline/orchestrator.ts'
+import { allocatedOnly, restrictTo } from '../../lib/pipeline/reader-wrappers.ts'
 
 const MiB = 1024 * 1024
 

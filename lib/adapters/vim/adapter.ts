@@ -12,6 +12,7 @@
  */
 import { hostname } from 'node:os'
 import { MigError, isMigError } from '../../errors.ts'
+import { sleep } from '../../retry.ts'
 import type { ManifestDisk, VmManifest } from '../../manifest.ts'
 import type { DiskArea, DiskReader } from '../../contracts/disk-reader.ts'
 import type { LiveSession, SnapshotRef, SourceAdapter, SourceConnection, VmSummary } from '../types.ts'
@@ -298,7 +299,7 @@ export class VimSession implements LiveSession {
       const deadline = Date.now() + this.opts.shutdownTimeoutMs
       while (Date.now() < deadline) {
         if ((await state()) === 'poweredOff') return true
-        await new Promise((r) => setTimeout(r, this.opts.pollMs))
+        await sleep(this.opts.pollMs)
       }
       if ((await state()) === 'poweredOff') return true
     }

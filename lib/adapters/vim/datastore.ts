@@ -11,6 +11,7 @@
  * `E_MIG_DISK_READ_FAILED`; an expired login is renewed once per request (HTTP 401/403).
  */
 import { MigError } from '../../errors.ts'
+import { sleep } from '../../retry.ts'
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import type { RangeAnswer } from '../../http/range-http.ts'
 import { x, type VimClient } from './soap.ts'
@@ -80,7 +81,7 @@ export class DatastoreHttp {
       } catch (e) {
         if (e instanceof MigError) throw new MigError(e.code, `[${f.datastore}] ${f.path}: ${e.message}`)
         if (attempt < 2) {
-          await new Promise((r) => setTimeout(r, 250 * 2 ** attempt))
+          await sleep(250 * 2 ** attempt)
           continue
         }
         throw new MigError('E_MIG_DISK_READ_FAILED', `[${f.datastore}] ${f.path}: ${(e as Error).message}`, { cause: e })
@@ -91,7 +92,7 @@ export class DatastoreHttp {
         continue
       }
       if (res.status === 503 && attempt < 2) {
-        await new Promise((r) => setTimeout(r, 250 * 2 ** attempt))
+        await sleep(250 * 2 ** attempt)
         continue
       }
       return { status: res.status, contentRange: res.headers['content-range'] ?? null, body: res.body }

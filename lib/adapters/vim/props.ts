@@ -4,6 +4,7 @@
  * `ContinueRetrievePropertiesEx` paging, container views, and waiting for a task's `info.state`.
  */
 import { MigError } from '../../errors.ts'
+import { sleep } from '../../retry.ts'
 import { type VimClient, VimFault, arr, moref, txt, x, xsiType, type MoRef, type XNode } from './soap.ts'
 
 /** One object of a property retrieval: its reference and `path -> value node`. */
@@ -127,7 +128,7 @@ export async function waitTask(client: VimClient, task: MoRef, what: string, tim
     }
     if (Date.now() >= deadline)
       throw new MigError('E_MIG_SOURCE_UNREACHABLE', `${what}: task ${task.value} did not end within ${Math.round(timeoutMs / 1000)} s`)
-    await new Promise((r) => setTimeout(r, delay))
+    await sleep(delay)
     delay = Math.min(1000, delay * 2)
   }
 }

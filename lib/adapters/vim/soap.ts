@@ -25,6 +25,7 @@
 import { Agent, request } from 'undici/index.js'
 import { XMLParser } from 'fast-xml-parser'
 import { MigError } from '../../errors.ts'
+import { sleep } from '../../retry.ts'
 import type { SourceTls } from '../../contracts/source-tls.ts'
 import { tlsConnector } from '../../tls.ts'
 import { RangeHttp } from '../../http/range-http.ts'
@@ -426,10 +427,6 @@ export class VimClient {
     }
     return { status: res.statusCode, text: Buffer.concat(chunks).toString('utf8') }
   }
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms))
 }
 
 /**

@@ -9,6 +9,7 @@
 import { open } from 'node:fs/promises'
 import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
+import { sleep } from '../../retry.ts'
 import type { DiskFormat } from '../../manifest.ts'
 import { NbdClient, NBD_STATE_ZERO } from '../nbd-client.ts'
 import { qemuBlockSpec, startQemuNbd, type QemuNbdServer } from '../qemu-nbd.ts'
@@ -88,7 +89,7 @@ export async function openNbdReader(opts: NbdReaderOptions): Promise<DiskReader>
     // socket file behind, and the client stops trying once the process is gone.
     client = await NbdClient.connect(server.socketPath, { label, signal: opts.signal, serverGone: server.exited })
   } catch (e) {
-    await new Promise((r) => setTimeout(r, 20))
+    await sleep(20)
     const tail = server.stderr()
     await server.close()
     if (e instanceof MigError && e.code === 'E_MIG_CANCELLED') throw e

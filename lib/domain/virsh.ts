@@ -104,15 +104,15 @@ export class Virsh {
       const r = { ...(await this.runOnce(args, timeoutMs)), ...(reconnected ? { reconnected } : {}) }
       if (r.code === 0 || !isConnectionLoss(r)) return r
       const waited = Date.now() - t0
-      if (waited + delay > this.reconnectMs) {
-        if (waited < 1000) return r
+      if (waited >= this.reconnectMs) {
+        if (this.reconnectMs === 0) return r
         return {
           ...r,
           stderr: `${r.stderr.trim()}\nerror: libvirt at ${this.uri} did not answer for ${Math.round(waited / 1000)} s; start libvirtd and retry the job`,
         }
       }
+      await sleep(Math.min(delay, this.reconnectMs - waited))
       reconnected = true
-      await sleep(delay)
     }
   }
 

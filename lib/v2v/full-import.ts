@@ -38,8 +38,9 @@ import { MigError } from '../errors.ts'
 import type { VmManifest } from '../manifest.ts'
 import { copyDisk } from '../pipeline/copy-disk.ts'
 import { openRawFileReader } from '../pipeline/readers/raw-file.ts'
-import { exec } from '../exec.ts'
-import { blockDeviceSize, HandleVolume, type Discarder } from '../sink/volume.ts'
+import { blockDeviceSize, HandleVolume } from '../sink/volume.ts'
+import type { SinkVolume } from '../sink/types.ts'
+import { openZvolDevice } from '../sink/zvol.ts'
 import { DEFAULT_FULL_IMPORT_BINARY, fullImportCommand } from './full-import-command.ts'
 import { describeFailure, resolveBinary, runV2vTool, type ToolOutcome } from './tool.ts'
 import { DEFAULT_VIRTIO_WIN_ISO } from './preparer.ts'
@@ -201,36 +202,42 @@ async function readBounded(file: string): Promise<string | null> {
   }
 }
 
-/** Copies the regular file `from` (exactly `size` bytes) into volume `v` with `copyDisk` (4 MiB chunks, zero runs discarded). */
+/**
+ * Copies the regular file `from` (exactly `size` bytes) into volume `v` with `copyDisk` (4 MiB
+ * chunks, zero runs discarded). A block device is opened as the zvol sink opens its devices
+ * ({@link openZvolDevice}; not fresh: it may hold old data); a regular file is emptied and resized
+ * first, so it reads as zeros and zero runs cost nothing.
+ */
 async function copyInto(from: string, v: FullImportVolume, size: number, block: boolean, signal: AbortSignal): Promise<void> {
   if (!block) {
-    // A regular file: emptied and resized, so it reads as zeros and zero runs cost nothing.
     await truncate(v.path, 0)
     await truncate(v.path, size)
   }
   const reader = await openRawFileReader(from, { label: `${v.label} (virt-v2v output)` })
-  let fh
+  let vol: SinkVolume
   try {
-    fh = await open(v.path, C.O_RDWR | (block ? 0 : C.O_NOFOLLOW))
+    vol = block ? await openZvolDevice(v.path, { capacityBytes: size, volsize: size, fresh: false, discard: { broken: false } }) : await openFile(v.path, size)
   } catch (e) {
     await reader.close()
-    throw new MigError('E_MIG_DISK_WRITE_FAILED', `${v.path}: cannot open: ${(e as Error).message}`, { details: { volume: v.path } })
+    throw e
   }
-  const discard: Discarder | undefined = block
-    ? async (offset, length) => (await exec('blkdiscard', ['--offset', String(offset), '--length', String(length), v.path])).code === 0
-    : undefined
-  const vol = new HandleVolume(fh, v.path, block ? ((await blockDeviceSize(v.path)) ?? size) : size, block ? 64 * 1024 : 4096, {
-    fresh: !block,
-    discard,
-    discardAlign: 64 * 1024,
-    writeback: block ? 'while-cached' : 'always',
-  })
   try {
     await copyDisk(reader, vol, { from: 0, signal, label: v.label, onProgress: () => {}, onWatermark: async () => {} })
   } finally {
     await vol.close()
     await reader.close()
   }
+}
+
+/** The emptied regular file `file` of `size` bytes as a fresh volume (4 KiB blocks, written through the page cache). `E_MIG_DISK_WRITE_FAILED`. */
+async function openFile(file: string, size: number): Promise<SinkVolume> {
+  let fh
+  try {
+    fh = await open(file, C.O_RDWR | C.O_NOFOLLOW)
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_WRITE_FAILED', `${file}: cannot open: ${(e as Error).message}`, { details: { volume: file } })
+  }
+  return new HandleVolume(fh, file, size, 4096, { fresh: true, discardAlign: 64 * 1024, writeback: 'always' })
 }
 
 /**

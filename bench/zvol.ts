@@ -25,7 +25,7 @@
 import { execFileSync, spawnSync } from 'node:child_process'
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { QEMU_IMG_PROCESSES } from '../lib/pipeline/copy-disk.ts'
+import { QEMU_IMG_PROCESSES } from '../lib/pipeline/copy-engine-qemu-img.ts'
 import { ZvolSink } from '../lib/sink/zvol.ts'
 import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
 import { alternate, cliArg, copyQcow2In, median, onInterrupt } from './source.ts'

@@ -1,7 +1,7 @@
 /**
  * One range of a disk copied by qemu itself: `qemu-img convert` moves the bytes of
  * `[offset, offset+length)` from the reader's qemu block node into the same range of the sink
- * volume, while the migrator's copy loop (copy-disk.ts) keeps the checkpoints, progress,
+ * volume, while the migrator's copy loop (copy-engine-qemu-img.ts) keeps the checkpoints, progress,
  * bandwidth cap and cancel.
  *
  * Both sides are the raw format driver's `offset`/`size` window over a qemu block node

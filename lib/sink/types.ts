@@ -50,9 +50,9 @@ export interface SinkVolume {
     noteWritten(end: number): void
   }
   /**
-   * Whether a copy should go on flushing this volume back to back (lib/pipeline/copy-disk.ts's
-   * writeback; absent: true), read before each of those flushes: true while what is written goes
-   * through the page cache, where the flushes have the kernel write it back as it comes. A block
+   * Whether a copy should go on flushing this volume back to back (the writeback loop of
+   * lib/pipeline/writeback.ts; absent: true), read before each of those flushes: true while what
+   * is written goes through the page cache, where the flushes have the kernel write it back as it comes. A block
    * device's volume answers false once its writes go `O_DIRECT`: its flush is then a flush of the
    * device (a zvol's ZIL commit; a loop device's fsync of its backing file) that writes nothing
    * the kernel would not write on its own, and back-to-back flushes slowed the copy into the zvol

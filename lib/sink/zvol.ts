@@ -52,7 +52,8 @@ function checkDatasetPath(what: string, v: string): string {
 
 /** The ZFS volume sink. */
 export class ZvolSink implements Sink {
-  private discardBroken = false
+  /** Shared by the sink's volumes: once a blkdiscard failed, none tries again. */
+  private readonly discard = { broken: false }
 
   constructor(private readonly opts: ZvolSinkOptions) {
     checkDatasetPath('pool', opts.pool)
@@ -61,7 +62,7 @@ export class ZvolSink implements Sink {
 
   /** Whether a blkdiscard failed and zero runs are being zero-filled instead. */
   get discardFailed(): boolean {
-    return this.discardBroken
+    return this.discard.broken
   }
 
   /** `<pool>/<appliance>/migrations/<job-id>`. */
@@ -117,37 +118,13 @@ export class ZvolSink implements Sink {
       if (Date.now() > deadline) throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: device ${dev} did not appear`, { details: { volume: dev } })
       await sleep(50)
     }
-    let fh: FileHandle
-    try {
-      fh = await open(dev, C.O_RDWR)
-    } catch (e) {
-      throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dev}: cannot open: ${(e as Error).message}`, { cause: e, details: { volume: dev } })
-    }
-    const devSize = await blockDeviceSize(dev)
-    if (devSize !== null && devSize < capacityBytes) {
-      await fh.close().catch(() => {})
-      throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dev}: device holds ${devSize} bytes, less than the capacity of ${capacityBytes} bytes`, {
-        details: { volume: dev },
-      })
-    }
-    const discard: Discarder = async (offset, length) => {
-      if (this.discardBroken) return false
-      const r = await exec(this.opts.blkdiscardPath ?? 'blkdiscard', ['--offset', String(offset), '--length', String(length), dev])
-      if (r.code !== 0) this.discardBroken = true
-      return r.code === 0
-    }
-    const isBlock = await fh.stat().then(
-      (st) => st.isBlockDevice(),
-      () => false,
-    )
-    return new HandleVolume(fh, dev, devSize ?? volsize, ZVOL_BLOCK, {
+    return openZvolDevice(dev, {
+      capacityBytes,
+      volsize,
       fresh,
-      discard,
-      discardAlign: ZVOL_BLOCK,
-      qemuDriver: isBlock ? 'host_device' : 'file',
-      direct: await openDirect(fh),
+      discard: this.discard,
+      blkdiscardPath: this.opts.blkdiscardPath,
       pageCacheBytes: this.opts.pageCacheBytes,
-      writeback: isBlock ? 'while-cached' : 'always',
     })
   }
 
@@ -234,6 +211,65 @@ export class ZvolSink implements Sink {
       throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dataset}: zfs destroy failed (exit ${r.code}): ${r.stderr.trim()}`, { details: { volume: dataset } })
     }
   }
+}
+
+/** Options of {@link openZvolDevice}. Bytes. */
+export interface ZvolDeviceOptions {
+  /** The disk's size: the device must hold at least this much. */
+  capacityBytes: number
+  /** The volume's size when the device's cannot be read from sysfs. */
+  volsize: number
+  /** The device reads as zeros everywhere (just created), so zero runs past what was written need no I/O. */
+  fresh: boolean
+  /** Set to true by the first failing blkdiscard; zero runs are zero-filled while it is true. */
+  discard: { broken: boolean }
+  /** `blkdiscard` binary (default from PATH). */
+  blkdiscardPath?: string
+  /** Data bytes written through the page cache before the writes go `O_DIRECT` (default `PAGE_CACHE_BYTES`, 1 GiB). */
+  pageCacheBytes?: number
+}
+
+/**
+ * Opens the block device `dev` (a zvol's, or another block device written like one: the VMCX
+ * import's fallback copy, lib/v2v/full-import.ts) as a volume: `O_RDWR`, its size from sysfs,
+ * 64 KiB blocks, zero runs discarded with `blkdiscard` until one fails (then zero-filled), a
+ * second `O_DIRECT` handle ({@link openDirect}), qemu's `host_device` driver and writeback while
+ * its writes go through the page cache (`file` and always for a regular file: a test double).
+ * `E_MIG_DISK_WRITE_FAILED` (the device cannot be opened or holds less than `capacityBytes`).
+ */
+export async function openZvolDevice(dev: string, opts: ZvolDeviceOptions): Promise<HandleVolume> {
+  let fh: FileHandle
+  try {
+    fh = await open(dev, C.O_RDWR)
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dev}: cannot open: ${(e as Error).message}`, { cause: e, details: { volume: dev } })
+  }
+  const devSize = await blockDeviceSize(dev)
+  if (devSize !== null && devSize < opts.capacityBytes) {
+    await fh.close().catch(() => {})
+    throw new MigError('E_MIG_DISK_WRITE_FAILED', `${dev}: device holds ${devSize} bytes, less than the capacity of ${opts.capacityBytes} bytes`, {
+      details: { volume: dev },
+    })
+  }
+  const discard: Discarder = async (offset, length) => {
+    if (opts.discard.broken) return false
+    const r = await exec(opts.blkdiscardPath ?? 'blkdiscard', ['--offset', String(offset), '--length', String(length), dev])
+    if (r.code !== 0) opts.discard.broken = true
+    return r.code === 0
+  }
+  const isBlock = await fh.stat().then(
+    (st) => st.isBlockDevice(),
+    () => false,
+  )
+  return new HandleVolume(fh, dev, devSize ?? opts.volsize, ZVOL_BLOCK, {
+    fresh: opts.fresh,
+    discard,
+    discardAlign: ZVOL_BLOCK,
+    qemuDriver: isBlock ? 'host_device' : 'file',
+    direct: await openDirect(fh),
+    pageCacheBytes: opts.pageCacheBytes,
+    writeback: isBlock ? 'while-cached' : 'always',
+  })
 }
 
 /** Name of the snapshot taken before V2V. */

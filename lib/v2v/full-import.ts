@@ -26,32 +26,25 @@
  * (`tool.ts`: nbdcopy's bar on stderr, `N/M`, `(NN.NN/100%)`) are turned into bytes of that disk's
  * capacity, monotone per disk, and every disk ends at its capacity on success.
  *
- * Command line:
- *   virt-v2v -i libvirtxml <run>/input.xml -o local -os <run>/out -of raw -oa sparse -on <name>
- *            --root first --machine-readable
- * Environment: exactly `PATH`, `HOME`, `LC_ALL=C`, `LIBGUESTFS_BACKEND=direct`,
- * `VIRT_V2V_TMPDIR=<run>/tmp`, `VIRTIO_WIN=<iso>` (when a driver ISO is configured or the default
- * one exists), plus the caller's `env` (e.g. `LIBGUESTFS_BACKEND_SETTINGS=force_tcg`).
- * `<run>` is a private directory made under the caller's `workDir` and removed afterwards.
+ * The command line, its environment and the `-i libvirtxml` input are built by
+ * full-import-command.ts; this file checks the inputs, runs the tool and places its output.
  * Host needs (Debian 12): `virt-v2v`, `nbdkit`, `qemu-utils` and `libnbd-bin` (nbdcopy; the
  * virt-v2v package does not depend on it, and without it the copy step fails).
  */
 import { constants as C } from 'node:fs'
 import { chmod, chown, lstat, mkdir, mkdtemp, open, readlink, rename, rm, rmdir, stat, symlink, truncate, writeFile } from 'node:fs/promises'
 import * as path from 'node:path'
-import { serializeDomainXml } from '../domain/xml.ts'
 import { MigError } from '../errors.ts'
-import type { ManifestDisk, VmManifest } from '../manifest.ts'
+import type { VmManifest } from '../manifest.ts'
 import { copyDisk } from '../pipeline/copy-disk.ts'
 import { openRawFileReader } from '../pipeline/readers/raw-file.ts'
-import { exec } from '../exec.ts'
-import { blockDeviceSize, HandleVolume, type Discarder } from '../sink/volume.ts'
-import { driveLetters } from '../domain/xml.ts'
-import { describeFailure, resolveBinary, runV2vTool, v2vOutputName, type ToolOutcome } from './tool.ts'
+import { blockDeviceSize, HandleVolume } from '../sink/volume.ts'
+import type { SinkVolume } from '../sink/types.ts'
+import { openZvolDevice } from '../sink/zvol.ts'
+import { DEFAULT_FULL_IMPORT_BINARY, fullImportCommand } from './full-import-command.ts'
+import { describeFailure, resolveBinary, runV2vTool, type ToolOutcome } from './tool.ts'
 import { DEFAULT_VIRTIO_WIN_ISO } from './preparer.ts'
 
-/** Default tool (spec 1.5: `virt-v2v`). */
-export const DEFAULT_FULL_IMPORT_BINARY = 'virt-v2v'
 /** Default time limit of one import, milliseconds (8 h). */
 export const DEFAULT_FULL_IMPORT_TIMEOUT_MS = 8 * 3600_000
 /** Largest converted-guest libvirt XML read back, bytes. */
@@ -94,23 +87,6 @@ export interface FullImportOptions {
 }
 
 /**
- * The exact invocation for a run directory: `argv[0]` is the binary; `inputXml` goes to
- * `inputXmlPath`; `outputs[i]` is where virt-v2v writes disk `i` (made a symlink to volume `i`);
- * `outputXmlPath` is the converted guest's libvirt XML.
- */
-export interface FullImportCommand {
-  argv: string[]
-  env: Record<string, string>
-  inputXml: string
-  inputXmlPath: string
-  outputDir: string
-  tmpDir: string
-  outputName: string
-  outputs: string[]
-  outputXmlPath: string
-}
-
-/**
  * What a successful import produced: `libvirtXml` is virt-v2v's description of the converted
  * guest (disk bus, NIC model, firmware it chose; null when it wrote none), `placement[i]` says how
  * disk `i` reached its volume (`in_place` through the link, `renamed`, `copied`), `messages` the
@@ -125,114 +101,6 @@ export interface FullImportResult {
 
 function fail(msg: string, details?: Record<string, unknown>): never {
   throw new MigError('E_MIG_V2V_FAILED', msg, details ? { details } : {})
-}
-
-/** virt-v2v's `drive_name`: 0 -> `a`, 25 -> `z`, 26 -> `aa`, 27 -> `ab`, ... (libvirt's spelling too). */
-export const v2vDriveName = driveLetters
-
-const noCtl = (s: string) => s.replace(/[\x00-\x1f\x7f]/g, ' ')
-
-function targetOf(d: ManifestDisk, i: number): { '@_dev': string; '@_bus': string } {
-  const letter = v2vDriveName(i)
-  switch (d.controller) {
-    case 'ide':
-      return { '@_dev': `hd${letter}`, '@_bus': 'ide' }
-    case 'virtio':
-      return { '@_dev': `vd${letter}`, '@_bus': 'virtio' }
-    case 'scsi':
-      return { '@_dev': `sd${letter}`, '@_bus': 'scsi' }
-    default:
-      return { '@_dev': `sd${letter}`, '@_bus': 'sata' }
-  }
-}
-
-/**
- * The `-i libvirtxml` description of `manifest` (see the module comment): memory in KiB (virt-v2v
- * reads `<memory>` as KiB whatever its unit), `<cpu><topology>` when the vCPU count splits into
- * whole sockets, every disk as `<disk type='file' device='disk'>` with `driver type` = its
- * `disk_format`, NICs as `<interface type='network'>` with their MACs.
- */
-export function fullImportInputXml(manifest: VmManifest): string {
-  const count = manifest.cpu.count
-  const cores = manifest.cpu.cores_per_socket
-  const domain: Record<string, unknown> = {
-    '@_type': 'hyperv',
-    name: noCtl(manifest.name).trim() || 'guest',
-    memory: { '@_unit': 'KiB', '#text': String(Math.max(1, Math.ceil((manifest.memory_bytes || 1 << 30) / 1024))) },
-    vcpu: String(count),
-    ...(cores >= 1 && count % cores === 0 ? { cpu: { topology: { '@_sockets': String(count / cores), '@_cores': String(cores), '@_threads': '1' } } } : {}),
-    os: { '@_firmware': manifest.firmware, type: { '@_arch': 'x86_64', '#text': 'hvm' } },
-    features: { acpi: '', apic: '' },
-    devices: {
-      disk: manifest.disks.map((d, i) => ({
-        '@_type': 'file',
-        '@_device': 'disk',
-        driver: { '@_name': 'qemu', '@_type': d.disk_format },
-        source: { '@_file': d.source.path },
-        target: targetOf(d, i),
-      })),
-      interface: manifest.nics.map((n, i) => ({
-        '@_type': 'network',
-        ...(n.mac ? { mac: { '@_address': n.mac } } : {}),
-        source: { '@_network': noCtl(n.network ?? '').trim() || `eth${i}` },
-      })),
-    },
-  }
-  return serializeDomainXml(domain)
-}
-
-/**
- * The exact command line, environment and files of an import whose private run directory is
- * `runDir` (see the module comment). `virtioWinIso`: the ISO to pass as `VIRTIO_WIN`, or null.
- */
-export function fullImportCommand(
-  manifest: VmManifest,
-  runDir: string,
-  opts: { binary?: string; env?: Record<string, string>; virtioWinIso?: string | null } = {},
-): FullImportCommand {
-  const outputDir = path.join(runDir, 'out')
-  const tmpDir = path.join(runDir, 'tmp')
-  const inputXmlPath = path.join(runDir, 'input.xml')
-  const outputName = v2vOutputName(manifest.name)
-  const env: Record<string, string> = {
-    PATH: process.env.PATH || '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
-    HOME: process.env.HOME || '/root',
-    LC_ALL: 'C',
-    LIBGUESTFS_BACKEND: 'direct',
-    VIRT_V2V_TMPDIR: tmpDir,
-    ...(opts.virtioWinIso ? { VIRTIO_WIN: opts.virtioWinIso } : {}),
-    ...(opts.env ?? {}),
-  }
-  const argv = [
-    opts.binary ?? DEFAULT_FULL_IMPORT_BINARY,
-    '-i',
-    'libvirtxml',
-    inputXmlPath,
-    '-o',
-    'local',
-    '-os',
-    outputDir,
-    '-of',
-    'raw',
-    '-oa',
-    'sparse',
-    '-on',
-    outputName,
-    '--root',
-    'first',
-    '--machine-readable',
-  ]
-  return {
-    argv,
-    env,
-    inputXml: fullImportInputXml(manifest),
-    inputXmlPath,
-    outputDir,
-    tmpDir,
-    outputName,
-    outputs: manifest.disks.map((_, i) => path.join(outputDir, `${outputName}-sd${v2vDriveName(i)}`)),
-    outputXmlPath: path.join(outputDir, `${outputName}.xml`),
-  }
 }
 
 /** Kind and size (bytes) of a destination volume; `E_MIG_V2V_FAILED` when it is missing or neither a file nor a block device. */
@@ -334,36 +202,42 @@ async function readBounded(file: string): Promise<string | null> {
   }
 }
 
-/** Copies the regular file `from` (exactly `size` bytes) into volume `v` with `copyDisk` (4 MiB chunks, zero runs discarded). */
+/**
+ * Copies the regular file `from` (exactly `size` bytes) into volume `v` with `copyDisk` (4 MiB
+ * chunks, zero runs discarded). A block device is opened as the zvol sink opens its devices
+ * ({@link openZvolDevice}; not fresh: it may hold old data); a regular file is emptied and resized
+ * first, so it reads as zeros and zero runs cost nothing.
+ */
 async function copyInto(from: string, v: FullImportVolume, size: number, block: boolean, signal: AbortSignal): Promise<void> {
   if (!block) {
-    // A regular file: emptied and resized, so it reads as zeros and zero runs cost nothing.
     await truncate(v.path, 0)
     await truncate(v.path, size)
   }
   const reader = await openRawFileReader(from, { label: `${v.label} (virt-v2v output)` })
-  let fh
+  let vol: SinkVolume
   try {
-    fh = await open(v.path, C.O_RDWR | (block ? 0 : C.O_NOFOLLOW))
+    vol = block ? await openZvolDevice(v.path, { capacityBytes: size, volsize: size, fresh: false, discard: { broken: false } }) : await openFile(v.path, size)
   } catch (e) {
     await reader.close()
-    throw new MigError('E_MIG_DISK_WRITE_FAILED', `${v.path}: cannot open: ${(e as Error).message}`, { details: { volume: v.path } })
+    throw e
   }
-  const discard: Discarder | undefined = block
-    ? async (offset, length) => (await exec('blkdiscard', ['--offset', String(offset), '--length', String(length), v.path])).code === 0
-    : undefined
-  const vol = new HandleVolume(fh, v.path, block ? ((await blockDeviceSize(v.path)) ?? size) : size, block ? 64 * 1024 : 4096, {
-    fresh: !block,
-    discard,
-    discardAlign: 64 * 1024,
-    writeback: block ? 'while-cached' : 'always',
-  })
   try {
     await copyDisk(reader, vol, { from: 0, signal, label: v.label, onProgress: () => {}, onWatermark: async () => {} })
   } finally {
     await vol.close()
     await reader.close()
   }
+}
+
+/** The emptied regular file `file` of `size` bytes as a fresh volume (4 KiB blocks, written through the page cache). `E_MIG_DISK_WRITE_FAILED`. */
+async function openFile(file: string, size: number): Promise<SinkVolume> {
+  let fh
+  try {
+    fh = await open(file, C.O_RDWR | C.O_NOFOLLOW)
+  } catch (e) {
+    throw new MigError('E_MIG_DISK_WRITE_FAILED', `${file}: cannot open: ${(e as Error).message}`, { details: { volume: file } })
+  }
+  return new HandleVolume(fh, file, size, 4096, { fresh: true, discardAlign: 64 * 1024, writeback: 'always' })
 }
 
 /**

@@ -6,7 +6,8 @@
 import { randomBytes } from 'node:crypto'
 import { closeSync, openSync, truncateSync, writeSync } from 'node:fs'
 import type { ManifestDisk } from '../../lib/manifest.ts'
-import { copyDisk, type CopyDiskResult } from '../../lib/pipeline/copy-disk.ts'
+import type { CopyDiskResult } from '../../lib/pipeline/copy-common.ts'
+import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import type { FileSink } from '../../lib/sink/file.ts'
 

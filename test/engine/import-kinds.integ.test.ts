@@ -16,7 +16,7 @@ import * as path from 'node:path'
 import { makeBadBootDisk, makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage, rawSha256, type InputPacking } from '../helpers/inputs.ts'
 import { allocatedBytes, bootCheckEnv, call, nonZeroBytes, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, domstate } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { execFileSync } from 'node:child_process'
@@ -39,14 +39,6 @@ const KINDS: Array<{ kind: string; disks: 1 | 2; format?: string; packing?: Inpu
   { kind: 'vbox_folder', disks: 2 },
   { kind: 'xva_archive', disks: 2 },
 ]
-
-function domstate(name: string): string {
-  try {
-    return execFileSync('virsh', ['-c', 'qemu:///system', 'domstate', name], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
-  } catch {
-    return 'absent'
-  }
-}
 
 describe('offline import of every kind, end to end on libvirt (TCG)', () => {
   const t = tempDir('mig-e2e-')

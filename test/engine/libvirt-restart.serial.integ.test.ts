@@ -11,13 +11,12 @@
  *   E_MIG_DOMAIN_DEFINE_FAILED saying how long libvirt was away, never Completed, no domain left.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { execFileSync } from 'node:child_process'
 import { chmodSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeSlowBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput } from '../helpers/inputs.ts'
 import { bootCheckEnv, offlinePlan, submit, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, startLibvirtd, stopLibvirtd } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, startLibvirtd, stopLibvirtd, domstate } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -25,14 +24,6 @@ const PREFIX = 'i47lv-'
 const MARKER = 'MIGRATOR-LV-RESTART-5521'
 const MiB = 1024 * 1024
 const RECONNECT_S = 12
-
-function domstate(name: string): string {
-  try {
-    return execFileSync('virsh', ['-c', 'qemu:///system', 'domstate', name], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
-  } catch {
-    return 'absent'
-  }
-}
 
 describe('libvirtd restarted while jobs need it (real libvirt, TCG)', () => {
   const t = tempDir('mig-i47lv-')

@@ -22,7 +22,7 @@ import * as path from 'node:path'
 import { GUEST_BOOT_RECORD, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
 import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -44,14 +44,6 @@ const CASES: Case[] = [
   { id: 'uefi-distro-vmx', variant: 'uefi-distro', kind: 'vmx_folder', hw: { controller: 'pvscsi', firmware: 'efi' } },
   { id: 'uefi-distro-ova', variant: 'uefi-distro', kind: 'ova_archive', hw: { firmware: 'efi' } },
 ]
-
-function virsh(...args: string[]): string {
-  try {
-    return execFileSync('virsh', ['-c', 'qemu:///system', ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
-  } catch {
-    return 'absent'
-  }
-}
 
 interface Outcome {
   job: any
@@ -100,7 +92,7 @@ describe('boot evidence without a serial console; UEFI guests without the remova
     if (done.state === 'Completed') {
       for (let i = 0; i < 120 && !/multi-user\.target=/.test(readRecord()); i++) await Bun.sleep(1000)
     }
-    virsh('destroy', name)
+    virshText('destroy', name)
     const record = readRecord()
     let espBoot = ''
     try {

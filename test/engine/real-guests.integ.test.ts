@@ -20,13 +20,12 @@
  * The jobs run on one server two at a time; each domain is destroyed as soon as its job ends.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { execFileSync } from 'node:child_process'
 import { chmodSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { GUEST_MARKER, guestBuildTimings, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
 import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -49,14 +48,6 @@ const CASES: Case[] = [
   { variant: 'lsisas', kind: 'vhdx', disk_bus: 'virtio-blk', firmware: 'bios' },
   { variant: 'sdx', kind: 'vmdk', disk_bus: 'virtio-scsi', firmware: 'bios' },
 ]
-
-function virsh(...args: string[]): string {
-  try {
-    return execFileSync('virsh', ['-c', 'qemu:///system', ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
-  } catch {
-    return 'absent'
-  }
-}
 
 /** What a finished job left: the job, its serial log, the domain state and XML at the end (then the domain is destroyed). */
 interface Outcome {
@@ -93,12 +84,12 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
     const out: Outcome = {
       job: done,
       serial,
-      domstate: virsh('domstate', name),
-      xml: virsh('dumpxml', name),
+      domstate: virshText('domstate', name),
+      xml: virshText('dumpxml', name),
       states: stream.events.filter((e) => e.event === 'migration' && e.data.id === job.id).map((e) => e.data.state),
       startingAt: stream.events.find((e) => e.event === 'migration' && e.data.id === job.id && e.data.state === 'Starting')?.data.updated_at ?? null,
     }
-    virsh('destroy', name) // free the CPU for the other boots
+    virshText('destroy', name) // free the CPU for the other boots
     return out
   }
 

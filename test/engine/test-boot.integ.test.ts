@@ -24,7 +24,7 @@ import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { call, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, domainsWithPrefix, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
@@ -32,14 +32,6 @@ import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LIN
 const PREFIX = 'i48-'
 const MARKER = 'MIGRATOR-I48-TESTBOOT-5521'
 const MiB = 1024 * 1024
-
-function virsh(...args: string[]): string {
-  try {
-    return execFileSync('virsh', ['-c', 'qemu:///system', ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
-  } catch {
-    return 'absent'
-  }
-}
 
 describe('test boot before the cutover', () => {
   const t = tempDir('mig-i48-')
@@ -124,7 +116,7 @@ describe('test boot before the cutover', () => {
     let xml = ''
     for (let i = 0; i < 300 && !xml.includes('<domain'); i++) {
       await Bun.sleep(50)
-      xml = virsh('dumpxml', clone)
+      xml = virshText('dumpxml', clone)
     }
     expect(xml).toContain('<domain')
     expect(xml).not.toContain('<interface')
@@ -147,7 +139,7 @@ describe('test boot before the cutover', () => {
     expect(done.cutover.passes_total).toBe(passesAtStart)
     // the job still waits; the clone's domain and overlays are gone; the source still runs
     expect([done.state, done.status, done.last_error]).toEqual(['DeltaSyncing', 'running', null])
-    expect(virsh('domstate', clone)).toBe('absent')
+    expect(virshText('domstate', clone)).toBe('absent')
     expect(existsSync(overlayDir(t.dir, job.id))).toBe(false)
     expect((await v.vm(vm.id)).power_state).toBe('poweredOn')
     // passes resume after the test boot
@@ -166,8 +158,8 @@ describe('test boot before the cutover', () => {
       expect([label, readFileSync(volumePath(t.dir, job.id, label)).equals(datastoreRaw(v, f, t.dir))]).toEqual([label, true])
     }
     // the real domain (defined at the cutover, not started) keeps its NIC
-    expect(virsh('dumpxml', 'i48-warm')).toContain('<interface')
-    virsh('undefine', 'i48-warm')
+    expect(virshText('dumpxml', 'i48-warm')).toContain('<interface')
+    virshText('undefine', 'i48-warm')
   }, 240_000)
 
   test('a clone that does not boot: the test boot fails with the reason and the serial tail, the job keeps waiting; cancel then removes everything', async () => {
@@ -181,29 +173,29 @@ describe('test boot before the cutover', () => {
     expect(out.test_boot.serial_tail.join('\n')).toContain('NOT-THE-EXPECTED-MARKER')
     const after = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
     expect([after.state, after.status, after.last_error]).toEqual(['DeltaSyncing', 'running', null])
-    expect(virsh('domstate', 'i48-noboot-testboot')).toBe('absent')
+    expect(virshText('domstate', 'i48-noboot-testboot')).toBe('absent')
     expect(existsSync(overlayDir(t.dir, job.id))).toBe(false)
     // cancel during a second test boot: the job ends Cancelled and nothing is left
     expect((await call(srv.base, 'POST', `/migrations/${job.id}/test-boot`)).status).toBe(202)
-    await waitJob(srv.base, job.id, (j) => j.test_boot?.state === 'running' && virsh('domstate', 'i48-noboot-testboot') === 'running', 30_000)
+    await waitJob(srv.base, job.id, (j) => j.test_boot?.state === 'running' && virshText('domstate', 'i48-noboot-testboot') === 'running', 30_000)
     expect((await call(srv.base, 'POST', `/migrations/${job.id}/cancel`)).status).toBe(202)
     const end = await waitJob(srv.base, job.id, undefined, 60_000)
     expect([end.state, end.test_boot.state]).toEqual(['Cancelled', 'cancelled'])
     expect(end.test_boot.error).toContain('cancelled')
-    expect(virsh('domstate', 'i48-noboot-testboot')).toBe('absent')
+    expect(virshText('domstate', 'i48-noboot-testboot')).toBe('absent')
     expect(existsSync(path.join(t.dir, 'volumes', 'migrations', job.id))).toBe(false)
   }, 240_000)
 
   test('a worker SIGKILLed during a test boot: the next worker removes the clone domain and overlays and records it cancelled', async () => {
     const { job } = await waiting(srv, 'i48-kill', 'NOT-THE-EXPECTED-MARKER')
     expect((await call(srv.base, 'POST', `/migrations/${job.id}/test-boot`)).status).toBe(202)
-    await waitJob(srv.base, job.id, (j) => j.test_boot?.state === 'running' && virsh('domstate', 'i48-kill-testboot') === 'running', 30_000)
+    await waitJob(srv.base, job.id, (j) => j.test_boot?.state === 'running' && virshText('domstate', 'i48-kill-testboot') === 'running', 30_000)
     expect(existsSync(overlayDir(t.dir, job.id))).toBe(true)
     process.kill(workerPid(t.dir, job.id)!, 'SIGKILL')
     const after = await waitJob(srv.base, job.id, (j) => j.test_boot?.state === 'cancelled', 60_000)
     expect(after.test_boot.error).toContain('the worker running the test boot ended')
     expect(after.test_boot.error).toContain('its domain and clone were removed')
-    expect(virsh('domstate', 'i48-kill-testboot')).toBe('absent')
+    expect(virshText('domstate', 'i48-kill-testboot')).toBe('absent')
     expect(existsSync(overlayDir(t.dir, job.id))).toBe(false)
     // the job goes on: back to waiting in DeltaSyncing
     const back = await waitJob(srv.base, job.id, (j) => j.state === 'DeltaSyncing' && j.cutover.passes_total >= 1, 90_000)
@@ -252,7 +244,7 @@ describe('test boot before the cutover', () => {
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'i48-debian', start: false }))
     const done = await waitJob(srv.base, job.id, undefined, 15 * 60_000)
     expect([done.state, done.domain]).toEqual(['Completed', 'i48-debian'])
-    expect(virsh('domstate', 'i48-debian')).toBe('shut off')
+    expect(virshText('domstate', 'i48-debian')).toBe('shut off')
     const rawBefore = execFileSync('sha256sum', [volumePath(dataDir, job.id, done.progress.disks[0].label)], { encoding: 'utf8' }).split(' ')[0]
     const cli = await runCli(['test-boot', '--wait', job.id], { env: { MIGRATOR_URL: srv.base }, timeoutMs: 15 * 60_000 })
     console.log(`debian test boot: ${cli.stdout.trim()} ${cli.stderr.trim()}`)
@@ -263,8 +255,8 @@ describe('test boot before the cutover', () => {
     expect(after.test_boot.hardware.disk_bus).toBe(done.hardware.disk_bus)
     expect(after.test_boot.hardware.inspected).toBe(true)
     // the clone is gone, the real domain is still defined and never started, its volume unchanged
-    expect(virsh('domstate', 'i48-debian-testboot')).toBe('absent')
-    expect(virsh('domstate', 'i48-debian')).toBe('shut off')
+    expect(virshText('domstate', 'i48-debian-testboot')).toBe('absent')
+    expect(virshText('domstate', 'i48-debian')).toBe('shut off')
     expect(existsSync(overlayDir(dataDir, job.id))).toBe(false)
     const rawAfter = execFileSync('sha256sum', [volumePath(dataDir, job.id, done.progress.disks[0].label)], { encoding: 'utf8' }).split(' ')[0]
     expect(rawAfter).toBe(rawBefore)

@@ -7,7 +7,7 @@
  * needs libvirt calls `ensureLibvirt()` in its `beforeAll` (whatever order the files run in). `cleanupDomains(prefix)` destroys and undefines every domain whose name starts
  * with a test prefix, so no qemu process outlives a test file.
  */
-import { execFile } from 'node:child_process'
+import { execFile, execFileSync } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
 
 /** The libvirt URI the tests use. */
@@ -147,4 +147,18 @@ export async function qemuPidsFor(prefix: string): Promise<number[]> {
     .split('\n')
     .map((s) => Number(s.trim()))
     .filter((n) => Number.isInteger(n) && n > 0)
+}
+
+/** `virsh -c qemu:///system <args>`'s output, trimmed; `absent` when the call fails (no such domain, libvirt away). */
+export function virshText(...args: string[]): string {
+  try {
+    return execFileSync('virsh', ['-c', TEST_LIBVIRT_URI, ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
+  } catch {
+    return 'absent'
+  }
+}
+
+/** `virsh domstate` of domain `name` (`running`, `shut off`, ...), `absent` when it is not defined. */
+export function domstate(name: string): string {
+  return virshText('domstate', name)
 }

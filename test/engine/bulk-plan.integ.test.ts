@@ -16,7 +16,7 @@ import { call, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
+import { registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
 
 const MiB = 1024 * 1024
 
@@ -29,18 +29,7 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
 
   async function makeVm(name: string): Promise<string> {
     const boot = makeBootDisk(path.join(t.dir, `${name}-boot.raw`), 'I16-BULK', 16 * MiB).path
-    const data = makeRawImage(path.join(t.dir, `${name}-data.raw`), 2 * MiB, name.length)
-    const files = [await putVmdk(v, name, name, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
-    return v.createVm({
-      name,
-      ...SMALL_LINUX_VM,
-      cbt: true,
-      power_on: true,
-      disks: [
-        { file: files[0], capacity_bytes: 16 * MiB },
-        { file: files[1], capacity_bytes: 2 * MiB },
-      ],
-    })
+    return (await createTwoDiskVm(v, t.dir, name, boot)).id
   }
   const live = (vmId: string, name: string, mode: 'Cold' | 'Warm' = 'Cold') => ({
     source: { Live: 'vim_api' },

@@ -17,7 +17,7 @@ import { call, openStream, streamSaw, submit, volumePath, waitJob } from '../hel
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { putVmdk, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
+import { registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
 
 const PREFIX = 'i16lp-'
 const MiB = 1024 * 1024
@@ -34,22 +34,7 @@ describe('live paths against the vCenter simulator', () => {
 
   async function makeVm(name: string, guestId = 'debian10_64Guest'): Promise<{ id: string; files: string[] }> {
     const a = makeRawImage(path.join(t.dir, `${name}-a.raw`), 4 * MiB, 5)
-    const b = makeRawImage(path.join(t.dir, `${name}-b.raw`), 2 * MiB, 6)
-    const files = [await putVmdk(v, name, name, a, 'flat'), await putVmdk(v, name, `${name}_1`, b, 'sparse')]
-    const id = await v.createVm({
-      name,
-      guest_id: guestId,
-      firmware: 'bios',
-      num_cpu: 1,
-      memory_mb: 128,
-      cbt: true,
-      power_on: true,
-      disks: [
-        { file: files[0], capacity_bytes: 4 * MiB },
-        { file: files[1], capacity_bytes: 2 * MiB },
-      ],
-    })
-    return { id, files }
+    return createTwoDiskVm(v, t.dir, name, a, { guestId, dataPattern: 6 })
   }
   const plan = (s: RunningServer, vmId: string, name: string, mode: 'Cold' | 'Warm', extra: Record<string, unknown> = {}) => ({
     source: { Live: 'vim_api' },

@@ -22,12 +22,11 @@ import { guestImages } from '../../fixtures/guest-image.ts'
 import { buildInput } from '../../fixtures/inputs.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
-import { makeRawImage } from '../helpers/inputs.ts'
 import { call, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, domainsWithPrefix, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
+import { datastoreRaw, registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
 
 const PREFIX = 'i48-'
 const MARKER = 'MIGRATOR-I48-TESTBOOT-5521'
@@ -42,19 +41,7 @@ describe('test boot before the cutover', () => {
   /** A warm VM: a 16 MiB boot disk printing `marker` (flat) and a 2 MiB data disk (sparse), one NIC. */
   async function makeVm(name: string, marker = MARKER): Promise<{ id: string; files: string[] }> {
     const boot = makeBootDisk(path.join(t.dir, `${name}-boot.raw`), marker, 16 * MiB).path
-    const data = makeRawImage(path.join(t.dir, `${name}-data.raw`), 2 * MiB, name.length)
-    const files = [await putVmdk(v, name, name, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
-    const id = await v.createVm({
-      name,
-      ...SMALL_LINUX_VM,
-      cbt: true,
-      power_on: true,
-      disks: [
-        { file: files[0], capacity_bytes: 16 * MiB },
-        { file: files[1], capacity_bytes: 2 * MiB },
-      ],
-      nics: [{ mac: '00:50:56:01:48:01' }],
-    })
+    const { id, files } = await createTwoDiskVm(v, t.dir, name, boot, { macs: ['00:50:56:01:48:01'] })
     // the guest writes 64 KiB on its data disk before every snapshot: each delta pass copies it
     await v.scheduleWrites(id, [{ before_snapshot: 1, every: true, file: files[1], offset: 0, length: 64 * 1024, pattern: name.length }])
     return { id, files }

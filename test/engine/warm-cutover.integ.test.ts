@@ -15,12 +15,11 @@ import { chmodSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk, makePowerOffBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
-import { makeRawImage } from '../helpers/inputs.ts'
 import { call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
+import { datastoreRaw, registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
 
 const PREFIX = 'i16-'
 const MARKER = 'MIGRATOR-I16-BOOT-7730'
@@ -40,20 +39,7 @@ describe('warm cutover on command (vCenter simulator)', () => {
       ? makeBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
       : // a destination that powers itself off after its marker: caught without the serial pattern
         makePowerOffBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
-    const data = makeRawImage(path.join(t.dir, `${name}-data.raw`), 2 * MiB, name.length)
-    const files = [await putVmdk(v, name, name, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
-    const id = await v.createVm({
-      name,
-      ...SMALL_LINUX_VM,
-      cbt: true,
-      power_on: true,
-      disks: [
-        { file: files[0], capacity_bytes: 16 * MiB },
-        { file: files[1], capacity_bytes: 2 * MiB },
-      ],
-      nics: [{ mac: '00:50:56:01:16:01' }],
-    })
-    return { id, files }
+    return createTwoDiskVm(v, t.dir, name, boot, { macs: ['00:50:56:01:16:01'] })
   }
 
   function expectBitExact(jobId: string, files: string[]): void {

@@ -8,10 +8,11 @@
  */
 import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process'
 import { createHash } from 'node:crypto'
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 import { Agent, request } from 'undici/index.js'
+import { makeRawImage } from './inputs.ts'
 import { REPO } from './tmp.ts'
 
 const SRC_DIR = path.join(REPO, 'test', 'vcsim')
@@ -238,6 +239,37 @@ export async function putVmdk(v: Vcsim, dir: string, name: string, raw: string, 
     path.join(v.datastore.dir, rel),
   )
   return rel
+}
+
+/**
+ * A powered-on VM with CBT on, as the live and warm tests use it: disk 1 is `boot` (a raw image,
+ * stored as the flat VMDK `<name>/<name>.vmdk`), disk 2 a 2 MiB sparse VMDK `<name>/<name>_1.vmdk`
+ * whose data is `dataPattern` (default the name's length), its raw image written in `scratchDir`.
+ * `opts`: the guest id (default Debian 10), NIC MACs (default none). Resolves with the VM's id
+ * and its two disk files (datastore-relative).
+ */
+export async function createTwoDiskVm(
+  v: Vcsim,
+  scratchDir: string,
+  name: string,
+  boot: string,
+  opts: { guestId?: string; macs?: string[]; dataPattern?: number } = {},
+): Promise<{ id: string; files: string[] }> {
+  const data = makeRawImage(path.join(scratchDir, `${name}-data.raw`), 2 * 1024 * 1024, opts.dataPattern ?? name.length)
+  const files = [await putVmdk(v, name, name, boot, 'flat'), await putVmdk(v, name, `${name}_1`, data, 'sparse')]
+  const id = await v.createVm({
+    name,
+    ...SMALL_LINUX_VM,
+    ...(opts.guestId ? { guest_id: opts.guestId } : {}),
+    cbt: true,
+    power_on: true,
+    disks: [
+      { file: files[0]!, capacity_bytes: statSync(boot).size },
+      { file: files[1]!, capacity_bytes: 2 * 1024 * 1024 },
+    ],
+    ...(opts.macs ? { nics: opts.macs.map((mac) => ({ mac })) } : {}),
+  })
+  return { id, files }
 }
 
 /** The raw contents of datastore VMDK `rel` now (converted with qemu-img through a scratch file in `scratchDir`). */

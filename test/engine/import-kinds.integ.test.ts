@@ -1,5 +1,5 @@
 /**
- * End to end through the HTTP API (issues 4 and 5): an input of each of the eight
+ * End to end through the HTTP API: an input of each of the eight
  * non-passthrough offline kinds, built with real tools around a bootable disk (a hand-written
  * boot sector that prints a marker on COM1) and, where the format allows, a second data disk, is
  * imported by the real server into the file sink and started on real libvirt + qemu (TCG); OVF

@@ -2,8 +2,8 @@
  * Writes files into a guest on its DESTINATION volumes (never the source), for the guest conversion
  * steps of the Starting state (docs/network-identity.md): libguestfs read-write (`guestfish --rw`),
  * the guest's file systems mounted where the inspection of the same disks found them
- * (`GuestInspection.mounts`), so the session does not run `inspect-os` again (about 30 s of an
- * appliance under TCG).
+ * (`GuestInspection.mounts`), so the session does not run `inspect-os` again (the costliest step of
+ * a session on a TCG appliance).
  *
  * Undo: before a file is written, what was there (its bytes and mode, or that it did not exist) is
  * kept in memory; every written file is read back and compared. When a write or a check fails, or

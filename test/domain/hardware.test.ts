@@ -3,7 +3,7 @@
  * classification of the boot check (lib/domain/boot-check.ts classifySerial), the disk layout probe
  * and the grub.cfg / fstab / module-list parsers of lib/domain/inspect.ts. The inspection results
  * here are written by hand; the real libguestfs inspection of real guests runs in
- * test/engine/real-guests.integ.test.ts.
+ * test/engine/real-guests.guest.integ.test.ts.
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'

@@ -15,7 +15,7 @@
  *   in place with virt-v2v-in-place (initramfs rebuilt with virtio), inspected again -> virtio-blk
  * - /dev/sda3 in fstab and on the kernel line, VMDK           -> virtio-scsi (sd names)
  * - root UUID that does not exist, OVA                        -> E_MIG_GUEST_BOOT_FAILED before start
- * UEFI guests boot in test/engine/real-guests-boot.integ.test.ts (uefi-distro, VMX and OVA); the
+ * UEFI guests boot in test/engine/real-guests-boot.guest.integ.test.ts (uefi-distro, VMX and OVA); the
  * choice of efi for a disk without BIOS boot code is in test/domain/hardware.test.ts.
  * The jobs run on one server two at a time; each domain is destroyed as soon as its job ends.
  */

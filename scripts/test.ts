@@ -74,7 +74,10 @@ function bunTest(files: string[], live: boolean): Promise<number> {
 }
 
 // A stop of the run (Ctrl-C, a CI timeout) reaches every bun test, which ends its files; the daemons are stopped after.
-for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => running.forEach((c) => c.kill(sig)))
+for (const sig of ['SIGINT', 'SIGTERM'] as const)
+  process.on(sig, () => {
+    for (const c of running) c.kill(sig)
+  })
 
 const t0 = Date.now()
 await ensureLibvirt()

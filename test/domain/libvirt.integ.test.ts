@@ -278,7 +278,7 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
     expect(err.message).toContain(`failed to get domain '${PREFIX}absent'`)
-    const down = new Virsh({ uri: 'qemu:///nonexistent-socket-dir', timeoutMs: 5000 })
+    const down = new Virsh({ uri: 'qemu:///nonexistent-socket-dir', timeoutMs: 5000, reconnectMs: 0 })
     const e2 = await thrown(() => down.uniqueName('x'))
     expect(e2).toBeInstanceOf(MigError)
     expect(e2.code).toBe('E_MIG_DOMAIN_DEFINE_FAILED')

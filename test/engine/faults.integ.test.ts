@@ -266,7 +266,9 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     // The worker notices its supervisor is gone (IPC disconnect) and ends with its process group.
     for (let i = 0; i < 50 && workerPid(d, job.id) !== null; i++) await new Promise((r) => setTimeout(r, 100))
     expect(workerPid(d, job.id)).toBeNull()
-    const s2 = await startServer('bun', d, env)
+    // The second server copies slower, so the rest of the copy outlasts its start and the
+    // opening of the event stream on a loaded host (else the job may end before either).
+    const s2 = await startServer('bun', d, { ...env, MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(8 * MiB) })
     try {
       const stream = openStream(s2.base)
       await stream.ready

@@ -37,8 +37,10 @@ describe('warm cutover on command (vCenter simulator)', () => {
   async function makeVm(name: string, bootable = true): Promise<{ id: string; files: string[] }> {
     const boot = bootable
       ? makeBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
-      : // a destination that powers itself off after its marker: caught without the serial pattern
-        makePowerOffBootDisk(path.join(t.dir, `${name}-boot.raw`), MARKER, 16 * MiB).path
+      : // a destination that prints something else and powers itself off: never the operator's
+        // pattern, so the boot check sees the domain stop (with the marker it could race the
+        // power-off on a loaded host and verify the boot first)
+        makePowerOffBootDisk(path.join(t.dir, `${name}-boot.raw`), 'I16-NOT-THE-MARKER', 16 * MiB).path
     return createTwoDiskVm(v, t.dir, name, boot, { macs: ['00:50:56:01:16:01'] })
   }
 

@@ -104,3 +104,17 @@ export function asMigError(e: unknown, code: ErrorCode, context: string): MigErr
   const reason = e instanceof Error ? e.message : String(e)
   return new MigError(code, `${context}: ${reason}`, { cause: e })
 }
+
+/**
+ * True when `e` or an error in its `cause` chain (at most 8 deep) has an errno-style `code` in
+ * `codes` or a message `pattern` matches (a string cause counts as its message).
+ */
+export function causeMatches(e: unknown, codes: readonly string[], pattern: RegExp): boolean {
+  for (let c: unknown = e, depth = 0; c && depth < 8; c = (c as { cause?: unknown }).cause, depth++) {
+    const code = (c as { code?: unknown }).code
+    if (typeof code === 'string' && codes.includes(code)) return true
+    const message = c instanceof Error ? c.message : typeof c === 'string' ? c : ''
+    if (pattern.test(message)) return true
+  }
+  return false
+}

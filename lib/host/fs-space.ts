@@ -4,6 +4,7 @@
  */
 import { existsSync, readFileSync, realpathSync, statfsSync } from 'node:fs'
 import * as path from 'node:path'
+import { causeMatches } from '../errors.ts'
 
 /** The nearest existing ancestor of `p` (itself when it exists), resolved through symlinks. */
 function existingAncestor(p: string): string {
@@ -53,13 +54,7 @@ export function spaceOf(p: string): { mount: string; free: number } {
  * saying so (qemu-img: "No space left on device").
  */
 export function isNoSpace(e: unknown): boolean {
-  for (let c: unknown = e, depth = 0; c && depth < 8; c = (c as { cause?: unknown }).cause, depth++) {
-    const code = (c as { code?: unknown }).code
-    if (code === 'ENOSPC' || code === 'SQLITE_FULL') return true
-    const message = c instanceof Error ? c.message : typeof c === 'string' ? c : ''
-    if (/no space left on device|ENOSPC|database or disk is full|SQLITE_FULL/i.test(message)) return true
-  }
-  return false
+  return causeMatches(e, ['ENOSPC', 'SQLITE_FULL'], /no space left on device|ENOSPC|database or disk is full|SQLITE_FULL/i)
 }
 
 const MiB = 1024 * 1024

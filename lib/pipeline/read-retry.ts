@@ -7,7 +7,7 @@
  * docs/reliability.md). Other read failures (a malformed table, a source that changed) are not
  * waited out: trying again cannot mend them.
  */
-import { MigError } from '../errors.ts'
+import { causeMatches, MigError } from '../errors.ts'
 import { sleep } from '../retry.ts'
 
 /** How a copy waits out source I/O errors: longest wait (seconds, `MIGRATOR_READ_RETRY_SECONDS`) and the pause between tries (ms, default 5000). */
@@ -18,13 +18,7 @@ export interface ReadRetry {
 
 /** True when `e` is a source read that failed with an I/O error (EIO anywhere in its cause chain, or its message). */
 export function isSourceIoError(e: unknown): boolean {
-  if (!(e instanceof MigError) || e.code !== 'E_MIG_DISK_READ_FAILED') return false
-  for (let c: unknown = e, depth = 0; c && depth < 8; c = (c as { cause?: unknown }).cause, depth++) {
-    if ((c as { code?: unknown }).code === 'EIO') return true
-    const message = c instanceof Error ? c.message : typeof c === 'string' ? c : ''
-    if (/\bEIO\b|input\/output error|i\/o error/i.test(message)) return true
-  }
-  return false
+  return e instanceof MigError && e.code === 'E_MIG_DISK_READ_FAILED' && causeMatches(e, ['EIO'], /\bEIO\b|input\/output error|i\/o error/i)
 }
 
 /**

@@ -43,6 +43,10 @@ export interface BootCheckVirsh {
  *   console, or its screen is read and it is a Linux guest whose screen shows a login prompt).
  * - `screen`: the reader of the domain's screen (lib/domain/screen.ts), optional.
  * - `screenEveryMs`: the least interval between two screen reads (default 5000 ms).
+ * - `secondConsole`: look at the guest's second virtual console (`screen.secondConsole()`, Alt+F2
+ *   and back) when the screen has shown kernel or systemd output, no verdict, and the same image
+ *   for `quietMs`, at most once per `everyMs`: getty's prompt on tty1 may have been scrolled off by
+ *   later kernel messages. Only for Linux guests (the keys are the Linux console's). Off when absent.
  * - `signal`: aborts the wait with `E_MIG_CANCELLED`.
  */
 export interface BootCheckInput {
@@ -54,6 +58,7 @@ export interface BootCheckInput {
   expectEvidence?: boolean
   screen?: ScreenReader
   screenEveryMs?: number
+  secondConsole?: { quietMs: number; everyMs: number }
   timeoutSeconds: number
   pollMs?: number
   signal?: AbortSignal
@@ -63,7 +68,8 @@ export interface BootCheckInput {
  * What a passing check saw: the final state, seconds waited, whether the operator's serial pattern
  * matched, whether a boot is `verified` by evidence, and `evidence` in words (what proved the boot,
  * or why nothing could), and `source`: which evidence decided (`serial` console, `screen` OCR, the
- * operator's serial `pattern`), null when unverified.
+ * operator's serial `pattern`), null when unverified; `screenTail`: when unverified, the last 20
+ * OCR lines of the screen read last (what the operator would have seen), if any.
  */
 export interface BootCheckResult {
   state: DomainState
@@ -72,6 +78,7 @@ export interface BootCheckResult {
   verified: boolean
   evidence: string
   source: BootEvidenceSource | null
+  screenTail?: string[]
 }
 
 /** Verdict of a serial log: `failed` / `booted` with the reason, or `null` when it shows neither. */
@@ -124,14 +131,21 @@ const SUCCESSES: Array<[RegExp, string]> = [
 ]
 
 /**
+ * getty's prompt as OCR reads it off the screen: `<host name> login:` at the start of a line,
+ * then the text cursor (`_`), the end of the line, or anything the kernel printed after it (printk
+ * goes on writing on the prompt's line, and OCR drops or misreads the `[` of its time stamps, so
+ * the serial rule's `[ 78.93]` is not required). `Last login:` (a session's banner) is not a prompt.
+ */
+const SCREEN_LOGIN_PROMPT = /^\s*(?!Last login:)[A-Za-z0-9][\w.-]{0,62} login:/m
+
+/**
  * Classifies the OCR text of the guest's screen ({@link ScreenReader}): the serial rules of
- * {@link classifySerial}, and a `login:` prompt followed by the text cursor (`_`), which OCR reads
- * at the end of the prompt's line.
+ * {@link classifySerial} (failures first), then getty's prompt ({@link SCREEN_LOGIN_PROMPT}).
  */
 export function classifyScreen(text: string): SerialVerdict {
   const v = classifySerial(text)
   if (v) return { verdict: v.verdict, why: v.verdict === 'booted' ? `${v.why.replace(' on the serial console', '')} on the guest's screen (OCR)` : v.why }
-  if (/^[^\n]*\blogin: *[_|]? *$/m.test(text)) return { verdict: 'booted', why: "a login prompt on the guest's screen (OCR)" }
+  if (SCREEN_LOGIN_PROMPT.test(text)) return { verdict: 'booted', why: "a login prompt on the guest's screen (OCR)" }
   return null
 }
 
@@ -216,20 +230,36 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
   let screenAt = -Infinity
   let screenVerdict: SerialVerdict = null
   let screenText = ''
-  const screenReads = { count: 0, lastMs: 0 }
+  const screenReads = { count: 0, lastMs: 0, consoles: 0 }
+  let kernelSeen = false
+  let consoleAt = -Infinity
+  /** Whether this poll looks at the second console instead of the screen (see {@link BootCheckInput.secondConsole}). */
+  const consoleDue = (): boolean => {
+    const s = input.screen
+    if (!input.secondConsole || !s?.secondConsole || !kernelSeen || screenVerdict) return false
+    const now = Date.now()
+    return s.stableSince != null && now - s.stableSince >= input.secondConsole.quietMs && now - consoleAt >= input.secondConsole.everyMs
+  }
   const pollScreen = () => {
     if (!input.screen || screenPending || Date.now() - screenAt < screenEveryMs) return
     screenAt = Date.now()
     const started = screenAt
-    screenPending = input.screen
-      .read(screenStop.signal)
+    const onConsole = consoleDue()
+    if (onConsole) consoleAt = started
+    screenPending = (onConsole ? input.screen.secondConsole!(screenStop.signal) : input.screen.read(screenStop.signal))
       .then((text) => {
         screenReads.count++
         screenReads.lastMs = Date.now() - started
-        if (text !== null) {
-          screenText = text
-          screenVerdict = classifyScreen(text)
+        if (text === null) return
+        if (onConsole) {
+          screenReads.consoles++
+          // Only a prompt counts there: tty2 shows nothing of the boot but its getty.
+          if (classifyScreen(text)?.verdict === 'booted') screenVerdict = { verdict: 'booted', why: SECOND_CONSOLE_WHY }
+          return
         }
+        screenText = text
+        kernelSeen ||= KERNEL_RUNNING.test(text)
+        screenVerdict = classifyScreen(text)
       })
       .catch(() => undefined)
       .finally(() => {
@@ -297,17 +327,35 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
           ? 'its screen is not read'
           : input.screen.unavailable
             ? `its screen could not be read (${input.screen.unavailable})`
-            : `nor did its screen (${screenReads.count} reads, the last in ${(screenReads.lastMs / 1000).toFixed(1)} s${screenText.trim() ? `; its last lines: ${screenTail(screenText).slice(-3).join(' / ')}` : '; no text on it'})`
+            : `nor did its screen (${screenReads.count} reads, the last in ${(screenReads.lastMs / 1000).toFixed(1)} s${screenText.trim() ? `; its last lines: ${screenTail(screenText).slice(-3).join(' / ')}` : '; no text on it'}${screenReads.consoles ? `; its second virtual console, looked at ${screenReads.consoles} times, showed no login prompt` : ''})`
         const evidence = input.expectEvidence
           ? `the domain is running after ${(elapsed / 1000).toFixed(0)} s but its serial console showed neither a boot nor a failure, ${screenWhy}`
           : `the domain is running after ${(elapsed / 1000).toFixed(0)} s; the guest gives no boot evidence the migrator can read (no serial console output it recognizes, ${screenWhy})`
-        return { state, waitedSeconds: elapsed / 1000, serialMatched: false, verified: false, evidence, source: null }
+        const tail = screenTail(screenText)
+        return {
+          state,
+          waitedSeconds: elapsed / 1000,
+          serialMatched: false,
+          verified: false,
+          evidence,
+          source: null,
+          ...(tail.length ? { screenTail: tail } : {}),
+        }
       }
       pollScreen()
       await sleep(Math.min(pollMs, Math.max(10, (proof ? graceMs : deadlineMs) - elapsed)), input.signal, bootCheckCancelled)
     }
   }
 }
+
+/**
+ * Screen text that only a running Linux kernel or systemd writes (a printk time stamp as OCR reads
+ * it, systemd's `[  OK  ]` status or its target lines): keys are sent to the guest only after it,
+ * never while the firmware or the boot loader shows (a key stops GRUB's menu countdown).
+ */
+const KERNEL_RUNNING = /\b\d{1,6}\.\d{5,6}\]|\[ *OK *\]|Reached target|Started /
+
+const SECOND_CONSOLE_WHY = "a login prompt on the guest's second virtual console (Alt+F2, OCR)"
 
 /** The last 20 non-empty lines of OCR text. */
 function screenTail(text: string): string[] {

@@ -24,6 +24,7 @@ import type { VmManifest } from '../manifest.ts'
 import type { BootEvidenceSource, HardwareRecord } from '../job.ts'
 import { checkBoot, type BootCheckResult } from './boot-check.ts'
 import { screenReader, type ScreenReader } from './screen.ts'
+
 import { installFallbackLoader, planUefiBoot, type UefiBootRecord } from './uefi-boot.ts'
 import { chooseHardware, recordOfBus, type HardwareChoice } from './hardware.ts'
 import { inspectGuest, type GuestInspection } from './inspect.ts'
@@ -42,6 +43,9 @@ import {
   type NicModel,
   type OvmfPaths,
 } from './xml.ts'
+
+/** When the boot check looks at the second virtual console: the screen unchanged for `quietMs`, at most once per `everyMs`. */
+const SECOND_CONSOLE_PACE = { quietMs: 20_000, everyMs: 60_000 }
 
 /** Boot check parameters (see `checkBoot`); seconds. */
 export interface StartBootCheck {
@@ -365,10 +369,13 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       // OCR of a screen full of kernel messages costs a core for seconds, taken from a TCG guest:
       // a guest that writes its boot to the serial console has its screen read only now and then.
       screenEveryMs: choice.serialConsole ? 30_000 : 5_000,
+      // A Linux guest judged by its screen alone: when tty1 went quiet without a prompt on it
+      // (kernel messages written after getty's prompt scroll it off), look at tty2's getty.
+      secondConsole: screenEvidence && !choice.serialConsole ? SECOND_CONSOLE_PACE : undefined,
       serialLogPath: input.serialLogPath,
       signal: input.signal,
     })
-    const verdict = { verified: boot.verified, evidence: boot.evidence, source: boot.source }
+    const verdict = { verified: boot.verified, evidence: boot.evidence, source: boot.source, ...(boot.screenTail ? { screen_tail: boot.screenTail } : {}) }
     if (boot.verified && network && input.network !== false) {
       await checkAddresses(network.interfaces as CarriedInterface[], {
         bridgeOf: bridgesByMac(manifest, plan, input.defaultBridge),

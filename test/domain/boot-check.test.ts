@@ -238,6 +238,55 @@ describe('checkBoot', () => {
     expect(aborted).toBe(true)
   })
 
+  test('second console: a quiet screen of kernel messages without a prompt is followed by a look at tty2; GRUB never gets keys', async () => {
+    const flood = '80.918706] powernou_k6: Power state transitions not supported\n80.937181] powernou_k6: Power state transitions not supported\n'
+    /** A reader whose tty1 shows `tty1` from the start (stable), whose tty2 shows `tty2`. */
+    const reader = (tty1: string, tty2: string | null) => {
+      const calls = { read: 0, console: 0 }
+      const r: ScreenReader = {
+        unavailable: null,
+        stableSince: Date.now(),
+        read: async () => {
+          calls.read++
+          return tty1
+        },
+        secondConsole: async () => {
+          calls.console++
+          return tty2
+        },
+        close: async () => undefined,
+      }
+      return { r, calls }
+    }
+    const pace = { quietMs: 50, everyMs: 10_000 }
+    const base = { virsh: scripted([RUNNING]), graceSeconds: 0, pollMs: 20, expectEvidence: true, screenEveryMs: 10 }
+
+    const booted = reader(flood, 'Debian GNU/Linux 12 migrator-quest tty2\n\nmigrator-guest login: _\n')
+    const r = await checkBoot({ ...base, name: 'vm20', timeoutSeconds: 5, screen: booted.r, secondConsole: pace })
+    expect(r).toMatchObject({ verified: true, source: 'screen', evidence: "a login prompt on the guest's second virtual console (Alt+F2, OCR)" })
+    expect(booted.calls.console).toBe(1)
+
+    // tty2 without a prompt (no getty yet): one look per `everyMs`, unverified at the timeout.
+    const empty = reader(flood, '\n')
+    const u = await checkBoot({ ...base, name: 'vm21', timeoutSeconds: 0.5, screen: empty.r, secondConsole: pace })
+    expect(u.verified).toBe(false)
+    expect(empty.calls.console).toBe(1)
+    expect(u.evidence).toContain('its second virtual console, looked at 1 times, showed no login prompt')
+
+    // The boot loader's screen (no kernel or systemd text): no key is ever sent.
+    const grub = reader('Booting Debian GNU/Linux\n\nLoading Linux 6.1.0-50-amd64 ...\nLoading initial ramdisk ...\n', null)
+    const g = await checkBoot({ ...base, name: 'vm22', timeoutSeconds: 0.5, screen: grub.r, secondConsole: pace })
+    expect(g.verified).toBe(false)
+    expect(grub.calls.console).toBe(0)
+    expect(grub.calls.read).toBeGreaterThan(3)
+
+    // Without `secondConsole` (a guest that talks on its serial console, or not Linux): no key either.
+    const off = reader(flood, 'migrator-guest login: _\n')
+    const o = await checkBoot({ ...base, name: 'vm23', timeoutSeconds: 0.5, screen: off.r })
+    expect(o.verified).toBe(false)
+    expect(off.calls.console).toBe(0)
+  })
+
   test('screen evidence: an unreadable screen is named in the unverified result', async () => {
     const screen: ScreenReader = {
       unavailable: 'tesseract is not installed (Debian package tesseract-ocr)',
@@ -248,6 +297,25 @@ describe('checkBoot', () => {
     expect(r.verified).toBe(false)
     expect(r.source).toBeNull()
     expect(r.evidence).toContain('its screen could not be read (tesseract is not installed')
+    expect(r.screenTail).toBeUndefined()
+
+    const noisy: ScreenReader = {
+      unavailable: null,
+      read: async () => 'a\n\nb\n80.918706] powernou_k6: Power state transitions not supported\n',
+      close: async () => undefined,
+    }
+    const q = await checkBoot({
+      virsh: scripted([RUNNING]),
+      name: 'vm14',
+      graceSeconds: 0.1,
+      timeoutSeconds: 0.3,
+      pollMs: 20,
+      expectEvidence: true,
+      screen: noisy,
+      screenEveryMs: 10,
+    })
+    expect(q.verified).toBe(false)
+    expect(q.screenTail).toEqual(['a', 'b', '80.918706] powernou_k6: Power state transitions not supported'])
   })
 })
 
@@ -302,5 +370,12 @@ describe('classification rules', () => {
     expect(classifyScreen('You are in emergency mode. After logging in, type "journalctl -xb" to view\n')?.verdict).toBe('failed')
     expect(classifyScreen('grub rescue> _')?.verdict).toBe('failed')
     expect(classifyScreen('Last login: Sat Nov 28 17:00:01 UTC 2026 on tty1\n')).toBeNull()
+    // Kernel messages after the prompt on its line; OCR dropped the `[` of the time stamp.
+    expect(
+      classifyScreen(
+        'Debian GNU/Linux 12 migrator-quest tty1\nnigrator-guest login:  78.937642] [drm] pei: virtio-uga detected\n80.918706] powernou_k6: Power state transitions not supported\n',
+      )?.verdict,
+    ).toBe('booted')
+    expect(classifyScreen('80.918706] powernou_k6: Power state transitions not supported\n')).toBeNull()
   })
 })

@@ -162,9 +162,10 @@ export interface HardwareRecord {
   /**
    * The boot check's verdict: `verified`, `evidence` in words, and `source`, which evidence decided
    * (`serial` console, `screen` OCR, the operator's serial `pattern`, the domain `state`; null when
-   * nothing did); `screen_tail`: when not verified, the last 20 lines OCR read off the guest's screen.
+   * nothing did); `waited_seconds`: from `virsh start` to the verdict; `screen_tail`: when not
+   * verified, the last 20 lines OCR read off the guest's screen.
    */
-  boot: { verified: boolean; evidence: string; source?: BootEvidenceSource | null; screen_tail?: string[] } | null
+  boot: { verified: boolean; evidence: string; source?: BootEvidenceSource | null; waited_seconds?: number; screen_tail?: string[] } | null
   /** UEFI guests: how OVMF finds the boot loader (lib/domain/uefi-boot.ts); absent or null for BIOS guests. */
   uefi_boot?: UefiBootRecord | null
   /** Linux guests: the interfaces their network configuration names and how each was carried over (docs/network-identity.md). */

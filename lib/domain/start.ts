@@ -375,7 +375,13 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       serialLogPath: input.serialLogPath,
       signal: input.signal,
     })
-    const verdict = { verified: boot.verified, evidence: boot.evidence, source: boot.source, ...(boot.screenTail ? { screen_tail: boot.screenTail } : {}) }
+    const verdict = {
+      verified: boot.verified,
+      evidence: boot.evidence,
+      source: boot.source,
+      waited_seconds: Math.round(boot.waitedSeconds * 10) / 10,
+      ...(boot.screenTail ? { screen_tail: boot.screenTail } : {}),
+    }
     if (boot.verified && network && input.network !== false) {
       await checkAddresses(network.interfaces as CarriedInterface[], {
         bridgeOf: bridgesByMac(manifest, plan, input.defaultBridge),

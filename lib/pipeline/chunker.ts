@@ -152,7 +152,10 @@ export function splitZeroRuns(buf: Buffer, offset: number, granularity: number):
   const g = Math.max(512, Math.min(granularity, CHUNK_BYTES))
   const span = g * Math.max(1, Math.min(ZERO_SCAN_FANOUT, Math.floor(CHUNK_BYTES / g))) // a multiple of g, at most ZERO_BUFFER's length
   const end = offset + buf.length
-  const zeroAt = (from: number, to: number) => buf.compare(ZERO_BUFFER, 0, to - from, from - offset, to - offset) === 0
+  // A non-zero first or last byte settles a range without a call into compare(): data granules
+  // (nearly all of a chunk of data) then cost two byte reads, not a call per granule.
+  const zeroAt = (from: number, to: number) =>
+    buf[from - offset] === 0 && buf[to - offset - 1] === 0 && buf.compare(ZERO_BUFFER, 0, to - from, from - offset, to - offset) === 0
   const add = (from: number, to: number, zero: boolean) => {
     const last = out[out.length - 1]
     if (last && last.zero === zero) last.length += to - from

@@ -103,6 +103,9 @@ export const Plan = z
     if (p.source_ref.kind === 'offline_url' && p.source_ref.s3 && !p.source_ref.url.startsWith('s3:')) {
       ctx.addIssue({ code: 'custom', path: ['source_ref', 's3'], message: 's3 settings need an s3:// url' })
     }
+    if (p.source_ref.kind === 'offline_url' && p.source_ref.tls && p.source_ref.url.startsWith('smb:')) {
+      ctx.addIssue({ code: 'custom', path: ['source_ref', 'tls'], message: 'an smb:// input has no TLS (SMB 2 without encryption); leave tls out' })
+    }
     if ('Offline' in p.source && p.source_ref.kind === 'offline_url' && !REMOTE_IMPORTERS.includes(p.source.Offline)) {
       ctx.addIssue({
         code: 'custom',

@@ -142,6 +142,10 @@ describe('remote offline inputs over SMB (real smbd, server, workers, file sink)
     expect([wrong.status, wrong.body.error.code, wrong.body.error.details.issues[0].path]).toEqual([400, 'E_MIG_INVALID_PLAN', 'plan.source_ref.credential_id'])
     const noFile = await call(srv.base, 'POST', '/migrations', { plan: plan('qcow2', `${smbd.base}`, 'noshare') })
     expect([noFile.status, noFile.body.error.details.issues[0].path]).toEqual([400, 'plan.source_ref.url'])
+    const tls = await call(srv.base, 'POST', '/migrations', {
+      plan: { ...plan('qcow2', url(files.qcow2!), 'tls'), source_ref: { kind: 'offline_url', url: url(files.qcow2!), tls: { insecure: true } } },
+    })
+    expect([tls.status, tls.body.error.details.issues[0].path]).toEqual([400, 'plan.source_ref.tls'])
   }, 120_000)
 
   test('kill -9 of the worker half-way: the retried job resumes from its watermark and completes bit-exact', async () => {

@@ -6,9 +6,6 @@
  * pinned host file: positioned reads, here ranged requests.
  */
 import type { RemoteFile } from '../contracts/remote-file.ts'
-import { InputScope } from '../hostpath.ts'
-import { inspectInput, type InspectResult } from '../importers/index.ts'
-import type { ImporterKind } from '../kinds.ts'
 import { MigError } from '../errors.ts'
 import { openHttpObject, type HttpAuth, type HttpObjectOptions } from './http-object.ts'
 import { openS3Object, type S3Access } from './s3-object.ts'
@@ -62,25 +59,4 @@ export function credentialProblem(scheme: string, kind: string | null): string |
   if (scheme === 'smb:') return kind === 'smb' ? null : 'an smb:// input needs a credential of kind smb'
   if (kind === 's3' || kind === 'smb') return 'an http(s) input needs a credential of kind http_basic or http_bearer'
   return null
-}
-
-/**
- * Inspects the remote input `ref` without copying (the `POST /remote-files/inspect` endpoint):
- * headers, descriptors and tables are read with ranged requests, the object is closed after.
- * `kind` skips detection. Throws what {@link openRemoteInput} and `inspectInput` throw.
- */
-export async function inspectRemote(
-  ref: OfflineUrlRef,
-  importRoot: string,
-  kind: ImporterKind | undefined,
-  opts: RemoteOpenOptions = {},
-): Promise<InspectResult> {
-  const scope = new InputScope(importRoot)
-  try {
-    const remote = await openRemoteInput(ref, opts)
-    scope.addRemote(remote)
-    return await scope.run(() => inspectInput(remote.name, { importRoot }, kind))
-  } finally {
-    scope.close()
-  }
 }

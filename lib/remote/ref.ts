@@ -15,8 +15,15 @@ import { IMPORTER_KINDS, type ImporterKind } from '../kinds.ts'
 /** URL schemes a remote input may use. */
 export const REMOTE_SCHEMES = ['http:', 'https:', 's3:', 'smb:'] as const
 
-/** Importer kinds whose input is one file, read in place through ranged reads. */
-export const REMOTE_IMPORTERS: readonly ImporterKind[] = ['ova_archive', 'qcow2', 'vmdk', 'vhdx']
+/**
+ * Importer kinds read remotely: one file read in place through ranged reads, or a folder export
+ * named by its descriptor's URL (`.ovf`, `.vmx`) whose companions are sibling URLs
+ * (`lib/remote/folder.ts`).
+ */
+export const REMOTE_IMPORTERS: readonly ImporterKind[] = ['ova_archive', 'qcow2', 'vmdk', 'vhdx', 'ovf_folder', 'vmx_folder']
+
+/** The descriptor extension a folder kind's URL must end with. */
+export const REMOTE_FOLDER_DESCRIPTORS: Partial<Record<ImporterKind, string>> = { ovf_folder: '.ovf', vmx_folder: '.vmx' }
 
 /** Why `s` is not an acceptable remote URL, or null. */
 export function remoteUrlProblem(s: string): string | null {

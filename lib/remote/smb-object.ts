@@ -113,6 +113,7 @@ const require_ = createRequire(import.meta.url)
 const SMB2 = require_('@tryjsky/v9u-smb2') as new (o: Record<string, unknown>) => SmbConnection
 const forge = require_('@tryjsky/v9u-smb2/lib/tools/smb2-forge') as {
   request(name: string, params: unknown, c: SmbConnection, cb: Callback): void
+  response(c: SmbConnection): (data: Buffer) => void
 }
 const connectionTools = require_('@tryjsky/v9u-smb2/lib/tools/smb2-connection') as {
   requireConnect(fn: (cb: Callback) => void): (this: SmbConnection, cb: Callback) => void
@@ -195,6 +196,18 @@ class SmbSession {
       autoCloseTimeout: 0,
     })
     this.c.socket.on('close', () => this.die(new CutError('ECONNRESET', 'the server closed the connection')))
+    // the client parses answers in its socket listener: a malformed one (a hostile or broken
+    // server) would throw out of the event loop; it ends this connection instead
+    this.c.socket.removeAllListeners('data')
+    const parse = forge.response(this.c)
+    this.c.socket.on('data', (d: Buffer) => {
+      try {
+        parse(d)
+      } catch (e) {
+        this.die(new CutError('EPROTO', `a malformed SMB answer (${(e as Error).message})`))
+        this.c.socket.destroy()
+      }
+    })
   }
 
   /** Connects, sets up the session and the tree; throws the client's error (its `code`: a status or a socket code). */

@@ -143,6 +143,27 @@ describe('SMB objects (real smbd)', () => {
     }
   }, 60_000)
 
+  test('a server answering garbage or nothing: a MigError in bounded time, the process stays up', async () => {
+    // not an SMB server: a TCP listener the test controls (hostile answers cannot be had from smbd)
+    const { createServer } = await import('node:net')
+    for (const answer of [Buffer.concat([Buffer.from([0, 0, 0, 40]), randomBytes(40)]), Buffer.from([0, 0, 0, 2, 0xfe, 0x53]), null]) {
+      const server = createServer((s) => {
+        s.on('error', () => {})
+        s.once('data', () => {
+          if (answer) s.write(answer)
+        })
+      })
+      await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()))
+      const port = (server.address() as { port: number }).port
+      try {
+        const e = await thrown(() => openSmbObject(`smb://127.0.0.1:${port}/exports/x.ova`, { auth: AUTH, connectTimeoutMs: 1500 }))
+        expect(e.code).toMatch(/^E_MIG_(SOURCE_UNREACHABLE|AUTH_FAILED|NOT_FOUND)$/)
+      } finally {
+        server.close()
+      }
+    }
+  }, 30_000)
+
   test('stop ends smbd and its per-connection processes', async () => {
     const s = await startSmbd(share, path.join(t.dir, 'smbd2'))
     const o = await openSmbObject(`${s.base}/sub%20dir/blob.bin`, { auth: AUTH })

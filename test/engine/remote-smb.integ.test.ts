@@ -14,6 +14,7 @@ import { randomBytes } from 'node:crypto'
 import { closeSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
+import { runCli } from '../helpers/cli.ts'
 import { call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startCuttingProxy, type CuttingProxy } from '../helpers/nginx.ts'
@@ -125,6 +126,20 @@ describe('remote offline inputs over SMB (real smbd, server, workers, file sink)
     for (const [n, d] of done.progress.disks.entries())
       expect(fileSha256(volumePath(t.dir, job.id, d.label))).toBe(rawSha256(path.join(x, `o-disk${n + 1}.vmdk`), 'vmdk', scratch))
     expect(nothingStaged()).toBe(true)
+  }, 120_000)
+
+  test('migrator import <smb URL> --credential: inspected remotely, submitted as offline_url, followed to Completed', async () => {
+    const target = url(files.vmdk!)
+    const r = await runCli(['import', target, '--credential', credential, '--name', `${PREFIX}cli`, '--no-start'], {
+      env: { MIGRATOR_URL: srv.base },
+      timeoutMs: 90_000,
+    })
+    expect([r.code, r.stderr]).toEqual([0, ''])
+    const id = /^migration ([0-9a-f-]{36}) submitted$/m.exec(r.stdout)![1]!
+    expect(r.stdout.split('\n')).toContain(`migration ${id} Completed`)
+    const job = (await call(srv.base, 'GET', `/migrations/${id}`)).body
+    expect(job.plan.source_ref).toEqual({ kind: 'offline_url', url: target, credential_id: credential })
+    expect(fileSha256(volumePath(t.dir, id, job.progress.disks[0].label))).toBe(rawSha256(files.vmdk!, 'vmdk', scratch))
   }, 120_000)
 
   test('a wrong password fails E_MIG_AUTH_FAILED; a missing file E_MIG_NOT_FOUND naming it; an http credential for smb:// is refused at submission', async () => {

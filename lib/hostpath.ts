@@ -62,6 +62,8 @@ export function resolveInRoot(root: string, candidate: string, opts: ResolveOpti
   if (typeof candidate !== 'string' || candidate.length === 0) reject(String(candidate), 'empty path')
   // a remote input of the active scope (its URL) is not a host path
   if (scopeStorage.getStore()?.remote(candidate)) return candidate
+  // a name relative to a remote folder export's descriptor: a sibling URL, never a host path
+  if (opts.base && scopeStorage.getStore()?.isRemoteFolder(opts.base)) return remoteSibling(opts.base, candidate)
   if (candidate.includes('\0')) reject(candidate, 'NUL byte in path')
   if (candidate.length > 4096) reject(candidate.slice(0, 64) + '…', 'path longer than 4096 bytes')
   if (/%(2e|2f|5c|00)/i.test(candidate)) reject(candidate, 'percent-encoded path characters')
@@ -78,6 +80,23 @@ export function resolveInRoot(root: string, candidate: string, opts: ResolveOpti
     if (rel.split(path.sep)[0] === UPLOADS_DIR) reject(candidate, `the ${UPLOADS_DIR} directory is not browsable`)
   }
   return real
+}
+
+/**
+ * The URL of `rel`, a file name relative to the remote folder `folder` (the descriptor's URL
+ * without its last segment): `<folder>/<rel, each segment percent-encoded>`. A name from a
+ * descriptor is hostile input: NUL or control characters, a backslash, a scheme (`x:`), an
+ * absolute path, an empty, `.` or `..` segment, or a percent sign are rejected with
+ * `E_MIG_HOST_PATH_REJECTED` ("outside the remote folder"): a companion is always a file of the
+ * same folder (or below it) on the same server, bucket or share.
+ */
+export function remoteSibling(folder: string, rel: string): string {
+  if (rel.length === 0 || rel.length > 1024) reject(rel.slice(0, 64), 'a remote companion name must be 1 to 1024 characters')
+  if (/[\x00-\x1f\\%]/.test(rel)) reject(rel, 'a control character, backslash or percent sign in a remote companion name (outside the remote folder)')
+  if (/^[a-z][a-z0-9+.-]*:/i.test(rel) || rel.startsWith('/')) reject(rel, 'an absolute name or another host: outside the remote folder')
+  const parts = rel.split('/')
+  if (parts.some((p) => p === '' || p === '.' || p === '..')) reject(rel, 'an empty, . or .. segment: outside the remote folder')
+  return `${folder}/${parts.map(encodeURIComponent).join('/')}`
 }
 
 /** Path of `abs` relative to the import root, with `/` separators (for API responses). */
@@ -108,6 +127,7 @@ export class InputScope {
   private readonly pins = new Map<string, { fd: number; stats: Stats; real: string }>()
   private readonly memos = new Map<string, Promise<unknown>>()
   private readonly remotes = new Map<string, RemoteFile>()
+  private readonly remoteFolders = new Set<string>()
   private closed = false
 
   /** `root`: the import root (absolute). */
@@ -184,6 +204,20 @@ export class InputScope {
   addRemote(file: RemoteFile): void {
     if (this.closed) throw new MigError('E_MIG_INTERNAL', 'input scope used after close')
     this.remotes.set(file.name, file)
+  }
+
+  /**
+   * Registers `folder` (a descriptor's URL without its last segment) as a remote folder export:
+   * `resolveInRoot` with this `base` gives the sibling URL ({@link remoteSibling}), which is a
+   * remote input of the scope when the opener found that companion.
+   */
+  addRemoteFolder(folder: string): void {
+    this.remoteFolders.add(folder)
+  }
+
+  /** Whether `folder` was registered with {@link addRemoteFolder}. */
+  isRemoteFolder(folder: string): boolean {
+    return this.remoteFolders.has(folder)
   }
 
   /** The remote input registered under `name`, if any. */

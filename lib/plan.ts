@@ -5,7 +5,7 @@
 import { z } from 'zod'
 import { ADAPTER_KINDS, IMPORTER_KINDS, PASSTHROUGH_IMPORTERS, type ImporterKind } from './kinds.ts'
 import { MigError } from './errors.ts'
-import { OfflineUrlRef, REMOTE_IMPORTERS } from './remote/ref.ts'
+import { OfflineUrlRef, REMOTE_IMPORTERS, REMOTE_FOLDER_DESCRIPTORS } from './remote/ref.ts'
 
 const uuid = z.string().regex(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i, 'must be a UUID')
 
@@ -103,12 +103,24 @@ export const Plan = z
     if (p.source_ref.kind === 'offline_url' && p.source_ref.s3 && !p.source_ref.url.startsWith('s3:')) {
       ctx.addIssue({ code: 'custom', path: ['source_ref', 's3'], message: 's3 settings need an s3:// url' })
     }
+    if (p.source_ref.kind === 'offline_url' && p.source_ref.tls && p.source_ref.url.startsWith('smb:')) {
+      ctx.addIssue({ code: 'custom', path: ['source_ref', 'tls'], message: 'an smb:// input has no TLS (SMB 2 without encryption); leave tls out' })
+    }
     if ('Offline' in p.source && p.source_ref.kind === 'offline_url' && !REMOTE_IMPORTERS.includes(p.source.Offline)) {
       ctx.addIssue({
         code: 'custom',
         path: ['source', 'Offline'],
-        message: `a remote input (offline_url) is one file read in place: ${REMOTE_IMPORTERS.join(', ')}; a ${p.source.Offline} export must be in the import root`,
+        message: `a remote input (offline_url) is one of ${REMOTE_IMPORTERS.join(', ')}; a ${p.source.Offline} export must be in the import root`,
       })
+    }
+    if ('Offline' in p.source && p.source_ref.kind === 'offline_url') {
+      const ext = REMOTE_FOLDER_DESCRIPTORS[p.source.Offline]
+      if (ext && !p.source_ref.url.toLowerCase().endsWith(ext))
+        ctx.addIssue({
+          code: 'custom',
+          path: ['source_ref', 'url'],
+          message: `a remote ${p.source.Offline} is named by the URL of its ${ext} descriptor (its companions are read beside it)`,
+        })
     }
     if (p.cutover && !('mode' in p.cutover && p.cutover.mode === 'auto') && !(live && p.mode === 'Warm')) {
       ctx.addIssue({ code: 'custom', path: ['cutover'], message: 'a cutover on command or at a time needs a Live source with mode "Warm"' })

@@ -1,6 +1,6 @@
 /**
- * `migrator import <path|url>`: brings an offline input in end to end. An `http(s)://` URL is
- * inspected remotely (`POST /remote-files/inspect`) and imported straight from the server
+ * `migrator import <path|url>`: brings an offline input in end to end. An `http(s)://`,
+ * `s3://bucket/key` or `smb://server/share/file` URL is inspected remotely (`POST /remote-files/inspect`) and imported straight from the server
  * (`source_ref.kind: "offline_url"`, docs/remote-sources.md), with `--credential`, `--ca-file`,
  * `--thumbprint`, `--insecure`. A path the server accepts inside its import root is inspected in
  * place; any other local file is uploaded (progress bar, SHA-256 checked by the server) and
@@ -92,7 +92,9 @@ async function locate(api: Api, target: string, kind: string | undefined, json: 
 export function register(program: Command): void {
   program
     .command('import <path>')
-    .description('inspect (uploading a local file when needed; an http(s):// URL is read from its server), submit and follow an offline migration')
+    .description(
+      'inspect (uploading a local file when needed; an http(s)://, s3:// or smb:// URL is read from its server), submit and follow an offline migration',
+    )
     .option('--kind <kind>', 'importer kind instead of detection')
     .option('--credential <id>', 'a URL: the registered credential (POST /remote-credentials) to send')
     .option('--ca-file <pem>', 'a https URL: trust this CA (PEM file)')

@@ -8,10 +8,11 @@ export const method = 'POST'
 export const path = '/remote-credentials'
 
 /**
- * Body `{name, kind: "http_basic", username, password}`, `{name, kind: "http_bearer", token}` or
- * `{name, kind: "s3", access_key_id, secret_access_key}`; 201 `{id, name, kind, username (the
- * user or access key id), created_at, updated_at}` (the secret sealed with AES-256-GCM,
- * never returned). Throws `E_MIG_BAD_REQUEST`, `E_MIG_CONFLICT` (name taken), `E_MIG_PERSIST_FAILED`.
+ * Body `{name, kind: "http_basic", username, password}`, `{name, kind: "http_bearer", token}`,
+ * `{name, kind: "s3", access_key_id, secret_access_key}` or `{name, kind: "smb", username,
+ * password, domain?}`; 201 `{id, name, kind, username (the user, the access key id, or an SMB
+ * `DOMAIN\user`), created_at, updated_at}` (the secret sealed with AES-256-GCM, never returned).
+ * Throws `E_MIG_BAD_REQUEST`, `E_MIG_CONFLICT` (name taken), `E_MIG_PERSIST_FAILED`.
  */
 export async function handle(request: Request, ctx: Ctx): Promise<Response> {
   const input = parseRemoteCredentialInput(await readJson(request))

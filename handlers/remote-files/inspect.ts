@@ -2,7 +2,7 @@
 import { MigError } from '../../lib/errors.ts'
 import { issuesOf } from '../../lib/plan.ts'
 import { credentialLookup } from '../../lib/remote/credentials.ts'
-import { inspectRemote } from '../../lib/remote/open.ts'
+import { inspectRemote } from '../../lib/remote/folder.ts'
 import { RemoteInspectBody } from '../../lib/remote/ref.ts'
 import { json, readJson } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'

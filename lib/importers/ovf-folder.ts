@@ -10,7 +10,7 @@ import { statSync } from 'node:fs'
 import { MigError } from '../errors.ts'
 import { readFileRange } from '../formats/io.ts'
 import { checkMemberHeader } from '../formats/member-header.ts'
-import { currentInputScope, resolveInRoot } from '../hostpath.ts'
+import { currentInputScope, remoteInput, remoteSibling, resolveInRoot } from '../hostpath.ts'
 import type { DiskSource, VmManifest } from '../manifest.ts'
 import { hashRange } from '../formats/tar.ts'
 import { MAX_DESCRIPTOR_BYTES, checkHref, chooseDiskFormat, decodeDescriptor, parseOvfEnvelope, pickHardwareSection, type OvfFile } from '../formats/ovf.ts'
@@ -23,8 +23,13 @@ import type { Importer, InspectContext } from './types.ts'
 const HEAD_BYTES = 64 * 1024
 const MAX_DIR_ENTRIES = 10_000
 
+/** A URL (a remote folder export's file), not a host path. */
+const isUrl = (p: string) => /^[a-z][a-z0-9+.-]*:\/\//i.test(p)
+
 /** Size of a regular file, or null when it does not exist (other errors: `E_MIG_DISK_READ_FAILED`). */
 function fileSize(abs: string): number | null {
+  // a remote export's companion exists when the opener found it (lib/remote/folder.ts)
+  if (isUrl(abs)) return remoteInput(abs)?.size ?? null
   try {
     const st = currentInputScope()?.pin(abs)?.stats ?? statSync(abs)
     if (!st.isFile()) return null
@@ -41,6 +46,11 @@ function fileSize(abs: string): number | null {
 
 /** Finds the descriptor: the input itself when it is a file, else the one `.ovf` in the folder. */
 async function findDescriptor(inputPath: string): Promise<string> {
+  if (remoteInput(inputPath)) {
+    if (!/\.ovf$/i.test(new URL(inputPath).pathname))
+      throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${inputPath}: a remote OVF folder input is the URL of its .ovf descriptor`)
+    return inputPath
+  }
   let st
   try {
     st = await stat(inputPath)
@@ -89,7 +99,10 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   const rootOpts = { allowUploads: ctx.allowUploads }
   const descriptor = resolveInRoot(ctx.importRoot, await findDescriptor(inputPath), rootOpts)
   const folder = path.dirname(descriptor)
-  const label = path.basename(descriptor)
+  const remote = remoteInput(descriptor) !== undefined
+  const label = remote ? decodeURIComponent(path.basename(descriptor)) : path.basename(descriptor)
+  // a companion beside the descriptor: a sibling URL of a remote export, else a host path
+  const sibling = (name: string) => (remote ? remoteSibling(folder, name) : path.join(folder, name))
   const size = fileSize(descriptor)
   if (size === null) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${label}: descriptor is not a regular file`)
   if (size > MAX_DESCRIPTOR_BYTES)
@@ -107,7 +120,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   }
 
   const base = label.replace(/\.ovf$/i, '')
-  const mfPath = path.join(folder, `${base}.mf`)
+  const mfPath = sibling(`${base}.mf`)
   const mfSize = fileSize(mfPath)
   if (mfSize !== null) {
     const mfLabel = path.basename(mfPath)
@@ -124,7 +137,7 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
     const listed = new Set(entries.map((e) => normalizeManifestName(e.name)))
     attachManifestDigests(refs, sources, listed, res.deferred, mfLabel, label, warnings)
   } else warnings.push(`${label}: no ${base}.mf manifest; file digests not verified`)
-  if (fileSize(path.join(folder, `${base}.cert`)) !== null) warnings.push(`${base}.cert: the signature is not verified`)
+  if (fileSize(sibling(`${base}.cert`)) !== null) warnings.push(`${base}.cert: the signature is not verified`)
 
   return ovfToManifest(env, { sourceFormat: 'ovf_folder', section, sources, warnings, fallbackName: base, label })
 }

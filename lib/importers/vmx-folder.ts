@@ -6,12 +6,11 @@
  */
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
-import { pinnedPath, resolveInRoot } from '../hostpath.ts'
-import { statPath } from '../formats/io.ts'
+import { resolveInRoot } from '../hostpath.ts'
+import { readFileRange, statPath } from '../formats/io.ts'
 import { sanitizeLabel, type VmManifest } from '../manifest.ts'
 import { inspectVmdk, manifestDiskOf } from '../formats/vmdk/inspect.ts'
 import { MAX_VMX_BYTES, parseVmx, vmxToManifest } from '../formats/vmx.ts'
-import { readFile } from 'node:fs/promises'
 import { findDescriptor } from './find-descriptor.ts'
 import type { Importer, InspectContext } from './types.ts'
 
@@ -34,12 +33,8 @@ async function inspect(inputPath: string, ctx: InspectContext): Promise<VmManife
   const vmxPath = await findVmx(resolveInRoot(ctx.importRoot, inputPath, { allowUploads: ctx.allowUploads }))
   const st = await statPath(vmxPath)
   if (st.size > MAX_VMX_BYTES) throw new MigError('E_MIG_MALFORMED_ARCHIVE', `${vmxPath}: VMX larger than 4 MiB (${st.size} bytes)`)
-  let bytes: Buffer
-  try {
-    bytes = await readFile(pinnedPath(vmxPath))
-  } catch (e) {
-    throw new MigError('E_MIG_DISK_READ_FAILED', `${vmxPath}: cannot read: ${(e as Error).message}`)
-  }
+  // through the input scope: the pinned descriptor, or a remote export's ranged reads
+  const bytes = await readFileRange(vmxPath, 0, st.size)
   const vmx = parseVmx(bytes, path.basename(vmxPath))
   const folder = path.dirname(vmxPath)
   return vmxToManifest(vmx, {

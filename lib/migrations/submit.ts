@@ -44,7 +44,7 @@ export async function checkPlanRefs(plan: Plan, store: Store, importRoot: string
       const c = await store.remoteCredentials.get(ref.credential_id).catch((e: unknown) => {
         throw new MigError('E_MIG_NOT_FOUND', `plan.source_ref.credential_id: ${(e as Error).message}`, { details: { path: 'plan.source_ref.credential_id' } })
       })
-      const problem = credentialProblem(ref.url.startsWith('s3:'), c.kind === 's3' ? 's3' : c.kind)
+      const problem = credentialProblem(new URL(ref.url).protocol, c.kind)
       if (problem)
         throw new MigError('E_MIG_INVALID_PLAN', `plan.source_ref.credential_id: ${problem}`, {
           details: { issues: [{ path: 'plan.source_ref.credential_id', message: problem }] },

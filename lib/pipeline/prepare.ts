@@ -21,9 +21,8 @@ import { openDiskReader } from './readers/open.ts'
 import { runV2vFullImport } from '../v2v/full-import.ts'
 import type { PreparedSource } from './prepared-source.ts'
 import { credentialLookup } from '../remote/credentials.ts'
-import { openRemoteInput } from '../remote/open.ts'
+import { addRemoteExport, openRemoteExport } from '../remote/folder.ts'
 import type { OfflineUrlRef } from '../remote/ref.ts'
-import type { RemoteFile } from '../contracts/remote-file.ts'
 
 /** Where offline inputs live. */
 export interface SourcePaths {
@@ -81,7 +80,7 @@ export async function verifyPackedDigest(disk: ManifestDisk, signal?: AbortSigna
  * the same version, else `E_MIG_DISK_READ_FAILED`: the disks copied so far are of the old one,
  * and going on would mix two versions.
  */
-async function sameRemoteVersion(jobId: string, remote: RemoteFile, store: Store): Promise<void> {
+async function sameRemoteVersion(jobId: string, remote: { name: string; identity: string }, store: Store): Promise<void> {
   const first = await store.jobs.inputIdentity(jobId)
   if (first === null) return store.jobs.setInputIdentity(jobId, remote.identity)
   if (first !== remote.identity)
@@ -137,8 +136,9 @@ export async function prepareSource(
     try {
       // a remote input is opened once (size and identity taken) and read by its URL through the scope
       if (input.remote) {
-        const remote = await openRemoteInput(input.remote, { credentials: credentialLookup(deps.store.remoteCredentials, deps.sealer) })
-        scope.addRemote(remote)
+        // (a folder export: its descriptor and the companions it names, lib/remote/folder.ts)
+        const remote = await openRemoteExport(input.remote, { credentials: credentialLookup(deps.store.remoteCredentials, deps.sealer) })
+        addRemoteExport(scope, remote)
         await sameRemoteVersion(job.id, remote, deps.store)
       }
       manifest = (await scope.run(() => inspectInput(input.path, { importRoot: deps.paths.importRoot, allowUploads: input.upload }, kind))).manifest

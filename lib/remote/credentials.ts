@@ -22,13 +22,22 @@ const username = z
   .min(1)
   .max(256)
   .regex(/^[^:\x00-\x1f]+$/, 'must not contain a colon or control characters')
+// [MS-NLMP]: the user and domain go separately; a backslash would be read as DOMAIN\user
+const smbName = z
+  .string()
+  .min(1)
+  .max(256)
+  .regex(/^[^\\/:\x00-\x1f]+$/, 'must not contain a backslash, slash, colon or control characters')
 const secret = z
   .string()
   .min(1)
   .max(4096)
   .regex(/^[^\x00-\x1f]+$/, 'must not contain control characters')
 
-/** Body of `POST /remote-credentials`: HTTP basic (`username`, `password`), bearer (`token`) or S3 access keys. */
+/**
+ * Body of `POST /remote-credentials`: HTTP basic (`username`, `password`), bearer (`token`), S3
+ * access keys, or an SMB user (`username`, `password`, optional `domain`, default `WORKGROUP`).
+ */
 export const RemoteCredentialInput = z.discriminatedUnion('kind', [
   z.strictObject({ name, kind: z.literal('http_basic'), username, password: secret }),
   z.strictObject({ name, kind: z.literal('http_bearer'), token: secret }),
@@ -42,6 +51,7 @@ export const RemoteCredentialInput = z.discriminatedUnion('kind', [
       .regex(/^[\x21-\x7e]+$/, 'must be printable ASCII without spaces'),
     secret_access_key: secret,
   }),
+  z.strictObject({ name, kind: z.literal('smb'), username: smbName, password: secret, domain: smbName.optional() }),
 ])
 export type RemoteCredentialInput = z.infer<typeof RemoteCredentialInput>
 
@@ -57,11 +67,16 @@ export function parseRemoteCredentialInput(body: unknown): RemoteCredentialInput
 
 /** The secret of `input` (sealed for storage). */
 export function secretOf(input: RemoteCredentialInput): string {
-  return input.kind === 'http_basic' ? input.password : input.kind === 's3' ? input.secret_access_key : input.token
+  if (input.kind === 'http_basic' || input.kind === 'smb') return input.password
+  return input.kind === 's3' ? input.secret_access_key : input.token
 }
 
-/** The non-secret name of `input` stored in clear (`username` column): the user, or the S3 access key id. */
+/**
+ * The non-secret name of `input` stored in clear (`username` column): the user, the S3 access key
+ * id, or an SMB `DOMAIN\user` (`user` alone without a domain).
+ */
 export function publicNameOf(input: RemoteCredentialInput): string | null {
+  if (input.kind === 'smb') return input.domain ? `${input.domain}\\${input.username}` : input.username
   return input.kind === 'http_basic' ? input.username : input.kind === 's3' ? input.access_key_id : null
 }
 
@@ -72,6 +87,13 @@ export function credentialLookup(repo: RemoteCredentialsRepo, sealer: Sealer): C
     const plain = sealer.open(c.secret, id)
     if (c.kind === 'http_basic') return { kind: 'basic', username: c.username ?? '', password: plain }
     if (c.kind === 's3') return { kind: 's3', accessKeyId: c.username ?? '', secretAccessKey: plain }
+    if (c.kind === 'smb') {
+      const name = c.username ?? ''
+      const cut = name.indexOf('\\')
+      return cut < 0
+        ? { kind: 'smb', username: name, password: plain }
+        : { kind: 'smb', domain: name.slice(0, cut), username: name.slice(cut + 1), password: plain }
+    }
     return { kind: 'bearer', token: plain }
   }
 }

@@ -6,16 +6,14 @@
  * pinned host file: positioned reads, here ranged requests.
  */
 import type { RemoteFile } from '../contracts/remote-file.ts'
-import { InputScope } from '../hostpath.ts'
-import { inspectInput, type InspectResult } from '../importers/index.ts'
-import type { ImporterKind } from '../kinds.ts'
 import { MigError } from '../errors.ts'
 import { openHttpObject, type HttpAuth, type HttpObjectOptions } from './http-object.ts'
 import { openS3Object, type S3Access } from './s3-object.ts'
+import { openSmbObject, type SmbAccess, type SmbObjectOptions } from './smb-object.ts'
 import type { OfflineUrlRef } from './ref.ts'
 
-/** A credential, unsealed: HTTP basic or bearer, or S3 access keys. */
-export type RemoteAuth = HttpAuth | S3Access
+/** A credential, unsealed: HTTP basic or bearer, S3 access keys, or an SMB user. */
+export type RemoteAuth = HttpAuth | S3Access | SmbAccess
 
 /** Looks up the credential `id` (`E_MIG_NOT_FOUND` when absent) and unseals it. */
 export type CredentialLookup = (id: string) => Promise<RemoteAuth>
@@ -24,6 +22,7 @@ export type CredentialLookup = (id: string) => Promise<RemoteAuth>
 export interface RemoteOpenOptions {
   credentials?: CredentialLookup
   http?: Omit<HttpObjectOptions, 'trust' | 'auth'>
+  smb?: Omit<SmbObjectOptions, 'auth'>
 }
 
 /**
@@ -37,45 +36,27 @@ export async function openRemoteInput(ref: OfflineUrlRef, opts: RemoteOpenOption
     if (!opts.credentials) throw new Error('openRemoteInput: a credential_id without a credential lookup')
     auth = await opts.credentials(ref.credential_id)
   }
-  const s3 = ref.url.startsWith('s3:')
-  const problem = credentialProblem(s3, auth?.kind ?? null)
+  const scheme = new URL(ref.url).protocol
+  const s3 = scheme === 's3:'
+  const problem = credentialProblem(scheme, auth?.kind ?? null)
   if (problem)
     throw new MigError('E_MIG_INVALID_PLAN', `source_ref.credential_id: ${problem}`, {
       details: { issues: [{ path: 'plan.source_ref.credential_id', message: problem }] },
     })
+  if (scheme === 'smb:') return openSmbObject(ref.url, { ...opts.smb, auth: auth as SmbAccess | null })
   if (s3)
     return openS3Object(ref.url, { endpoint: ref.s3?.endpoint, region: ref.s3?.region, access: auth as S3Access | null, trust: ref.tls ?? {}, http: opts.http })
   return openHttpObject(ref.url, { ...opts.http, trust: ref.tls ?? {}, auth: auth as HttpAuth | null })
 }
 
 /**
- * Why a credential of kind `kind` (`basic`, `bearer`, `s3`; null: none) does not fit an input
- * (`s3`: an `s3://` URL), or null.
+ * Why a credential of kind `kind` (`basic`, `bearer`, `s3`, `smb`; null: none) does not fit an
+ * input of URL scheme `scheme` (`http:`, `https:`, `s3:`, `smb:`), or null.
  */
-export function credentialProblem(s3: boolean, kind: string | null): string | null {
+export function credentialProblem(scheme: string, kind: string | null): string | null {
   if (kind === null) return null
-  if (s3 && kind !== 's3') return 'an s3:// input needs a credential of kind s3'
-  if (!s3 && kind === 's3') return 'an http(s) input needs a credential of kind http_basic or http_bearer'
+  if (scheme === 's3:') return kind === 's3' ? null : 'an s3:// input needs a credential of kind s3'
+  if (scheme === 'smb:') return kind === 'smb' ? null : 'an smb:// input needs a credential of kind smb'
+  if (kind === 's3' || kind === 'smb') return 'an http(s) input needs a credential of kind http_basic or http_bearer'
   return null
-}
-
-/**
- * Inspects the remote input `ref` without copying (the `POST /remote-files/inspect` endpoint):
- * headers, descriptors and tables are read with ranged requests, the object is closed after.
- * `kind` skips detection. Throws what {@link openRemoteInput} and `inspectInput` throw.
- */
-export async function inspectRemote(
-  ref: OfflineUrlRef,
-  importRoot: string,
-  kind: ImporterKind | undefined,
-  opts: RemoteOpenOptions = {},
-): Promise<InspectResult> {
-  const scope = new InputScope(importRoot)
-  try {
-    const remote = await openRemoteInput(ref, opts)
-    scope.addRemote(remote)
-    return await scope.run(() => inspectInput(remote.name, { importRoot }, kind))
-  } finally {
-    scope.close()
-  }
 }

@@ -3,7 +3,8 @@
  * validated with zod like the rest of the plan (`lib/plan.ts`).
  *
  * ```json
- * {"kind": "offline_url", "url": "https://files.example/vm.ova",   (or "s3://bucket/key" with "s3": {"endpoint", "region"})
+ * {"kind": "offline_url", "url": "https://files.example/vm.ova",   (or "s3://bucket/key" with "s3": {"endpoint", "region"},
+ *   or "smb://server[:port]/share/dir/vm.ova")
  *  "credential_id": "<uuid of POST /remote-credentials>", "tls": {"ca_pem": "-----BEGIN CERTIFICATE-----..."}}
  * ```
  */
@@ -12,10 +13,17 @@ import { SourceTlsSchema } from '../contracts/source-tls.ts'
 import { IMPORTER_KINDS, type ImporterKind } from '../kinds.ts'
 
 /** URL schemes a remote input may use. */
-export const REMOTE_SCHEMES = ['http:', 'https:', 's3:'] as const
+export const REMOTE_SCHEMES = ['http:', 'https:', 's3:', 'smb:'] as const
 
-/** Importer kinds whose input is one file, read in place through ranged reads. */
-export const REMOTE_IMPORTERS: readonly ImporterKind[] = ['ova_archive', 'qcow2', 'vmdk', 'vhdx']
+/**
+ * Importer kinds read remotely: one file read in place through ranged reads, or a folder export
+ * named by its descriptor's URL (`.ovf`, `.vmx`) whose companions are sibling URLs
+ * (`lib/remote/folder.ts`).
+ */
+export const REMOTE_IMPORTERS: readonly ImporterKind[] = ['ova_archive', 'qcow2', 'vmdk', 'vhdx', 'ovf_folder', 'vmx_folder']
+
+/** The descriptor extension a folder kind's URL must end with. */
+export const REMOTE_FOLDER_DESCRIPTORS: Partial<Record<ImporterKind, string>> = { ovf_folder: '.ovf', vmx_folder: '.vmx' }
 
 /** Why `s` is not an acceptable remote URL, or null. */
 export function remoteUrlProblem(s: string): string | null {
@@ -25,14 +33,19 @@ export function remoteUrlProblem(s: string): string | null {
   } catch {
     return 'must be an absolute URL (https://host/path/file.ova)'
   }
-  if (u.protocol === 'smb:') return 'smb:// inputs are not supported by this build; serve the file over https://, http:// or s3://'
   if (!(REMOTE_SCHEMES as readonly string[]).includes(u.protocol))
-    return `scheme ${u.protocol.replace(/:$/, '')} is not supported: use https://, http:// or s3://bucket/key`
+    return `scheme ${u.protocol.replace(/:$/, '')} is not supported: use https://, http://, s3://bucket/key or smb://server/share/file`
   if (u.username !== '' || u.password !== '')
     return 'must not carry credentials (user:password@); register them (POST /remote-credentials) and give credential_id'
   if (u.hostname === '') return u.protocol === 's3:' ? 'must name a bucket (s3://bucket/key)' : 'must name a host'
   if (u.protocol === 's3:' && (u.port !== '' || u.search !== '')) return 'an s3:// URL is s3://bucket/key (the server goes in s3.endpoint)'
   if (u.hash !== '') return 'must not have a #fragment'
+  if (u.protocol === 'smb:') {
+    if (u.search !== '') return 'an smb:// URL is smb://server[:port]/share/path/file, without a query'
+    const parts = u.pathname.split('/').slice(1)
+    if (parts.length < 2 || parts[0] === '') return 'must name a share and a file in it (smb://server/share/dir/file.ova)'
+    if (parts.some((p) => /%5c|%00|\\/i.test(p))) return 'must not hold a backslash or NUL in a path segment'
+  }
   if (u.pathname === '/' || u.pathname.endsWith('/')) return 'must name a file, not a folder'
   return null
 }
@@ -40,7 +53,10 @@ export function remoteUrlProblem(s: string): string | null {
 /** `tls` of a remote input: trust by a CA (PEM), a pinned SHA-256 thumbprint, or insecure (`lib/tls.ts`). */
 export const RemoteTls = SourceTlsSchema
 
-/** The `url` field: an http(s) URL of one file, without credentials. */
+/**
+ * The `url` field: one file, without credentials: `http(s)://host/path`, `s3://bucket/key`, or
+ * `smb://server[:port]/share/dir/file` (SMB 2, port default 445; `lib/remote/smb-object.ts`).
+ */
 export const RemoteUrl = z
   .string()
   .min(1)

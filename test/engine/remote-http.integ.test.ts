@@ -218,8 +218,10 @@ describe('remote offline inputs over HTTP(S) (real nginx, server, workers, file 
     const cases: Array<[Record<string, unknown>, string, string]> = [
       [urlPlan('qcow2', 'ftp://127.0.0.1/x.qcow2', 'p'), 'plan.source_ref.url', 'scheme ftp'],
       [urlPlan('qcow2', 'https://user:pw@127.0.0.1/x.qcow2', 'p'), 'plan.source_ref.url', 'must not carry credentials'],
-      [urlPlan('qcow2', 'smb://127.0.0.1/share/x.qcow2', 'p'), 'plan.source_ref.url', 'not supported by this build'],
-      [urlPlan('ovf_folder', `${web.base}/x/`, 'p'), 'plan.source.Offline', 'must be in the import root'],
+      [urlPlan('qcow2', 'smb://127.0.0.1/x.qcow2', 'p'), 'plan.source_ref.url', 'must name a share and a file in it'],
+      [urlPlan('qcow2', 'smb://127.0.0.1/share/x.qcow2?a=1', 'p'), 'plan.source_ref.url', 'without a query'],
+      [urlPlan('vbox_folder', `${web.base}/x/x.vbox`, 'p'), 'plan.source.Offline', 'must be in the import root'],
+      [urlPlan('ovf_folder', `${web.base}/x/x.ova`, 'p'), 'plan.source_ref.url', 'the URL of its .ovf descriptor'],
       [urlPlan('qcow2', `${web.base}/x.qcow2`, 'p', { tls: { thumbprint: 'zz' } }), 'plan.source_ref.tls.thumbprint', 'SHA-256'],
     ]
     for (const [plan, field, why] of cases) {

@@ -115,10 +115,11 @@ function accepts(port: number): Promise<boolean> {
   })
 }
 
-/** A running cutting proxy: `connections` counts the connections it took. */
+/** A running cutting proxy: `connections` counts the connections it took, `bytes` the answer bytes it forwarded. */
 export interface CuttingProxy {
   base: string
   connections: number
+  bytes: number
   close(): Promise<void>
 }
 
@@ -132,6 +133,7 @@ export async function startCuttingProxy(port: number, cutAfter: number, cuts: nu
   const proxy: CuttingProxy & { server?: Server } = {
     base: '',
     connections: 0,
+    bytes: 0,
     close: async () => {
       for (const s of sockets) s.destroy()
       await new Promise<void>((r) => server.close(() => r()))
@@ -145,9 +147,15 @@ export async function startCuttingProxy(port: number, cutAfter: number, cuts: nu
     const cut = n < cuts
     client.on('data', (d) => upstream.write(d))
     upstream.on('data', (d: Buffer) => {
-      if (!cut) return void client.write(d)
+      if (!cut) {
+        proxy.bytes += d.length
+        return void client.write(d)
+      }
       const room = cutAfter - sent
-      if (room > 0) client.write(room >= d.length ? d : d.subarray(0, room))
+      if (room > 0) {
+        proxy.bytes += Math.min(room, d.length)
+        client.write(room >= d.length ? d : d.subarray(0, room))
+      }
       sent += d.length
       if (sent >= cutAfter) {
         client.destroy()

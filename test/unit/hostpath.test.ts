@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { resolveInRoot } from '../../lib/hostpath.ts'
+import { InputScope, remoteSibling, resolveInRoot } from '../../lib/hostpath.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 
 const t = tempDir()
@@ -57,5 +57,39 @@ describe('import root confinement (spec 8)', () => {
 
   test('.uploads is reachable only when allowed', () => {
     expect(resolveInRoot(root, '.uploads/x', { allowUploads: true })).toBe(path.join(root, '.uploads', 'x'))
+  })
+})
+
+describe('remote folder exports: companion names (lib/hostpath.ts remoteSibling)', () => {
+  const folder = 'smb://fs01:4450/exports/vm%201'
+  test('a plain or nested name is the sibling URL, each segment percent-encoded', () => {
+    expect(remoteSibling(folder, 'vm 1-disk1.vmdk')).toBe(`${folder}/vm%201-disk1.vmdk`)
+    expect(remoteSibling(folder, 'disks/a#b?.vmdk')).toBe(`${folder}/disks/a%23b%3F.vmdk`)
+  })
+  test('hostile names are E_MIG_HOST_PATH_REJECTED naming them', async () => {
+    for (const bad of [
+      '../x.vmdk',
+      'a/../../x.vmdk',
+      '/etc/passwd',
+      'http://evil.example/x.vmdk',
+      'c:x.vmdk',
+      'a\\..\\x',
+      '%2e%2e/x',
+      'a//b',
+      './x',
+      '',
+      'x\u0000y',
+    ])
+      expect([bad, (await thrown(() => remoteSibling(folder, bad))).code]).toEqual([bad, 'E_MIG_HOST_PATH_REJECTED'])
+  })
+  test('resolveInRoot with a registered remote folder as base gives the sibling URL, never a host path', async () => {
+    const scope = new InputScope(root)
+    scope.addRemoteFolder(folder)
+    try {
+      expect(scope.run(() => resolveInRoot(root, 'd.vmdk', { base: folder }))).toBe(`${folder}/d.vmdk`)
+      expect((await thrown(() => scope.run(() => resolveInRoot(root, '../../etc/passwd', { base: folder })))).code).toBe('E_MIG_HOST_PATH_REJECTED')
+    } finally {
+      scope.close()
+    }
   })
 })

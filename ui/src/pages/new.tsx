@@ -160,7 +160,7 @@ function Uploader({ onUploaded }: { onUploaded(u: Upload): void }) {
 type UrlRef = { kind: 'offline_url'; url: string; credential_id?: string; tls?: { ca_pem: string } }
 
 /**
- * The URL form: an http(s):// or s3:// URL, a registered credential (`GET /remote-credentials`,
+ * The URL form: an http(s)://, s3:// or smb://server/share/file URL, a registered credential (`GET /remote-credentials`,
  * never a secret) and an optional CA certificate (PEM) to trust.
  */
 function RemoteUrl({ onInspect }: { onInspect(ref: UrlRef): void }) {
@@ -188,7 +188,7 @@ function RemoteUrl({ onInspect }: { onInspect(ref: UrlRef): void }) {
         }}
       >
         <label>
-          URL (https://, http:// or s3://)
+          URL (https://, http://, s3:// or smb://)
           <input data-testid="remote-url-input" type="text" value={url} placeholder="https://files.example.org/vm.ova" onInput={(e) => setUrl((e.target as HTMLInputElement).value)} />
         </label>
         <label>

@@ -1,0 +1,556 @@
+/**
+ * A file on an SMB share (`smb://server[:port]/share/path/file.ova`) read in place as a
+ * {@link RemoteFile} (roadmap v0.3 "SMB remote offline inputs"), over SMB 2.0.2 ([MS-SMB2]) with
+ * NTLMv2 authentication ([MS-NLMP] 3.3.2), through `@tryjsky/v9u-smb2` (its connection,
+ * negotiation, session setup and message codecs; see the package's commit for why this client).
+ *
+ * Open: one connection, a session (the credential's user, password and domain; anonymous
+ * without), a tree connect to the share, a `CREATE` of the file (read access, `FILE_OPEN`). The
+ * answer gives the size (`EndofFile`) and the identity: `LastWriteTime`, `ChangeTime`, size.
+ * Reads: `READ` requests of at most 64 KiB (the client's largest) at any offset, up to
+ * {@link SmbObjectOptions.inFlight} of them outstanding on the connection (SMB2 credits). An
+ * interim `STATUS_PENDING` answer (the server went asynchronous, [MS-SMB2] 3.3.4.2) is followed
+ * to its final answer.
+ *
+ * Change detection: a read resolves only after a second `CREATE` of the same path, started after
+ * the read's bytes arrived, shows the identity of the open (one such check serves every read
+ * that completed before it began). A file overwritten in place (new `LastWriteTime`) or replaced
+ * by another (a rename over it: other times) is `E_MIG_DISK_READ_FAILED`, never a mixed disk.
+ *
+ * A connection cut or a request unanswered for `requestTimeoutMs` is retried on a new
+ * connection (session, tree and file opened again, the identity compared) `retries` times with a
+ * doubling backoff, then `E_MIG_DISK_READ_FAILED` naming the offset (`details.offset`).
+ *
+ * Failures: a refused, unreachable or unresolvable server, a connect timeout ->
+ * `E_MIG_SOURCE_UNREACHABLE`; `STATUS_LOGON_FAILURE`, `STATUS_ACCESS_DENIED` and the account
+ * states -> `E_MIG_AUTH_FAILED`; `STATUS_BAD_NETWORK_NAME` (no such share),
+ * `STATUS_OBJECT_NAME_NOT_FOUND`, `STATUS_OBJECT_PATH_NOT_FOUND`, a folder -> `E_MIG_NOT_FOUND`
+ * naming the URL.
+ */
+import { createRequire } from 'node:module'
+import type { RemoteFile } from '../contracts/remote-file.ts'
+import { MigError, type ErrorCode } from '../errors.ts'
+import { sleep } from '../retry.ts'
+
+/** SMB credentials: a user of the server (or of `domain`) and its password. */
+export interface SmbAccess {
+  kind: 'smb'
+  username: string
+  password: string
+  /** The user's domain or workgroup; default `WORKGROUP` (a standalone server ignores it). */
+  domain?: string
+}
+
+/** Options of {@link openSmbObject}; times in milliseconds. */
+export interface SmbObjectOptions {
+  auth?: SmbAccess | null
+  /** TCP connect and session setup (default 10 s). */
+  connectTimeoutMs?: number
+  /** Bound of one request's answer (default 60 s). */
+  requestTimeoutMs?: number
+  /** Reconnections after a cut connection or an unanswered request, per read (default 5). */
+  retries?: number
+  /** First backoff; doubled at every retry (default 250 ms). */
+  retryBaseMs?: number
+  /** `READ` requests outstanding at once (default 16, each at most 64 KiB). */
+  inFlight?: number
+}
+
+/** The parts of an `smb://` URL: server, TCP port (default 445), share, path in the share (`\`-separated). */
+export interface SmbLocation {
+  host: string
+  port: number
+  share: string
+  path: string
+}
+
+/**
+ * Splits `smb://server[:port]/share/dir/file` (percent-encoding decoded). Throws
+ * `E_MIG_INVALID_PLAN` when the URL names no share and file, or a segment is empty, `.`/`..` or
+ * holds a backslash or a control character.
+ */
+export function parseSmbUrl(url: string): SmbLocation {
+  const u = new URL(url)
+  const bad = (why: string) => new MigError('E_MIG_INVALID_PLAN', `${url}: ${why}`, { details: { issues: [{ path: 'plan.source_ref.url', message: why }] } })
+  if (u.protocol !== 'smb:') throw bad('not an smb:// URL')
+  if (u.hostname === '') throw bad('must name a server (smb://server/share/file)')
+  let parts: string[]
+  try {
+    parts = u.pathname.split('/').slice(1).map(decodeURIComponent)
+  } catch {
+    throw bad('has a malformed percent-encoding')
+  }
+  if (parts.length < 2) throw bad('must name a share and a file in it (smb://server/share/dir/file.ova)')
+  for (const p of parts)
+    if (p === '' || p === '.' || p === '..' || /[\\\x00-\x1f]/.test(p))
+      throw bad(`the path segment "${p}" is empty, a dot segment, or holds a backslash or control character`)
+  const host = u.hostname.replace(/^\[(.*)\]$/, '$1')
+  return { host, port: u.port === '' ? 445 : Number(u.port), share: parts[0]!, path: parts.slice(1).join('\\') }
+}
+
+// --- the client's internals this module drives (CommonJS, untyped) ---
+
+interface SmbConnection {
+  socket: import('node:net').Socket
+  messageId: number
+  responses: Record<string, unknown>
+  responsesCB: Record<string, (m: unknown) => void>
+  connected: boolean
+}
+interface SmbCreated {
+  FileId: Buffer
+  EndofFile: Buffer
+  LastWriteTime: Buffer
+  ChangeTime: Buffer
+  FileAttributes: Buffer | number
+}
+type Callback = (err: (Error & { code?: string }) | null, r?: unknown) => void
+interface SmbMessageModule {
+  parse(connection: SmbConnection, cb: Callback, error: Error): (m: unknown) => void
+}
+
+const require_ = createRequire(import.meta.url)
+const SMB2 = require_('@tryjsky/v9u-smb2') as new (o: Record<string, unknown>) => SmbConnection
+const forge = require_('@tryjsky/v9u-smb2/lib/tools/smb2-forge') as {
+  request(name: string, params: unknown, c: SmbConnection, cb: Callback): void
+  response(c: SmbConnection): (data: Buffer) => void
+}
+const connectionTools = require_('@tryjsky/v9u-smb2/lib/tools/smb2-connection') as {
+  requireConnect(fn: (cb: Callback) => void): (this: SmbConnection, cb: Callback) => void
+  close(c: SmbConnection): void
+}
+const MESSAGES: Record<string, SmbMessageModule> = {
+  open: require_('@tryjsky/v9u-smb2/lib/messages/open'),
+  read: require_('@tryjsky/v9u-smb2/lib/messages/read'),
+  close: require_('@tryjsky/v9u-smb2/lib/messages/close'),
+}
+
+/** Largest `READ` the client encodes (its `MAX_READ_LENGTH`). */
+const CHUNK = 64 * 1024
+const DIRECTORY = 0x10
+
+const AUTH_STATUSES = new Set([
+  'STATUS_LOGON_FAILURE',
+  'STATUS_ACCESS_DENIED',
+  'STATUS_WRONG_PASSWORD',
+  'STATUS_ACCOUNT_DISABLED',
+  'STATUS_ACCOUNT_RESTRICTION',
+  'STATUS_ACCOUNT_LOCKED_OUT',
+  'STATUS_ACCOUNT_EXPIRED',
+  'STATUS_PASSWORD_EXPIRED',
+  'STATUS_PASSWORD_MUST_CHANGE',
+  'STATUS_INVALID_LOGON_HOURS',
+  'STATUS_INVALID_WORKSTATION',
+  'STATUS_NO_SUCH_USER',
+])
+const MISSING_STATUSES = new Set(['STATUS_OBJECT_NAME_NOT_FOUND', 'STATUS_OBJECT_PATH_NOT_FOUND', 'STATUS_NO_SUCH_FILE', 'STATUS_OBJECT_NAME_INVALID'])
+const DNS = new Set(['ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL'])
+
+/** A transport failure (no answer): retried on a new connection. */
+class CutError extends Error {
+  readonly code: string
+  constructor(code: string, message: string) {
+    super(message)
+    this.code = code
+  }
+}
+
+function u64(b: Buffer): bigint {
+  return b.readBigUInt64LE(0)
+}
+
+/** A FILETIME (100 ns since 1601) as ISO text. */
+function filetime(b: Buffer): string {
+  const t = u64(b)
+  const ms = Number(t / 10_000n) - 11_644_473_600_000
+  return `${new Date(ms).toISOString().replace(/Z$/, '')}${String(t % 10_000n).padStart(4, '0')}Z`
+}
+
+function identityOf(f: SmbCreated): string {
+  return `LastWriteTime ${filetime(f.LastWriteTime)}, ChangeTime ${filetime(f.ChangeTime)}, ${Number(u64(f.EndofFile))} bytes`
+}
+
+function offsetBuffer(pos: number): Buffer {
+  const b = Buffer.alloc(8)
+  b.writeBigUInt64LE(BigInt(pos))
+  return b
+}
+
+/** One SMB connection: session and tree of the share; requests with a timeout, failed all at once when the connection dies. */
+class SmbSession {
+  private readonly c: SmbConnection
+  private readonly pending = new Set<(e: Error) => void>()
+  private dead: CutError | null = null
+
+  private constructor(
+    private readonly loc: SmbLocation,
+    auth: SmbAccess | null,
+    private readonly requestTimeoutMs: number,
+  ) {
+    this.c = new SMB2({
+      share: `\\\\${loc.host}\\${loc.share}`,
+      port: loc.port,
+      username: auth?.username ?? '',
+      password: auth?.password ?? '',
+      domain: auth?.domain ?? 'WORKGROUP',
+      autoCloseTimeout: 0,
+    })
+    this.c.socket.on('close', () => this.die(new CutError('ECONNRESET', 'the server closed the connection')))
+    // the client parses answers in its socket listener: a malformed one (a hostile or broken
+    // server) would throw out of the event loop; it ends this connection instead
+    this.c.socket.removeAllListeners('data')
+    const parse = forge.response(this.c)
+    this.c.socket.on('data', (d: Buffer) => {
+      try {
+        parse(d)
+      } catch (e) {
+        this.die(new CutError('EPROTO', `a malformed SMB answer (${(e as Error).message})`))
+        this.c.socket.destroy()
+      }
+    })
+  }
+
+  /** Connects, sets up the session and the tree; throws the client's error (its `code`: a status or a socket code). */
+  static async connect(loc: SmbLocation, auth: SmbAccess | null, connectTimeoutMs: number, requestTimeoutMs: number): Promise<SmbSession> {
+    const s = new SmbSession(loc, auth, requestTimeoutMs)
+    try {
+      await s.guard(
+        (cb) =>
+          connectionTools
+            .requireConnect((done) => done(null))
+            .call(s.c, (e) => {
+              cb(e)
+            }),
+        connectTimeoutMs,
+        'ETIMEDOUT',
+      )
+    } catch (e) {
+      s.close()
+      throw e
+    }
+    return s
+  }
+
+  private die(e: CutError): void {
+    if (this.dead) return
+    this.dead = e
+    for (const reject of this.pending) reject(e)
+    this.pending.clear()
+  }
+
+  /** Runs `start`, bounded by `ms` (then the connection is declared dead) and by the connection's death. */
+  private guard<T>(start: (cb: Callback) => void, ms: number, timeoutCode: string): Promise<T> {
+    if (this.dead) return Promise.reject(this.dead)
+    return new Promise<T>((resolve, reject) => {
+      let settled = false
+      const fail = (e: Error) => {
+        if (settled) return
+        settled = true
+        clearTimeout(timer)
+        this.pending.delete(fail)
+        reject(e)
+      }
+      const timer = setTimeout(() => {
+        const e = new CutError(timeoutCode, `no answer in ${ms} ms`)
+        fail(e)
+        this.die(e)
+        this.close()
+      }, ms)
+      this.pending.add(fail)
+      try {
+        start((err, r) => {
+          if (settled) return
+          if (err) {
+            fail(err)
+            return
+          }
+          settled = true
+          clearTimeout(timer)
+          this.pending.delete(fail)
+          resolve(r as T)
+        })
+      } catch (e) {
+        fail(e as Error)
+      }
+    })
+  }
+
+  /** Sends message `name` and waits for its final answer (an interim `STATUS_PENDING` is followed). */
+  request<T>(name: 'open' | 'read' | 'close', params: unknown): Promise<T> {
+    return this.guard<T>(
+      (cb) => {
+        const id = Buffer.alloc(4)
+        id.writeUInt32LE(this.c.messageId >>> 0)
+        const mid = id.toString('hex')
+        const done: Callback = (err, r) => {
+          if (err?.code === 'STATUS_PENDING') {
+            // the client deletes the callback after this returns: register the final answer's handler next turn
+            setImmediate(() => {
+              const h = MESSAGES[name]!.parse(this.c, done, new Error())
+              const early = this.c.responses[mid]
+              if (early !== undefined) {
+                delete this.c.responses[mid]
+                h(early)
+              } else this.c.responsesCB[mid] = h
+            })
+            return
+          }
+          cb(err, r)
+        }
+        forge.request(name, params, this.c, done)
+      },
+      this.requestTimeoutMs,
+      'ETIMEDOUT',
+    )
+  }
+
+  /** Opens the file for reading (`CREATE`, `FILE_OPEN`). */
+  openFile(): Promise<SmbCreated> {
+    return this.request<SmbCreated>('open', { path: this.loc.path })
+  }
+
+  close(): void {
+    this.die(new CutError('ECONNRESET', 'closed'))
+    try {
+      connectionTools.close(this.c)
+    } catch {}
+    this.c.socket.destroy()
+  }
+}
+
+/** The error the caller sees for a failure of connecting, authenticating, or opening. */
+function openError(url: string, loc: SmbLocation, e: unknown): MigError {
+  if (e instanceof MigError) return e
+  const code = String((e as { code?: unknown }).code ?? '')
+  const msg = (e as Error).message
+  const at = (c: ErrorCode, why: string) => new MigError(c, `${url}: ${why}`, { cause: e, details: { url, code: code || null } })
+  if (AUTH_STATUSES.has(code))
+    return at('E_MIG_AUTH_FAILED', `the server refused the credentials (${code}); check the smb credential's user, password and domain`)
+  if (code === 'STATUS_BAD_NETWORK_NAME') return at('E_MIG_NOT_FOUND', `no share "${loc.share}" on ${loc.host} (${code})`)
+  if (MISSING_STATUSES.has(code)) return at('E_MIG_NOT_FOUND', `no file "${loc.path}" in share "${loc.share}" (${code})`)
+  if (DNS.has(code)) return at('E_MIG_SOURCE_UNREACHABLE', `cannot resolve ${loc.host} (DNS, ${code})`)
+  if (e instanceof CutError || /^E[A-Z]+$/.test(code)) return at('E_MIG_SOURCE_UNREACHABLE', `${loc.host}:${loc.port} unreachable (${code}: ${msg})`)
+  return at('E_MIG_SOURCE_UNREACHABLE', `${loc.host}:${loc.port}: ${code || 'SMB'}: ${msg}`)
+}
+
+/**
+ * Opens the file `url` names (`smb://server[:port]/share/path`). Throws as described in the
+ * module comment, `E_MIG_INVALID_PLAN` for a URL without share and file.
+ */
+export async function openSmbObject(url: string, opts: SmbObjectOptions = {}): Promise<RemoteFile> {
+  const loc = parseSmbUrl(url)
+  const name = url
+  let session: SmbSession | null = null
+  try {
+    session = await SmbSession.connect(loc, opts.auth ?? null, opts.connectTimeoutMs ?? 10_000, opts.requestTimeoutMs ?? 60_000)
+    const f = await session.openFile()
+    const attrs = typeof f.FileAttributes === 'number' ? f.FileAttributes : f.FileAttributes.readUInt32LE(0)
+    if (attrs & DIRECTORY) throw new MigError('E_MIG_NOT_FOUND', `${url}: "${loc.path}" is a folder, not a file`, { details: { url } })
+    return new SmbObject(name, loc, opts, session, f)
+  } catch (e) {
+    session?.close()
+    throw openError(url, loc, e)
+  }
+}
+
+class SmbObject implements RemoteFile {
+  readonly size: number
+  readonly identity: string
+  private closed = false
+  private reconnecting: Promise<void> | null = null
+  private slots: number
+  private readonly queue: Array<() => void> = []
+  private checking = false
+  private readonly waiters: Array<{ resolve: () => void; reject: (e: Error) => void }> = []
+
+  constructor(
+    readonly name: string,
+    private readonly loc: SmbLocation,
+    private readonly opts: SmbObjectOptions,
+    private session: SmbSession,
+    private file: SmbCreated,
+  ) {
+    this.size = Number(u64(file.EndofFile))
+    this.identity = identityOf(file)
+    this.slots = opts.inFlight ?? 16
+  }
+
+  private changed(pos: number, why: string): MigError {
+    return new MigError(
+      'E_MIG_DISK_READ_FAILED',
+      `${this.name}: the file changed on the server since the copy began (${why}) at offset ${pos}; nothing of the new version was used`,
+      { details: { url: this.name, offset: pos } },
+    )
+  }
+
+  async read(into: Buffer, pos: number): Promise<number> {
+    if (this.closed) throw new MigError('E_MIG_DISK_READ_FAILED', `${this.name}: read at offset ${pos} after close`)
+    const n = Math.max(0, Math.min(into.length, this.size - pos))
+    if (n === 0) return 0
+    const parts: Promise<void>[] = []
+    for (let o = 0; o < n; o += CHUNK) parts.push(this.readChunk(into.subarray(o, Math.min(n, o + CHUNK)), pos + o))
+    const settled = await Promise.allSettled(parts)
+    const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected')
+    if (failed) throw failed.reason
+    await this.verified(pos)
+    return n
+  }
+
+  /** Waits for one of the `inFlight` request slots. */
+  private async slot(): Promise<void> {
+    if (this.slots > 0) {
+      this.slots--
+      return
+    }
+    await new Promise<void>((r) => this.queue.push(r))
+  }
+
+  private release(): void {
+    const next = this.queue.shift()
+    if (next) next()
+    else this.slots++
+  }
+
+  /** Fills `into` (at most 64 KiB) from `pos`, reconnecting after a cut. */
+  private async readChunk(into: Buffer, pos: number): Promise<void> {
+    const retries = this.opts.retries ?? 5
+    let why = ''
+    for (let attempt = 0; attempt <= retries; attempt++) {
+      if (attempt > 0) {
+        await sleep((this.opts.retryBaseMs ?? 250) * 2 ** (attempt - 1))
+        if (this.closed) break
+        try {
+          await this.reconnect(pos)
+        } catch (e) {
+          if (e instanceof MigError) throw e
+          why = `${(e as { code?: string }).code ?? 'transport'}: ${(e as Error).message}`
+          continue
+        }
+      }
+      if (this.closed) break
+      await this.slot()
+      let got: Buffer
+      try {
+        got = await this.session.request<Buffer>('read', { FileId: this.file.FileId, Length: into.length, Offset: offsetBuffer(pos) })
+      } catch (e) {
+        if (e instanceof CutError) {
+          why = `${e.code}: ${e.message}`
+          continue
+        }
+        const code = String((e as { code?: unknown }).code ?? '')
+        throw new MigError('E_MIG_DISK_READ_FAILED', `${this.name}: reading ${into.length} bytes at offset ${pos}: ${code} ${(e as Error).message}`, {
+          cause: e,
+          details: { url: this.name, offset: pos, code },
+        })
+      } finally {
+        this.release()
+      }
+      // a short answer before the end of the file opened: the file shrank
+      if (got.length !== into.length) throw this.changed(pos, `${got.length} bytes for ${into.length}`)
+      got.copy(into)
+      return
+    }
+    throw new MigError(
+      'E_MIG_DISK_READ_FAILED',
+      `${this.name}: reading ${into.length} bytes at offset ${pos} failed ${retries + 1} times (${why}); the copy stopped at offset ${pos}`,
+      { details: { url: this.name, offset: pos } },
+    )
+  }
+
+  /** A new connection, the file opened again and compared with the first open (one at a time). */
+  private reconnect(pos: number): Promise<void> {
+    if (!this.reconnecting)
+      this.reconnecting = (async () => {
+        this.session.close()
+        const s = await SmbSession.connect(this.loc, this.opts.auth ?? null, this.opts.connectTimeoutMs ?? 10_000, this.opts.requestTimeoutMs ?? 60_000)
+        let f: SmbCreated
+        try {
+          f = await s.openFile()
+        } catch (e) {
+          s.close()
+          if (e instanceof CutError) throw e
+          throw this.changed(pos, `opening it again failed: ${(e as { code?: string }).code ?? (e as Error).message}`)
+        }
+        if (identityOf(f) !== this.identity) {
+          s.close()
+          throw this.changed(pos, `${identityOf(f)}, was ${this.identity}`)
+        }
+        this.session = s
+        this.file = f
+      })().finally(() => {
+        this.reconnecting = null
+      })
+    return this.reconnecting
+  }
+
+  /** Resolves once a check of the path, begun after this call, found the identity of the open. */
+  private verified(pos: number): Promise<void> {
+    return new Promise((resolve, reject) => {
+      this.waiters.push({
+        resolve,
+        reject: (e) => reject(e instanceof MigError && e.code === 'E_MIG_DISK_READ_FAILED' ? this.changed(pos, e.message) : e),
+      })
+      this.pump()
+    })
+  }
+
+  private pump(): void {
+    if (this.checking || this.waiters.length === 0) return
+    const batch = this.waiters.splice(0)
+    this.checking = true
+    this.checkOnce()
+      .then(
+        () => {
+          for (const w of batch) w.resolve()
+        },
+        (e: Error) => {
+          for (const w of batch) w.reject(e)
+        },
+      )
+      .finally(() => {
+        this.checking = false
+        this.pump()
+      })
+  }
+
+  /** Opens the path again and compares its identity; retries a cut connection like a read. */
+  private async checkOnce(): Promise<void> {
+    const retries = this.opts.retries ?? 5
+    let why = ''
+    for (let attempt = 0; attempt <= retries; attempt++) {
+      if (attempt > 0) {
+        await sleep((this.opts.retryBaseMs ?? 250) * 2 ** (attempt - 1))
+        try {
+          await this.reconnect(0)
+        } catch (e) {
+          if (e instanceof MigError) throw new MigError('E_MIG_DISK_READ_FAILED', e.message)
+          why = `${(e as { code?: string }).code ?? 'transport'}`
+          continue
+        }
+      }
+      const s = this.session
+      let f: SmbCreated
+      try {
+        f = await s.openFile()
+      } catch (e) {
+        if (e instanceof CutError) {
+          why = e.code
+          continue
+        }
+        throw new MigError('E_MIG_DISK_READ_FAILED', `opening it again failed: ${(e as { code?: string }).code ?? (e as Error).message}`)
+      }
+      s.request('close', f).catch(() => {})
+      const now = identityOf(f)
+      if (now !== this.identity) throw new MigError('E_MIG_DISK_READ_FAILED', `${now}, was ${this.identity}`)
+      return
+    }
+    throw new MigError('E_MIG_DISK_READ_FAILED', `checking the file failed ${retries + 1} times (${why})`)
+  }
+
+  close(): void {
+    if (this.closed) return
+    this.closed = true
+    for (const r of this.queue.splice(0)) r()
+    this.session.close()
+  }
+}

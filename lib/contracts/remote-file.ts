@@ -13,6 +13,8 @@
  * - `read(into, pos)`: fills `into` with the bytes at `pos`; returns how many (short only at the
  *   end of the object). Throws `E_MIG_DISK_READ_FAILED` naming the object and offset (the object
  *   changed, the connection kept failing), `E_MIG_AUTH_FAILED`, `E_MIG_NOT_FOUND`.
+ * - `readAhead(on)` (optional): turns sequential read-ahead on for a copy (lib/remote/read-ahead.ts;
+ *   off by default, and for an inspection).
  * - `close()`: closes its connections; idempotent, never throws.
  */
 export interface RemoteFile {
@@ -24,5 +26,6 @@ export interface RemoteFile {
    */
   readonly identity: string
   read(into: Buffer, pos: number): Promise<number>
+  readAhead?(on: boolean): void
   close(): void
 }

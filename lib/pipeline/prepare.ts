@@ -21,7 +21,7 @@ import { openDiskReader } from './readers/open.ts'
 import { runV2vFullImport } from '../v2v/full-import.ts'
 import type { PreparedSource } from './prepared-source.ts'
 import { credentialLookup } from '../remote/credentials.ts'
-import { addRemoteExport, openRemoteExport } from '../remote/folder.ts'
+import { addRemoteExport, openRemoteExport, type RemoteExport } from '../remote/folder.ts'
 import type { OfflineUrlRef } from '../remote/ref.ts'
 
 /** Where offline inputs live. */
@@ -133,15 +133,18 @@ export async function prepareSource(
     // job (inspect, digests, readers, qemu-nbd): a name swapped after the check is never reopened.
     const scope = new InputScope(deps.paths.importRoot)
     let manifest: PreparedSource['manifest']
+    let remote: RemoteExport | null = null
     try {
       // a remote input is opened once (size and identity taken) and read by its URL through the scope
       if (input.remote) {
         // (a folder export: its descriptor and the companions it names, lib/remote/folder.ts)
-        const remote = await openRemoteExport(input.remote, { credentials: credentialLookup(deps.store.remoteCredentials, deps.sealer) })
+        remote = await openRemoteExport(input.remote, { credentials: credentialLookup(deps.store.remoteCredentials, deps.sealer) })
         addRemoteExport(scope, remote)
         await sameRemoteVersion(job.id, remote, deps.store)
       }
       manifest = (await scope.run(() => inspectInput(input.path, { importRoot: deps.paths.importRoot, allowUploads: input.upload }, kind))).manifest
+      // the copy reads clusters and grains in file order: one request per window from here on
+      for (const f of remote?.files ?? []) f.readAhead?.(true)
     } catch (e) {
       scope.close()
       throw e

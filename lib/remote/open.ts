@@ -11,6 +11,7 @@ import { openHttpObject, type HttpAuth, type HttpObjectOptions } from './http-ob
 import { openS3Object, type S3Access } from './s3-object.ts'
 import { openSmbObject, type SmbAccess, type SmbObjectOptions } from './smb-object.ts'
 import type { OfflineUrlRef } from './ref.ts'
+import { withReadAhead } from './read-ahead.ts'
 
 /** A credential, unsealed: HTTP basic or bearer, S3 access keys, or an SMB user. */
 export type RemoteAuth = HttpAuth | S3Access | SmbAccess
@@ -43,10 +44,19 @@ export async function openRemoteInput(ref: OfflineUrlRef, opts: RemoteOpenOption
     throw new MigError('E_MIG_INVALID_PLAN', `source_ref.credential_id: ${problem}`, {
       details: { issues: [{ path: 'plan.source_ref.credential_id', message: problem }] },
     })
-  if (scheme === 'smb:') return openSmbObject(ref.url, { ...opts.smb, auth: auth as SmbAccess | null })
+  // small reads in file order (clusters, grains) become one request per window (read-ahead.ts)
+  if (scheme === 'smb:') return withReadAhead(await openSmbObject(ref.url, { ...opts.smb, auth: auth as SmbAccess | null }))
   if (s3)
-    return openS3Object(ref.url, { endpoint: ref.s3?.endpoint, region: ref.s3?.region, access: auth as S3Access | null, trust: ref.tls ?? {}, http: opts.http })
-  return openHttpObject(ref.url, { ...opts.http, trust: ref.tls ?? {}, auth: auth as HttpAuth | null })
+    return withReadAhead(
+      await openS3Object(ref.url, {
+        endpoint: ref.s3?.endpoint,
+        region: ref.s3?.region,
+        access: auth as S3Access | null,
+        trust: ref.tls ?? {},
+        http: opts.http,
+      }),
+    )
+  return withReadAhead(await openHttpObject(ref.url, { ...opts.http, trust: ref.tls ?? {}, auth: auth as HttpAuth | null }))
 }
 
 /**

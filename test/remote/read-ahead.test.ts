@@ -1,0 +1,121 @@
+/**
+ * withReadAhead (lib/remote/read-ahead.ts) over a RemoteFile test double: an in-memory object
+ * that counts its reads (the transports themselves are tested against nginx, s3rver and smbd in
+ * the integ tests, which go through the read-ahead too).
+ */
+import { describe, expect, test } from 'bun:test'
+import { randomBytes } from 'node:crypto'
+import type { RemoteFile } from '../../lib/contracts/remote-file.ts'
+import { withReadAhead } from '../../lib/remote/read-ahead.ts'
+
+const KiB = 1024
+const MiB = 1024 * KiB
+
+/** An object of `data` whose reads are recorded (`[pos, length]`); `failAt` fails reads covering that offset. */
+function memoryFile(data: Buffer, failAt?: number) {
+  const reads: Array<[number, number]> = []
+  let closed = false
+  const file: RemoteFile = {
+    name: 'mem://object',
+    size: data.length,
+    identity: 'v1',
+    async read(into, pos) {
+      const n = Math.max(0, Math.min(into.length, data.length - pos))
+      reads.push([pos, n])
+      await new Promise((r) => setTimeout(r, 1))
+      if (failAt !== undefined && failAt >= pos && failAt < pos + n) throw new Error(`read at ${pos} failed`)
+      data.copy(into, 0, pos, pos + n)
+      return n
+    },
+    close() {
+      closed = true
+    },
+  }
+  return { file, reads, closed: () => closed }
+}
+
+describe('withReadAhead', () => {
+  test('64 KiB reads in file order, issued many at once: the bytes of the object, a request per window of up to 4 MiB', async () => {
+    const data = randomBytes(16 * MiB + 5 * KiB)
+    const m = memoryFile(data)
+    const f = withReadAhead(m.file)
+    f.readAhead!(true)
+    const out = Buffer.alloc(data.length)
+    for (let at = 0; at < data.length; at += 4 * MiB) {
+      // one chunk's pieces, read in parallel as the copy loop does
+      const pieces: Promise<number>[] = []
+      for (let p = at; p < Math.min(data.length, at + 4 * MiB); p += 64 * KiB) pieces.push(f.read(out.subarray(p, Math.min(data.length, p + 64 * KiB)), p))
+      await Promise.all(pieces)
+    }
+    expect(out.equals(data)).toBe(true)
+    expect(m.reads.length).toBeLessThan(16)
+    expect(Math.max(...m.reads.map(([, n]) => n))).toBe(4 * MiB)
+    // nothing fetched twice, nothing past the end
+    expect(m.reads.reduce((s, [, n]) => s + n, 0)).toBe(data.length)
+    expect(f.size).toBe(data.length)
+    expect(f.identity).toBe('v1')
+    f.close()
+    expect(m.closed()).toBe(true)
+  })
+
+  test('reads out of order and large reads go to the file as they are; the first reads of a run fetch little ahead', async () => {
+    const data = randomBytes(32 * MiB)
+    const m = memoryFile(data)
+    const f = withReadAhead(m.file)
+    f.readAhead!(true)
+    const b = Buffer.alloc(64 * KiB)
+    for (const pos of [20 * MiB, 3 * MiB, 9 * MiB, 1 * MiB]) {
+      expect(await f.read(b, pos)).toBe(64 * KiB)
+      expect(b.equals(data.subarray(pos, pos + 64 * KiB))).toBe(true)
+    }
+    expect(m.reads).toEqual([
+      [20 * MiB, 64 * KiB],
+      [3 * MiB, 64 * KiB],
+      [9 * MiB, 64 * KiB],
+      [1 * MiB, 64 * KiB],
+    ])
+    // a second read in a row: a window of twice the run (128 KiB), not 4 MiB
+    expect(await f.read(b, 1 * MiB + 64 * KiB)).toBe(64 * KiB)
+    expect(m.reads.at(-1)).toEqual([1 * MiB + 64 * KiB, 128 * KiB])
+    const big = Buffer.alloc(8 * MiB)
+    expect(await f.read(big, 1 * MiB + 128 * KiB)).toBe(8 * MiB)
+    expect(big.equals(data.subarray(1 * MiB + 128 * KiB, 9 * MiB + 128 * KiB))).toBe(true)
+    expect(m.reads.at(-1)).toEqual([1 * MiB + 128 * KiB, 8 * MiB])
+    // the end of the object: short only there
+    expect(await f.read(Buffer.alloc(MiB), data.length - 100)).toBe(100)
+    expect(await f.read(Buffer.alloc(MiB), data.length)).toBe(0)
+  })
+
+  test('off until readAhead(true) (an inspection reads what it asks); off again drops the windows', async () => {
+    const data = randomBytes(2 * MiB)
+    const m = memoryFile(data)
+    const f = withReadAhead(m.file)
+    const b = Buffer.alloc(64 * KiB)
+    for (let p = 0; p < MiB; p += 64 * KiB) await f.read(b, p)
+    expect(m.reads.every(([, n]) => n === 64 * KiB)).toBe(true)
+    expect(m.reads.length).toBe(16)
+    f.readAhead!(true)
+    for (let p = MiB; p < 2 * MiB; p += 64 * KiB) await f.read(b, p)
+    expect(m.reads.length).toBeLessThan(16 + 8)
+    f.readAhead!(false)
+    await f.read(b, MiB + 64 * KiB)
+    expect(m.reads.at(-1)).toEqual([MiB + 64 * KiB, 64 * KiB])
+  })
+
+  test('a failed window fails the reads waiting on it and is dropped: the next read asks the file again', async () => {
+    const data = randomBytes(8 * MiB)
+    const m = memoryFile(data, 700 * KiB)
+    const f = withReadAhead(m.file)
+    f.readAhead!(true)
+    const b = Buffer.alloc(64 * KiB)
+    for (let p = 0; p < 512 * KiB; p += 64 * KiB) await f.read(b, p)
+    for (let p = 512 * KiB; p < 576 * KiB; p += 64 * KiB) await f.read(b, p)
+    // both wait on the window the first of them starts, [576 KiB, 1728 KiB), which fails
+    const waiting = [f.read(Buffer.alloc(64 * KiB), 576 * KiB), f.read(Buffer.alloc(64 * KiB), 640 * KiB)]
+    const results = await Promise.allSettled(waiting)
+    expect(results.map((r) => r.status)).toEqual(['rejected', 'rejected'])
+    const before = m.reads.length
+    await expect(f.read(b, 640 * KiB)).rejects.toThrow('failed')
+    expect(m.reads.length).toBe(before + 1)
+  })
+})

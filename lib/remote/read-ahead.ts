@@ -8,15 +8,16 @@
  * serves a file read sequentially.
  *
  * - The window grows with the sequential run: twice the bytes read in a row so far, from the
- *   read's own length up to `maxWindowBytes` (default 4 MiB); so a few table reads during an
- *   inspection fetch little more than they ask, and a copy soon reads 4 MiB per request.
+ *   read's own length up to `maxWindowBytes` (default 4 MiB), and once it is that large the next
+ *   window is fetched while the reader reads the current one (a reader that waits for each read
+ *   still has a request in flight).
  * - A read that is not sequential, or of at least `maxWindowBytes` (the transport already splits
  *   and parallelises those), goes to the file as it is.
  * - At most `windows` windows (default 4) are kept, in flight or fetched: memory stays at
  *   `windows x maxWindowBytes`. Reads issued while a window is in flight wait for it.
  * - The file's own checks hold: every window is a read of the file (identity compared on each
  *   request); a failed window is dropped, and its readers get its error.
- * The bytes fetched beyond what is read are at most one window per sequence broken off (the end
+ * The bytes fetched beyond what is read are at most two windows per sequence broken off (the end
  * of a copy attempt), which stays inside the resume rule's one flush interval.
  * Off until `readAhead(true)`: the job turns it on for the copy, after the inspection, whose
  * header, table and digest reads must cost one pass over the export, not a window more per
@@ -46,6 +47,23 @@ export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): Re
   let lastEnd = -1
   let run = 0
 
+  /** Starts fetching `[pos, pos + size)` as a window (the oldest window is forgotten past `keep`). */
+  const fetch = (pos: number, size: number): Window => {
+    const buf = Buffer.allocUnsafe(size)
+    const w: Window = { pos, end: pos + size, got: file.read(buf, pos).then((k) => buf.subarray(0, k)) }
+    windows.push(w)
+    if (windows.length > keep) windows.shift()
+    w.got.catch(() => {
+      const i = windows.indexOf(w)
+      if (i >= 0) windows.splice(i, 1)
+    })
+    return w
+  }
+  /** Fetches the full window at `pos` unless one starts there or the object ends. */
+  const ahead = (pos: number): void => {
+    if (pos < file.size && !windows.some((w) => w.pos === pos)) fetch(pos, Math.min(maxWindow, file.size - pos))
+  }
+
   const serve = async (w: Window, into: Buffer, pos: number, n: number): Promise<number> => {
     const got = await w.got
     const from = pos - w.pos
@@ -71,22 +89,23 @@ export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): Re
       lastEnd = pos + n
       run = sequential ? run + n : 0
       const hit = windows.find((w) => pos >= w.pos && pos + n <= w.end)
-      if (hit) return serve(hit, into, pos, n)
+      if (hit) {
+        // a reader at full window size gets the next window fetched while it reads this one
+        if (hit.end - hit.pos === maxWindow) ahead(hit.end)
+        return serve(hit, into, pos, n)
+      }
+      // a read across the end of a window into the next one (reads of odd sizes)
+      const head = windows.find((w) => pos >= w.pos && pos < w.end)
+      const tail = head && windows.find((w) => w.pos === head.end && pos + n <= w.end)
+      if (head && tail) {
+        const k = head.end - pos
+        const [a, b] = await Promise.all([serve(head, into, pos, k), serve(tail, into.subarray(k), head.end, n - k)])
+        if (tail.end - tail.pos === maxWindow) ahead(tail.end)
+        return a + b
+      }
       const size = Math.min(file.size - pos, maxWindow, Math.max(n, 2 * run))
       if (!sequential || n >= maxWindow || size <= n) return file.read(into, pos)
-      const buf = Buffer.allocUnsafe(size)
-      const w: Window = {
-        pos,
-        end: pos + size,
-        got: file.read(buf, pos).then((k) => buf.subarray(0, k)),
-      }
-      windows.push(w)
-      if (windows.length > keep) windows.shift()
-      w.got.catch(() => {
-        const i = windows.indexOf(w)
-        if (i >= 0) windows.splice(i, 1)
-      })
-      return serve(w, into, pos, n)
+      return serve(fetch(pos, size), into, pos, n)
     },
     readAhead(v: boolean) {
       on = v

@@ -358,6 +358,8 @@ class SmbObject implements RemoteFile {
   readonly identity: string
   private closed = false
   private reconnecting: Promise<void> | null = null
+  /** Counts the connections made: a request that failed on an older one than the current retries on it, without reconnecting. */
+  private generation = 0
   private slots: number
   private readonly queue: Array<() => void> = []
   private checking = false
@@ -415,12 +417,13 @@ class SmbObject implements RemoteFile {
   private async readChunk(into: Buffer, pos: number): Promise<void> {
     const retries = this.opts.retries ?? 5
     let why = ''
+    let used = -1
     for (let attempt = 0; attempt <= retries; attempt++) {
       if (attempt > 0) {
         await sleep((this.opts.retryBaseMs ?? 250) * 2 ** (attempt - 1))
         if (this.closed) break
         try {
-          await this.reconnect(pos)
+          await this.reconnect(pos, used)
         } catch (e) {
           if (e instanceof MigError) throw e
           why = `${(e as { code?: string }).code ?? 'transport'}: ${(e as Error).message}`
@@ -431,6 +434,7 @@ class SmbObject implements RemoteFile {
       await this.slot()
       let got: Buffer
       try {
+        used = this.generation
         got = await this.session.request<Buffer>('read', { FileId: this.file.FileId, Length: into.length, Offset: offsetBuffer(pos) })
       } catch (e) {
         if (e instanceof CutError) {
@@ -457,8 +461,14 @@ class SmbObject implements RemoteFile {
     )
   }
 
-  /** A new connection, the file opened again and compared with the first open (one at a time). */
-  private reconnect(pos: number): Promise<void> {
+  /**
+   * A new connection, the file opened again and compared with the first open (one at a time).
+   * `failedOn`: the generation of the connection the caller's request failed on; when a newer one
+   * stands already, the caller retries on it (the requests of a cut connection fail one by one,
+   * and each must not close the connection that replaced it).
+   */
+  private reconnect(pos: number, failedOn: number): Promise<void> {
+    if (failedOn >= 0 && failedOn < this.generation) return this.reconnecting ?? Promise.resolve()
     if (!this.reconnecting)
       this.reconnecting = (async () => {
         this.session.close()
@@ -477,6 +487,7 @@ class SmbObject implements RemoteFile {
         }
         this.session = s
         this.file = f
+        this.generation++
       })().finally(() => {
         this.reconnecting = null
       })
@@ -517,11 +528,12 @@ class SmbObject implements RemoteFile {
   private async checkOnce(): Promise<void> {
     const retries = this.opts.retries ?? 5
     let why = ''
+    let used = -1
     for (let attempt = 0; attempt <= retries; attempt++) {
       if (attempt > 0) {
         await sleep((this.opts.retryBaseMs ?? 250) * 2 ** (attempt - 1))
         try {
-          await this.reconnect(0)
+          await this.reconnect(0, used)
         } catch (e) {
           if (e instanceof MigError) throw new MigError('E_MIG_DISK_READ_FAILED', e.message)
           why = `${(e as { code?: string }).code ?? 'transport'}`
@@ -529,6 +541,7 @@ class SmbObject implements RemoteFile {
         }
       }
       const s = this.session
+      used = this.generation
       let f: SmbCreated
       try {
         f = await s.openFile()

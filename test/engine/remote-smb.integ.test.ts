@@ -134,6 +134,8 @@ describe('remote offline inputs over SMB (real smbd, server, workers, file sink)
       env: { MIGRATOR_URL: srv.base },
       timeoutMs: 90_000,
     })
+    // the operator's view (README "Remote exports" shows it)
+    console.log(`$ migrator import ${target} --credential ${credential} --name ${PREFIX}cli --no-start\n${r.stdout}`)
     expect([r.code, r.stderr]).toEqual([0, ''])
     const id = /^migration ([0-9a-f-]{36}) submitted$/m.exec(r.stdout)![1]!
     expect(r.stdout.split('\n')).toContain(`migration ${id} Completed`)

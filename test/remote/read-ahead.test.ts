@@ -58,6 +58,22 @@ describe('withReadAhead', () => {
     expect(m.closed()).toBe(true)
   })
 
+  test('reads of odd sizes, one at a time: the next window is fetched ahead; reads across two windows fetch nothing twice', async () => {
+    const data = randomBytes(24 * MiB + 777)
+    const m = memoryFile(data)
+    const f = withReadAhead(m.file)
+    f.readAhead!(true)
+    const out = Buffer.alloc(data.length)
+    let pos = 0
+    for (let i = 0; pos < data.length; i++) {
+      const n = 40_000 + ((i * 7919) % 90_000)
+      pos += await f.read(out.subarray(pos, Math.min(data.length, pos + n)), pos)
+    }
+    expect(out.equals(data)).toBe(true)
+    expect(m.reads.reduce((s, [, n]) => s + n, 0)).toBeLessThanOrEqual(data.length + 256 * KiB)
+    expect(m.reads.length).toBeLessThan(20)
+  })
+
   test('reads out of order and large reads go to the file as they are; the first reads of a run fetch little ahead', async () => {
     const data = randomBytes(32 * MiB)
     const m = memoryFile(data)

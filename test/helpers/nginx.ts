@@ -12,7 +12,7 @@ import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createConnection, createServer, type Server, type Socket } from 'node:net'
 import * as path from 'node:path'
-import { freePort } from './server.ts'
+import { accepts, freePort, safeRead } from './server.ts'
 
 /** A running nginx. `requests()` are the access log's lines parsed (method, uri, range, status, bytes sent). */
 export interface RunningNginx {
@@ -95,24 +95,6 @@ http {
       clearTimeout(t)
     },
   }
-}
-
-function safeRead(f: string): string {
-  try {
-    return readFileSync(f, 'utf8')
-  } catch {
-    return ''
-  }
-}
-
-function accepts(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = createConnection({ host: '127.0.0.1', port }, () => {
-      s.destroy()
-      resolve(true)
-    })
-    s.on('error', () => resolve(false))
-  })
 }
 
 /** A running cutting proxy: `connections` counts the connections it took, `bytes` the answer bytes it forwarded. */

@@ -3,8 +3,8 @@
  * `GET {base}/migrations` answers 200, and stops it (SIGTERM, then SIGKILL after 10 s).
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
-import { existsSync } from 'node:fs'
-import { createServer } from 'node:net'
+import { existsSync, readFileSync } from 'node:fs'
+import { createConnection, createServer } from 'node:net'
 import * as path from 'node:path'
 import { REPO } from './tmp.ts'
 
@@ -21,6 +21,26 @@ export async function freePort(): Promise<number> {
       s.close(() => resolve(port))
     })
   })
+}
+
+/** Whether something accepts TCP connections on 127.0.0.1:`port` (a server child is up). */
+export function accepts(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = createConnection({ host: '127.0.0.1', port }, () => {
+      s.destroy()
+      resolve(true)
+    })
+    s.on('error', () => resolve(false))
+  })
+}
+
+/** The text of file `f` (a server child's log), '' when it cannot be read. */
+export function safeRead(f: string): string {
+  try {
+    return readFileSync(f, 'utf8')
+  } catch {
+    return ''
+  }
 }
 
 /** A running server child. */

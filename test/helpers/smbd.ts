@@ -7,10 +7,9 @@
  * `stop()` ends that group and waits until none of it is left.
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
-import { createConnection } from 'node:net'
+import { mkdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { freePort } from './server.ts'
+import { accepts, freePort, safeRead } from './server.ts'
 
 /** The share's user: the account the tests run as (Samba maps an SMB user to a Unix one), and its SMB password. */
 export const SMBD_USER = { username: execFileSync('id', ['-un'], { encoding: 'utf8' }).trim(), password: 'smb-secret-1' }
@@ -107,22 +106,4 @@ export async function startSmbd(root: string, dir: string): Promise<RunningSmbd>
       while (pids().length > 0) await new Promise((r) => setTimeout(r, 50))
     },
   }
-}
-
-function safeRead(f: string): string {
-  try {
-    return readFileSync(f, 'utf8')
-  } catch {
-    return ''
-  }
-}
-
-function accepts(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = createConnection({ host: '127.0.0.1', port }, () => {
-      s.destroy()
-      resolve(true)
-    })
-    s.on('error', () => resolve(false))
-  })
 }

@@ -259,7 +259,9 @@ export async function checkBoot(input: BootCheckInput): Promise<BootCheckResult>
         }
         screenText = text
         kernelSeen ||= KERNEL_RUNNING.test(text)
-        screenVerdict = classifyScreen(text)
+        // tty1 without a verdict does not undo the prompt tty2 showed (a failure there would)
+        const v = classifyScreen(text)
+        if (v || screenVerdict?.why !== SECOND_CONSOLE_WHY) screenVerdict = v
       })
       .catch(() => undefined)
       .finally(() => {

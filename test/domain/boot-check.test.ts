@@ -266,6 +266,12 @@ describe('checkBoot', () => {
     expect(r).toMatchObject({ verified: true, source: 'screen', evidence: "a login prompt on the guest's second virtual console (Alt+F2, OCR)" })
     expect(booted.calls.console).toBe(1)
 
+    // tty1 read again after tty2's prompt (before the grace period ended): the boot stays proven
+    const sticky = reader(flood, 'migrator-guest login: _\n')
+    const st = await checkBoot({ ...base, name: 'vm24', graceSeconds: 0.3, timeoutSeconds: 5, screen: sticky.r, secondConsole: pace })
+    expect(st).toMatchObject({ verified: true, evidence: "a login prompt on the guest's second virtual console (Alt+F2, OCR)" })
+    expect(sticky.calls.read).toBeGreaterThan(2)
+
     // tty2 without a prompt (no getty yet): one look per `everyMs`, unverified at the timeout.
     const empty = reader(flood, '\n')
     const u = await checkBoot({ ...base, name: 'vm21', timeoutSeconds: 0.5, screen: empty.r, secondConsole: pace })

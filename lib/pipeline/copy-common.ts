@@ -40,7 +40,7 @@ export interface CopyDiskOptions {
   flushEveryBytes?: number
   /** Reads in flight (1..16, default the reader's `readAhead`, else 4). */
   readAhead?: number
-  /** Chunks whose writes may be in flight at once (1..16, default 2). */
+  /** Chunks whose writes may be in flight at once (1..16, default `WRITE_DEPTH` of the node engine, 8). */
   writeDepth?: number
   /** Zero-detection granularity (default the volume's `blockSize`, else 64 KiB). */
   zeroGranularity?: number

@@ -5,7 +5,7 @@
  * - Walks the reader's extents from the resume watermark, cut by the chunker into 4 MiB chunks
  *   (spec 8); zero extents are never read, they become zero runs.
  * - Keeps up to `readAhead` reads (default 4) and the writes of up to `writeDepth` chunks
- *   (default 2) in flight so reading and writing overlap; reads reuse a fixed pool of 4 MiB
+ *   (default 8, {@link WRITE_DEPTH}) in flight so reading and writing overlap; reads reuse a fixed pool of 4 MiB
  *   buffers, so memory stays flat (at most `readAhead + writeDepth + 1` chunk buffers). The
  *   buffers are on `SharedArrayBuffer`s: the volume's writer thread writes from them without a
  *   copy (lib/sink/writer-thread.ts).
@@ -34,6 +34,14 @@ import type { SinkVolume, WriteSegment } from '../sink/types.ts'
 import { type CopyDiskOptions, type CopyDiskResult, cancelled, capWait, DEFAULT_FLUSH } from './copy-common.ts'
 import { startWriteback, writesBack } from './writeback.ts'
 
+/**
+ * Chunks whose writes may be queued on the volume's writer thread (4 MiB each): on fast storage
+ * the thread's `pwrite` calls are the copy's slowest step, and with only a few queued it idles
+ * while the job's event loop turns between chunks (docs/benchmarks.md has the measurements).
+ * Costs 4 MiB of memory each.
+ */
+export const WRITE_DEPTH = 8
+
 function hashZeros(h: Hash, n: number): void {
   while (n > 0) {
     const k = Math.min(n, ZERO_BUFFER.length)
@@ -52,7 +60,7 @@ export async function copyWithNode(reader: DiskReader, volume: SinkVolume, opts:
   const from = Math.max(0, Math.min(Math.floor(opts.from), size))
   const flushEvery = Math.max(1, opts.flushEveryBytes ?? DEFAULT_FLUSH)
   const readAhead = Math.max(1, Math.min(16, opts.readAhead ?? reader.readAhead ?? 4))
-  const writeDepth = Math.max(1, Math.min(16, opts.writeDepth ?? 2))
+  const writeDepth = Math.max(1, Math.min(16, opts.writeDepth ?? WRITE_DEPTH))
   const poolMax = readAhead + writeDepth + 1
   const gran = opts.zeroGranularity ?? volume.blockSize ?? 64 * 1024
   const signal = opts.signal

@@ -13,6 +13,7 @@ import { MigError } from '../../lib/errors.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import type { CopyDiskOptions } from '../../lib/pipeline/copy-common.ts'
 import { copyDisk, usesQemuImg } from '../../lib/pipeline/copy-disk.ts'
+import { WRITE_DEPTH } from '../../lib/pipeline/copy-engine-node.ts'
 import { QEMU_IMG_PROCESSES, qemuImgProcesses } from '../../lib/pipeline/copy-engine-qemu-img.ts'
 import { openNbdReader } from '../../lib/pipeline/readers/nbd.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
@@ -805,5 +806,40 @@ describe('copyDisk: reads in flight', () => {
     const asked = counting(1)
     await run(asked, 3)
     expect([one.most, dflt.most, asked.most]).toEqual([1, 4, 3])
+  })
+
+  test('writes of up to WRITE_DEPTH chunks are queued on the volume at once (a slow volume never waits for the loop); the copy asks fewer when told', async () => {
+    /** A memory volume whose writes take 50 ms each (reads take 5 ms) and that counts its writes in flight. */
+    const slow = () => {
+      const v = memVolume(64 * MiB)
+      let open = 0
+      const most = { n: 0 }
+      const write = v.write.bind(v)
+      v.write = async (offset: number, buf: Buffer) => {
+        open++
+        most.n = Math.max(most.n, open)
+        await sleep(50)
+        open--
+        await write(offset, buf)
+      }
+      return { v, most }
+    }
+    const dflt = slow()
+    await copyDisk(counting(), dflt.v, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {}, engine: 'node' })
+    const asked = slow()
+    await copyDisk(counting(), asked.v, {
+      from: 0,
+      signal: new AbortController().signal,
+      onProgress() {},
+      async onWatermark() {},
+      engine: 'node',
+      writeDepth: 2,
+    })
+    // At most the depth's chunks and the one just issued while the copy waits for the oldest;
+    // the default queues more than a depth of 2 allows.
+    expect(asked.most.n).toBe(3)
+    expect(dflt.most.n).toBeGreaterThan(3)
+    expect(dflt.most.n).toBeLessThanOrEqual(WRITE_DEPTH + 1)
+    expect(dflt.v.bytes.every((b) => b === 1)).toBe(true)
   })
 })

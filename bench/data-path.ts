@@ -34,8 +34,14 @@
  * reference in each repetition) is printed under the table with the job's ratio to it: what a
  * tool that converts the extracted blocks (xva-img) pays before it starts.
  *
- *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--min-seconds S] [--max-reps M] [--dir DIR] [--cache DIR|none]
- *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --min-seconds 0 --cache /var/tmp/mig-bench-cache
+ *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--min-seconds S] [--max-reps M] [--dirs DIR,DIR] [--cache DIR|none]
+ *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --min-seconds 0 --dirs /var/tmp/mig-bench-data-path --cache /var/tmp/mig-bench-cache
+ * `--dirs`: the directories benched one after another, each with its own tables (inputs, both
+ * destinations and the server's data in it): `--dirs /dev/shm/mig-bench,/var/tmp/mig-bench`
+ * compares on tmpfs (storage out of the comparison) and on disk in one run; `--dir` is one.
+ * The `cpu s` column is the CPU seconds (user + system) of `qemu-img convert` + `sync` and of the
+ * job's worker (its threads and the children it waited for; a spare's loading before its job not
+ * counted), medians.
  * `--min-seconds S`: past `--reps`, a kind is repeated (at most `--max-reps` times, default 12)
  * until its repetitions took S seconds of wall time, both sides and the settling between runs
  * together: on a layout whose runs take a fraction of a second (`sparse`), one slow run no longer
@@ -52,9 +58,9 @@ import * as path from 'node:path'
 import { buildInput } from '../test/helpers/inputs.ts'
 import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, stopLibvirt } from '../test/helpers/libvirt.ts'
-import { startServer } from '../test/helpers/server.ts'
+import { type RunningServer, startServer } from '../test/helpers/server.ts'
 import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
-import { allocatedBytes, alternate, cliArg, copyPhaseSeconds, median, onInterrupt, sampleWorkerPeakRss, sawTerminal, span } from './source.ts'
+import { allocatedBytes, alternate, childCpuSeconds, cliArg, copyPhaseSeconds, median, onInterrupt, sampleWorkerPeakRss, sawTerminal, span } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -65,7 +71,8 @@ const kinds = arg('kinds', 'qcow2').split(',')
 const reps = Math.max(1, Number(arg('reps', '3')))
 const minSeconds = Math.max(0, Number(arg('min-seconds', '0')))
 const maxReps = Math.max(reps, Number(arg('max-reps', '12')))
-const base = arg('dir', '/var/tmp/mig-bench-data-path')
+// One table per directory and layout: a tmpfs directory takes the storage out of the comparison.
+const dirs = arg('dirs', arg('dir', '/var/tmp/mig-bench-data-path')).split(',')
 // Raw layout images are kept here between runs (an 8 GiB ext4 layout takes minutes to build);
 // `--cache none` builds them afresh and deletes them.
 const cache = cacheDirArg()
@@ -181,10 +188,11 @@ const entries = new Set<string>()
  * runtime/worker.ts) and the time the client saw the terminal event. `copy` is the copy itself
  * (reader open to copy end); `fixed` is everything else.
  */
-async function breakdownOf(jobId: string, submittedAt: number, seenAt: number): Promise<Record<string, number>> {
+async function breakdownOf(srv: RunningServer, jobId: string, submittedAt: number, seenAt: number): Promise<Record<string, number>> {
   let forked = Number.NaN
   let spare = false
   let marks: Record<string, number> | null = null
+  let cpu = Number.NaN
   for (let tries = 0; tries < 100 && !marks; tries++) {
     for (const line of srv.stdout().split('\n')) {
       if (!line.includes(jobId)) continue
@@ -196,7 +204,10 @@ async function breakdownOf(jobId: string, submittedAt: number, seenAt: number): 
           spare = o.spare === true
           entries.add(path.relative(process.cwd(), o.entry))
         }
-        if (o.msg === 'job timings') marks = Object.fromEntries(o.timings as Array<[string, number]>)
+        if (o.msg === 'job timings') {
+          marks = Object.fromEntries(o.timings as Array<[string, number]>)
+          if (o.cpu) cpu = o.cpu.user + o.cpu.system
+        }
       } catch {}
     }
     if (!marks) await new Promise((r) => setTimeout(r, 50))
@@ -223,6 +234,8 @@ async function breakdownOf(jobId: string, submittedAt: number, seenAt: number): 
     seen: seenAt - at('completed'),
   }
   out.fixed = seenAt - submittedAt - out.copy!
+  // the worker's CPU seconds for the job (its threads and waited-for children), not a phase
+  out.cpu = cpu
   return out
 }
 
@@ -254,150 +267,175 @@ function printBreakdown(rows: Array<[string, Record<string, number>[]]>): void {
 
 const mbs = (sec: number) => size / MiB / sec
 
-rmSync(base, { recursive: true, force: true })
-mkdirSync(base, { recursive: true })
-execFileSync('chmod', ['755', base])
-const importRoot = path.join(base, 'imports')
-mkdirSync(importRoot)
-await ensureLibvirt()
-// info level: the supervisor's `worker started` and the worker's `job timings` lines feed the breakdown
-const srv = await startServer('bun', base, { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_LOG_LEVEL: 'info' })
-const cleanup = async () => {
-  await srv.stop()
-  await cleanupDomains('migbench-')
-  await stopLibvirt()
-  rmSync(base, { recursive: true, force: true })
-}
-onInterrupt(cleanup)
+/** The file system type of `dir` as `stat -f` names it (`tmpfs`, `ext2/ext3`, `overlayfs`...). */
+const fsType = (dir: string) => execFileSync('stat', ['-f', '-c', '%T', dir], { encoding: 'utf8' }).trim()
+
 const cpus = execFileSync('nproc', { encoding: 'utf8' }).trim()
 const mem = Math.round(Number(/MemTotal:\s+(\d+)/.exec(readFileSync('/proc/meminfo', 'utf8'))![1]) / 1024 / 1024)
 console.log(
   `machine: ${cpus} cores, ${mem} GiB RAM, shared; disk ${size / GiB} GiB; ${reps} repetitions per side${minSeconds > 0 ? ` (more, at most ${maxReps}, until a kind's repetitions took ${minSeconds} s)` : ''}, alternating; medians [min-max]`,
 )
+console.log("cpu s: CPU seconds (user + system) of qemu-img and of the job's worker (its threads and waited-for children), medians")
 let runNo = 0
 let failed = false
+/** The cleanup of the directory being benched (its server and files), for an interrupt. */
+let cleanupDir: (() => Promise<void>) | null = null
+onInterrupt(async () => {
+  await cleanupDir?.()
+  await stopLibvirt()
+})
+await ensureLibvirt()
 try {
-  for (const layout of layouts) {
-    const { path: raw, dataBytes } = cachedRawLayout(cache, base, layout, size)
-    console.log(`\nlayout ${layout}: ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB`)
-    console.log(
-      [
-        'kind'.padEnd(6),
-        'qemu-img MB/s'.padStart(18),
-        'job MB/s'.padStart(18),
-        'copy MB/s'.padStart(18),
-        'ratio'.padStart(16),
-        'alloc ref / ours (KiB)'.padStart(24),
-        'RSS MiB'.padStart(8),
-        'equal'.padStart(8),
-        'reps'.padStart(5),
-      ].join(' '),
-    )
-    const fixedRows: Array<[string, Record<string, number>[]]> = []
-    for (const kind of kinds) {
-      const { plan, refArgs, archive } = KINDS[kind]!.build(importRoot, raw)
-      execFileSync('sync')
-      const ref = path.join(base, 'ref.raw')
-      const extracted = path.join(base, 'extracted')
-      const extractSec: number[] = []
-      const refSec: number[] = []
-      const jobSec: number[] = []
-      const copySec: number[] = []
-      const breakdowns: Record<string, number>[] = []
-      let peak = 0
-      let lastJob: { id: string; label: string } | null = null
-      // Before each run both destinations are removed, except in the last repetition, which keeps
-      // the other side's output for the sha256 comparison.
-      let last = false
-      const settle = async (side?: 'ref' | 'ours') => {
-        if (!(last && side === 'ref')) rmSync(ref, { force: true })
-        if (lastJob && !(last && side === 'ours')) rmSync(path.join(base, 'volumes', 'migrations', lastJob.id), { recursive: true, force: true })
-        await cleanupDomains('migbench-')
-        execFileSync('sync')
-        await new Promise((r) => setTimeout(r, 500))
-      }
-      const runRef = async () => {
-        rmSync(ref, { force: true })
-        await settle('ours')
-        const t0 = performance.now()
-        execFileSync('qemu-img', ['convert', ...refArgs, '-O', 'raw', ref])
-        execFileSync('sync', ['-f', ref])
-        refSec.push((performance.now() - t0) / 1000)
-        if (!archive) return
-        rmSync(extracted, { recursive: true, force: true })
-        mkdirSync(extracted)
-        execFileSync('sync')
-        await new Promise((r) => setTimeout(r, 500))
-        const t1 = performance.now()
-        execFileSync('tar', ['-xf', archive, '-C', extracted])
-        execFileSync('sync', ['-f', extracted])
-        extractSec.push((performance.now() - t1) / 1000)
-        rmSync(extracted, { recursive: true, force: true })
-      }
-      const runOurs = async () => {
-        await settle('ref')
-        const stream = openStream(srv.base)
-        await stream.ready
-        const t0 = performance.now()
-        const submittedAt = Date.now()
-        const job = await submit(srv.base, { ...plan, name: `migbench-${++runNo}`, start: false })
-        const rss = sampleWorkerPeakRss(base, job.id)
-        // the end is the terminal state's SSE event as the client receives it (no poll interval)
-        await sawTerminal(stream.events, job.id, 1_800_000)
-        const sec = (performance.now() - t0) / 1000
-        const seenAt = Date.now()
-        const hwm = rss.stop()
-        const done = await waitJob(srv.base, job.id, undefined, 60_000)
-        stream.close()
-        if (done.state !== 'Completed') throw new Error(`${kind}/${layout}: job ended ${done.state}: ${JSON.stringify(done.last_error)}`)
-        copySec.push(copyPhaseSeconds(stream.events, job.id))
-        jobSec.push(sec)
-        peak = Math.max(peak, hwm)
-        lastJob = { id: job.id, label: done.progress.disks[0].label }
-        breakdowns.push(await breakdownOf(job.id, submittedAt, seenAt))
-      }
-      const repsDone = await alternate(reps, runRef, runOurs, (_r, isLast) => (last = isLast), { minSeconds, maxReps })
-      const img = volumePath(base, lastJob!.id, lastJob!.label)
-      // Byte equality by `cmp` (sha256sum of two 8 GiB files costs minutes on this shared machine;
-      // equal bytes mean equal sha256).
-      const equal = spawnSync('cmp', ['-s', img, ref]).status === 0
-      if (!equal) failed = true
-      const ratio = jobSec.map((s, i) => refSec[i]! / s)
-      // allocation exact (st_blocks, KiB), "over" when ours is more than qemu-img's
-      const refAlloc = allocatedBytes(ref)
-      const imgAlloc = allocatedBytes(img)
-      console.log(
-        [
-          kind.padEnd(6),
-          span(refSec.map(mbs)).padStart(18),
-          span(jobSec.map(mbs)).padStart(18),
-          span(copySec.map(mbs)).padStart(18),
-          `${median(refSec) / median(jobSec) > 0 ? (median(refSec) / median(jobSec)).toFixed(2) : '-'} [${Math.min(...ratio).toFixed(2)}-${Math.max(...ratio).toFixed(2)}]`.padStart(
-            16,
-          ),
-          `${refAlloc / 1024} / ${imgAlloc / 1024}${imgAlloc > refAlloc ? ' over' : ''}`.padStart(24),
-          (peak / MiB).toFixed(0).padStart(8),
-          (equal ? 'yes' : 'NO').padStart(8),
-          String(repsDone).padStart(5),
-        ].join(' '),
-      )
-      if (extractSec.length > 0) {
-        const vsExtract = jobSec.map((s, i) => extractSec[i]! / s)
-        console.log(
-          `  ${kind}: the archive's extraction alone (tar -xf + sync, before an extract-first tool such as xva-img converts) ${span(extractSec.map(mbs))} MB/s; job / extraction ${(median(extractSec) / median(jobSec)).toFixed(2)} [${Math.min(...vsExtract).toFixed(2)}-${Math.max(...vsExtract).toFixed(2)}]`,
-        )
-      }
-      fixedRows.push([kind, breakdowns])
-      await settle()
-      rmSync(path.join(base, 'volumes', 'migrations'), { recursive: true, force: true })
-      for (const f of execFileSync('ls', ['-A', importRoot], { encoding: 'utf8' }).split('\n').filter(Boolean))
-        rmSync(path.join(importRoot, f), { recursive: true, force: true })
-    }
-    printBreakdown(fixedRows)
-    if (!cache) rmSync(raw, { force: true })
-  }
+  for (const base of dirs) await benchDir(base)
 } finally {
-  await cleanup()
+  await cleanupDomains('migbench-')
+  await stopLibvirt()
 }
 console.log(`\nworker entry: ${[...entries].join(', ')} (npm run build:worker makes the bundle; a stale one falls back to runtime/worker.ts)`)
 if (failed) process.exitCode = 1
+
+/** Every layout and kind with the destinations, the inputs and the server's data in `base`. */
+async function benchDir(base: string): Promise<void> {
+  rmSync(base, { recursive: true, force: true })
+  mkdirSync(base, { recursive: true })
+  execFileSync('chmod', ['755', base])
+  const importRoot = path.join(base, 'imports')
+  mkdirSync(importRoot)
+  // info level: the supervisor's `worker started` and the worker's `job timings` lines feed the breakdown
+  const srv = await startServer('bun', base, { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_LOG_LEVEL: 'info' })
+  const cleanup = async () => {
+    await srv.stop()
+    await cleanupDomains('migbench-')
+    rmSync(base, { recursive: true, force: true })
+  }
+  cleanupDir = cleanup
+  console.log(`\n== storage: ${base} (${fsType(base)})`)
+  try {
+    for (const layout of layouts) {
+      const { path: raw, dataBytes } = cachedRawLayout(cache, base, layout, size)
+      console.log(`\nlayout ${layout}: ${(dataBytes / MiB).toFixed(0)} MiB of data in ${size / GiB} GiB`)
+      console.log(
+        [
+          'kind'.padEnd(6),
+          'qemu-img MB/s'.padStart(18),
+          'job MB/s'.padStart(18),
+          'copy MB/s'.padStart(18),
+          'ratio'.padStart(16),
+          'cpu s ref/job'.padStart(14),
+          'alloc ref / ours (KiB)'.padStart(24),
+          'RSS MiB'.padStart(8),
+          'equal'.padStart(8),
+          'reps'.padStart(5),
+        ].join(' '),
+      )
+      const fixedRows: Array<[string, Record<string, number>[]]> = []
+      for (const kind of kinds) {
+        const { plan, refArgs, archive } = KINDS[kind]!.build(importRoot, raw)
+        execFileSync('sync')
+        const ref = path.join(base, 'ref.raw')
+        const extracted = path.join(base, 'extracted')
+        const extractSec: number[] = []
+        const refSec: number[] = []
+        const refCpu: number[] = []
+        const jobSec: number[] = []
+        const copySec: number[] = []
+        const breakdowns: Record<string, number>[] = []
+        let peak = 0
+        let lastJob: { id: string; label: string } | null = null
+        // Before each run both destinations are removed, except in the last repetition, which keeps
+        // the other side's output for the sha256 comparison.
+        let last = false
+        const settle = async (side?: 'ref' | 'ours') => {
+          if (!(last && side === 'ref')) rmSync(ref, { force: true })
+          if (lastJob && !(last && side === 'ours')) rmSync(path.join(base, 'volumes', 'migrations', lastJob.id), { recursive: true, force: true })
+          await cleanupDomains('migbench-')
+          execFileSync('sync')
+          await new Promise((r) => setTimeout(r, 500))
+        }
+        const runRef = async () => {
+          rmSync(ref, { force: true })
+          await settle('ours')
+          const t0 = performance.now()
+          const cpu0 = childCpuSeconds()
+          execFileSync('qemu-img', ['convert', ...refArgs, '-O', 'raw', ref])
+          execFileSync('sync', ['-f', ref])
+          refSec.push((performance.now() - t0) / 1000)
+          refCpu.push(childCpuSeconds() - cpu0)
+          if (!archive) return
+          rmSync(extracted, { recursive: true, force: true })
+          mkdirSync(extracted)
+          execFileSync('sync')
+          await new Promise((r) => setTimeout(r, 500))
+          const t1 = performance.now()
+          execFileSync('tar', ['-xf', archive, '-C', extracted])
+          execFileSync('sync', ['-f', extracted])
+          extractSec.push((performance.now() - t1) / 1000)
+          rmSync(extracted, { recursive: true, force: true })
+        }
+        const runOurs = async () => {
+          await settle('ref')
+          const stream = openStream(srv.base)
+          await stream.ready
+          const t0 = performance.now()
+          const submittedAt = Date.now()
+          const job = await submit(srv.base, { ...plan, name: `migbench-${++runNo}`, start: false })
+          const rss = sampleWorkerPeakRss(base, job.id)
+          // the end is the terminal state's SSE event as the client receives it (no poll interval)
+          await sawTerminal(stream.events, job.id, 1_800_000)
+          const sec = (performance.now() - t0) / 1000
+          const seenAt = Date.now()
+          const hwm = rss.stop()
+          const done = await waitJob(srv.base, job.id, undefined, 60_000)
+          stream.close()
+          if (done.state !== 'Completed') throw new Error(`${kind}/${layout}: job ended ${done.state}: ${JSON.stringify(done.last_error)}`)
+          copySec.push(copyPhaseSeconds(stream.events, job.id))
+          jobSec.push(sec)
+          peak = Math.max(peak, hwm)
+          lastJob = { id: job.id, label: done.progress.disks[0].label }
+          breakdowns.push(await breakdownOf(srv, job.id, submittedAt, seenAt))
+        }
+        const repsDone = await alternate(reps, runRef, runOurs, (_r, isLast) => (last = isLast), { minSeconds, maxReps })
+        const img = volumePath(base, lastJob!.id, lastJob!.label)
+        // Byte equality by `cmp` (sha256sum of two 8 GiB files costs minutes on this shared machine;
+        // equal bytes mean equal sha256).
+        const equal = spawnSync('cmp', ['-s', img, ref]).status === 0
+        if (!equal) failed = true
+        const ratio = jobSec.map((s, i) => refSec[i]! / s)
+        // allocation exact (st_blocks, KiB), "over" when ours is more than qemu-img's
+        const refAlloc = allocatedBytes(ref)
+        const imgAlloc = allocatedBytes(img)
+        console.log(
+          [
+            kind.padEnd(6),
+            span(refSec.map(mbs)).padStart(18),
+            span(jobSec.map(mbs)).padStart(18),
+            span(copySec.map(mbs)).padStart(18),
+            `${median(refSec) / median(jobSec) > 0 ? (median(refSec) / median(jobSec)).toFixed(2) : '-'} [${Math.min(...ratio).toFixed(2)}-${Math.max(...ratio).toFixed(2)}]`.padStart(
+              16,
+            ),
+            `${median(refCpu).toFixed(2)} / ${median(breakdowns.map((b) => b.cpu!)).toFixed(2)}`.padStart(14),
+            `${refAlloc / 1024} / ${imgAlloc / 1024}${imgAlloc > refAlloc ? ' over' : ''}`.padStart(24),
+            (peak / MiB).toFixed(0).padStart(8),
+            (equal ? 'yes' : 'NO').padStart(8),
+            String(repsDone).padStart(5),
+          ].join(' '),
+        )
+        if (extractSec.length > 0) {
+          const vsExtract = jobSec.map((s, i) => extractSec[i]! / s)
+          console.log(
+            `  ${kind}: the archive's extraction alone (tar -xf + sync, before an extract-first tool such as xva-img converts) ${span(extractSec.map(mbs))} MB/s; job / extraction ${(median(extractSec) / median(jobSec)).toFixed(2)} [${Math.min(...vsExtract).toFixed(2)}-${Math.max(...vsExtract).toFixed(2)}]`,
+          )
+        }
+        fixedRows.push([kind, breakdowns])
+        await settle()
+        rmSync(path.join(base, 'volumes', 'migrations'), { recursive: true, force: true })
+        for (const f of execFileSync('ls', ['-A', importRoot], { encoding: 'utf8' }).split('\n').filter(Boolean))
+          rmSync(path.join(importRoot, f), { recursive: true, force: true })
+      }
+      printBreakdown(fixedRows)
+      if (!cache) rmSync(raw, { force: true })
+    }
+  } finally {
+    await cleanup()
+  }
+}

@@ -9,6 +9,7 @@
  * (which ends `Cancelled`); losing the supervisor (IPC disconnect) or SIGTERM ends the process
  * and its children at once, leaving the job to be resumed from its durable watermarks.
  */
+import { readFileSync } from 'node:fs'
 import { loadOrCreateKey } from '../lib/crypto/keyring.ts'
 import { Sealer } from '../lib/crypto/seal.ts'
 import { runJob } from '../lib/pipeline/orchestrator.ts'
@@ -34,6 +35,26 @@ const timings: Array<[string, number]> = [
   ['loaded', Date.now()],
 ]
 const mark = (name: string) => timings.push([name, Date.now()])
+
+/**
+ * CPU seconds this process has used so far: its own threads (`user`, `system`) plus the children
+ * it has waited for (qemu-nbd, qemu-img, virsh), from `/proc/self/stat` (fields 14-17, clock
+ * ticks of 1/100 s, the Linux `USER_HZ`). Null where `/proc` cannot be read.
+ */
+function cpuSeconds(): { user: number; system: number } | null {
+  try {
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    const stat = readFileSync('/proc/self/stat', 'utf8')
+    const f = stat
+      .slice(stat.lastIndexOf(')') + 2)
+      .split(' ')
+      .map(Number)
+    // f[0] is field 3 (state): utime is field 14, stime 15, cutime 16, cstime 17.
+    return { user: (f[11]! + f[13]!) / 100, system: (f[12]! + f[14]!) / 100 }
+  } catch {
+    return null
+  }
+}
 const send = (m: WorkerMessage) => {
   if (process.connected) process.send?.(m)
 }
@@ -89,6 +110,8 @@ async function main(): Promise<void> {
     jobId = await assignment
     mark('assigned')
   }
+  // A spare's loading and configuration were done before its job existed: not the job's cost.
+  const cpuAtStart = assignment ? cpuSeconds() : { user: 0, system: 0 }
   const logger = createLogger(config.logLevel).child({ job: jobId, worker: process.pid })
   const controller = new AbortController()
 
@@ -114,7 +137,10 @@ async function main(): Promise<void> {
   })
   clearInterval(beat)
   logger.info({ state: job.state, last_error: job.last_error }, 'job ended')
-  logger.info({ timings }, 'job timings')
+  const cpuNow = cpuSeconds()
+  // `cpu`: the job's CPU seconds (this process's threads and its waited-for children)
+  const cpu = cpuNow && cpuAtStart ? { user: cpuNow.user - cpuAtStart.user, system: cpuNow.system - cpuAtStart.system } : null
+  logger.info({ timings, cpu }, 'job timings')
   send({ type: 'done', job })
   await store.close()
   process.exit(0)

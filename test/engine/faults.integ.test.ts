@@ -9,15 +9,15 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { chmodSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, readlinkSync, closeSync, statfsSync, writeSync } from 'node:fs'
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, readlinkSync, statfsSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
+import { randomImage } from '../helpers/random-image.ts'
 
 const PREFIX = 'migflt-'
 const MiB = 1024 * 1024
@@ -60,19 +60,6 @@ function nbdSocketDirsOf(pid: number): string[] {
 const BIG_DATA = 192 * MiB
 /** The flush interval of {@link SLOW}. */
 const FLUSH = 16 * MiB
-
-/**
- * A raw image of `size` bytes, random data spelled in hex digits in its first `dataBytes` (text
- * deflate halves: `qemu-img convert -c` stores every cluster compressed), then a hole.
- */
-function randomImage(file: string, size: number, dataBytes: number): string {
-  const fd = openSync(file, 'w')
-  for (let at = 0; at < dataBytes; at += 4 * MiB)
-    writeSync(fd, Buffer.from(randomBytes(Math.min(4 * MiB, dataBytes - at) / 2).toString('hex')), 0, undefined, at)
-  closeSync(fd)
-  execFileSync('truncate', ['-s', String(size), file])
-  return file
-}
 
 describe('engine faults (real server, worker processes, file sink)', () => {
   const t = tempDir('mig-faults-')

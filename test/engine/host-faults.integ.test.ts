@@ -15,18 +15,10 @@ import { call, offlinePlan, submit, volumePath, waitJob } from '../helpers/jobs.
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
+import { randomImage } from '../helpers/random-image.ts'
 
 const PREFIX = 'mighf-'
 const MiB = 1024 * 1024
-
-/** A raw image of `size` bytes with random data in its first `dataBytes`, then a hole. */
-function randomImage(file: string, size: number, dataBytes: number): string {
-  const fd = openSync(file, 'w')
-  for (let at = 0; at < dataBytes; at += 4 * MiB) writeSync(fd, randomBytes(Math.min(4 * MiB, dataBytes - at)), 0, undefined, at)
-  closeSync(fd)
-  execFileSync('truncate', ['-s', String(size), file])
-  return file
-}
 
 /** `PRAGMA integrity_check` of the store of `dataDir` (read-only). */
 function integrity(dataDir: string): string {

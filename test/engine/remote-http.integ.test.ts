@@ -13,8 +13,7 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync, writeSync } from 'node:fs'
-import { randomBytes } from 'node:crypto'
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { runCli } from '../helpers/cli.ts'
@@ -23,22 +22,13 @@ import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { makeTestCa, NGINX_USER, startNginx, type RunningNginx } from '../helpers/nginx.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
+import { randomImage } from '../helpers/random-image.ts'
 
 const PREFIX = 'migurl-'
 const MiB = 1024 * 1024
 const FLUSH = 16 * MiB
 const BIG_DATA = 160 * MiB
 const SLOW = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(48 * MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(FLUSH), MIGRATOR_DOMAIN_TYPE: 'qemu' }
-
-/** A raw image of `size` bytes with random data (hex digits) in its first `dataBytes`, then a hole. */
-function randomImage(file: string, size: number, dataBytes: number): string {
-  const fd = openSync(file, 'w')
-  for (let at = 0; at < dataBytes; at += 4 * MiB)
-    writeSync(fd, Buffer.from(randomBytes(Math.min(4 * MiB, dataBytes - at) / 2).toString('hex')), 0, undefined, at)
-  closeSync(fd)
-  execFileSync('truncate', ['-s', String(size), file])
-  return file
-}
 
 /** A plan importing `url` as `kind`. */
 function urlPlan(kind: string, url: string, name: string, ref: Record<string, unknown> = {}): Record<string, unknown> {

@@ -34,7 +34,10 @@
  *   autoport; the qemu guest agent channel `org.qemu.guest_agent.0`; a pvpanic device (`<panic
  *   model='isa'>`) so a guest kernel panic shows as a crashed domain (the boot check reads it).
  * - SCSI controller model: `scsiModel` (the hardware choice, lib/domain/hardware.ts), default
- *   `virtio-scsi`.
+ *   `virtio-scsi`. qemu's `pvscsi` and `mptsas1068` have one LUN per target, and libvirt puts
+ *   its N-th disk of a controller on LUN N of target 0 for every model but `lsilogic`: on those
+ *   two models each disk gets `<address type='drive'>` target N, unit (LUN) 0, instead
+ *   ({@link SCSI_TARGETS_ONLY}); more disks than the model's targets fail.
  * - Memory: `manifest.memory_bytes` rounded up to KiB; 0 (unknown) becomes 1 GiB.
  * - vCPUs: `cpu.count`, topology sockets x cores x 1 thread with cores = `cores_per_socket` when it
  *   divides the count, else 1 core per socket. KVM uses `host-passthrough`; TCG (`qemu`) the default
@@ -110,6 +113,14 @@ export interface DomainXmlInput {
   nicModel?: NicModel
   scsiModel?: ScsiModel
 }
+
+/**
+ * SCSI controller models whose qemu device has a single LUN per target (qemu `pvscsi`: 64
+ * targets, LUN 0 only; `mptsas1068`: 8 ports, LUN 0 only), with their number of targets: a disk
+ * at libvirt's default address (target 0, unit = LUN N) makes qemu refuse to start ("bad scsi
+ * device lun: 1"), so each disk is addressed to a target of its own.
+ */
+export const SCSI_TARGETS_ONLY: Partial<Record<ScsiModel, number>> = { vmpvscsi: 64, lsisas1068: 8 }
 
 /** Most disks a domain built here may have (bounds hostile manifests; `lib/limits.ts`). */
 export const MAX_DISKS = DESTINATION_LIMITS.maxDisks
@@ -242,6 +253,12 @@ export function buildDomainXml(input: DomainXmlInput): string {
   if (ideCount > 0 && secureBoot) fail('secure boot needs the q35 machine, which has no IDE controller')
   const machine = ideCount > 0 ? 'pc' : 'q35'
   const counters = { vd: 0, sd: 0, hd: 0 }
+  const scsiModel = input.scsiModel ?? 'virtio-scsi'
+  const scsiTargets = SCSI_TARGETS_ONLY[scsiModel]
+  const scsiCount = buses.filter((b) => b === 'scsi').length
+  if (scsiTargets !== undefined && scsiCount > scsiTargets)
+    fail(`${scsiCount} SCSI disks: the ${scsiModel} controller has ${scsiTargets} targets of one LUN each`)
+  let scsiTarget = 0
   const disks: Node[] = volumes.map((v, i) => {
     const path = checkPath(`disk ${i}`, v.path)
     const kind = v.kind ?? (path.startsWith('/dev/') ? 'block' : 'file')
@@ -262,6 +279,8 @@ export function buildDomainXml(input: DomainXmlInput): string {
       source: kind === 'block' ? { '@_dev': path } : { '@_file': path },
       target: { '@_dev': dev, '@_bus': bus },
     }
+    if (bus === 'scsi' && scsiTargets !== undefined)
+      disk.address = { '@_type': 'drive', '@_controller': '0', '@_bus': '0', '@_target': String(scsiTarget++), '@_unit': '0' }
     if (i === 0) disk.boot = { '@_order': '1' }
     return disk
   })
@@ -327,7 +346,7 @@ export function buildDomainXml(input: DomainXmlInput): string {
   const serialLog = checkPath('serial log', input.serialLogPath)
   const devices: Node = {
     disk: disks,
-    ...(buses.includes('scsi') ? { controller: [{ '@_type': 'scsi', '@_index': '0', '@_model': input.scsiModel ?? 'virtio-scsi' }] } : {}),
+    ...(buses.includes('scsi') ? { controller: [{ '@_type': 'scsi', '@_index': '0', '@_model': scsiModel }] } : {}),
     ...(interfaces.length ? { interface: interfaces } : {}),
     serial: { '@_type': 'file', source: { '@_path': serialLog }, target: { '@_port': '0' } },
     console: { '@_type': 'file', source: { '@_path': serialLog }, target: { '@_type': 'serial', '@_port': '0' } },

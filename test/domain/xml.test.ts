@@ -211,6 +211,48 @@ describe('buildDomainXml', () => {
     expect(dom.devices.controller).toEqual({ type: 'scsi', index: '0', model: 'virtio-scsi' })
   })
 
+  test('SCSI models with one LUN per target (pvscsi, LSI SAS 1068): each disk on a target of its own, LUN 0; too many disks fail', async () => {
+    const m = manifest({ disks: [disk('boot'), disk('data'), disk('logs')] })
+    const volumes = (bus: 'scsi' | 'virtio') => [
+      { label: 'boot', path: '/dev/zvol/t/boot', bus: 'scsi' as const },
+      { label: 'data', path: '/dev/zvol/t/data', bus },
+      { label: 'logs', path: '/dev/zvol/t/logs', bus: 'scsi' as const },
+    ]
+    // libvirt's default address is LUN N of target 0, which qemu's pvscsi refuses ("bad scsi device lun: 1").
+    const pv = build({ manifest: m, volumes: volumes('scsi'), scsiModel: 'vmpvscsi' }).dom.devices
+    expect(pv.controller).toEqual({ type: 'scsi', index: '0', model: 'vmpvscsi' })
+    expect(pv.disk.map((x: any) => [x.target.dev, x.address])).toEqual([
+      ['sda', { type: 'drive', controller: '0', bus: '0', target: '0', unit: '0' }],
+      ['sdb', { type: 'drive', controller: '0', bus: '0', target: '1', unit: '0' }],
+      ['sdc', { type: 'drive', controller: '0', bus: '0', target: '2', unit: '0' }],
+    ])
+    // Targets count SCSI disks only.
+    const mixed = build({ manifest: m, volumes: volumes('virtio'), scsiModel: 'lsisas1068' }).dom.devices.disk
+    expect(mixed.map((x: any) => [x.target.dev, x.address?.target ?? null])).toEqual([
+      ['sda', '0'],
+      ['vda', null],
+      ['sdb', '1'],
+    ])
+    // virtio-scsi (many LUNs) and lsilogic (libvirt maps the unit to the SCSI id) keep libvirt's addressing.
+    for (const scsiModel of ['virtio-scsi', 'lsilogic'] as const)
+      expect(build({ manifest: m, volumes: volumes('scsi'), scsiModel }).dom.devices.disk.map((x: any) => x.address ?? null)).toEqual([null, null, null])
+    const nine = manifest({ disks: Array.from({ length: 9 }, (_v, i) => disk(`d${i}`)) })
+    const e = await thrown(() =>
+      buildDomainXml({
+        manifest: nine,
+        volumes: nine.disks.map((d, i) => ({ label: d.label, path: `/dev/zvol/t/d${i}`, bus: 'scsi' as const })),
+        uuid: UUID,
+        domainType: 'qemu',
+        defaultBridge: null,
+        serialLogPath: SERIAL,
+        scsiModel: 'lsisas1068',
+      }),
+    )
+    expect(e).toBeInstanceOf(MigError)
+    expect((e as MigError).code).toBe('E_MIG_DOMAIN_DEFINE_FAILED')
+    expect((e as MigError).message).toContain('9 SCSI disks: the lsisas1068 controller has 8 targets of one LUN each')
+  })
+
   test('NIC mapping: plan.networks by the NIC network name, else the default bridge, else user networking', () => {
     const m = manifest({
       nics: [

@@ -5,7 +5,8 @@
  * - Walks the reader's extents from the resume watermark, cut by the chunker into 4 MiB chunks
  *   (spec 8); zero extents are never read, they become zero runs.
  * - Keeps up to `readAhead` reads (default 4) and the writes of up to `writeDepth` chunks
- *   (default 8, {@link WRITE_DEPTH}) in flight so reading and writing overlap; reads reuse a fixed pool of 4 MiB
+ *   (default 8, {@link WRITE_DEPTH}; one more while the copy waits for the oldest) in flight so
+ *   reading and writing overlap; reads reuse a fixed pool of 4 MiB
  *   buffers, so memory stays flat (at most `readAhead + writeDepth + 1` chunk buffers). The
  *   buffers are on `SharedArrayBuffer`s: the volume's writer thread writes from them without a
  *   copy (lib/sink/writer-thread.ts).

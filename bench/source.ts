@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto'
 import { closeSync, openSync, readFileSync, statSync, writeSync } from 'node:fs'
 import { constants } from 'node:os'
 import * as path from 'node:path'
+import { cpuTimes } from '../lib/cpu-time.ts'
 import type { CopyDiskOptions, CopyDiskResult } from '../lib/pipeline/copy-common.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../lib/pipeline/readers/open.ts'
@@ -136,17 +137,13 @@ export function cliArg(name: string, dflt: string): string {
 }
 
 /**
- * CPU seconds (user + system) of the children this process has waited for so far, from
- * `/proc/self/stat` (cutime, cstime: fields 16 and 17, in 1/100 s): the difference around an
- * `execFileSync` is that command's CPU time.
+ * CPU seconds (user + system) of the children this process has waited for so far
+ * (lib/cpu-time.ts): the difference around an `execFileSync` is that command's CPU time.
  */
 export function childCpuSeconds(): number {
-  const stat = readFileSync('/proc/self/stat', 'utf8')
-  const f = stat
-    .slice(stat.lastIndexOf(')') + 2)
-    .split(' ')
-    .map(Number)
-  return (f[13]! + f[14]!) / 100
+  const t = cpuTimes()
+  if (!t) throw new Error('childCpuSeconds: /proc/self/stat cannot be read')
+  return t.childUser + t.childSystem
 }
 
 /** Median of `xs` (mean of the two middle values for an even count). */

@@ -9,7 +9,7 @@
  * (which ends `Cancelled`); losing the supervisor (IPC disconnect) or SIGTERM ends the process
  * and its children at once, leaving the job to be resumed from its durable watermarks.
  */
-import { readFileSync } from 'node:fs'
+import { cpuTimes } from '../lib/cpu-time.ts'
 import { loadOrCreateKey } from '../lib/crypto/keyring.ts'
 import { Sealer } from '../lib/crypto/seal.ts'
 import { runJob } from '../lib/pipeline/orchestrator.ts'
@@ -36,24 +36,10 @@ const timings: Array<[string, number]> = [
 ]
 const mark = (name: string) => timings.push([name, Date.now()])
 
-/**
- * CPU seconds this process has used so far: its own threads (`user`, `system`) plus the children
- * it has waited for (qemu-nbd, qemu-img, virsh), from `/proc/self/stat` (fields 14-17, clock
- * ticks of 1/100 s, the Linux `USER_HZ`). Null where `/proc` cannot be read.
- */
+/** This process's CPU seconds so far, its threads and waited-for children (qemu-nbd, qemu-img, virsh) together. */
 function cpuSeconds(): { user: number; system: number } | null {
-  try {
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    const stat = readFileSync('/proc/self/stat', 'utf8')
-    const f = stat
-      .slice(stat.lastIndexOf(')') + 2)
-      .split(' ')
-      .map(Number)
-    // f[0] is field 3 (state): utime is field 14, stime 15, cutime 16, cstime 17.
-    return { user: (f[11]! + f[13]!) / 100, system: (f[12]! + f[14]!) / 100 }
-  } catch {
-    return null
-  }
+  const t = cpuTimes()
+  return t && { user: t.user + t.childUser, system: t.system + t.childSystem }
 }
 const send = (m: WorkerMessage) => {
   if (process.connected) process.send?.(m)

@@ -196,6 +196,13 @@ class SmbSession {
       autoCloseTimeout: 0,
     })
     this.c.socket.on('close', () => this.die(new CutError('ECONNRESET', 'the server closed the connection')))
+    // The client opens its socket half-open (`allowHalfOpen`): a server that ends the connection
+    // in order (FIN, not RST) brings 'end' and never 'close', and every request on it would wait
+    // for its timeout. The server sends nothing more after its FIN: the connection is over.
+    this.c.socket.on('end', () => {
+      this.die(new CutError('ECONNRESET', 'the server closed the connection'))
+      this.c.socket.destroy()
+    })
     // the client parses answers in its socket listener: a malformed one (a hostile or broken
     // server) would throw out of the event loop; it ends this connection instead
     this.c.socket.removeAllListeners('data')

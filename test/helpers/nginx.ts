@@ -107,10 +107,12 @@ export interface CuttingProxy {
 
 /**
  * A TCP proxy on 127.0.0.1 in front of `port` that forwards each connection's answer and cuts
- * the connection (destroys both sides) once it forwarded `cutAfter` bytes of answer, for the
- * first `cuts` connections (every connection when `cuts` is Infinity); later connections pass.
+ * the connection once it forwarded `cutAfter` bytes of answer, for the first `cuts` connections
+ * (every connection when `cuts` is Infinity); later connections pass. `how` the client's side is
+ * cut: `fin` ends it in order (what a server closing an idle or restarting session sends), `rst`
+ * resets it (a crashed server or a middlebox); the server's side is destroyed either way.
  */
-export async function startCuttingProxy(port: number, cutAfter: number, cuts: number): Promise<CuttingProxy> {
+export async function startCuttingProxy(port: number, cutAfter: number, cuts: number, how: 'fin' | 'rst' = 'rst'): Promise<CuttingProxy> {
   const sockets = new Set<Socket>()
   const proxy: CuttingProxy & { server?: Server } = {
     base: '',
@@ -140,7 +142,8 @@ export async function startCuttingProxy(port: number, cutAfter: number, cuts: nu
       }
       sent += d.length
       if (sent >= cutAfter) {
-        client.destroy()
+        if (how === 'rst') client.resetAndDestroy()
+        else client.end()
         upstream.destroy()
       }
     })

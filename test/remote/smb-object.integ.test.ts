@@ -3,8 +3,8 @@
  * default NTLMv2-only authentication) started by the test on 127.0.0.1 (test/helpers/smbd.ts):
  * positioned reads bit-exact with many requests in flight, a wrong password, a missing file and
  * share, a refused port, a file overwritten in place and one replaced by a rename between two
- * reads, connections cut mid-read (retried on a new connection; cut every time: failed with the
- * offset), and no smbd process left after stop.
+ * reads, connections cut mid-read by FIN or RST (retried on a new connection; cut every time: failed
+ * with the offset), and no smbd process left after stop.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
@@ -116,30 +116,42 @@ describe('SMB objects (real smbd)', () => {
     expect(e.message).toContain('the file changed on the server since the copy began')
   })
 
-  test('connections cut mid-read are retried on a new connection (bit-exact); cut every time: failed with the offset', async () => {
-    // the first 3 connections are cut after 1 MiB of answers
-    const proxy = await startCuttingProxy(smbd.port, MiB, 3)
-    const port = new URL(proxy.base).port
-    try {
-      const o = await openSmbObject(`smb://127.0.0.1:${port}/exports/sub%20dir/blob.bin`, { auth: AUTH, retryBaseMs: 10 })
-      const out = Buffer.alloc(data.length)
-      await o.read(out, 0)
-      o.close()
-      expect(out.equals(data)).toBe(true)
-      expect(proxy.connections).toBeGreaterThanOrEqual(4)
-    } finally {
-      await proxy.close()
-    }
-    const always = await startCuttingProxy(smbd.port, 256 * 1024, Number.POSITIVE_INFINITY)
-    try {
-      const o = await openSmbObject(`smb://127.0.0.1:${new URL(always.base).port}/exports/sub%20dir/blob.bin`, { auth: AUTH, retries: 2, retryBaseMs: 10 })
-      const e = await thrown(() => o.read(Buffer.alloc(4 * MiB), 4 * MiB))
-      o.close()
-      expect(e.code).toBe('E_MIG_DISK_READ_FAILED')
-      expect(e.message).toMatch(/reading 65536 bytes at offset \d+ failed 3 times \(.*\); the copy stopped at offset \d+/)
-      expect(e.details.offset).toBeGreaterThanOrEqual(4 * MiB)
-    } finally {
-      await always.close()
+  test('connections cut mid-read, ended in order (FIN) or reset (RST), are retried at once on a new connection (bit-exact); cut every time: failed with the offset', async () => {
+    // A request that waited for its timeout would mean the cut went unseen: the bound below is
+    // longer than any retry here and shorter than the test.
+    const requestTimeoutMs = 20_000
+    for (const how of ['fin', 'rst'] as const) {
+      // the first 3 connections are cut after 1 MiB of answers
+      const proxy = await startCuttingProxy(smbd.port, MiB, 3, how)
+      const port = new URL(proxy.base).port
+      try {
+        const t0 = Date.now()
+        const o = await openSmbObject(`smb://127.0.0.1:${port}/exports/sub%20dir/blob.bin`, { auth: AUTH, retryBaseMs: 10, requestTimeoutMs })
+        const out = Buffer.alloc(data.length)
+        await o.read(out, 0)
+        o.close()
+        expect([how, out.equals(data)]).toEqual([how, true])
+        expect(proxy.connections).toBeGreaterThanOrEqual(4)
+        expect(Date.now() - t0).toBeLessThan(requestTimeoutMs)
+      } finally {
+        await proxy.close()
+      }
+      const always = await startCuttingProxy(smbd.port, 256 * 1024, Number.POSITIVE_INFINITY, how)
+      try {
+        const o = await openSmbObject(`smb://127.0.0.1:${new URL(always.base).port}/exports/sub%20dir/blob.bin`, {
+          auth: AUTH,
+          retries: 2,
+          retryBaseMs: 10,
+          requestTimeoutMs,
+        })
+        const e = await thrown(() => o.read(Buffer.alloc(4 * MiB), 4 * MiB))
+        o.close()
+        expect([how, e.code]).toEqual([how, 'E_MIG_DISK_READ_FAILED'])
+        expect(e.message).toMatch(/reading 65536 bytes at offset \d+ failed 3 times \(ECONNRESET: .*\); the copy stopped at offset \d+/)
+        expect(e.details.offset).toBeGreaterThanOrEqual(4 * MiB)
+      } finally {
+        await always.close()
+      }
     }
   }, 60_000)
 

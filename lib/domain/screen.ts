@@ -17,9 +17,7 @@
  * give `null` (no evidence) and `unavailable` says why.
  */
 import { createHash } from 'node:crypto'
-import { mkdtemp, readFile, rm } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
-import * as path from 'node:path'
+import { readFile, rm } from 'node:fs/promises'
 import { exec } from '../exec.ts'
 import { sleep } from '../retry.ts'
 
@@ -35,7 +33,7 @@ export interface ScreenVirsh {
  * `stableSince`: when (`Date.now()`, ms) the image `read()` saw last was first seen (null before a
  * read). `secondConsole()` (optional: a double may leave it out) switches the guest's display to
  * its second virtual console, reads it, and switches back ({@link SECOND_CONSOLE}); null when
- * nothing could be read. `close()` removes its temporary directory.
+ * nothing could be read. `close()` removes the screenshot file.
  */
 export interface ScreenReader {
   read(signal?: AbortSignal): Promise<string | null>
@@ -64,10 +62,13 @@ export function tesseractMissing(binary = 'tesseract'): Promise<string | null> {
   return tesseractProbe
 }
 
-/** Creates a {@link ScreenReader} of domain `name` over `virsh` (OCR with `tesseract`, `binary` overrides it). */
-export async function screenReader(virsh: ScreenVirsh, name: string, binary = 'tesseract'): Promise<ScreenReader> {
-  const dir = await mkdtemp(path.join(tmpdir(), 'mig-screen-'))
-  const file = path.join(dir, 'screen')
+/**
+ * Creates a {@link ScreenReader} of domain `name` over `virsh` (OCR with `tesseract`, `binary`
+ * overrides it). Each screenshot overwrites `file` (beside the domain's serial log, so that a
+ * worker killed during the check leaves it in the server's data directory, not in /tmp); `close()`
+ * removes it.
+ */
+export async function screenReader(virsh: ScreenVirsh, name: string, file: string, binary = 'tesseract'): Promise<ScreenReader> {
   let lastHash = ''
   let lastText: string | null = null
   const state: { unavailable: string | null; stableSince: number | null } = { unavailable: await tesseractMissing(binary), stableSince: null }
@@ -141,7 +142,7 @@ export async function screenReader(virsh: ScreenVirsh, name: string, binary = 't
       return text
     },
     async close() {
-      await rm(dir, { recursive: true, force: true })
+      await rm(file, { force: true })
     },
   }
 }

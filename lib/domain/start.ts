@@ -354,7 +354,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   const bc = input.bootCheck ?? { graceSeconds: 10, timeoutSeconds: 120 }
   let screen: ScreenReader | undefined
   try {
-    screen = bc.readScreen === false ? undefined : await screenReader(virsh, name)
+    screen = bc.readScreen === false ? undefined : await screenReader(virsh, name, `${input.serialLogPath}.screen`)
     // A Linux guest shows a login prompt (or its failure) on its screen even without a serial
     // console: with the screen read, wait for that evidence up to the timeout.
     const screenEvidence = !!screen && !screen.unavailable && inspection?.os?.type === 'linux'

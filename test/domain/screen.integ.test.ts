@@ -7,11 +7,12 @@
  * (no domain needed); Tesseract is the real one (`tesseract-ocr`, in .ci/install).
  */
 import { afterAll, describe, expect, test } from 'bun:test'
-import { copyFileSync } from 'node:fs'
+import { copyFileSync, existsSync } from 'node:fs'
 import * as path from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { checkBoot, classifyScreen } from '../../lib/domain/boot-check.ts'
 import { screenReader, type ScreenVirsh } from '../../lib/domain/screen.ts'
+import { tempDir } from '../helpers/tmp.ts'
 
 const SCREENS = path.join(path.dirname(fileURLToPath(import.meta.url)), '../../fixtures/screens')
 
@@ -29,15 +30,17 @@ function screenshotOf(png: string): ScreenVirsh & { calls: number } {
   return v
 }
 
+const t = tempDir('mig-screen-test-')
 const readers: Array<{ close(): Promise<void> }> = []
 afterAll(async () => {
   for (const r of readers) await r.close()
+  t.cleanup()
 })
 
 describe('screen reader (real Tesseract)', () => {
   test('a prompt followed by kernel messages on its line is a boot; an unchanged image is not read again', async () => {
     const virsh = screenshotOf('debian12-prompt-then-kernel-messages.png')
-    const reader = await screenReader(virsh, 'scr-1')
+    const reader = await screenReader(virsh, 'scr-1', path.join(t.dir, 'scr-1.screen'))
     readers.push(reader)
     const text = await reader.read()
     expect(reader.unavailable).toBeNull()
@@ -48,10 +51,14 @@ describe('screen reader (real Tesseract)', () => {
     expect(await reader.read()).toBe(text)
     expect(performance.now() - t0).toBeLessThan(500)
     expect(virsh.calls).toBe(2)
+    // the screenshot is the file it was given, removed by close()
+    expect(existsSync(path.join(t.dir, 'scr-1.screen'))).toBe(true)
+    await reader.close()
+    expect(existsSync(path.join(t.dir, 'scr-1.screen'))).toBe(false)
   }, 60_000)
 
   test('the boot check verifies that screen by the screen', async () => {
-    const reader = await screenReader(screenshotOf('debian12-prompt-then-kernel-messages.png'), 'scr-2')
+    const reader = await screenReader(screenshotOf('debian12-prompt-then-kernel-messages.png'), 'scr-2', path.join(t.dir, 'scr-2.screen'))
     readers.push(reader)
     const r = await checkBoot({
       virsh: { stateDetail: async () => ({ state: 'running', reason: 'booted' }) },

@@ -34,14 +34,18 @@
  * reference in each repetition) is printed under the table with the job's ratio to it: what a
  * tool that converts the extracted blocks (xva-img) pays before it starts.
  *
- *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--min-seconds S] [--max-reps M] [--dirs DIR,DIR] [--cache DIR|none]
- *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --min-seconds 0 --dirs /var/tmp/mig-bench-data-path --cache /var/tmp/mig-bench-cache
+ *   ./node_modules/.bin/bun bench/data-path.ts [--size GiB] [--layouts a,b] [--kinds a,b] [--reps N] [--warmup N] [--min-seconds S] [--max-reps M] [--dirs DIR,DIR] [--cache DIR|none]
+ *   defaults: --size 8 --layouts runs,alternating,long,sparse,ext4 --kinds qcow2 --reps 3 --warmup 0 --min-seconds 0 --dirs /var/tmp/mig-bench-data-path --cache /var/tmp/mig-bench-cache
  * `--dirs`: the directories benched one after another, each with its own tables (inputs, both
  * destinations and the server's data in it): `--dirs /dev/shm/mig-bench,/var/tmp/mig-bench`
  * compares on tmpfs (storage out of the comparison) and on disk in one run; `--dir` is one.
  * The `cpu s` column is the CPU seconds (user + system) of `qemu-img convert` + `sync` and of the
  * job's worker (its threads and the children it waited for; a spare's loading before its job not
  * counted), medians.
+ * `--warmup N`: N repetitions of each kind (both sides, alternating as the others) run before the
+ * measured ones and left out of every column: on this virtual machine a side's first write into
+ * memory it has not touched lately can take several times longer, so without a warm-up one side
+ * of a kind may get that cost and the other not.
  * `--min-seconds S`: past `--reps`, a kind is repeated (at most `--max-reps` times, default 12)
  * until its repetitions took S seconds of wall time, both sides and the settling between runs
  * together: on a layout whose runs take a fraction of a second (`sparse`), one slow run no longer
@@ -69,6 +73,7 @@ const size = Math.round(Number(arg('size', '8')) * GiB)
 const layouts = layoutsArg('runs,alternating,long,sparse,ext4')
 const kinds = arg('kinds', 'qcow2').split(',')
 const reps = Math.max(1, Number(arg('reps', '3')))
+const warmup = Math.max(0, Number(arg('warmup', '0')))
 const minSeconds = Math.max(0, Number(arg('min-seconds', '0')))
 const maxReps = Math.max(reps, Number(arg('max-reps', '12')))
 // One table per directory and layout: a tmpfs directory takes the storage out of the comparison.
@@ -273,7 +278,7 @@ const fsType = (dir: string) => execFileSync('stat', ['-f', '-c', '%T', dir], { 
 const cpus = execFileSync('nproc', { encoding: 'utf8' }).trim()
 const mem = Math.round(Number(/MemTotal:\s+(\d+)/.exec(readFileSync('/proc/meminfo', 'utf8'))![1]) / 1024 / 1024)
 console.log(
-  `machine: ${cpus} cores, ${mem} GiB RAM, shared; disk ${size / GiB} GiB; ${reps} repetitions per side${minSeconds > 0 ? ` (more, at most ${maxReps}, until a kind's repetitions took ${minSeconds} s)` : ''}, alternating; medians [min-max]`,
+  `machine: ${cpus} cores, ${mem} GiB RAM, shared; disk ${size / GiB} GiB; ${reps} repetitions per side${warmup > 0 ? ` after ${warmup} left out (warm-up)` : ''}${minSeconds > 0 ? ` (more, at most ${maxReps}, until a kind's repetitions took ${minSeconds} s)` : ''}, alternating; medians [min-max]`,
 )
 console.log("cpu s: CPU seconds (user + system) of qemu-img and of the job's worker (its threads and waited-for children), medians")
 let runNo = 0
@@ -393,6 +398,11 @@ async function benchDir(base: string): Promise<void> {
           peak = Math.max(peak, hwm)
           lastJob = { id: job.id, label: done.progress.disks[0].label }
           breakdowns.push(await breakdownOf(srv, job.id, submittedAt, seenAt))
+        }
+        if (warmup > 0) {
+          await alternate(warmup, runRef, runOurs)
+          for (const xs of [refSec, refCpu, jobSec, copySec, extractSec, breakdowns]) xs.length = 0
+          peak = 0
         }
         const repsDone = await alternate(reps, runRef, runOurs, (_r, isLast) => (last = isLast), { minSeconds, maxReps })
         const img = volumePath(base, lastJob!.id, lastJob!.label)

@@ -195,12 +195,13 @@ class SmbSession {
       domain: auth?.domain ?? 'WORKGROUP',
       autoCloseTimeout: 0,
     })
-    this.c.socket.on('close', () => this.die(new CutError('ECONNRESET', 'the server closed the connection')))
+    const closedByServer = () => this.die(new CutError('ECONNRESET', 'the server closed the connection'))
+    this.c.socket.on('close', closedByServer)
     // The client opens its socket half-open (`allowHalfOpen`): a server that ends the connection
     // in order (FIN, not RST) brings 'end' and never 'close', and every request on it would wait
     // for its timeout. The server sends nothing more after its FIN: the connection is over.
     this.c.socket.on('end', () => {
-      this.die(new CutError('ECONNRESET', 'the server closed the connection'))
+      closedByServer()
       this.c.socket.destroy()
     })
     // the client parses answers in its socket listener: a malformed one (a hostile or broken

@@ -19,7 +19,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { chmodSync, mkdirSync, readdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { GUEST_BOOT_RECORD, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
+import { GUEST_BOOT_RECORD, GUEST_TEST_VCPUS, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
 import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
@@ -128,7 +128,7 @@ describe('boot evidence without a serial console; UEFI guests without the remova
     stream = openStream(srv.base)
     await stream.ready
     for (const c of CASES) {
-      const input = buildInput(c.kind, importRoot, `in-${c.id}`, [images[c.variant].path], {}, c.hw)
+      const input = buildInput(c.kind, importRoot, `in-${c.id}`, [images[c.variant].path], {}, { ...c.hw, vcpus: GUEST_TEST_VCPUS })
       const name = `${PREFIX}${c.id}`
       const job = await submit(srv.base, offlinePlan(c.kind, path.relative(importRoot, input.path), { name }))
       outcomes.set(c.id, outcomeOf(job, name))
@@ -146,7 +146,8 @@ describe('boot evidence without a serial console; UEFI guests without the remova
     console.log(
       `${id}: ${o.job.state}, Starting -> end ${o.startingToEnd.toFixed(1)} s, boot ${JSON.stringify(o.job.hardware?.boot)}, uefi_boot ${JSON.stringify(o.job.hardware?.uefi_boot)}` +
         (o.job.last_error ? `, error ${o.job.last_error.code}: ${String(o.job.last_error.message).slice(0, 1200)}` : '') +
-        `, guest record ${JSON.stringify(o.record.trim())}`,
+        `, guest record ${JSON.stringify(o.record.trim())}` +
+        (o.job.hardware?.boot?.verified ? '' : `\nserial tail:\n${o.serial.split(/\r?\n/).slice(-25).join('\n')}`),
     )
 
   test(

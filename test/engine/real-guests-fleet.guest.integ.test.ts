@@ -29,7 +29,16 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { chmodSync, existsSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { ENTERPRISE, fleetGuestImages, GUEST_RECORD_MARKER, readGuestRecord, STATICIP, type FleetImage, type FleetVariant } from '../../fixtures/guest-image.ts'
+import {
+  ENTERPRISE,
+  fleetGuestImages,
+  GUEST_RECORD_MARKER,
+  GUEST_TEST_VCPUS,
+  readGuestRecord,
+  STATICIP,
+  type FleetImage,
+  type FleetVariant,
+} from '../../fixtures/guest-image.ts'
 import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
@@ -159,7 +168,7 @@ describe('real guest fleet: network identity, the enterprise guest (TCG), checke
     stream = openStream(srv.base)
     await stream.ready
     for (const c of CASES) {
-      const input = buildInput(c.kind, importRoot, `in-${c.variant}`, images[c.variant].disks, {}, c.hw)
+      const input = buildInput(c.kind, importRoot, `in-${c.variant}`, images[c.variant].disks, {}, { ...c.hw, vcpus: GUEST_TEST_VCPUS })
       const vmx = readFileSync(path.join(input.path, `in-${c.variant}.vmx`), 'utf8')
       const job = await submit(
         srv.base,

@@ -22,7 +22,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { chmodSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { GUEST_MARKER, guestBuildTimings, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
+import { GUEST_MARKER, GUEST_TEST_VCPUS, guestBuildTimings, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
 import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
@@ -113,7 +113,7 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
     // The broken guest first: it never boots, so its job ends at once and does not wait behind boots.
     const all: Array<{ variant: GuestVariant; kind: string; hw?: ExportHardware }> = [{ variant: 'broken', kind: 'ova_archive' }, ...CASES]
     for (const c of all) {
-      const input = buildInput(c.kind, importRoot, `in-${c.variant}`, [images[c.variant].path], {}, c.hw)
+      const input = buildInput(c.kind, importRoot, `in-${c.variant}`, [images[c.variant].path], {}, { ...c.hw, vcpus: GUEST_TEST_VCPUS })
       const plan = (name: string) => offlinePlan(c.kind, path.relative(importRoot, input.path), { name })
       const job = await submit(srv.base, plan(`${PREFIX}${c.variant}`))
       outcomes.set(

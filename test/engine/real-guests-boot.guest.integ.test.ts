@@ -27,7 +27,8 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'i45b-'
-const BOOT_TIMEOUT_S = 600
+/** The boot check's limit: generous, a TCG boot beside the other test lane is slow (docs/test-guests.md); fail-fast cases must decide far before it. */
+const BOOT_TIMEOUT_S = 1200
 /** The base image's root partition (p3) starts at sector 135168 (fixtures/guest-image.ts `buildBase`). */
 const ROOT_OFFSET = 135168 * 512
 

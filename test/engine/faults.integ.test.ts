@@ -243,7 +243,10 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     mkdirSync(d, { recursive: true })
     chmodSync(d, 0o755)
     const env = { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot, MIGRATOR_LEASE_SECONDS: '2' }
-    const s1 = await startServer('bun', d, env)
+    // The first server copies at 12 MiB/s: the second half of the data takes 8 s, far longer than
+    // a loaded host may take between the half-way poll and the kill (at SLOW's 48 MiB/s, 2 s were
+    // not enough: the copy ended before the kill and the second server had nothing to read).
+    const s1 = await startServer('bun', d, { ...env, MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(12 * MiB) })
     const job = await submit(s1.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}skill`, start: false }))
     const half = await waitJob(s1.base, job.id, (j) => j.progress.bytes_done >= j.progress.bytes_total / 2 && j.progress.bytes_total > 0, 60_000)
     const durable = half.progress.disks[0].watermark

@@ -430,6 +430,13 @@ async function benchDir(base: string): Promise<void> {
             String(repsDone).padStart(5),
           ].join(' '),
         )
+        // Each repetition's figures, in order: a slow run that always falls in the same place of
+        // the order (the job right after the previous job, or first after a kind's build) shows here.
+        const each = (xs: number[]) => xs.map((x) => x.toFixed(0)).join(' / ')
+        console.log(
+          `  ${kind} by repetition (qemu-img first in the 1st, 3rd, ..., the job first in the 2nd, 4th, ...): qemu-img ${each(refSec.map(mbs))} MB/s, ` +
+            `job ${each(jobSec.map(mbs))} MB/s, job cpu s ${breakdowns.map((b) => b.cpu!.toFixed(2)).join(' / ')}`,
+        )
         if (extractSec.length > 0) {
           const vsExtract = jobSec.map((s, i) => extractSec[i]! / s)
           console.log(

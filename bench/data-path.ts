@@ -9,9 +9,12 @@
  * [min-max]. "job" is `POST /migrations` (offline plan, `start: false`) to `Completed` as the
  * client sees it (inspection, the reader's open, the copy with every checkpoint fsync, the domain
  * definition); "copy" is the `CopyingFull` phase (from its event to the next state's). Worker
- * peak RSS is its VmHWM sampled from /proc. Before every run both destinations are removed and
- * the file system synced; the order alternates (ref first on odd repetitions, the job first on
- * even ones).
+ * peak RSS is its VmHWM sampled from /proc. Before every timed run both destinations are removed
+ * and the file system synced, so each side writes into the memory the previous run's output
+ * just freed (on tmpfs a side that found the other's output still there would pay the host's
+ * cost of fresh pages); the order alternates (ref first on odd repetitions, the job first on
+ * even ones). The byte and allocation comparison is made after the repetitions, against one
+ * more, untimed run of the side whose output the last timed run removed.
  *
  * After each layout's table, where each kind's fixed costs go (medians, ms): submit to the
  * worker's fork or to the hand-over to the warm spare worker (supervisor log `worker started`),
@@ -57,7 +60,7 @@
  * the reference and the job's copy (inputs are deleted at the end).
  */
 import { execFileSync, spawnSync } from 'node:child_process'
-import { closeSync, mkdirSync, openSync, readFileSync, readSync, rmSync, writeFileSync } from 'node:fs'
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput } from '../test/helpers/inputs.ts'
 import { offlinePlan, openStream, submit, volumePath, waitJob } from '../test/helpers/jobs.ts'
@@ -347,23 +350,22 @@ async function benchDir(base: string): Promise<void> {
         const breakdowns: Record<string, number>[] = []
         let peak = 0
         let lastJob: { id: string; label: string } | null = null
-        // Before each run both destinations are removed, except in the last repetition, which keeps
-        // the other side's output for the sha256 comparison.
-        let last = false
-        const settle = async (side?: 'ref' | 'ours') => {
-          if (!(last && side === 'ref')) rmSync(ref, { force: true })
-          if (lastJob && !(last && side === 'ours')) rmSync(path.join(base, 'volumes', 'migrations', lastJob.id), { recursive: true, force: true })
+        // Before each timed run both destinations are removed; `keep` spares the other side's
+        // output for the untimed run that makes the comparison's pair.
+        const settle = async (keep?: 'ref' | 'ours') => {
+          if (keep !== 'ref') rmSync(ref, { force: true })
+          if (lastJob && keep !== 'ours') rmSync(path.join(base, 'volumes', 'migrations', lastJob.id), { recursive: true, force: true })
           await cleanupDomains('migbench-')
           execFileSync('sync')
           await new Promise((r) => setTimeout(r, 500))
         }
-        const runRef = async () => {
-          rmSync(ref, { force: true })
-          await settle('ours')
+        const runRef = async (timed = true) => {
+          await settle(timed ? undefined : 'ours')
           const t0 = performance.now()
           const cpu0 = childCpuSeconds()
           execFileSync('qemu-img', ['convert', ...refArgs, '-O', 'raw', ref])
           execFileSync('sync', ['-f', ref])
+          if (!timed) return
           refSec.push((performance.now() - t0) / 1000)
           refCpu.push(childCpuSeconds() - cpu0)
           if (!archive) return
@@ -377,8 +379,8 @@ async function benchDir(base: string): Promise<void> {
           extractSec.push((performance.now() - t1) / 1000)
           rmSync(extracted, { recursive: true, force: true })
         }
-        const runOurs = async () => {
-          await settle('ref')
+        const runOurs = async (timed = true) => {
+          await settle(timed ? undefined : 'ref')
           const stream = openStream(srv.base)
           await stream.ready
           const t0 = performance.now()
@@ -393,18 +395,22 @@ async function benchDir(base: string): Promise<void> {
           const done = await waitJob(srv.base, job.id, undefined, 60_000)
           stream.close()
           if (done.state !== 'Completed') throw new Error(`${kind}/${layout}: job ended ${done.state}: ${JSON.stringify(done.last_error)}`)
+          lastJob = { id: job.id, label: done.progress.disks[0].label }
+          if (!timed) return
           copySec.push(copyPhaseSeconds(stream.events, job.id))
           jobSec.push(sec)
           peak = Math.max(peak, hwm)
-          lastJob = { id: job.id, label: done.progress.disks[0].label }
           breakdowns.push(await breakdownOf(srv, job.id, submittedAt, seenAt))
         }
         if (warmup > 0) {
-          await alternate(warmup, runRef, runOurs)
+          await alternate(warmup, () => runRef(), () => runOurs())
           for (const xs of [refSec, refCpu, jobSec, copySec, extractSec, breakdowns]) xs.length = 0
           peak = 0
         }
-        const repsDone = await alternate(reps, runRef, runOurs, (_r, isLast) => (last = isLast), { minSeconds, maxReps })
+        const repsDone = await alternate(reps, () => runRef(), () => runOurs(), undefined, { minSeconds, maxReps })
+        // The last timed run's output is there; the other side runs once more, untimed, for the pair.
+        if (existsSync(ref)) await runOurs(false)
+        else await runRef(false)
         const img = volumePath(base, lastJob!.id, lastJob!.label)
         // Byte equality by `cmp` (sha256sum of two 8 GiB files costs minutes on this shared machine;
         // equal bytes mean equal sha256).

@@ -403,11 +403,11 @@ async function benchDir(base: string): Promise<void> {
           breakdowns.push(await breakdownOf(srv, job.id, submittedAt, seenAt))
         }
         if (warmup > 0) {
-          await alternate(warmup, () => runRef(), () => runOurs())
+          await alternate(warmup, runRef, runOurs)
           for (const xs of [refSec, refCpu, jobSec, copySec, extractSec, breakdowns]) xs.length = 0
           peak = 0
         }
-        const repsDone = await alternate(reps, () => runRef(), () => runOurs(), undefined, { minSeconds, maxReps })
+        const repsDone = await alternate(reps, runRef, runOurs, undefined, { minSeconds, maxReps })
         // The last timed run's output is there; the other side runs once more, untimed, for the pair.
         if (existsSync(ref)) await runOurs(false)
         else await runRef(false)

@@ -19,7 +19,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { chmodSync, mkdirSync, readdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { GUEST_BOOT_RECORD, GUEST_TEST_VCPUS, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
+import { GUEST_BOOT_RECORD, GUEST_TEST_BOOT_TIMEOUT_S, GUEST_TEST_VCPUS, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
 import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
@@ -27,8 +27,6 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'i45b-'
-/** The boot check's limit: generous, a TCG boot beside the other test lane is slow (docs/test-guests.md); fail-fast cases must decide far before it. */
-const BOOT_TIMEOUT_S = 1200
 /** The base image's root partition (p3) starts at sector 135168 (fixtures/guest-image.ts `buildBase`). */
 const ROOT_OFFSET = 135168 * 512
 
@@ -123,7 +121,7 @@ describe('boot evidence without a serial console; UEFI guests without the remova
     srv = await startServer('bun', t.dir, {
       MIGRATOR_DOMAIN_TYPE: 'qemu',
       MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: String(BOOT_TIMEOUT_S),
+      MIGRATOR_BOOT_TIMEOUT_SECONDS: String(GUEST_TEST_BOOT_TIMEOUT_S),
       MIGRATOR_MAX_JOBS: '2',
     })
     stream = openStream(srv.base)
@@ -163,7 +161,7 @@ describe('boot evidence without a serial console; UEFI guests without the remova
       // kernel messages scrolled tty1's away, whichever the OCR read first; before the timeout.
       expect([o.job.last_error, o.job.hardware.boot.verified, o.job.hardware.boot.source]).toEqual([null, true, 'screen'])
       expect(o.job.hardware.boot.evidence).toMatch(/(login prompt|multi-user target) on the guest's (screen|second virtual console)/)
-      expect(o.startingToEnd).toBeLessThan(BOOT_TIMEOUT_S)
+      expect(o.startingToEnd).toBeLessThan(GUEST_TEST_BOOT_TIMEOUT_S)
       expect(o.record).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ multi-user\.target=active$/m)
     },
     45 * 60_000,
@@ -205,7 +203,7 @@ describe('boot evidence without a serial console; UEFI guests without the remova
       // Decided on evidence far before the boot timeout: the boot check's own wait (from the
       // domain's start), not Starting -> end, which also holds the inspection of a loaded host.
       const waited = Number(/; state [^;]* after (\d+(?:\.\d+)?) s;/.exec(o.job.last_error.message)?.[1])
-      expect(waited).toBeLessThan(BOOT_TIMEOUT_S / 3)
+      expect(waited).toBeLessThan(GUEST_TEST_BOOT_TIMEOUT_S / 3)
       expect(o.record).toBe('')
     },
     45 * 60_000,

@@ -33,6 +33,7 @@ import {
   ENTERPRISE,
   fleetGuestImages,
   GUEST_RECORD_MARKER,
+  GUEST_TEST_BOOT_TIMEOUT_S,
   GUEST_TEST_VCPUS,
   readGuestRecord,
   STATICIP,
@@ -46,8 +47,6 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'i45n-'
-/** The boot check's limit: generous, a TCG boot beside the other test lane is slow (docs/test-guests.md); fail-fast cases must decide far before it. */
-const BOOT_TIMEOUT_S = 1200
 /** How long a booted guest may take, after its job ended, to write its record. */
 const RECORD_WAIT_S = 240
 const NET = 'mig45-isolated'
@@ -163,7 +162,7 @@ describe('real guest fleet: network identity, the enterprise guest (TCG), checke
     srv = await startServer('bun', t.dir, {
       MIGRATOR_DOMAIN_TYPE: 'qemu',
       MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: String(BOOT_TIMEOUT_S),
+      MIGRATOR_BOOT_TIMEOUT_SECONDS: String(GUEST_TEST_BOOT_TIMEOUT_S),
       MIGRATOR_MAX_JOBS: '2',
     })
     stream = openStream(srv.base)

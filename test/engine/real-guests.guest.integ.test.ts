@@ -22,7 +22,15 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { chmodSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { GUEST_MARKER, GUEST_TEST_VCPUS, guestBuildTimings, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
+import {
+  GUEST_MARKER,
+  GUEST_TEST_BOOT_TIMEOUT_S,
+  GUEST_TEST_VCPUS,
+  guestBuildTimings,
+  guestImages,
+  type GuestImage,
+  type GuestVariant,
+} from '../../fixtures/guest-image.ts'
 import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
@@ -30,8 +38,6 @@ import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'i11-'
-/** The boot check's limit: generous, a TCG boot beside the other test lane is slow (docs/test-guests.md); fail-fast cases must decide far before it. */
-const BOOT_TIMEOUT_S = 1200
 
 interface Case {
   variant: GuestVariant
@@ -105,7 +111,7 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
     srv = await startServer('bun', t.dir, {
       MIGRATOR_DOMAIN_TYPE: 'qemu',
       MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: String(BOOT_TIMEOUT_S),
+      MIGRATOR_BOOT_TIMEOUT_SECONDS: String(GUEST_TEST_BOOT_TIMEOUT_S),
       MIGRATOR_MAX_JOBS: '2',
     })
     stream = openStream(srv.base)
@@ -196,8 +202,8 @@ describe('real Debian guests boot after import (TCG), and Completed means booted
       // Decided from evidence, not after a blind timeout: far less than the boot timeout.
       expect(o.startingAt).not.toBeNull()
       const startingToEnd = (Date.parse(o.job.finished_at) - Date.parse(o.startingAt!)) / 1000
-      console.log(`broken guest: Starting -> Failed in ${startingToEnd.toFixed(1)} s (boot timeout ${BOOT_TIMEOUT_S} s)`)
-      expect(startingToEnd).toBeLessThan(BOOT_TIMEOUT_S / 2)
+      console.log(`broken guest: Starting -> Failed in ${startingToEnd.toFixed(1)} s (boot timeout ${GUEST_TEST_BOOT_TIMEOUT_S} s)`)
+      expect(startingToEnd).toBeLessThan(GUEST_TEST_BOOT_TIMEOUT_S / 2)
     },
     45 * 60_000,
   )

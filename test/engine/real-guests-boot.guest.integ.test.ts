@@ -19,7 +19,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { chmodSync, mkdirSync, readdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { GUEST_BOOT_RECORD, GUEST_TEST_BOOT_TIMEOUT_S, GUEST_TEST_VCPUS, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
+import { GUEST_RECORD_FILE, GUEST_TEST_BOOT_TIMEOUT_S, GUEST_TEST_VCPUS, guestImages, type GuestImage, type GuestVariant } from '../../fixtures/guest-image.ts'
 import { buildInput, type ExportHardware } from '../../fixtures/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
@@ -78,7 +78,7 @@ describe('boot evidence without a serial console; UEFI guests without the remova
     const vol = path.join(dir, readdirSync(dir).find((f) => f.endsWith('.img'))!)
     const readRecord = () => {
       try {
-        return execFileSync('debugfs', ['-R', `cat ${GUEST_BOOT_RECORD}`, `${vol}?offset=${ROOT_OFFSET}`], {
+        return execFileSync('debugfs', ['-R', `cat ${GUEST_RECORD_FILE}`, `${vol}?offset=${ROOT_OFFSET}`], {
           encoding: 'utf8',
           stdio: ['ignore', 'pipe', 'ignore'],
         })

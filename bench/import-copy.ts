@@ -18,7 +18,7 @@ import { readFileSync, rmSync } from 'node:fs'
 import * as path from 'node:path'
 import { tempDir } from '../test/helpers/tmp.ts'
 import { FileSink } from '../lib/sink/file.ts'
-import { allocatedBytes, copyQcow2In, fmt, makeHalfFullQcow2, printComparison, qemuImgReference, sha256File, type CopyFigures } from './source.ts'
+import { allocatedBytes, copyImageIn, fmt, makeHalfFullQcow2, printComparison, qemuImgReference, sha256File, type CopyFigures } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -63,7 +63,7 @@ try {
     await settle()
     const sampler = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 20)
     const t0 = performance.now()
-    res = await copyQcow2In(sink, qcow, size, {
+    res = await copyImageIn(sink, qcow, 'qcow2', size, {
       readAhead,
       writeDepth,
       flushEveryBytes: process.env.BENCH_FLUSH_MIB ? Number(process.env.BENCH_FLUSH_MIB) * MiB : undefined,

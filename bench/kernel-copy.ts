@@ -17,7 +17,7 @@
  *   one copy, the source's pages faulted in by the write;
  * - `qemu-img`: `qemu-img convert -f raw -O raw` (zero detection, its thread pool);
  * - `engine`: the migrator's node engine in this process (the raw reader of
- *   lib/pipeline/readers/raw-file.ts, `copyDisk` into the file sink, checkpoints included): reads on
+ *   lib/pipeline/readers/raw-file.ts, `copyDisk` into the file sink by `copyImageIn`, checkpoints included): reads on
  *   libuv's pool, writes on the volume's writer thread.
  * Every run is followed by `sync -f` of its output and timed with it; before every run the
  * previous output is removed, the file system synced and 500 ms passed. The methods' order turns
@@ -30,10 +30,8 @@ import { execFileSync, spawnSync } from 'node:child_process'
 import { closeSync, ftruncateSync, mkdirSync, openSync, readSync, rmSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { cpuTimes } from '../lib/cpu-time.ts'
-import { copyDisk } from '../lib/pipeline/copy-disk.ts'
-import { openDiskReader } from '../lib/pipeline/readers/open.ts'
 import { FileSink } from '../lib/sink/file.ts'
-import { cliArg, median, onInterrupt } from './source.ts'
+import { cliArg, copyImageIn, median, onInterrupt } from './source.ts'
 
 if (typeof Bun === 'undefined') {
   console.error('bench/kernel-copy.ts runs under Bun (bun:ffi, Bun.mmap): ./node_modules/.bin/bun bench/kernel-copy.ts')
@@ -70,14 +68,7 @@ async function copy(method: Method, src: string, dst: string, sink: FileSink): P
     return
   }
   if (method === 'engine') {
-    const reader = await openDiskReader({ label: 'disk0', capacity_bytes: size, disk_format: 'raw', source: { path: src }, controller: 'virtio', address: '0' })
-    const vol = await sink.create('kcopy', 'disk0', reader.size)
-    try {
-      await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {} })
-    } finally {
-      await vol.close()
-      await reader.close()
-    }
+    await copyImageIn(sink, src, 'raw', size)
     return
   }
   const a = openSync(src, 'r')
@@ -124,14 +115,14 @@ try {
     const src = path.join(work, 'src.raw')
     execFileSync('bash', ['-c', `head -c ${size} /dev/urandom > ${src} && cat ${src} > /dev/null`])
     const sink = new FileSink({ dataDir: work })
-    const outOf = (m: Method) => (m === 'engine' ? sink.volumePath('kcopy', 'disk0') : path.join(work, 'dst.raw'))
+    const outOf = (m: Method) => (m === 'engine' ? sink.volumePath('bench', 'disk0') : path.join(work, 'dst.raw'))
     const runs = new Map<Method, Array<{ sec: number; cpu: number }>>(METHODS.map((m) => [m, []]))
     const equal = new Map<Method, boolean>()
     for (let r = 0; r < reps; r++) {
       for (let i = 0; i < METHODS.length; i++) {
         const m = METHODS[(i + r) % METHODS.length]!
         rmSync(path.join(work, 'dst.raw'), { force: true })
-        await sink.remove('kcopy')
+        await sink.remove('bench')
         execFileSync('sync')
         await new Promise((res) => setTimeout(res, 500))
         const c0 = cpu()

@@ -8,6 +8,7 @@ import { closeSync, openSync, readFileSync, statSync, writeSync } from 'node:fs'
 import { constants } from 'node:os'
 import * as path from 'node:path'
 import { cpuTimes } from '../lib/cpu-time.ts'
+import type { DiskFormat } from '../lib/manifest.ts'
 import type { CopyDiskOptions, CopyDiskResult } from '../lib/pipeline/copy-common.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../lib/pipeline/readers/open.ts'
@@ -192,13 +193,14 @@ export async function alternate(
 }
 
 /**
- * The migrator's copy phase of a qcow2 in process, as a job runs it: the job's reader of
- * `src` (`size` bytes virtual; `openDiskReader`: by its clusters, or qemu-nbd for the images it
- * leaves to qemu), a new volume `bench/disk0` of `sink`, `copyDisk` (every checkpoint
- * fsync included) with `opts`, both closed. Returns the copy's byte counts.
+ * The migrator's copy phase of a disk image in process, as a job runs it: the job's reader of
+ * `src` (`format`, a qemu format name: `qcow2`, `raw`, ...; `size` bytes virtual;
+ * `openDiskReader`: by its block table, qemu-nbd for the images it leaves to qemu, the raw reader
+ * for `raw`), a new volume `bench/disk0` of `sink`, `copyDisk` (every checkpoint fsync included)
+ * with `opts`, both closed. Returns the copy's byte counts.
  */
-export async function copyQcow2In(sink: Sink, src: string, size: number, opts: Partial<CopyDiskOptions> = {}): Promise<CopyDiskResult> {
-  const reader = await openDiskReader({ label: 'disk0', capacity_bytes: size, disk_format: 'qcow2', source: { path: src }, controller: 'virtio', address: '0' })
+export async function copyImageIn(sink: Sink, src: string, format: DiskFormat, size: number, opts: Partial<CopyDiskOptions> = {}): Promise<CopyDiskResult> {
+  const reader = await openDiskReader({ label: 'disk0', capacity_bytes: size, disk_format: format, source: { path: src }, controller: 'virtio', address: '0' })
   const vol = await sink.create('bench', 'disk0', reader.size)
   try {
     return await copyDisk(reader, vol, { from: 0, signal: new AbortController().signal, onProgress() {}, async onWatermark() {}, ...opts })

@@ -28,7 +28,7 @@ import * as path from 'node:path'
 import { QEMU_IMG_PROCESSES } from '../lib/pipeline/copy-engine-qemu-img.ts'
 import { ZvolSink } from '../lib/sink/zvol.ts'
 import { cacheDirArg, cachedRawLayout, layoutsArg } from './layouts.ts'
-import { alternate, cliArg, copyQcow2In, median, onInterrupt } from './source.ts'
+import { alternate, cliArg, copyImageIn, median, onInterrupt } from './source.ts'
 
 const GiB = 1024 ** 3
 const MiB = 1024 ** 2
@@ -97,7 +97,7 @@ try {
     const runOurs = async () => {
       await reset()
       const t0 = performance.now()
-      await copyQcow2In(sink, src, size, { qemuProcesses })
+      await copyImageIn(sink, src, 'qcow2', size, { qemuProcesses })
       ourSec.push((performance.now() - t0) / 1000)
       equal &&= same()
     }

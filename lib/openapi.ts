@@ -11,7 +11,7 @@
 import { z } from 'zod'
 import { ERROR_CODES } from './errors.ts'
 import { HostFileInspectBody } from './hostfiles.ts'
-import { BulkPlanBody } from './migrations/bulk.ts'
+import { BulkPlanBody } from './jobs/bulk.ts'
 import { SubmitPlanBody } from './plan.ts'
 import { RemoteCredentialInput } from './remote/credentials.ts'
 import { RemoteInspectBody } from './remote/ref.ts'

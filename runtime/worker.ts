@@ -12,7 +12,7 @@
 import { cpuTimes } from '../lib/cpu-time.ts'
 import { loadOrCreateKey } from '../lib/crypto/keyring.ts'
 import { Sealer } from '../lib/crypto/seal.ts'
-import { runJob } from '../lib/pipeline/orchestrator.ts'
+import { runJob } from '../lib/jobs/orchestrator.ts'
 import { openStore } from '../lib/store/index.ts'
 import { dataPaths, type Config } from './config.ts'
 import { SPARE_ARG, type SupervisorMessage, type WorkerMessage } from './ipc.ts'

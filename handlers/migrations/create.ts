@@ -1,7 +1,7 @@
 // POST /migrations: submit a live or offline plan (spec 4).
 import { json, readJson } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'
-import { submitPlan } from '../../lib/migrations/submit.ts'
+import { submitPlan } from '../../lib/jobs/submit.ts'
 
 export const method = 'POST'
 export const path = '/migrations'

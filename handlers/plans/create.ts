@@ -1,7 +1,7 @@
 // POST /plans: submit a bulk plan of many VMs (roadmap v0.5).
 import { json, readJson } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'
-import { submitBulkPlan } from '../../lib/migrations/bulk.ts'
+import { submitBulkPlan } from '../../lib/jobs/bulk.ts'
 
 export const method = 'POST'
 export const path = '/plans'

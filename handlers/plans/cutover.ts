@@ -1,7 +1,7 @@
 // POST /plans/:id/cutover: the shared cutover of a bulk plan's warm VMs (roadmap v0.5, v0.6).
 import { json } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'
-import { cutoverBulkPlan, loadBulkPlan } from '../../lib/migrations/bulk.ts'
+import { cutoverBulkPlan, loadBulkPlan } from '../../lib/jobs/bulk.ts'
 
 export const method = 'POST'
 export const path = '/plans/:id/cutover'

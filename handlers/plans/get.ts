@@ -1,7 +1,7 @@
 // GET /plans/:id: one bulk plan with its aggregate state and VMs (roadmap v0.5).
 import { json } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'
-import { loadBulkPlan } from '../../lib/migrations/bulk.ts'
+import { loadBulkPlan } from '../../lib/jobs/bulk.ts'
 
 export const method = 'GET'
 export const path = '/plans/:id'

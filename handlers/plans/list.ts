@@ -1,7 +1,7 @@
 // GET /plans: the bulk plans, newest first (roadmap v0.5).
 import { json } from '../../runtime/http.ts'
 import type { Ctx } from '../../runtime/context.ts'
-import { loadBulkPlan } from '../../lib/migrations/bulk.ts'
+import { loadBulkPlan } from '../../lib/jobs/bulk.ts'
 
 export const method = 'GET'
 export const path = '/plans'

@@ -326,7 +326,7 @@ export class JobsRepo {
 
   /**
    * The identity of job `id`'s remote input as its first attempt saw it (`RemoteFile.identity`:
-   * validator and size), or null before any attempt opened it (lib/pipeline/prepare.ts).
+   * validator and size), or null before any attempt opened it (lib/jobs/prepare.ts).
    */
   async inputIdentity(id: string): Promise<string | null> {
     const r = await persist('read input identity', () => this.db.selectFrom('jobs').select('input_identity').where('id', '=', id).executeTakeFirst())

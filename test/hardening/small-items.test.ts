@@ -8,7 +8,7 @@ import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'nod
 import * as path from 'node:path'
 import { redactHostPaths } from '../../lib/hostpath.ts'
 import { inspectInput } from '../../lib/importers/index.ts'
-import { checkPlanRefs } from '../../lib/migrations/submit.ts'
+import { checkPlanRefs } from '../../lib/jobs/submit.ts'
 import { parseSubmitBody } from '../../lib/plan.ts'
 import { duplicateJsonKey, readJson } from '../../runtime/http.ts'
 import { buildInput, makeRawImage } from '../helpers/inputs.ts'

@@ -10,7 +10,7 @@ import { writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
-import { verifyPackedDigest } from '../../lib/pipeline/prepare.ts'
+import { verifyPackedDigest } from '../../lib/jobs/prepare.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const t = tempDir('mig-prepare-')

@@ -1,10 +1,10 @@
 /**
- * lib/migrations/bulk.ts `bulkPlanView`: each VM of a bulk plan reports the state of its latest
+ * lib/jobs/bulk.ts `bulkPlanView`: each VM of a bulk plan reports the state of its latest
  * test boot (docs/test-boot.md), so the shared cutover can be weighed against which VMs passed.
  */
 import { expect, test } from 'bun:test'
 import type { Job, TestBootRecord } from '../../lib/job.ts'
-import { bulkPlanView } from '../../lib/migrations/bulk.ts'
+import { bulkPlanView } from '../../lib/jobs/bulk.ts'
 import type { BulkPlanRow } from '../../lib/store/bulk-plans.ts'
 
 const NOW = '2026-11-28T12:00:00.000Z'

@@ -9,7 +9,7 @@
  */
 import { useEffect, useRef, useState } from 'preact/hooks'
 import type { Job } from '../../../lib/job.ts'
-import type { BulkPlanView } from '../../../lib/migrations/bulk.ts'
+import type { BulkPlanView } from '../../../lib/jobs/bulk.ts'
 import { api, ApiError } from '../api.ts'
 import { ErrorBox, Head, StateBadge } from '../components.tsx'
 import { ConfirmDialog } from '../confirm.tsx'

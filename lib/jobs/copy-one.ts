@@ -8,7 +8,7 @@ import type { DiskReader } from '../contracts/disk-reader.ts'
 import { copyReadsStoredBytes, type ManifestDisk } from '../manifest.ts'
 import type { SinkVolume } from '../sink/types.ts'
 import type { OrchestratorDeps } from './orchestrator-deps.ts'
-import type { ProgressTracker } from './progress.ts'
+import type { ProgressTracker } from '../pipeline/progress.ts'
 
 /**
  * Copies `disk` from `reader` into `volume`, from byte `from` to its end, feeding `tracker` (then

@@ -1,6 +1,6 @@
 /**
  * What the source side of a job provides once its plan is resolved (`PreparedSource`): made by
- * lib/pipeline/prepare.ts, consumed by the orchestrator and its copy passes. A type of its own so
+ * lib/jobs/prepare.ts, consumed by the orchestrator and its copy passes. A type of its own so
  * that the producer and the consumers both import it from here, never from each other.
  */
 import type { LiveSession } from '../adapters/types.ts'

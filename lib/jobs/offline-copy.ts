@@ -10,7 +10,7 @@ import type { SinkVolume } from '../sink/types.ts'
 import { copyOne } from './copy-one.ts'
 import type { OrchestratorDeps } from './orchestrator-deps.ts'
 import type { PreparedSource } from './prepared-source.ts'
-import type { ProgressTracker } from './progress.ts'
+import type { ProgressTracker } from '../pipeline/progress.ts'
 
 /** Bytes the offline copy of `manifest` still has to write: each disk's capacity above its durable watermark. */
 export async function remainingBytes(deps: OrchestratorDeps, manifest: VmManifest): Promise<number> {

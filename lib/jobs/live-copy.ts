@@ -17,8 +17,8 @@ import type { JobPatch } from '../store/jobs.ts'
 import { copyOne } from './copy-one.ts'
 import type { CutoverTiming, DeltaPolicy, OrchestratorDeps } from './orchestrator-deps.ts'
 import type { PreparedSource } from './prepared-source.ts'
-import type { ProgressTracker } from './progress.ts'
-import { allocatedOnly, restrictTo } from './reader-wrappers.ts'
+import type { ProgressTracker } from '../pipeline/progress.ts'
+import { allocatedOnly, restrictTo } from '../pipeline/reader-wrappers.ts'
 
 /** The error of a live copy stopped by the job's signal (the orchestrator records it as `Cancelled`). */
 function cancelled(): MigError {

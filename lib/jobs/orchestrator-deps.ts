@@ -1,6 +1,6 @@
 /**
  * The orchestrator's contract with the outer systems: `OrchestratorDeps`, what `runJob`
- * (lib/pipeline/orchestrator.ts) needs to run one job, with the hooks, tunables and results it
+ * (lib/jobs/orchestrator.ts) needs to run one job, with the hooks, tunables and results it
  * carries (the copy loop, the start, the warm delta policy and cutover timing, the test boot).
  * runtime/job-deps.ts wires the real systems; tests inject doubles. Types only: the orchestrator
  * and its copy passes (offline-copy.ts, live-copy.ts, copy-one.ts) import them from here.
@@ -12,8 +12,8 @@ import type { Sink, SinkVolume } from '../sink/types.ts'
 import type { JobsRepo } from '../store/jobs.ts'
 import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { PreparedSource } from './prepared-source.ts'
-import type { ReadRetry } from './read-retry.ts'
-import type { SpaceWait } from './space-wait.ts'
+import type { ReadRetry } from '../pipeline/read-retry.ts'
+import type { SpaceWait } from '../pipeline/space-wait.ts'
 
 /**
  * What `start` reports: the domain, the hardware chosen, a boot notice (null: boot verified or

@@ -16,7 +16,7 @@ import { createRequestGuard } from './request-guard.ts'
 import { buildRouter } from './router.ts'
 import { withSecurityHeaders } from './security-headers.ts'
 import { Supervisor, type SupervisorOptions } from './supervisor.ts'
-import { TestBootService } from './test-boot.ts'
+import { TestBootService } from '../lib/jobs/test-boot.ts'
 
 /** The running migrator: its fetch function, its context, and a clean shutdown. */
 export interface App {

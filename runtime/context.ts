@@ -10,7 +10,7 @@ import { dataPaths, type Config } from './config.ts'
 import { createLogger, type Logger } from './logger.ts'
 import { SseHub } from './sse-hub.ts'
 import type { inspectInput } from '../lib/importers/index.ts'
-import type { TestBootService } from './test-boot.ts'
+import type { TestBootService } from '../lib/jobs/test-boot.ts'
 
 /** What handlers may ask of the job runner (the supervisor), when one runs. */
 export interface JobRunner {
@@ -33,7 +33,7 @@ export interface Ctx {
   runner?: JobRunner
   /** Bounded inspect in worker threads (`runtime/inspect-pool.ts`); absent: `inspectInput` in-line (handler unit tests). */
   inspect?: typeof inspectInput
-  /** The server's test boots (runtime/test-boot.ts); absent in contexts that do not run jobs. */
+  /** The server's test boots (lib/jobs/test-boot.ts); absent in contexts that do not run jobs. */
   testBoots?: TestBootService
 }
 

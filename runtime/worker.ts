@@ -16,9 +16,9 @@ import { runJob } from '../lib/jobs/orchestrator.ts'
 import { openStore } from '../lib/store/index.ts'
 import { dataPaths, type Config } from './config.ts'
 import { SPARE_ARG, type SupervisorMessage, type WorkerMessage } from './ipc.ts'
-import { buildJobDeps } from './job-deps.ts'
+import { buildJobDeps } from '../lib/jobs/job-deps.ts'
 import { createLogger } from './logger.ts'
-import { testBootHook } from './test-boot.ts'
+import { testBootHook } from '../lib/jobs/test-boot.ts'
 
 /** The job id, or {@link SPARE_ARG} until a spare worker is assigned its job. */
 let jobId = process.argv[2] ?? ''

@@ -2,7 +2,7 @@
  * The orchestrator's contract with the outer systems: `OrchestratorDeps`, what `runJob`
  * (lib/jobs/orchestrator.ts) needs to run one job, with the hooks, tunables and results it
  * carries (the copy loop, the start, the warm delta policy and cutover timing, the test boot).
- * runtime/job-deps.ts wires the real systems; tests inject doubles. Types only: the orchestrator
+ * lib/jobs/job-deps.ts wires the real systems; tests inject doubles. Types only: the orchestrator
  * and its copy passes (offline-copy.ts, live-copy.ts, copy-one.ts) import them from here.
  */
 import type { DiskReader } from '../contracts/disk-reader.ts'
@@ -71,7 +71,7 @@ export interface CutoverTiming {
 }
 
 /**
- * The test boot of a warm job waiting in `DeltaSyncing` (docs/test-boot.md; runtime/job-deps.ts
+ * The test boot of a warm job waiting in `DeltaSyncing` (docs/test-boot.md; lib/jobs/job-deps.ts
  * wires lib/domain/test-boot.ts).
  * - `requested()`: the operator asked for a test boot that has not started (store).
  * - `start(...)`: starts one over the job's volumes (flushed), publishing each change of the job

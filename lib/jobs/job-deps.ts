@@ -3,44 +3,44 @@
  * (DESIGN.md sections 4-6): the source preparation of the plan, the destination sink
  * (`file` or `zvol`), the streaming copy loop, the Windows V2V preparer with the sink's
  * snapshot, the libvirt domain start with its boot check, and the host backup API for
- * plan `restore_point`. Used by the job worker (`runtime/worker.ts`).
+ * plan `restore_point`. Used by the job worker (`runtime/worker.ts`) with the configuration it
+ * received (`settings.ts`).
  */
 import { existsSync, readFileSync } from 'node:fs'
 import { mkdir } from 'node:fs/promises'
 import * as path from 'node:path'
-import { BackupClient } from '../lib/backup/client.ts'
-import type { Sealer } from '../lib/crypto/seal.ts'
-import { defineAndStart } from '../lib/domain/start.ts'
-import { Virsh } from '../lib/domain/virsh.ts'
-import { sanitizeDomainName } from '../lib/domain/xml.ts'
-import { MigError } from '../lib/errors.ts'
-import { redactHostPaths } from '../lib/hostpath.ts'
-import type { Job, RestorePointRecord } from '../lib/job.ts'
-import { copyDisk } from '../lib/pipeline/copy-disk.ts'
-import type { OrchestratorDeps } from '../lib/jobs/orchestrator-deps.ts'
-import { prepareSource } from '../lib/jobs/prepare.ts'
-import { allocatedBelow, checkBeforeCopy } from '../lib/host/precopy.ts'
-import { run } from '../lib/host/doctor.ts'
-import { spaceOf } from '../lib/host/fs-space.ts'
-import { STORE_NEEDS_BYTES } from '../lib/store/persist.ts'
-import { readQemuUser } from '../lib/host/qemu-access.ts'
-import type { VmManifest } from '../lib/manifest.ts'
-import type { Plan } from '../lib/plan.ts'
-import { FileSink } from '../lib/sink/file.ts'
-import type { Sink } from '../lib/sink/types.ts'
-import { ZvolSink } from '../lib/sink/zvol.ts'
-import type { Store } from '../lib/store/index.ts'
-import { V2vPreparer, type V2vVolume } from '../lib/v2v/preparer.ts'
-import type { Config, dataPaths } from './config.ts'
-import type { Logger } from './logger.ts'
+import { BackupClient } from '../backup/client.ts'
+import type { Sealer } from '../crypto/seal.ts'
+import { defineAndStart } from '../domain/start.ts'
+import { Virsh } from '../domain/virsh.ts'
+import { sanitizeDomainName } from '../domain/xml.ts'
+import { MigError } from '../errors.ts'
+import { redactHostPaths } from '../hostpath.ts'
+import type { Job, RestorePointRecord } from '../job.ts'
+import { copyDisk } from '../pipeline/copy-disk.ts'
+import type { OrchestratorDeps } from './orchestrator-deps.ts'
+import { prepareSource } from './prepare.ts'
+import { allocatedBelow, checkBeforeCopy } from '../host/precopy.ts'
+import { run } from '../host/doctor.ts'
+import { spaceOf } from '../host/fs-space.ts'
+import { STORE_NEEDS_BYTES } from '../store/persist.ts'
+import { readQemuUser } from '../host/qemu-access.ts'
+import type { VmManifest } from '../manifest.ts'
+import type { Plan } from '../plan.ts'
+import { FileSink } from '../sink/file.ts'
+import type { Sink } from '../sink/types.ts'
+import { ZvolSink } from '../sink/zvol.ts'
+import type { Store } from '../store/index.ts'
+import { V2vPreparer, type V2vVolume } from '../v2v/preparer.ts'
+import type { JobLogger, JobPaths, JobSettings } from './settings.ts'
 
 /** What the worker has at hand. `signal` aborts the job (cancel). */
 export interface JobDepsInput {
-  config: Config
-  paths: ReturnType<typeof dataPaths>
+  config: JobSettings
+  paths: JobPaths
   store: Store
   sealer: Sealer
-  logger: Logger
+  logger: JobLogger
   jobId: string
   signal: AbortSignal
 }
@@ -49,12 +49,12 @@ export interface JobDepsInput {
  * The destination sink the configuration names; for the zvol sink, `pool` (the plan's
  * `destination.pool`) overrides `MIGRATOR_ZFS_POOL`. The file sink has no pool and ignores it.
  */
-export function sinkFromConfig(config: Config, pool?: string): Sink {
+export function sinkFromConfig(config: JobSettings, pool?: string): Sink {
   return config.sink === 'zvol' ? new ZvolSink({ pool: pool ?? config.zfsPool, appliance: config.appliance }) : new FileSink({ dataDir: config.dataDir })
 }
 
 /** The backup API client of the configuration, or null when `MIGRATOR_BACKUP_URL` is unset. */
-export function backupClientFromConfig(config: Config): BackupClient | null {
+export function backupClientFromConfig(config: JobSettings): BackupClient | null {
   const b = config.backup
   if (!b) return null
   return new BackupClient({

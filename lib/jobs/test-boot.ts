@@ -11,34 +11,32 @@
  */
 import { mkdir } from 'node:fs/promises'
 import * as path from 'node:path'
-import { cleanupTestBoot, manifestOfDefinedDomain, runTestBoot, testBootDomainName } from '../lib/domain/test-boot.ts'
-import { Virsh } from '../lib/domain/virsh.ts'
-import { MigError } from '../lib/errors.ts'
-import { TERMINAL_STATES, type Job, type TestBootRecord } from '../lib/job.ts'
-import type { VmManifest } from '../lib/manifest.ts'
-import type { TestBootHook } from '../lib/jobs/orchestrator-deps.ts'
-import type { Sink } from '../lib/sink/types.ts'
-import type { Store } from '../lib/store/index.ts'
-import type { Config, dataPaths } from './config.ts'
-import type { Ctx } from './context.ts'
+import { cleanupTestBoot, manifestOfDefinedDomain, runTestBoot, testBootDomainName } from '../domain/test-boot.ts'
+import { Virsh } from '../domain/virsh.ts'
+import { MigError } from '../errors.ts'
+import { TERMINAL_STATES, type Job, type TestBootRecord } from '../job.ts'
+import type { VmManifest } from '../manifest.ts'
+import type { TestBootHook } from './orchestrator-deps.ts'
+import type { Sink } from '../sink/types.ts'
+import type { Store } from '../store/index.ts'
 import { sinkFromConfig } from './job-deps.ts'
-import type { Logger } from './logger.ts'
+import type { JobLogger, JobPaths, JobSettings } from './settings.ts'
 
 /** What a test boot needs of the process it runs in. */
 interface TestBootEnv {
-  config: Config
-  paths: ReturnType<typeof dataPaths>
+  config: JobSettings
+  paths: JobPaths
   store: Store
-  logger: Logger
+  logger: JobLogger
 }
 
 /** Path of job `jobId`'s test boot serial log: `<data dir>/logs/<job id>.testboot.serial.log`. */
-export function testBootSerialLog(paths: ReturnType<typeof dataPaths>, jobId: string): string {
+export function testBootSerialLog(paths: Pick<JobPaths, 'logs'>, jobId: string): string {
   return path.join(paths.logs, `${jobId}.testboot.serial.log`)
 }
 
 /** The sink of job `job` (its plan's pool for the zvol sink); `E_MIG_CONFLICT` when that sink cannot clone. */
-function cloneOf(config: Config, job: Job): { sink: Sink; clone: NonNullable<ReturnType<NonNullable<Sink['testBootClone']>>> } {
+function cloneOf(config: JobSettings, job: Job): { sink: Sink; clone: NonNullable<ReturnType<NonNullable<Sink['testBootClone']>>> } {
   const sink = sinkFromConfig(config, job.plan.destination?.pool)
   if (!sink.testBootClone) throw new MigError('E_MIG_CONFLICT', `the ${config.sink} sink cannot clone volumes for a test boot`)
   return { sink, clone: sink.testBootClone(job.id) }
@@ -155,6 +153,16 @@ export function testBootHook(env: TestBootEnv, jobId: string): TestBootHook {
 }
 
 /**
+ * What the server's test boots need of the server: a test boot's environment, the clock, and
+ * where each change of a job is published (the server's SSE hub). The server's handler context
+ * (`runtime/context.ts` `Ctx`) has all of it.
+ */
+export interface TestBootServiceEnv extends TestBootEnv {
+  now(): Date
+  hub: { publishJob(job: Job): Promise<void> }
+}
+
+/**
  * The server's test boots: those of `Completed` jobs with `plan.start: false` (no worker), and the
  * sweep that removes what any interrupted test boot left. One test boot per job at a time.
  */
@@ -162,7 +170,7 @@ export class TestBootService {
   private readonly running = new Map<string, { stop: AbortController; done: Promise<unknown> }>()
   private timer: ReturnType<typeof setInterval> | null = null
 
-  constructor(private readonly ctx: Ctx) {}
+  constructor(private readonly ctx: TestBootServiceEnv) {}
 
   private env(): TestBootEnv {
     return { config: this.ctx.config, paths: this.ctx.paths, store: this.ctx.store, logger: this.ctx.logger }

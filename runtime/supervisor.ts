@@ -19,9 +19,9 @@ import { randomUUID } from 'node:crypto'
 import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { releaseLiveVm } from '../lib/adapters/session.ts'
 import { readLivePid } from '../lib/exec.ts'
-import { TERMINAL_STATES, type Job } from '../lib/job.ts'
+import { TERMINAL_STATES } from '../lib/job.ts'
+import { giveUpJob } from '../lib/jobs/give-up.ts'
 import type { Ctx } from './context.ts'
 import { SPARE_ARG, type SupervisorMessage, type WorkerMessage } from './ipc.ts'
 import { freshWorkerBundle } from './worker-bundle.ts'
@@ -311,43 +311,12 @@ export class Supervisor {
     }
   }
 
-  /**
-   * A live job given up on: no worker ran its cleanup, so the snapshots its attempts took on the
-   * source VM are removed here (best effort; a failure is logged, the job stays Failed).
-   */
-  private async releaseSource(job: Job): Promise<{ note: string; powered_on_at: string | null }> {
-    const ref = job.plan.source_ref
-    if (!('Live' in job.plan.source) || ref.kind !== 'live_vm') return { note: '', powered_on_at: null }
-    // The source comes back when the job had shut it down and died before starting the
-    // destination (in Starting the domain may already run: the operator decides).
-    const powerOn = !!job.source_vm?.shut_down_at && !job.source_vm.powered_on_at && job.state !== 'Starting'
-    try {
-      await releaseLiveVm(this.ctx.store.sources, this.ctx.sealer, ref.source_id, ref.vm_id, { powerOn })
-      this.ctx.logger.info({ job: job.id, vm: ref.vm_id, powerOn }, 'released the source VM of a job given up')
-      return powerOn
-        ? { note: `; the source VM ${ref.vm_id} was powered on again`, powered_on_at: this.ctx.now().toISOString() }
-        : { note: '', powered_on_at: null }
-    } catch (e) {
-      this.ctx.logger.warn({ job: job.id, vm: ref.vm_id, err: (e as Error).message }, 'could not release the source VM of a job given up')
-      return { note: powerOn ? `; powering the source VM ${ref.vm_id} on again failed: ${(e as Error).message}` : '', powered_on_at: null }
-    }
-  }
-
   private async launch(id: string): Promise<void> {
     const { jobs } = this.ctx.store
     const attempts = await jobs.addAttempt(id)
     if (attempts > this.opts.maxAttempts) {
       // the source VM is released (snapshots removed, powered on again) before the job ends Failed
-      const before = await jobs.get(id)
-      const released = await this.releaseSource(before)
-      const sourceVm = released.powered_on_at && before.source_vm ? { source_vm: { ...before.source_vm, powered_on_at: released.powered_on_at } } : {}
-      const message = `the job's worker died ${attempts - 1} times; giving up${released.note}`
-      const job = await jobs.update(
-        id,
-        { state: 'Failed', finished_at: this.ctx.now().toISOString(), last_error: { code: 'E_MIG_INTERNAL', message, fatal: true }, ...sourceVm },
-        this.ctx.now().toISOString(),
-      )
-      await this.ctx.hub.publishJob(job)
+      await this.ctx.hub.publishJob(await giveUpJob(this.ctx, id, attempts))
       return
     }
     const forkedAt = Date.now()

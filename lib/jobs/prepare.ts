@@ -3,6 +3,7 @@
  * an offline input is confined to the import root (or is an upload), inspected with the plan's
  * importer kind, and read disk by disk; a live source is a logged-in control-plane connection.
  */
+import { existsSync } from 'node:fs'
 import { rm } from 'node:fs/promises'
 import { join } from 'node:path'
 import { MigError } from '../errors.ts'
@@ -23,6 +24,7 @@ import type { PreparedSource } from './prepared-source.ts'
 import { credentialLookup } from '../remote/credentials.ts'
 import { addRemoteExport, openRemoteExport, type RemoteExport } from '../remote/folder.ts'
 import type { OfflineUrlRef } from '../remote/ref.ts'
+import type { JobPaths, JobSettings } from './settings.ts'
 
 /** Where offline inputs live. */
 export interface SourcePaths {
@@ -194,4 +196,40 @@ export async function prepareSource(
   }
   const manifest = await session.inspect(ref.vm_id)
   return { strategy: 'live', manifest, session, vmId: ref.vm_id, close: () => session.close() }
+}
+
+/** What the source preparation of a job needs of the worker: the settings, the store, the sealing key, the clock. */
+export interface SourcePreparationInput {
+  settings: Pick<JobSettings, 'dataDir' | 'guestShutdownTimeoutSeconds' | 'v2v' | 'domain'>
+  paths: Pick<JobPaths, 'importRoot' | 'uploads'>
+  store: Store
+  sealer: Sealer
+  now(): Date
+}
+
+/**
+ * The orchestrator's `prepare` step: {@link prepareSource} with the settings' staging and work
+ * directory (`<data dir>/tmp`), guest shutdown timeout and VMCX passthrough (`virt-v2v`; the
+ * virtio-win ISO when it exists: without it virt-v2v still converts Linux guests, Windows ones
+ * get no virtio drivers; libguestfs' appliance on TCG where the domains run under TCG).
+ */
+export function sourcePreparation(input: SourcePreparationInput): (job: Job, signal: AbortSignal) => Promise<PreparedSource> {
+  const { settings, paths, store, sealer, now } = input
+  const tmp = join(settings.dataDir, 'tmp')
+  return (job, signal) =>
+    prepareSource(job, {
+      signal,
+      store,
+      sealer,
+      paths: { importRoot: paths.importRoot, uploadsDir: paths.uploads },
+      now,
+      guestShutdownTimeoutSeconds: settings.guestShutdownTimeoutSeconds,
+      stagingDir: tmp,
+      fullImport: {
+        workDir: tmp,
+        binary: settings.v2v.fullImportBinary,
+        virtioWinIso: existsSync(settings.v2v.virtioWinIso) ? settings.v2v.virtioWinIso : undefined,
+        env: settings.domain.type === 'qemu' ? { LIBGUESTFS_BACKEND_SETTINGS: 'force_tcg' } : {},
+      },
+    })
 }

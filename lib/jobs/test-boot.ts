@@ -12,14 +12,13 @@
 import { mkdir } from 'node:fs/promises'
 import * as path from 'node:path'
 import { cleanupTestBoot, manifestOfDefinedDomain, runTestBoot, testBootDomainName } from '../domain/test-boot.ts'
-import { Virsh } from '../domain/virsh.ts'
 import { MigError } from '../errors.ts'
 import { TERMINAL_STATES, type Job, type TestBootRecord } from '../job.ts'
 import type { VmManifest } from '../manifest.ts'
 import type { TestBootHook } from './orchestrator-deps.ts'
 import type { Sink } from '../sink/types.ts'
 import type { Store } from '../store/index.ts'
-import { sinkFromConfig } from './job-deps.ts'
+import { bootCheckOf, sinkFromConfig, virshOf } from './destination.ts'
 import type { JobLogger, JobPaths, JobSettings } from './settings.ts'
 
 /** What a test boot needs of the process it runs in. */
@@ -85,14 +84,10 @@ function startTestBoot(
         job,
         manifest,
         clone,
-        virsh: new Virsh({ uri: config.libvirtUri, reconnectMs: config.libvirtReconnectSeconds * 1000 }),
+        virsh: virshOf(config),
         domainType: config.domain.type,
         serialLogPath: testBootSerialLog(paths, job.id),
-        bootCheck: {
-          graceSeconds: config.domain.bootGraceSeconds,
-          timeoutSeconds: config.domain.bootTimeoutSeconds,
-          expectSerial: config.domain.bootSerialPattern ? new RegExp(config.domain.bootSerialPattern) : undefined,
-        },
+        bootCheck: bootCheckOf(config),
         signal,
         now: () => new Date(),
         record,
@@ -120,12 +115,7 @@ export async function recoverTestBoot(env: TestBootEnv, job: Job, why: string, o
   let error = why
   try {
     const name = tb.domain ?? testBootDomainName(job)
-    await cleanupTestBoot(
-      new Virsh({ uri: env.config.libvirtUri, reconnectMs: env.config.libvirtReconnectSeconds * 1000 }),
-      name,
-      job.id,
-      cloneOf(env.config, job).clone,
-    )
+    await cleanupTestBoot(virshOf(env.config), name, job.id, cloneOf(env.config, job).clone)
     error += '; its domain and clone were removed'
   } catch (e) {
     error += `; removing its domain or clone failed: ${(e as Error).message}`
@@ -192,11 +182,7 @@ export class TestBootService {
    */
   async runDefined(job: Job): Promise<void> {
     if (this.running.has(job.id)) return
-    const xml = await new Virsh({ uri: this.ctx.config.libvirtUri, reconnectMs: this.ctx.config.libvirtReconnectSeconds * 1000 }).run([
-      'dumpxml',
-      '--domain',
-      job.domain!,
-    ])
+    const xml = await virshOf(this.ctx.config).run(['dumpxml', '--domain', job.domain!])
     if (xml.code !== 0) {
       const now = this.ctx.now().toISOString()
       const why = xml.stderr.trim()

@@ -6,7 +6,7 @@ import { describe, expect, test } from 'bun:test'
 import { FileSink } from '../../lib/sink/file.ts'
 import type { ZvolSink } from '../../lib/sink/zvol.ts'
 import { loadConfig } from '../../runtime/config.ts'
-import { sinkFromConfig } from '../../lib/jobs/job-deps.ts'
+import { sinkFromConfig } from '../../lib/jobs/destination.ts'
 
 const ID = '0f1e2d3c-4b5a-4697-8877-665544332211'
 

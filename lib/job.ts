@@ -3,7 +3,6 @@
  */
 import type { Plan, Strategy } from './plan.ts'
 import type { ErrorCode } from './errors.ts'
-import type { CarriedInterface } from './domain/net-identity.ts'
 
 /** Job states: spec section 3's phases plus `Queued` (initial), `Failed`, `Cancelled`. */
 export const JOB_STATES = ['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'V2vProcessing', 'Starting', 'Completed', 'Failed', 'Cancelled'] as const
@@ -170,6 +169,41 @@ export interface HardwareRecord {
   uefi_boot?: UefiBootRecord | null
   /** Linux guests: the interfaces their network configuration names and how each was carried over (docs/network-identity.md). */
   network?: { interfaces: CarriedInterface[]; notes: string[] } | null
+}
+
+/**
+ * One configured interface as the job reports it (`HardwareRecord.network.interfaces[]`):
+ * - `name`: the name in the configuration (null: bound by MAC only); `mac`: the destination NIC's
+ *   MAC it is carried to (null when unmatched); `nic`: that NIC's source label (`ethernet0`);
+ * - `config`: `style:file` of each configuration that names it; `method`, `addresses`,
+ *   `gateway`, `routes`, `dns`: what the configuration sets (union of the files);
+ * - `carried`: the interface will come up on the destination under the same name;
+ * - `how`: `link-file` (a `.link` file written), `guest-rule` (the guest's own rule pins it),
+ *   `mac` (the configuration matches the MAC, which is kept), or null when not carried;
+ * - `matched_by`: why this NIC (`config-mac`, `slot`, `eth-index`, `only-nic`, `guest-rule`);
+ * - `link_file`: the guest path written, or null; `why`: words for a `carried: false`;
+ * - `address_check`: after the boot, whether the host saw the guest use a configured address
+ *   (`seen`: in the host's ARP/neighbour table for the NIC's MAC; `not-seen`; `not-checked` with
+ *   the reason in `address_evidence`).
+ */
+export interface CarriedInterface {
+  name: string | null
+  mac: string | null
+  nic: string | null
+  config: string[]
+  /** As lib/domain/net-config.ts reads it from the guest's configuration. */
+  method: 'static' | 'dhcp' | 'manual' | 'other'
+  addresses: string[]
+  gateway: string | null
+  routes: string[]
+  dns: string[]
+  carried: boolean
+  how: 'link-file' | 'guest-rule' | 'mac' | null
+  matched_by: 'config-mac' | 'slot' | 'eth-index' | 'only-nic' | 'guest-rule' | null
+  link_file: string | null
+  why: string | null
+  address_check: 'seen' | 'not-seen' | 'not-checked'
+  address_evidence: string | null
 }
 
 /** Which evidence decided a boot check: the serial console, the screen (OCR), the operator's serial pattern, the domain state. */

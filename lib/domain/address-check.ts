@@ -9,7 +9,7 @@
  */
 import { exec } from '../exec.ts'
 import { sleep } from '../retry.ts'
-import type { CarriedInterface } from './net-identity.ts'
+import type { CarriedInterface } from '../job.ts'
 
 /** Options: the bridge of each NIC by MAC (absent: user networking), how long to keep trying (s), cancellation, the arping binary. */
 export interface AddressCheckOptions {

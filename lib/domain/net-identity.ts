@@ -22,6 +22,7 @@
  * Interfaces left unmatched, and matched NICs without a MAC to match on, are `carried: false` with
  * the reason; the caller turns them into a notice.
  */
+import type { CarriedInterface } from '../job.ts'
 import type { ManifestNic } from '../manifest.ts'
 import { normalizeMac } from '../mac.ts'
 import type { ConfiguredInterface, NamingRule } from './net-config.ts'
@@ -32,40 +33,6 @@ export interface GuestNetwork {
   rules: NamingRule[]
   /** Files read that could not be parsed or were too large, in words. */
   notes: string[]
-}
-
-/**
- * One configured interface as the job reports it (`HardwareRecord.network.interfaces[]`):
- * - `name`: the name in the configuration (null: bound by MAC only); `mac`: the destination NIC's
- *   MAC it is carried to (null when unmatched); `nic`: that NIC's source label (`ethernet0`);
- * - `config`: `style:file` of each configuration that names it; `method`, `addresses`,
- *   `gateway`, `routes`, `dns`: what the configuration sets (union of the files);
- * - `carried`: the interface will come up on the destination under the same name;
- * - `how`: `link-file` (a `.link` file written), `guest-rule` (the guest's own rule pins it),
- *   `mac` (the configuration matches the MAC, which is kept), or null when not carried;
- * - `matched_by`: why this NIC (`config-mac`, `slot`, `eth-index`, `only-nic`, `guest-rule`);
- * - `link_file`: the guest path written, or null; `why`: words for a `carried: false`;
- * - `address_check`: after the boot, whether the host saw the guest use a configured address
- *   (`seen`: in the host's ARP/neighbour table for the NIC's MAC; `not-seen`; `not-checked` with
- *   the reason in `address_evidence`).
- */
-export interface CarriedInterface {
-  name: string | null
-  mac: string | null
-  nic: string | null
-  config: string[]
-  method: ConfiguredInterface['method']
-  addresses: string[]
-  gateway: string | null
-  routes: string[]
-  dns: string[]
-  carried: boolean
-  how: 'link-file' | 'guest-rule' | 'mac' | null
-  matched_by: 'config-mac' | 'slot' | 'eth-index' | 'only-nic' | 'guest-rule' | null
-  link_file: string | null
-  why: string | null
-  address_check: 'seen' | 'not-seen' | 'not-checked'
-  address_evidence: string | null
 }
 
 /** A file to write into the guest: path, content, mode. */

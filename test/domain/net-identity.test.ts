@@ -15,7 +15,8 @@ import {
   parseUdevNetRules,
   prefixOfNetmask,
 } from '../../lib/domain/net-config.ts'
-import { destinationNics, linkFileFor, planNetworkIdentity, type CarriedInterface, type GuestNetwork } from '../../lib/domain/net-identity.ts'
+import type { CarriedInterface } from '../../lib/job.ts'
+import { destinationNics, linkFileFor, planNetworkIdentity, type GuestNetwork } from '../../lib/domain/net-identity.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const VMX_MAC = '00:0c:29:aa:bb:cc'

@@ -13,7 +13,7 @@ import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { buildInput, makeRawImage } from '../helpers/inputs.ts'
 import { call, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
@@ -66,12 +66,7 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
     sourceId = await registerVcsim(srv.base, v)
   }, 300_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await v?.stop()
-    await cleanupDomains('i16b-')
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs('i16b-', t, srv, v))
 
   test('five VMs: db -> app in order, at most two per source at once, a failing VM blocks only its dependant', async () => {
     const ids = { db: await makeVm('i16b-db'), app: await makeVm('i16b-app'), solo: await makeVm('i16b-solo'), bad: await makeVm('i16b-bad') }

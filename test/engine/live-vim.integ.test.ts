@@ -23,7 +23,7 @@ import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { bootCheckEnv, call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { datastoreRaw, putVmdk, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
@@ -96,12 +96,7 @@ describe('live vim_api migrations through the HTTP API', () => {
     sourceId = s.body.id
   }, 120_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    await v?.stop()
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv, v))
 
   test('cold: two disks copied bit-exact from the snapshot, the domain boots, the VM is shut down and marked, no snapshot left', async () => {
     const vm = await makeVm('migvim-cold', true)

@@ -22,11 +22,11 @@ import { hostname } from 'node:os'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
-import { bootCheckEnv, call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { bootCheckEnv, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { datastoreRaw, putVmdk, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
+import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 
 const PREFIX = 'migvim-'
 const MARKER = 'MIGRATOR-VIM-BOOT-5521'
@@ -84,16 +84,7 @@ describe('live vim_api migrations through the HTTP API', () => {
       MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB),
       MIGRATOR_DELTA_MAX_PASSES: '3',
     })
-    const s = await call(srv.base, 'POST', '/sources', {
-      name: 'vcsim',
-      kind: 'vim_api',
-      endpoint: v.url,
-      username: v.username,
-      password: v.password,
-      tls: { thumbprint: v.thumbprint },
-    })
-    expect(s.status).toBe(201)
-    sourceId = s.body.id
+    sourceId = await registerVcsim(srv.base, v) // 201 with the source's id, or it throws
   }, 120_000)
 
   afterAll(() => tearDownJobs(PREFIX, t, srv, v))
@@ -196,18 +187,10 @@ describe('live vim_api migrations through the HTTP API', () => {
       MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(256 * 1024),
     })
     try {
-      const src = await call(s2.base, 'POST', '/sources', {
-        name: 'vcsim',
-        kind: 'vim_api',
-        endpoint: v.url,
-        username: v.username,
-        password: v.password,
-        tls: { thumbprint: v.thumbprint },
-      })
-      expect(src.status).toBe(201)
+      const sourceId2 = await registerVcsim(s2.base, v) // 201 with the source's id, or it throws
       const job = await submit(s2.base, {
         source: { Live: 'vim_api' },
-        source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vm.id },
+        source_ref: { kind: 'live_vm', source_id: sourceId2, vm_id: vm.id },
         mode: 'Cold',
         name: 'migvim-crash',
         start: false,

@@ -14,7 +14,7 @@ import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid
 import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { putVmdk, startVcsim } from '../helpers/vcsim.ts'
+import { putVmdk, registerVcsim, startVcsim } from '../helpers/vcsim.ts'
 import { execFileSync } from 'node:child_process'
 
 const PREFIX = 'mignode-'
@@ -83,18 +83,10 @@ describe('jobs under the Node server and Node workers', () => {
         { before_snapshot: 1, file, offset: 2 * MiB, length: 2 * MiB, pattern: 0x21 },
         { before_snapshot: 2, file, offset: 64 * 1024, length: 64 * 1024, pattern: 0x31 },
       ])
-      const src = await call(srv.base, 'POST', '/sources', {
-        name: 'vcsim-node',
-        kind: 'vim_api',
-        endpoint: v.url,
-        username: v.username,
-        password: v.password,
-        tls: { thumbprint: v.thumbprint },
-      })
-      expect(src.status).toBe(201)
+      const srcId = await registerVcsim(srv.base, v, 'vcsim-node') // 201 with the source's id, or it throws
       const job = await submit(srv.base, {
         source: { Live: 'vim_api' },
-        source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vmId },
+        source_ref: { kind: 'live_vm', source_id: srcId, vm_id: vmId },
         mode: 'Warm',
         name: `${PREFIX}live`,
         start: false,

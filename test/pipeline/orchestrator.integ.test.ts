@@ -24,6 +24,7 @@ import type { DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { openStore, type Store } from '../../lib/store/index.ts'
 import { tempDir } from '../helpers/tmp.ts'
+import { manifest as fixtureManifest } from '../domain/fixtures.ts'
 
 const MiB = 1024 * 1024
 const BLOCK = 64 * 1024
@@ -44,12 +45,11 @@ class ScriptedLiveSource implements LiveSession {
   ) {}
 
   manifest(): VmManifest {
-    return {
+    // BIOS, no Secure Boot, no warnings: the fixture's; the rest is this VM's.
+    return fixtureManifest({
       name: 'live-vm',
       source_format: 'vim_api',
       guest_os: { family: 'linux', id: 'otherLinux64Guest' },
-      firmware: 'bios',
-      secure_boot: false,
       cpu: { count: 1, cores_per_socket: 1 },
       memory_bytes: 256 * MiB,
       disks: this.disks.map(
@@ -64,8 +64,7 @@ class ScriptedLiveSource implements LiveSession {
       ),
       nics: [],
       cbt_available: this.opts.cbt,
-      warnings: [],
-    }
+    })
   }
   async describe() {
     return { product: 'scripted test double', version: null }

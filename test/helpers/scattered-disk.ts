@@ -4,7 +4,7 @@
  * the set-up each reader test file makes of it, and the copy of a manifest disk into a fresh
  * file-sink volume as a job does it.
  */
-import { afterAll, beforeAll } from 'bun:test'
+import { afterAll, beforeAll, expect } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { closeSync, openSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
@@ -13,7 +13,7 @@ import type { CopyDiskResult } from '../../lib/pipeline/copy-common.ts'
 import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { FileSink } from '../../lib/sink/file.ts'
-import { sha256File } from './reader-fixtures.ts'
+import { sha256File, tarredImage } from './reader-fixtures.ts'
 import { tempDir } from './tmp.ts'
 
 const KiB = 1024
@@ -84,4 +84,22 @@ export async function copyIntoSink(
     await vol.close()
     await reader.close()
   }
+}
+
+/**
+ * Packs `img` (an image of the scattered disk) alone into a tar, copies the manifest disk
+ * `diskOf(source)` that reads it in place at its member offset into a new volume of `sink`, and
+ * checks that the copy needed no qemu node and that the volume's SHA-256 is `sha` (the scattered
+ * disk's). Returns the copy.
+ */
+export async function expectTarMemberCopied(
+  sink: FileSink,
+  img: string,
+  diskOf: (source: ManifestDisk['source']) => ManifestDisk,
+  sha: string,
+): Promise<Awaited<ReturnType<typeof copyIntoSink>>> {
+  const out = await copyIntoSink(sink, diskOf(await tarredImage(img)))
+  expect(out.qemuNode).toBeUndefined()
+  expect(sha256File(out.path)).toBe(sha)
+  return out
 }

@@ -9,15 +9,15 @@
  */
 import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, openSync, readSync, statSync, writeFileSync, writeSync } from 'node:fs'
+import { closeSync, openSync, readSync, statSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { qcow2L1EntryAt, readQcow2Header } from '../../lib/formats/qcow2.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openQcow2ClustersReader } from '../../lib/pipeline/readers/qcow2-clusters.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage, expectCutShortReadFails, expectZeroedAt7MiB } from '../helpers/reader-fixtures.ts'
-import { copyIntoSink, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, expectCutShortReadFails, expectZeroedAt7MiB, bytesAt, writeAt } from '../helpers/reader-fixtures.ts'
+import { copyIntoSink, expectTarMemberCopied, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
@@ -44,15 +44,12 @@ async function l2EntryOffset(img: string, c: number): Promise<number> {
 
 /** Reads (`value` undefined) or overwrites the 8 big-endian bytes at `at` of `file`. */
 function entryAt(file: string, at: number, value?: bigint): bigint {
-  const b = Buffer.alloc(8)
-  const fd = openSync(file, 'r+')
-  if (value === undefined) readSync(fd, b, 0, 8, at)
-  else {
+  if (value !== undefined) {
+    const b = Buffer.alloc(8)
     b.writeBigUInt64BE(value)
-    writeSync(fd, b, 0, 8, at)
+    writeAt(file, at, b)
   }
-  closeSync(fd)
-  return b.readBigUInt64BE()
+  return bytesAt(file, at, 8).readBigUInt64BE()
 }
 
 describe('qcow2 read by its clusters, without qemu-nbd', () => {
@@ -99,10 +96,7 @@ describe('qcow2 read by its clusters, without qemu-nbd', () => {
   })
 
   test('a tar member read in place, and a read across clusters stored one after another', async () => {
-    const src = await tarredImage(qcowOf(scattered.raw, 'member.qcow2'))
-    const out = await copy(qcowDisk(src.path, SIZE, src))
-    expect(out.qemuNode).toBeUndefined()
-    expect(sha256File(out.path)).toBe(scattered.sha)
+    await expectTarMemberCopied(sink, qcowOf(scattered.raw, 'member.qcow2'), (src) => qcowDisk(src.path, SIZE, src), scattered.sha)
     const reader = (await openQcow2ClustersReader(qcowOf(scattered.raw, 'across.qcow2')))!
     try {
       const want = Buffer.alloc(2 * MiB)

@@ -10,13 +10,13 @@
  */
 import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { statSync, truncateSync } from 'node:fs'
 import * as path from 'node:path'
 import { deflateSync } from 'node:zlib'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openStreamVmdkReader } from '../../lib/pipeline/readers/stream-vmdk.ts'
-import { copyIntoSink, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
+import { copyIntoSink, expectTarMemberCopied, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, bytesAt, writeAt } from '../helpers/reader-fixtures.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 import { ensureNodeBuild } from '../helpers/server.ts'
 import { CORPUS, REPO } from '../helpers/tmp.ts'
@@ -31,22 +31,6 @@ const vmdkDisk = (p: string, capacity = SIZE, src: Partial<ManifestDisk['source'
 /** A stream-optimized VMDK of `raw` written by qemu-img. */
 const streamOf = (raw: string, name: string) => qemuImageOf(raw, path.join(tmp.dir, name), 'vmdk', ['-o', 'subformat=streamOptimized'])
 const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
-
-/** Bytes `[at, at + n)` of `file`. */
-function bytesAt(file: string, at: number, n: number): Buffer {
-  const b = Buffer.alloc(n)
-  const fd = openSync(file, 'r')
-  readSync(fd, b, 0, n, at)
-  closeSync(fd)
-  return b
-}
-
-/** Writes `b` at `at` of `file`. */
-function writeAt(file: string, at: number, b: Buffer): void {
-  const fd = openSync(file, 'r+')
-  writeSync(fd, b, 0, b.length, at)
-  closeSync(fd)
-}
 
 /**
  * Where the grain table entries of a qemu-written stream-optimized file lie (VMDK 5.0: header
@@ -97,10 +81,7 @@ describe('stream-optimized VMDK read by its grain tables, inflated on threads', 
   })
 
   test('an OVA member read in place at its offset', async () => {
-    const src = await tarredImage(streamOf(scattered.raw, 'vm-disk1.vmdk'))
-    const out = await copy(vmdkDisk(src.path, SIZE, src))
-    expect(out.qemuNode).toBeUndefined()
-    expect(sha256File(out.path)).toBe(scattered.sha)
+    await expectTarMemberCopied(sink, streamOf(scattered.raw, 'vm-disk1.vmdk'), (src) => vmdkDisk(src.path, SIZE, src), scattered.sha)
   })
 
   test('a zeroed grain entry (1, flag bit 2 set) reads as zeros, as qemu reads it', async () => {

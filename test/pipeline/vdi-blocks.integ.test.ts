@@ -6,14 +6,14 @@
  * images left to qemu-nbd.
  */
 import { describe, expect, test } from 'bun:test'
-import { closeSync, openSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { statSync, truncateSync } from 'node:fs'
 import * as path from 'node:path'
 import { readVdiInfo } from '../../lib/formats/vdi.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVdiBlocksReader } from '../../lib/pipeline/readers/vdi-blocks.ts'
-import { copyIntoSink, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
+import { copyIntoSink, expectTarMemberCopied, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, writeAt } from '../helpers/reader-fixtures.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
@@ -35,9 +35,7 @@ function patch(file: string, at: number, value: number, big = false): void {
   const b = Buffer.alloc(big ? 8 : 4)
   if (big) b.writeBigUInt64LE(BigInt(value))
   else b.writeUInt32LE(value)
-  const fd = openSync(file, 'r+')
-  writeSync(fd, b, 0, b.length, at)
-  closeSync(fd)
+  writeAt(file, at, b)
 }
 
 /** Overwrites the block map entry of block `block` of `file` with `entry`. */
@@ -81,10 +79,7 @@ describe('VDI read by its block map, without qemu-nbd', () => {
   })
 
   test('a VDI inside a tar is read in place at its member offset', async () => {
-    const src = await tarredImage(vdiOf(scattered.raw, 'disk.vdi'))
-    const out = await copy(vdiDisk(src.path, SIZE, src))
-    expect(out.qemuNode).toBeUndefined()
-    expect(sha256File(out.path)).toBe(scattered.sha)
+    await expectTarMemberCopied(sink, vdiOf(scattered.raw, 'disk.vdi'), (src) => vdiDisk(src.path, SIZE, src), scattered.sha)
   })
 
   test('a discarded block (0xFFFFFFFE) reads as zeros, as qemu reads it', async () => {

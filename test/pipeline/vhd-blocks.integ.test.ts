@@ -5,14 +5,14 @@
  * (a block over the footer copy or beyond the end of the file). Fixed disks stay with qemu-nbd.
  */
 import { describe, expect, test } from 'bun:test'
-import { closeSync, openSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { statSync, truncateSync } from 'node:fs'
 import * as path from 'node:path'
 import { readVhdInfo } from '../../lib/formats/vhd.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdBlocksReader } from '../../lib/pipeline/readers/vhd-blocks.ts'
-import { copyIntoSink, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
+import { copyIntoSink, expectTarMemberCopied, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, writeAt } from '../helpers/reader-fixtures.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
 const KiB = 1024
@@ -35,9 +35,7 @@ async function patchBat(file: string, block: number, sector: number): Promise<vo
   const info = await readVhdInfo(file)
   const b = Buffer.alloc(4)
   b.writeUInt32BE(sector)
-  const fd = openSync(file, 'r+')
-  writeSync(fd, b, 0, 4, info.bat_offset! + block * 4)
-  closeSync(fd)
+  writeAt(file, info.bat_offset! + block * 4, b)
 }
 
 describe('dynamic VHD read by its BAT, without qemu-nbd', () => {
@@ -67,10 +65,7 @@ describe('dynamic VHD read by its BAT, without qemu-nbd', () => {
   })
 
   test('a VHD inside a tar is read in place at its member offset', async () => {
-    const src = await tarredImage(vhdOf(scattered.raw, 'disk.vhd', ['-o', 'force_size=on']))
-    const out = await copy(vhdDisk(src.path, SIZE, src))
-    expect(out.qemuNode).toBeUndefined()
-    expect(sha256File(out.path)).toBe(scattered.sha)
+    await expectTarMemberCopied(sink, vhdOf(scattered.raw, 'disk.vhd', ['-o', 'force_size=on']), (src) => vhdDisk(src.path, SIZE, src), scattered.sha)
   })
 
   test('a fixed VHD is left to qemu-nbd (null here)', async () => {

@@ -17,7 +17,7 @@ import { FileHoleMap, MAX_RESTARTS } from '../../lib/pipeline/readers/file-holes
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdxBlocksReader } from '../../lib/pipeline/readers/vhdx-blocks.ts'
 import { copyIntoSink, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, sha256File, tarredImage, collectExtents, expectCutShortReadFails } from '../helpers/reader-fixtures.ts'
+import { manifestDisk, qemuImageOf, sha256File, tarredImage, collectExtents, expectCutShortReadFails, writeAt } from '../helpers/reader-fixtures.ts'
 import { setVhdxLogGuid } from '../helpers/vhdx-log.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
@@ -39,9 +39,7 @@ async function patchBat(file: string, block: number, entry: bigint): Promise<voi
   const info = await readVhdxInfo(file)
   const b = Buffer.alloc(8)
   b.writeBigUInt64LE(entry)
-  const fd = openSync(file, 'r+')
-  writeSync(fd, b, 0, 8, info.bat_offset + batIndexOfBlock(block, info.chunk_ratio) * 8)
-  closeSync(fd)
+  writeAt(file, info.bat_offset + batIndexOfBlock(block, info.chunk_ratio) * 8, b)
 }
 
 /** The BAT entry of payload block `block` of `file`. */

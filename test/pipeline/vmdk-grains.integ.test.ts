@@ -8,15 +8,15 @@
  */
 import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, openSync, readSync, statSync, writeSync } from 'node:fs'
+import { statSync } from 'node:fs'
 import * as path from 'node:path'
 import { readVmdkSparseHeader } from '../../lib/formats/vmdk/inspect.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openSparseVmdkReader } from '../../lib/pipeline/readers/vmdk-grains.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage, expectCutShortReadFails, expectZeroedAt7MiB } from '../helpers/reader-fixtures.ts'
-import { copyIntoSink, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, expectCutShortReadFails, expectZeroedAt7MiB, bytesAt, writeAt } from '../helpers/reader-fixtures.ts'
+import { copyIntoSink, expectTarMemberCopied, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
 
 const KiB = 1024
 const SIZE = SCATTERED_SIZE
@@ -30,15 +30,12 @@ const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
 
 /** Reads (`value` undefined) or overwrites the little-endian 32-bit word at `at` of `file`. */
 function wordAt(file: string, at: number, value?: number): number {
-  const b = Buffer.alloc(4)
-  const fd = openSync(file, 'r+')
-  if (value === undefined) readSync(fd, b, 0, 4, at)
-  else {
+  if (value !== undefined) {
+    const b = Buffer.alloc(4)
     b.writeUInt32LE(value)
-    writeSync(fd, b, 0, 4, at)
+    writeAt(file, at, b)
   }
-  closeSync(fd)
-  return b.readUInt32LE()
+  return bytesAt(file, at, 4).readUInt32LE()
 }
 
 /** File offsets of grain directory entry 0 and of the grain table entry of grain `g` (in table 0) of `img`. */
@@ -69,10 +66,7 @@ describe('monolithicSparse VMDK read by its grain tables, without qemu-nbd', () 
   })
 
   test('a tar member read in place', async () => {
-    const src = await tarredImage(vmdkOf(scattered.raw, 'member.vmdk'))
-    const out = await copy(vmdkDisk(src.path, src))
-    expect(out.qemuNode).toBeUndefined()
-    expect(sha256File(out.path)).toBe(scattered.sha)
+    await expectTarMemberCopied(sink, vmdkOf(scattered.raw, 'member.vmdk'), (src) => vmdkDisk(src.path, src), scattered.sha)
   })
 })
 

@@ -1,7 +1,7 @@
 /**
  * checkBoot (lib/domain/boot-check.ts) against a scripted domain state source and a real serial log
  * file; the screen evidence against a scripted screen reader (a test double of the virsh screenshot
- * + Tesseract reader, whose real use is test/engine/real-guests-boot.guest.integ.test.ts); the classification
+ * + Tesseract reader, whose real use is test/engine/real-guests.guest.integ.test.ts); the classification
  * rules against OVMF's and Tesseract's real output captured from TCG guests.
  */
 import { afterAll, describe, expect, test } from 'bun:test'

@@ -9,3 +9,9 @@ export async function migErrorOf(p: Promise<unknown>): Promise<MigError> {
   expect(e).toBeInstanceOf(MigError)
   return e as MigError
 }
+
+/** Checks that `err` (a value thrown) is a MigError whose code is `code`. */
+export function expectMig(err: unknown, code: MigError['code']): void {
+  expect(err).toBeInstanceOf(MigError)
+  expect((err as MigError).code).toBe(code)
+}

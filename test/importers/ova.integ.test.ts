@@ -6,13 +6,14 @@
 import { describe, test, expect, beforeAll, afterAll } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
-import { mkdirSync, readFileSync, writeFileSync, symlinkSync, openSync, readSync, closeSync, copyFileSync, statSync, truncateSync } from 'node:fs'
+import { mkdirSync, readFileSync, writeFileSync, symlinkSync, copyFileSync, statSync, truncateSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { importer as ova } from '../../lib/importers/ova-archive.ts'
 import { importer as ovfFolder } from '../../lib/importers/ovf-folder.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { bytesAt } from '../helpers/reader-fixtures.ts'
 
 const MiB = 2 ** 20
 let tmp: { dir: string; cleanup(): void }
@@ -24,16 +25,6 @@ function run(cmd: string, args: string[], cwd?: string) {
   execFileSync(cmd, args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] })
 }
 const sha256 = (b: Buffer | string) => createHash('sha256').update(b).digest('hex')
-function bytesAt(file: string, offset: number, n: number): Buffer {
-  const fd = openSync(file, 'r')
-  try {
-    const b = Buffer.alloc(n)
-    readSync(fd, b, 0, n, offset)
-    return b
-  } finally {
-    closeSync(fd)
-  }
-}
 
 interface FileSpec {
   href: string

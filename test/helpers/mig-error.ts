@@ -15,3 +15,11 @@ export function expectMig(err: unknown, code: MigError['code']): void {
   expect(err).toBeInstanceOf(MigError)
   expect((err as MigError).code).toBe(code)
 }
+
+/** Runs `fn`, checks that it throws a MigError whose code is `code` and whose message holds each of `fragments`; returns the error. */
+export async function expectMigThrown(fn: () => unknown, code: MigError['code'], ...fragments: string[]): Promise<MigError> {
+  const err = await thrown(fn)
+  expectMig(err, code)
+  for (const f of fragments) expect(err.message).toContain(f)
+  return err
+}

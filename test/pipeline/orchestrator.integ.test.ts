@@ -25,6 +25,7 @@ import { FileSink } from '../../lib/sink/file.ts'
 import { openStore, type Store } from '../../lib/store/index.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { manifest as fixtureManifest } from '../domain/fixtures.ts'
+import { memReader } from '../helpers/disk-reader.ts'
 
 const MiB = 1024 * 1024
 const BLOCK = 64 * 1024
@@ -97,17 +98,7 @@ class ScriptedLiveSource implements LiveSession {
     return { id, change_ids: Object.fromEntries(this.disks.map((_, i) => [`disk${i}`, id])) }
   }
   async openDisk(_vm: string, snap: SnapshotRef, disk: ManifestDisk): Promise<DiskReader> {
-    const bytes = this.snaps.get(snap.id)![Number(disk.label.slice(4))]
-    return {
-      size: bytes.length,
-      async *extents(from: number) {
-        yield { offset: from, length: bytes.length - from, zero: false }
-      },
-      async read(offset: number, length: number) {
-        return Buffer.from(bytes.subarray(offset, offset + length))
-      },
-      async close() {},
-    }
+    return memReader(this.snaps.get(snap.id)![Number(disk.label.slice(4))]!)
   }
   /** Calls of changedAreas since a changeId (0-based, counted over all disks; `*` calls not counted) that answer as if CBT was reset. */
   resetOn = new Set<number>()

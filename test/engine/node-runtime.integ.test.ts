@@ -10,7 +10,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
-import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { bootCheckEnv, call, livePlan, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -84,13 +84,7 @@ describe('jobs under the Node server and Node workers', () => {
         { before_snapshot: 2, file, offset: 64 * 1024, length: 64 * 1024, pattern: 0x31 },
       ])
       const srcId = await registerVcsim(srv.base, v, 'vcsim-node') // 201 with the source's id, or it throws
-      const job = await submit(srv.base, {
-        source: { Live: 'vim_api' },
-        source_ref: { kind: 'live_vm', source_id: srcId, vm_id: vmId },
-        mode: 'Warm',
-        name: `${PREFIX}live`,
-        start: false,
-      })
+      const job = await submit(srv.base, livePlan(srcId, vmId, 'Warm', { name: `${PREFIX}live`, start: false }))
       let sawNode = false
       const done = await waitJob(srv.base, job.id, (j) => {
         const pid = workerPid(t.dir, job.id)

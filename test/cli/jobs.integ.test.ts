@@ -13,7 +13,7 @@ import { makeBootDisk, makePowerOffBootDisk } from '../helpers/bootdisk.ts'
 import { MIGRATOR_BIN, ndjson, runCli, startCli, type CliOptions } from '../helpers/cli.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
 import { call, offlinePlan, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -58,11 +58,7 @@ describe('migrator CLI: import, watch, cancel against a real server and libvirt'
     cli = (args, opts = {}) => runCli(args, { ...opts, env: { MIGRATOR_URL: srv.base, ...opts.env } })
   }, 60_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv))
 
   test('import <local OVA outside the import root>: upload with progress and sha256, inspect, submit, follow to Completed', async () => {
     // Run as npm installs it (a symlink in a bin directory), from the OVA's directory, with a relative path.

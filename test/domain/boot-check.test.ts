@@ -1,14 +1,14 @@
 /**
  * checkBoot (lib/domain/boot-check.ts) against a scripted domain state source and a real serial log
  * file; the screen evidence against a scripted screen reader (a test double of the virsh screenshot
- * + Tesseract reader, whose real use is test/engine/real-guests-boot.guest.integ.test.ts); the classification
+ * + Tesseract reader, whose real use is test/engine/real-guests.guest.integ.test.ts); the classification
  * rules against OVMF's and Tesseract's real output captured from TCG guests.
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { appendFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
-import { checkBoot, classifyScreen, classifySerial, serialTail } from '../../lib/domain/boot-check.ts'
+import { type BootCheckInput, checkBoot, classifyScreen, classifySerial, serialTail } from '../../lib/domain/boot-check.ts'
 import type { ScreenReader } from '../../lib/domain/screen.ts'
 import type { DomainState } from '../../lib/domain/virsh.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
@@ -26,11 +26,25 @@ function scripted(states: DomainState[]) {
 }
 const RUNNING = { state: 'running', reason: 'booted' }
 
+/** checkBoot of domain `name` polled every `pollMs`; its state source answers running unless `o.virsh` says otherwise. */
+const check = (name: string, pollMs: number, o: Partial<BootCheckInput> & Pick<BootCheckInput, 'graceSeconds' | 'timeoutSeconds'>) =>
+  checkBoot({ virsh: scripted([RUNNING]), name, pollMs, ...o })
+
+/** Writes `text` as the serial log `<tmp>/<file>`; returns its path. */
+function serialLog(file: string, text: string): string {
+  const log = path.join(tmp.dir, file)
+  writeFileSync(log, text)
+  return log
+}
+
+/** A screen reader whose reads answer `read()`; `unavailable` says why it cannot read at all (null: it can). */
+const screenOf = (read: ScreenReader['read'], unavailable: string | null = null): ScreenReader => ({ unavailable, read, close: async () => undefined })
+
 describe('checkBoot', () => {
   test('passes when the domain stays running for the grace period', async () => {
     const v = scripted([RUNNING])
     const t0 = Date.now()
-    const r = await checkBoot({ virsh: v, name: 'vm1', graceSeconds: 0.3, timeoutSeconds: 5, pollMs: 50 })
+    const r = await check('vm1', 50, { virsh: v, graceSeconds: 0.3, timeoutSeconds: 5 })
     expect(Date.now() - t0).toBeGreaterThanOrEqual(300)
     expect(r.state).toEqual(RUNNING)
     expect(r.serialMatched).toBe(false)
@@ -38,10 +52,9 @@ describe('checkBoot', () => {
   })
 
   test('fails with the state and the last 20 serial lines when the domain stops during the grace period', async () => {
-    const log = path.join(tmp.dir, 'stop.log')
-    writeFileSync(log, Array.from({ length: 30 }, (_, i) => `line ${i + 1}`).join('\r\n') + '\r\n\x1b')
+    const log = serialLog('stop.log', Array.from({ length: 30 }, (_, i) => `line ${i + 1}`).join('\r\n') + '\r\n\x1b')
     const v = scripted([RUNNING, RUNNING, { state: 'shut off', reason: 'crashed' }])
-    const err = await thrown(() => checkBoot({ virsh: v, name: 'vm2', graceSeconds: 5, timeoutSeconds: 5, pollMs: 20, serialLogPath: log }))
+    const err = await thrown(() => check('vm2', 20, { virsh: v, graceSeconds: 5, timeoutSeconds: 5, serialLogPath: log }))
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
     expect(err.message).toContain(
@@ -54,34 +67,14 @@ describe('checkBoot', () => {
   })
 
   test('expectSerial: passes once the log matches, fails at the timeout when it never does', async () => {
-    const log = path.join(tmp.dir, 'marker.log')
-    writeFileSync(log, 'SeaBIOS\n')
+    const log = serialLog('marker.log', 'SeaBIOS\n')
     setTimeout(() => appendFileSync(log, 'BOOT-MARKER-7\n'), 200)
-    const ok = await checkBoot({
-      virsh: scripted([RUNNING]),
-      name: 'vm3',
-      graceSeconds: 0,
-      timeoutSeconds: 5,
-      pollMs: 25,
-      serialLogPath: log,
-      expectSerial: /BOOT-MARKER-7/g,
-    })
+    const ok = await check('vm3', 25, { graceSeconds: 0, timeoutSeconds: 5, serialLogPath: log, expectSerial: /BOOT-MARKER-7/g })
     expect(ok.serialMatched).toBe(true)
 
-    const silent = path.join(tmp.dir, 'silent.log')
-    writeFileSync(silent, 'Booting from Hard Disk...\n')
+    const silent = serialLog('silent.log', 'Booting from Hard Disk...\n')
     const t0 = Date.now()
-    const err = await thrown(() =>
-      checkBoot({
-        virsh: scripted([RUNNING]),
-        name: 'vm4',
-        graceSeconds: 0.1,
-        timeoutSeconds: 0.4,
-        pollMs: 25,
-        serialLogPath: silent,
-        expectSerial: /BOOT-MARKER-7/,
-      }),
-    )
+    const err = await thrown(() => check('vm4', 25, { graceSeconds: 0.1, timeoutSeconds: 0.4, serialLogPath: silent, expectSerial: /BOOT-MARKER-7/ }))
     expect(Date.now() - t0).toBeGreaterThanOrEqual(400)
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
@@ -90,51 +83,30 @@ describe('checkBoot', () => {
   })
 
   test('evidence: a failure on the serial console fails at once, with its reason, long before the timeout', async () => {
-    const log = path.join(tmp.dir, 'initramfs.log')
-    writeFileSync(
-      log,
+    const log = serialLog(
+      'initramfs.log',
       'Begin: Running /scripts/local-block ... done.\r\nGave up waiting for root file system device.\r\nALERT!  UUID=1234 does not exist.  Dropping to a shell!\r\n(initramfs) ',
     )
     const t0 = Date.now()
-    const err = await thrown(() =>
-      checkBoot({ virsh: scripted([RUNNING]), name: 'vm6', graceSeconds: 1, timeoutSeconds: 30, pollMs: 25, serialLogPath: log, expectEvidence: true }),
-    )
+    const err = await thrown(() => check('vm6', 25, { graceSeconds: 1, timeoutSeconds: 30, serialLogPath: log, expectEvidence: true }))
     expect(Date.now() - t0).toBeLessThan(1000)
     expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
     expect(err.details.why).toBe('the kernel could not find its root device UUID=1234 (initramfs gave up waiting for it)')
   })
 
   test('evidence: a login prompt verifies the boot; silence ends unverified (grace only, or the timeout when the guest is known to use the serial console)', async () => {
-    const log = path.join(tmp.dir, 'login.log')
-    writeFileSync(log, 'Debian GNU/Linux 12 guest ttyS0\r\n\r\nguest login: ')
-    const ok = await checkBoot({
-      virsh: scripted([RUNNING]),
-      name: 'vm7',
-      graceSeconds: 0.1,
-      timeoutSeconds: 30,
-      pollMs: 25,
-      serialLogPath: log,
-      expectEvidence: true,
-    })
+    const log = serialLog('login.log', 'Debian GNU/Linux 12 guest ttyS0\r\n\r\nguest login: ')
+    const ok = await check('vm7', 25, { graceSeconds: 0.1, timeoutSeconds: 30, serialLogPath: log, expectEvidence: true })
     expect([ok.verified, ok.evidence]).toEqual([true, 'a login prompt on the serial console'])
 
-    const quiet = path.join(tmp.dir, 'quiet.log')
-    writeFileSync(quiet, 'SeaBIOS\n')
+    const quiet = serialLog('quiet.log', 'SeaBIOS\n')
     let t0 = Date.now()
-    const grace = await checkBoot({ virsh: scripted([RUNNING]), name: 'vm8', graceSeconds: 0.2, timeoutSeconds: 30, pollMs: 25, serialLogPath: quiet })
+    const grace = await check('vm8', 25, { graceSeconds: 0.2, timeoutSeconds: 30, serialLogPath: quiet })
     expect(Date.now() - t0).toBeLessThan(2000)
     expect(grace.verified).toBe(false)
     expect(grace.evidence).toContain('no boot evidence the migrator can read')
     t0 = Date.now()
-    const waited = await checkBoot({
-      virsh: scripted([RUNNING]),
-      name: 'vm9',
-      graceSeconds: 0.1,
-      timeoutSeconds: 0.5,
-      pollMs: 25,
-      serialLogPath: quiet,
-      expectEvidence: true,
-    })
+    const waited = await check('vm9', 25, { graceSeconds: 0.1, timeoutSeconds: 0.5, serialLogPath: quiet, expectEvidence: true })
     expect(Date.now() - t0).toBeGreaterThanOrEqual(500)
     expect(waited.verified).toBe(false)
     expect(waited.evidence).toContain('its serial console showed neither a boot nor a failure')
@@ -143,7 +115,7 @@ describe('checkBoot', () => {
   test('abort signal: E_MIG_CANCELLED', async () => {
     const ac = new AbortController()
     setTimeout(() => ac.abort(), 100)
-    const err = await thrown(() => checkBoot({ virsh: scripted([RUNNING]), name: 'vm5', graceSeconds: 30, timeoutSeconds: 30, pollMs: 20, signal: ac.signal }))
+    const err = await thrown(() => check('vm5', 20, { graceSeconds: 30, timeoutSeconds: 30, signal: ac.signal }))
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_CANCELLED')
   })
@@ -154,54 +126,26 @@ describe('checkBoot', () => {
   })
 
   test('screen evidence: a login prompt on the screen verifies a guest that is silent on its serial console (source screen)', async () => {
-    const quiet = path.join(tmp.dir, 'screen-quiet.log')
-    writeFileSync(quiet, '')
+    const quiet = serialLog('screen-quiet.log', '')
     const screens = ['[  3.1] Run /init as init process\n', 'Debian GNU/Linux 12 migrator-quest tty1\n\nmigrator-guest login: _\n']
     let reads = 0
-    const screen: ScreenReader = { unavailable: null, read: async () => screens[Math.min(reads++, screens.length - 1)]!, close: async () => undefined }
-    const r = await checkBoot({
-      virsh: scripted([RUNNING]),
-      name: 'vm10',
-      graceSeconds: 0.05,
-      timeoutSeconds: 30,
-      pollMs: 20,
-      serialLogPath: quiet,
-      expectEvidence: true,
-      screen,
-      screenEveryMs: 50,
-    })
+    const screen = screenOf(async () => screens[Math.min(reads++, screens.length - 1)]!)
+    const r = await check('vm10', 20, { graceSeconds: 0.05, timeoutSeconds: 30, serialLogPath: quiet, expectEvidence: true, screen, screenEveryMs: 50 })
     expect(r).toMatchObject({ verified: true, source: 'screen', evidence: "a login prompt on the guest's screen (OCR)" })
     expect(reads).toBeGreaterThanOrEqual(2)
   })
 
   test('screen read but nothing recognized: not verified, the notice says how many reads, how long the last took and its last lines', async () => {
-    const quiet = path.join(tmp.dir, 'screen-unknown.log')
-    writeFileSync(quiet, '')
-    const screen: ScreenReader = { unavailable: null, read: async () => 'line one\nline two\n\nsomething else entirely\n', close: async () => undefined }
-    const r = await checkBoot({
-      virsh: scripted([RUNNING]),
-      name: 'vm12',
-      graceSeconds: 0,
-      timeoutSeconds: 0.3,
-      pollMs: 20,
-      serialLogPath: quiet,
-      expectEvidence: true,
-      screen,
-      screenEveryMs: 50,
-    })
+    const quiet = serialLog('screen-unknown.log', '')
+    const screen = screenOf(async () => 'line one\nline two\n\nsomething else entirely\n')
+    const r = await check('vm12', 20, { graceSeconds: 0, timeoutSeconds: 0.3, serialLogPath: quiet, expectEvidence: true, screen, screenEveryMs: 50 })
     expect(r.verified).toBe(false)
     expect(r.evidence).toMatch(/nor did its screen \(\d+ reads, the last in \d+\.\d s; its last lines: line one \/ line two \/ something else entirely\)$/)
   })
 
   test('screen evidence: a failure on the screen fails at once with the OCR tail; a slow screen read never delays the state check', async () => {
-    const screen: ScreenReader = {
-      unavailable: null,
-      read: async () => 'Gave up waiting for root file system device.\nALERT! UUID=abcd does not exist. Dropping to a shell!\n(initramfs) _\n',
-      close: async () => undefined,
-    }
-    const err = await thrown(() =>
-      checkBoot({ virsh: scripted([RUNNING]), name: 'vm11', graceSeconds: 0, timeoutSeconds: 30, pollMs: 20, expectEvidence: true, screen, screenEveryMs: 10 }),
-    )
+    const screen = screenOf(async () => 'Gave up waiting for root file system device.\nALERT! UUID=abcd does not exist. Dropping to a shell!\n(initramfs) _\n')
+    const err = await thrown(() => check('vm11', 20, { graceSeconds: 0, timeoutSeconds: 30, expectEvidence: true, screen, screenEveryMs: 10 }))
     expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
     expect(err.details.source).toBe('screen')
     expect(err.details.why).toBe('the kernel could not find its root device UUID=abcd (initramfs gave up waiting for it)')
@@ -209,9 +153,8 @@ describe('checkBoot', () => {
 
     // A read that takes 3 s unless aborted (the real reader kills Tesseract on abort).
     let aborted = false
-    const slow: ScreenReader = {
-      unavailable: null,
-      read: (signal) =>
+    const slow = screenOf(
+      (signal) =>
         new Promise((r) => {
           const timer = setTimeout(() => r(''), 3000)
           signal?.addEventListener('abort', () => {
@@ -220,19 +163,10 @@ describe('checkBoot', () => {
             r(null)
           })
         }),
-      close: async () => undefined,
-    }
-    const t0 = Date.now()
-    const stopped = await thrown(() =>
-      checkBoot({
-        virsh: scripted([RUNNING, RUNNING, RUNNING, { state: 'shut off', reason: 'shutdown' }]),
-        name: 'vm12',
-        graceSeconds: 10,
-        timeoutSeconds: 30,
-        pollMs: 20,
-        screen: slow,
-      }),
     )
+    const t0 = Date.now()
+    const shutdown = scripted([RUNNING, RUNNING, RUNNING, { state: 'shut off', reason: 'shutdown' }])
+    const stopped = await thrown(() => check('vm12', 20, { virsh: shutdown, graceSeconds: 10, timeoutSeconds: 30, screen: slow }))
     expect(stopped.details.why).toBe('the domain is not running')
     expect(Date.now() - t0).toBeLessThan(2000)
     expect(aborted).toBe(true)
@@ -294,32 +228,15 @@ describe('checkBoot', () => {
   })
 
   test('screen evidence: an unreadable screen is named in the unverified result', async () => {
-    const screen: ScreenReader = {
-      unavailable: 'tesseract is not installed (Debian package tesseract-ocr)',
-      read: async () => null,
-      close: async () => undefined,
-    }
-    const r = await checkBoot({ virsh: scripted([RUNNING]), name: 'vm13', graceSeconds: 0.1, timeoutSeconds: 0.3, pollMs: 20, expectEvidence: true, screen })
+    const screen = screenOf(async () => null, 'tesseract is not installed (Debian package tesseract-ocr)')
+    const r = await check('vm13', 20, { graceSeconds: 0.1, timeoutSeconds: 0.3, expectEvidence: true, screen })
     expect(r.verified).toBe(false)
     expect(r.source).toBeNull()
     expect(r.evidence).toContain('its screen could not be read (tesseract is not installed')
     expect(r.screenTail).toBeUndefined()
 
-    const noisy: ScreenReader = {
-      unavailable: null,
-      read: async () => 'a\n\nb\n80.918706] powernou_k6: Power state transitions not supported\n',
-      close: async () => undefined,
-    }
-    const q = await checkBoot({
-      virsh: scripted([RUNNING]),
-      name: 'vm14',
-      graceSeconds: 0.1,
-      timeoutSeconds: 0.3,
-      pollMs: 20,
-      expectEvidence: true,
-      screen: noisy,
-      screenEveryMs: 10,
-    })
+    const noisy = screenOf(async () => 'a\n\nb\n80.918706] powernou_k6: Power state transitions not supported\n')
+    const q = await check('vm14', 20, { graceSeconds: 0.1, timeoutSeconds: 0.3, expectEvidence: true, screen: noisy, screenEveryMs: 10 })
     expect(q.verified).toBe(false)
     expect(q.screenTail).toEqual(['a', 'b', '80.918706] powernou_k6: Power state transitions not supported'])
   })

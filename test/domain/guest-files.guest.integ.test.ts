@@ -3,7 +3,7 @@
 // that fails half way: the file already written is put back before the error (E_MIG_V2V_FAILED,
 // rolled_back). The root file system is given as the inspection would give it (its partition,
 // read from the partition table here); the whole path, inspection included, runs in
-// test/engine/real-guests-fleet.guest.integ.test.ts.
+// test/engine/real-guests.guest.integ.test.ts.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync, spawnSync } from 'node:child_process'
 import * as path from 'node:path'

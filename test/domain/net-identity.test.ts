@@ -323,7 +323,7 @@ describe('checkAddresses (after the boot)', () => {
   })
 
   // A shell script stands in for arping here (no guest answers in a unit test); the real probe
-  // runs in test/engine/real-guests-fleet.guest.integ.test.ts.
+  // runs in test/engine/real-guests.guest.integ.test.ts.
   const fake = (dir: string, mac: string | null) => {
     const p = path.join(dir, `arping-${mac ?? 'none'}`)
     writeFileSync(

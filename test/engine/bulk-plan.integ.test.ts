@@ -12,8 +12,8 @@ import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { buildInput, makeRawImage } from '../helpers/inputs.ts'
-import { call, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { call, livePlan, offlinePlan, waitJob } from '../helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
@@ -31,13 +31,7 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
     const boot = makeBootDisk(path.join(t.dir, `${name}-boot.raw`), 'I16-BULK', 16 * MiB).path
     return (await createTwoDiskVm(v, t.dir, name, boot)).id
   }
-  const live = (vmId: string, name: string, mode: 'Cold' | 'Warm' = 'Cold') => ({
-    source: { Live: 'vim_api' },
-    source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId },
-    mode,
-    name,
-    start: false,
-  })
+  const live = (vmId: string, name: string, mode: 'Cold' | 'Warm' = 'Cold') => livePlan(sourceId, vmId, mode, { name, start: false })
 
   async function waitPlan(id: string, pred: (p: any) => boolean, timeoutMs = 150_000): Promise<any> {
     const deadline = Date.now() + timeoutMs
@@ -66,12 +60,7 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
     sourceId = await registerVcsim(srv.base, v)
   }, 300_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await v?.stop()
-    await cleanupDomains('i16b-')
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs('i16b-', t, srv, v))
 
   test('five VMs: db -> app in order, at most two per source at once, a failing VM blocks only its dependant', async () => {
     const ids = { db: await makeVm('i16b-db'), app: await makeVm('i16b-app'), solo: await makeVm('i16b-solo'), bad: await makeVm('i16b-bad') }
@@ -88,13 +77,7 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
         { key: 'bad', plan: live(ids.bad, 'i16b-bad', 'Warm') },
         {
           key: 'report',
-          plan: {
-            source: { Offline: 'qcow2' },
-            source_ref: { kind: 'offline_host_path', path: path.relative(path.join(dataDir, 'imports'), report.path) },
-            mode: 'Cold',
-            name: 'i16b-report',
-            start: false,
-          },
+          plan: offlinePlan('qcow2', path.relative(path.join(dataDir, 'imports'), report.path), { name: 'i16b-report', start: false }),
           depends_on: ['bad'],
         },
       ],

@@ -14,7 +14,7 @@ import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { randomImage } from '../helpers/random-image.ts'
@@ -79,11 +79,7 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     srv = await startServer('bun', path.join(t.dir), SLOW)
   }, 120_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv))
 
   // qcow2: read by its clusters, copied by the node engine (no child process serves it);
   // compressed qcow2: served by qemu-nbd, copied by the qemu-img engine.

@@ -16,7 +16,7 @@ import * as path from 'node:path'
 import { makeBadBootDisk, makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage, rawSha256, type InputPacking } from '../helpers/inputs.ts'
 import { allocatedBytes, bootCheckEnv, call, nonZeroBytes, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, domstate } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, domstate, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { execFileSync } from 'node:child_process'
@@ -65,11 +65,7 @@ describe('offline import of every kind, end to end on libvirt (TCG)', () => {
     rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
   })
 
-  afterAll(async () => {
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv))
 
   for (const [n, { kind, disks, format, packing, how }] of KINDS.entries()) {
     test(`${kind}${how ? ` (${how})` : ''}: Completed, ${disks} image(s) bit-exact and sparse, domain running with the marker on its serial console`, async () => {

@@ -14,7 +14,7 @@ import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { call, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
@@ -72,13 +72,7 @@ describe('live paths against the vCenter simulator', () => {
     for (const s of [srv, keep]) sources.set(s, await registerVcsim(s.base, v))
   }, 300_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await keep?.stop()
-    await cleanupDomains(PREFIX)
-    await v?.stop()
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv, keep, v))
 
   for (const keepOnCancel of [false, true]) {
     test(`cancel of a live job during its copy removes its snapshots, powers the source on again and ${keepOnCancel ? 'keeps (MIGRATOR_KEEP_ON_CANCEL=1)' : 'removes'} its volumes`, async () => {

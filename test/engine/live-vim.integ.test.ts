@@ -22,11 +22,11 @@ import { hostname } from 'node:os'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
-import { bootCheckEnv, call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { bootCheckEnv, livePlan, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { datastoreRaw, putVmdk, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
+import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 
 const PREFIX = 'migvim-'
 const MARKER = 'MIGRATOR-VIM-BOOT-5521'
@@ -66,13 +66,7 @@ describe('live vim_api migrations through the HTTP API', () => {
     }
   }
 
-  const livePlan = (vmId: string, mode: 'Cold' | 'Warm', name: string, start = false) => ({
-    source: { Live: 'vim_api' },
-    source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId },
-    mode,
-    name,
-    start,
-  })
+  const planFor = (vmId: string, mode: 'Cold' | 'Warm', name: string, start = false) => livePlan(sourceId, vmId, mode, { name, start })
 
   beforeAll(async () => {
     chmodSync(t.dir, 0o755)
@@ -84,29 +78,15 @@ describe('live vim_api migrations through the HTTP API', () => {
       MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB),
       MIGRATOR_DELTA_MAX_PASSES: '3',
     })
-    const s = await call(srv.base, 'POST', '/sources', {
-      name: 'vcsim',
-      kind: 'vim_api',
-      endpoint: v.url,
-      username: v.username,
-      password: v.password,
-      tls: { thumbprint: v.thumbprint },
-    })
-    expect(s.status).toBe(201)
-    sourceId = s.body.id
+    sourceId = await registerVcsim(srv.base, v) // 201 with the source's id, or it throws
   }, 120_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    await v?.stop()
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv, v))
 
   test('cold: two disks copied bit-exact from the snapshot, the domain boots, the VM is shut down and marked, no snapshot left', async () => {
     const vm = await makeVm('migvim-cold', true)
     const servedBefore = await v.folderBytes()
-    const job = await submit(srv.base, livePlan(vm.id, 'Cold', 'migvim-cold', true))
+    const job = await submit(srv.base, planFor(vm.id, 'Cold', 'migvim-cold', true))
     const done = await waitJob(srv.base, job.id)
     // CBT is on: only the allocated areas (changeId "*") came over the datastore interface, not
     // the 16 MiB flat boot disk whole
@@ -142,7 +122,7 @@ describe('live vim_api migrations through the HTTP API', () => {
       const stream = openStream(srv.base)
       await stream.ready
       const servedBefore = await v.folderBytes()
-      const job = await submit(srv.base, livePlan(vm.id, 'Warm', name))
+      const job = await submit(srv.base, planFor(vm.id, 'Warm', name))
       const done = await waitJob(srv.base, job.id)
       await streamSaw(stream, job.id, 'Completed')
       stream.close()
@@ -171,7 +151,7 @@ describe('live vim_api migrations through the HTTP API', () => {
   test('warm plan for a VM without CBT: downgraded to cold with the non-fatal E_MIG_CBT_UNSUPPORTED, still completes bit-exact', async () => {
     const vm = await makeVm('migvim-nocbt', false)
     const servedBefore = await v.folderBytes()
-    const job = await submit(srv.base, livePlan(vm.id, 'Warm', 'migvim-nocbt'))
+    const job = await submit(srv.base, planFor(vm.id, 'Warm', 'migvim-nocbt'))
     const done = await waitJob(srv.base, job.id)
     expect([done.status, done.effective_mode, done.last_error?.code, done.last_error?.fatal]).toEqual(['completed', 'Cold', 'E_MIG_CBT_UNSUPPORTED', false])
     // without CBT nothing tells the allocated areas: the flat boot disk is read whole
@@ -184,7 +164,7 @@ describe('live vim_api migrations through the HTTP API', () => {
   test('a guest that keeps writing more than the threshold: E_MIG_DELTA_TOO_LARGE, every snapshot removed', async () => {
     const vm = await makeVm('migvim-busy', true)
     await v.scheduleWrites(vm.id, [{ before_snapshot: 1, every: true, file: vm.files[0], offset: 4 * MiB, length: 2 * MiB, pattern: 0x10 }])
-    const job = await submit(srv.base, livePlan(vm.id, 'Warm', 'migvim-busy'))
+    const job = await submit(srv.base, planFor(vm.id, 'Warm', 'migvim-busy'))
     const done = await waitJob(srv.base, job.id)
     expect([done.status, done.state, done.last_error?.code, done.last_error?.fatal]).toEqual(['failed', 'Failed', 'E_MIG_DELTA_TOO_LARGE', true])
     const state = await v.vm(vm.id)
@@ -201,22 +181,8 @@ describe('live vim_api migrations through the HTTP API', () => {
       MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(256 * 1024),
     })
     try {
-      const src = await call(s2.base, 'POST', '/sources', {
-        name: 'vcsim',
-        kind: 'vim_api',
-        endpoint: v.url,
-        username: v.username,
-        password: v.password,
-        tls: { thumbprint: v.thumbprint },
-      })
-      expect(src.status).toBe(201)
-      const job = await submit(s2.base, {
-        source: { Live: 'vim_api' },
-        source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vm.id },
-        mode: 'Cold',
-        name: 'migvim-crash',
-        start: false,
-      })
+      const sourceId2 = await registerVcsim(s2.base, v) // 201 with the source's id, or it throws
+      const job = await submit(s2.base, livePlan(sourceId2, vm.id, 'Cold', { name: 'migvim-crash', start: false }))
       await waitJob(s2.base, job.id, (j) => j.state === 'CopyingFull' && j.progress.bytes_done > 0, 60_000)
       expect((await v.vm(vm.id)).snapshots.length).toBe(1)
       process.kill(workerPid(path.join(t.dir, 'crash-server'), job.id)!, 'SIGKILL')

@@ -10,11 +10,11 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
-import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { bootCheckEnv, call, livePlan, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
-import { putVmdk, startVcsim } from '../helpers/vcsim.ts'
+import { putVmdk, registerVcsim, startVcsim } from '../helpers/vcsim.ts'
 import { execFileSync } from 'node:child_process'
 
 const PREFIX = 'mignode-'
@@ -42,11 +42,7 @@ describe('jobs under the Node server and Node workers', () => {
     rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
   })
 
-  afterAll(async () => {
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv))
 
   test('an OVA with two disks: Completed, images bit-exact, the domain runs and printed its marker; the worker was Node, with --expose-gc', async () => {
     const boot = makeBootDisk(path.join(t.dir, 'boot.raw'), MARKER, 16 * MiB).path
@@ -87,22 +83,8 @@ describe('jobs under the Node server and Node workers', () => {
         { before_snapshot: 1, file, offset: 2 * MiB, length: 2 * MiB, pattern: 0x21 },
         { before_snapshot: 2, file, offset: 64 * 1024, length: 64 * 1024, pattern: 0x31 },
       ])
-      const src = await call(srv.base, 'POST', '/sources', {
-        name: 'vcsim-node',
-        kind: 'vim_api',
-        endpoint: v.url,
-        username: v.username,
-        password: v.password,
-        tls: { thumbprint: v.thumbprint },
-      })
-      expect(src.status).toBe(201)
-      const job = await submit(srv.base, {
-        source: { Live: 'vim_api' },
-        source_ref: { kind: 'live_vm', source_id: src.body.id, vm_id: vmId },
-        mode: 'Warm',
-        name: `${PREFIX}live`,
-        start: false,
-      })
+      const srcId = await registerVcsim(srv.base, v, 'vcsim-node') // 201 with the source's id, or it throws
+      const job = await submit(srv.base, livePlan(srcId, vmId, 'Warm', { name: `${PREFIX}live`, start: false }))
       let sawNode = false
       const done = await waitJob(srv.base, job.id, (j) => {
         const pid = workerPid(t.dir, job.id)

@@ -12,7 +12,7 @@ import { chmodSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput } from '../helpers/inputs.ts'
 import { offlinePlan, openStream, submit, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -38,12 +38,7 @@ describe('packed-disk .mf digest checked alongside the copy', () => {
     await stream.ready
   }, 120_000)
 
-  afterAll(async () => {
-    stream?.close()
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, stream, srv))
 
   /** An OVF folder `name` around the disk; `corrupt` replaces the VMDK's digest in the .mf. */
   function input(name: string, corrupt: boolean): string {

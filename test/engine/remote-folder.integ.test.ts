@@ -11,7 +11,7 @@ import { cpSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { call, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startNginx, type RunningNginx } from '../helpers/nginx.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { SMBD_USER, startSmbd, type RunningSmbd } from '../helpers/smbd.ts'
@@ -57,13 +57,7 @@ describe('remote folder exports (real nginx and smbd, server, workers, file sink
     smbCredential = (await call(srv.base, 'POST', '/remote-credentials', { name: 'share', kind: 'smb', ...SMBD_USER })).body.id
   }, 180_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await web?.stop()
-    await smbd?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv, web, smbd))
 
   const plan = (kind: string, url: string, name: string, extra: Record<string, unknown> = {}) => ({
     source: { Offline: kind },

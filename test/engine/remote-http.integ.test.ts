@@ -18,7 +18,7 @@ import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { runCli } from '../helpers/cli.ts'
 import { call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { makeTestCa, NGINX_USER, startNginx, type RunningNginx } from '../helpers/nginx.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -64,13 +64,7 @@ describe('remote offline inputs over HTTP(S) (real nginx, server, workers, file 
     srv = await startServer('bun', t.dir, SLOW)
   }, 180_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await web?.stop()
-    await tlsWeb?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv, web, tlsWeb))
 
   const url = (file: string, prefix = '') => `${web.base}${prefix}/${path.relative(www, file)}`
   const requestsOf = (file: string) => web.requests().filter((r) => r.uri === `/${path.relative(www, file)}`)

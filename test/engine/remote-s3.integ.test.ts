@@ -18,7 +18,7 @@ import { openS3Object } from '../../lib/remote/s3-object.ts'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { execFileSync } from 'node:child_process'
 import { call, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { freePort, startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 
@@ -57,12 +57,7 @@ describe('remote offline inputs from S3 (s3rver, server, workers, file sink)', (
     srv = await startServer('bun', t.dir, { MIGRATOR_DOMAIN_TYPE: 'qemu' })
   }, 120_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await s3?.close()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv, s3))
 
   test('signed ranged reads give the exact bytes; a missing key is E_MIG_NOT_FOUND naming it', async () => {
     const data = randomBytes(6 * MiB + 5)

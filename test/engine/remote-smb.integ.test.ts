@@ -15,7 +15,7 @@ import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { runCli } from '../helpers/cli.ts'
 import { call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startCuttingProxy, type CuttingProxy } from '../helpers/nginx.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { SMBD_USER, startSmbd, type RunningSmbd } from '../helpers/smbd.ts'
@@ -59,13 +59,7 @@ describe('remote offline inputs over SMB (real smbd, server, workers, file sink)
     credential = c.body.id
   }, 180_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await counter?.close()
-    await smbd?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv, counter, smbd))
 
   const url = (file: string, base = smbd.base) => `${base}/${path.relative(share, file).split('/').map(encodeURIComponent).join('/')}`
   const plan = (kind: string, u: string, name: string, credential_id = credential) => ({

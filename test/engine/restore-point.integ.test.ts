@@ -20,7 +20,7 @@ import { HostBackupApiTestDouble } from '../helpers/backup-double.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput } from '../helpers/inputs.ts'
 import { offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -69,13 +69,7 @@ describe('plan restore_point: the host backup runs before any destination write'
     })
   }, 60_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await badCreds?.stop()
-    await double?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv, badCreds, double))
 
   const volumesOf = (dataDir: string, jobId: string) => path.join(dataDir, 'volumes', 'migrations', jobId)
 

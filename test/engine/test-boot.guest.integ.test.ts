@@ -12,7 +12,9 @@
  *   removes the clone domain and overlays);
  * - an offline import of a real Debian guest (fixtures/guest-image.ts) with `start: false`: the
  *   server test-boots the defined domain's clone (one TCG boot, verified by the guest's login or
- *   multi-user evidence) through `migrator test-boot --wait`.
+ *   multi-user evidence) through `migrator test-boot --wait`. The import (its copy and the
+ *   inspection of the guest) is submitted before the first test, on a server of its own, and runs
+ *   while the simulator's tests do.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
@@ -23,6 +25,7 @@ import { buildInput } from '../../fixtures/inputs.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { call, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { guestServerEnv, startGuestLane, type GuestLane } from '../helpers/guest-jobs.ts'
 import { cleanupDomains, domainsWithPrefix, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -37,6 +40,17 @@ describe('test boot before the cutover', () => {
   let v: Vcsim
   let srv: RunningServer
   const sourceIds = new Map<RunningServer, string>()
+  /** The real Debian guest's import (start: false) on a server without the serial pattern: the guest's own boot evidence decides. */
+  let debian: Promise<{ lane: GuestLane; job: any }> | null = null
+
+  /** Starts that server and submits the import; the copy and the inspection run in the background. */
+  async function submitDebianImport(): Promise<{ lane: GuestLane; job: any }> {
+    const dataDir = path.join(t.dir, 'plain')
+    mkdirSync(dataDir, { recursive: true })
+    const lane = await startGuestLane(dataDir, ['i48-debian'], guestServerEnv({ timeoutS: 600 }))
+    const { job } = await lane.importExport('i48-debian', 'qcow2', [guestImages().generic.path], undefined, { name: 'i48-debian', start: false })
+    return { lane, job }
+  }
 
   /** A warm VM: a 16 MiB boot disk printing `marker` (flat) and a 2 MiB data disk (sparse), one NIC. */
   async function makeVm(name: string, marker = MARKER): Promise<{ id: string; files: string[] }> {
@@ -80,10 +94,13 @@ describe('test boot before the cutover', () => {
       MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5',
     })
     sourceIds.set(srv, await registerVcsim(srv.base, v))
+    debian = submitDebianImport()
+    await debian
   }, 300_000)
 
   afterAll(async () => {
     await srv?.stop()
+    await (await debian?.catch(() => null))?.lane.stop()
     await cleanupDomains(PREFIX)
     await v?.stop()
     t.cleanup()
@@ -211,24 +228,13 @@ describe('test boot before the cutover', () => {
   test(
     'offline import of a real Debian guest with start: false: the server test-boots a clone of the defined domain (TCG)',
     async () => {
-      const images = guestImages()
-      // a server without the serial pattern: the guest's own boot evidence decides
-      const dataDir = path.join(t.dir, 'plain')
-      const plain = await startServer('bun', dataDir, { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_BOOT_GRACE_SECONDS: '1', MIGRATOR_BOOT_TIMEOUT_SECONDS: '600' })
-      try {
-        await debianTestBoot(plain, dataDir, images.generic.path)
-      } finally {
-        await plain.stop()
-      }
+      const { lane, job } = await debian!
+      await debianTestBoot(lane.srv, lane.dir, job)
     },
     30 * 60_000,
   )
 
-  async function debianTestBoot(srv: RunningServer, dataDir: string, image: string): Promise<void> {
-    const importRoot = path.join(dataDir, 'imports')
-    mkdirSync(importRoot, { recursive: true })
-    const input = buildInput('qcow2', importRoot, 'i48-debian', [image])
-    const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'i48-debian', start: false }))
+  async function debianTestBoot(srv: RunningServer, dataDir: string, job: { id: string }): Promise<void> {
     const done = await waitJob(srv.base, job.id, undefined, 15 * 60_000)
     expect([done.state, done.domain]).toEqual(['Completed', 'i48-debian'])
     expect(virshText('domstate', 'i48-debian')).toBe('shut off')

@@ -15,7 +15,7 @@ import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
 import { bootCheckEnv, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, domainsWithPrefix, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -68,11 +68,7 @@ exit 0
     rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
   })
 
-  afterAll(async () => {
-    await srv?.stop()
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv))
 
   test('guest_os windows: Queued -> CopyingFull -> V2vProcessing -> Starting -> Completed; the tool got the volume and the ISO; its snapshot is released', async () => {
     const boot = makeBootDisk(path.join(t.dir, 'win.raw'), MARKER, 16 * MiB).path

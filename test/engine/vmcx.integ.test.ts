@@ -17,7 +17,7 @@ import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { convert, fileSha256 } from '../helpers/inputs.ts'
 import { bootCheckEnv, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, domainsWithPrefix, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { CORPUS, tempDir } from '../helpers/tmp.ts'
 
@@ -79,10 +79,7 @@ done
     await cleanupDomains(PREFIX)
   })
 
-  afterAll(async () => {
-    await cleanupDomains(PREFIX)
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t))
 
   async function server(dir: string, env: Record<string, string>): Promise<RunningServer> {
     mkdirSync(dir, { recursive: true })

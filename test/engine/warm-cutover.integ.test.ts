@@ -16,7 +16,7 @@ import * as path from 'node:path'
 import { makeBootDisk, makePowerOffBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { datastoreRaw, registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
@@ -86,13 +86,7 @@ describe('warm cutover on command (vCenter simulator)', () => {
     for (const s of [srv, slow]) sourceIds.set(s, await registerVcsim(s.base, v))
   }, 300_000)
 
-  afterAll(async () => {
-    await srv?.stop()
-    await slow?.stop()
-    await cleanupDomains(PREFIX)
-    await v?.stop()
-    t.cleanup()
-  })
+  afterAll(() => tearDownJobs(PREFIX, t, srv, slow, v))
 
   test('manual: >= 3 timed passes in DeltaSyncing while the guest writes, projected downtime shown, cutover on POST, bit-exact', async () => {
     const vm = await makeVm('i16-manual')

@@ -13,7 +13,8 @@ import { controllerBus, ovfDiskRefs, ovfToManifest, type ResolvedOvfFile } from 
 import { cimOsType } from '../../lib/formats/cim-os.ts'
 import { parseOvfManifest, verifyOvfManifest } from '../../lib/formats/ovf-manifest.ts'
 import { sniffDiskFormat } from '../../lib/formats/sniff.ts'
-import { CORPUS, thrown } from '../helpers/tmp.ts'
+import { CORPUS } from '../helpers/tmp.ts'
+import { expectMigThrown } from '../helpers/mig-error.ts'
 
 const GiB = 2 ** 30
 const MiB = 2 ** 20
@@ -26,14 +27,6 @@ function manifestOf(env: OvfEnvelope) {
   const m = ovfToManifest(env, { sourceFormat: 'ovf_folder', sources })
   expect(VmManifest.safeParse(m).success).toBe(true)
   return m
-}
-
-async function expectMig(fn: () => unknown, code: string, ...fragments: string[]) {
-  const err = await thrown(fn)
-  expect(err).toBeInstanceOf(MigError)
-  expect(err.code).toBe(code)
-  for (const f of fragments) expect(err.message).toContain(f)
-  return err
 }
 
 describe('corpus descriptors', () => {
@@ -356,7 +349,7 @@ describe('envelope details', () => {
       'sub/../../x',
       '',
     ]) {
-      await expectMig(() => checkHref(bad, 'pkg.ovf'), 'E_MIG_HOST_PATH_REJECTED')
+      await expectMigThrown(() => checkHref(bad, 'pkg.ovf'), 'E_MIG_HOST_PATH_REJECTED')
     }
   })
 })
@@ -368,15 +361,19 @@ describe('hostile descriptors', () => {
       ovf()
         .replace(/^<\?xml[^>]*>/, '')
         .replace('<Name>vm one</Name>', '<Name>&lol3;</Name>')
-    await expectMig(() => parseOvfEnvelope(bomb, 'bomb.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'bomb.ovf', 'DOCTYPE')
+    await expectMigThrown(() => parseOvfEnvelope(bomb, 'bomb.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'bomb.ovf', 'DOCTYPE')
   })
 
   test('a DOCTYPE without entities is refused too', async () => {
-    await expectMig(() => parseOvfEnvelope(ovf({ head: '<!DOCTYPE Envelope SYSTEM "file:///etc/passwd">' }), 'dt.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'DOCTYPE')
+    await expectMigThrown(
+      () => parseOvfEnvelope(ovf({ head: '<!DOCTYPE Envelope SYSTEM "file:///etc/passwd">' }), 'dt.ovf'),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'DOCTYPE',
+    )
   })
 
   test('an undefined entity is refused; predefined ones and character references decode', async () => {
-    await expectMig(() => parseOvfEnvelope(ovf().replace('vm one', 'vm &xxe;'), 'e.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'undefined entity &xxe;')
+    await expectMigThrown(() => parseOvfEnvelope(ovf().replace('vm one', 'vm &xxe;'), 'e.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'undefined entity &xxe;')
     const env = parseOvfEnvelope(ovf().replace('vm one', 'a &amp; b &lt;&#67;&#x44;&gt;'), 'e.ovf')
     expect(env.virtualSystem.name).toBe('a & b <CD>')
   })
@@ -397,55 +394,59 @@ describe('hostile descriptors', () => {
 
   test('a 5 MiB descriptor is refused', async () => {
     const big = ovf({ extra: `<!-- ${'x'.repeat(5 * MiB)} -->` })
-    await expectMig(() => parseOvfEnvelope(big, 'big.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'big.ovf', 'larger than 4194304 bytes')
+    await expectMigThrown(() => parseOvfEnvelope(big, 'big.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'big.ovf', 'larger than 4194304 bytes')
   })
 
   test('not well-formed, wrong root, missing attributes, bad numbers', async () => {
-    await expectMig(
+    await expectMigThrown(
       () => parseOvfEnvelope(readFileSync(path.join(CORPUS, 'virt-v2v/test-i-ova.ovf'), 'utf8').slice(0, 3000), 'cut.ovf'),
       'E_MIG_MALFORMED_ARCHIVE',
       'cut.ovf',
       'not well-formed',
     )
-    await expectMig(
+    await expectMigThrown(
       () => parseOvfEnvelope('<?xml version="1.0"?><Foo xmlns="http://schemas.dmtf.org/ovf/envelope/1"/>', 'r.ovf'),
       'E_MIG_MALFORMED_ARCHIVE',
       'not an OVF Envelope',
     )
-    await expectMig(() => parseOvfEnvelope('<Envelope xmlns="urn:x"/>', 'n.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'namespace')
-    await expectMig(() => parseOvfEnvelope('<Envelope xmlns="http://www.vmware.com/schema/ovf/1/envelope"/>', 'old.ovf'), 'E_MIG_UNSUPPORTED_FORMAT', 'OVF 0.9')
-    await expectMig(
+    await expectMigThrown(() => parseOvfEnvelope('<Envelope xmlns="urn:x"/>', 'n.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'namespace')
+    await expectMigThrown(
+      () => parseOvfEnvelope('<Envelope xmlns="http://www.vmware.com/schema/ovf/1/envelope"/>', 'old.ovf'),
+      'E_MIG_UNSUPPORTED_FORMAT',
+      'OVF 0.9',
+    )
+    await expectMigThrown(
       () => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1"/>' }), 'c.ovf'),
       'E_MIG_MALFORMED_ARCHIVE',
       'Disk d1: no ovf:capacity',
     )
-    await expectMig(
+    await expectMigThrown(
       () => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1" ovf:capacity="-5"/>' }), 'c.ovf'),
       'E_MIG_MALFORMED_ARCHIVE',
       'not a non-negative integer',
     )
-    await expectMig(
+    await expectMigThrown(
       () => parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="nope" ovf:capacity="5"/>' }), 'c.ovf'),
       'E_MIG_MALFORMED_ARCHIVE',
       'names no References/File',
     )
-    await expectMig(
+    await expectMigThrown(
       () =>
         parseOvfEnvelope(ovf({ disk: '<Disk ovf:diskId="d1" ovf:fileRef="f1" ovf:capacity="99999999" ovf:capacityAllocationUnits="byte * 2^40"/>' }), 'c.ovf'),
       'E_MIG_MALFORMED_ARCHIVE',
       'out of range',
     )
-    await expectMig(
+    await expectMigThrown(
       () => parseOvfEnvelope(ovf({ file: '<File ovf:href="a" ovf:id="f1" ovf:compression="bzip2"/>' }), 'c.ovf'),
       'E_MIG_UNSUPPORTED_FORMAT',
       'bzip2',
     )
-    await expectMig(
+    await expectMigThrown(
       () => parseOvfEnvelope(ovf().replace('<rasd:InstanceID>1</rasd:InstanceID>', '<x:InstanceID>1</x:InstanceID>'), 'u.ovf'),
       'E_MIG_MALFORMED_ARCHIVE',
       'undeclared namespace prefix',
     )
-    await expectMig(
+    await expectMigThrown(
       () => manifestOf(parseOvfEnvelope(ovf().replace('ovf:/disk/d1', 'ovf:/disk/zz'), 'h.ovf')),
       'E_MIG_MALFORMED_ARCHIVE',
       'names no DiskSection disk',
@@ -454,7 +455,7 @@ describe('hostile descriptors', () => {
 
   test('deep nesting is bounded', async () => {
     const deep = ovf({ extra: '<a>'.repeat(300) + '</a>'.repeat(300) })
-    await expectMig(() => parseOvfEnvelope(deep, 'deep.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'deep.ovf')
+    await expectMigThrown(() => parseOvfEnvelope(deep, 'deep.ovf'), 'E_MIG_MALFORMED_ARCHIVE', 'deep.ovf')
   })
 })
 
@@ -473,9 +474,9 @@ describe('.mf manifest', () => {
   })
 
   test('bad lines', async () => {
-    await expectMig(() => parseOvfManifest(`MD5(vm.ovf)= ${'a'.repeat(32)}`, 'vm.mf'), 'E_MIG_MALFORMED_ARCHIVE', 'vm.mf', 'line 1')
-    await expectMig(() => parseOvfManifest(`SHA1(vm.ovf)= ${h1}\nSHA256(vm.vmdk)= ${h1}`, 'vm.mf'), 'E_MIG_MALFORMED_ARCHIVE', 'line 2', 'expected 64')
-    await expectMig(() => parseOvfManifest(`SHA1(vm.ovf)= ${h1}\nSHA1(./vm.ovf)= ${'b'.repeat(40)}`, 'vm.mf'), 'E_MIG_MALFORMED_ARCHIVE', 'listed twice')
+    await expectMigThrown(() => parseOvfManifest(`MD5(vm.ovf)= ${'a'.repeat(32)}`, 'vm.mf'), 'E_MIG_MALFORMED_ARCHIVE', 'vm.mf', 'line 1')
+    await expectMigThrown(() => parseOvfManifest(`SHA1(vm.ovf)= ${h1}\nSHA256(vm.vmdk)= ${h1}`, 'vm.mf'), 'E_MIG_MALFORMED_ARCHIVE', 'line 2', 'expected 64')
+    await expectMigThrown(() => parseOvfManifest(`SHA1(vm.ovf)= ${h1}\nSHA1(./vm.ovf)= ${'b'.repeat(40)}`, 'vm.mf'), 'E_MIG_MALFORMED_ARCHIVE', 'listed twice')
   })
 
   test('verification: match, mismatch, missing file, deferred large file', async () => {
@@ -501,7 +502,7 @@ describe('.mf manifest', () => {
     )
     expect(res.verified).toEqual(['small'])
     expect([...res.deferred]).toEqual([['large', { algorithm: 'sha256', hex: h256.toLowerCase() }]])
-    const err = await expectMig(
+    const err = await expectMigThrown(
       () => verifyOvfManifest([{ name: 'small', algorithm: 'sha1', hex: 'f'.repeat(40) }], (n) => files.get(n) ?? null, { label: 'x.mf' }),
       'E_MIG_MALFORMED_ARCHIVE',
       'small',
@@ -510,7 +511,7 @@ describe('.mf manifest', () => {
       h1,
     )
     expect(err.details).toEqual({ file: 'small', algorithm: 'sha1', expected: 'f'.repeat(40), actual: h1 })
-    await expectMig(
+    await expectMigThrown(
       () => verifyOvfManifest([{ name: 'ghost.vmdk', algorithm: 'sha1', hex: h1 }], (n) => files.get(n) ?? null, { label: 'x.mf' }),
       'E_MIG_MALFORMED_ARCHIVE',
       'ghost.vmdk',

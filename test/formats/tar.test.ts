@@ -6,12 +6,13 @@
 import { describe, test, expect, beforeAll, afterAll } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
-import { mkdirSync, writeFileSync, openSync, readSync, closeSync, truncateSync, statSync } from 'node:fs'
+import { mkdirSync, writeFileSync, truncateSync, statSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { hashRange, listTarMembers, readTarMember } from '../../lib/formats/tar.ts'
 import { InputScope } from '../../lib/hostpath.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { bytesAt } from '../helpers/reader-fixtures.ts'
 
 let tmp: { dir: string; cleanup(): void }
 beforeAll(() => {
@@ -21,16 +22,6 @@ afterAll(() => tmp.cleanup())
 
 function tar(args: string[], cwd: string) {
   execFileSync('tar', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] })
-}
-function bytesAt(file: string, offset: number, n: number): Buffer {
-  const fd = openSync(file, 'r')
-  try {
-    const b = Buffer.alloc(n)
-    readSync(fd, b, 0, n, offset)
-    return b
-  } finally {
-    closeSync(fd)
-  }
 }
 
 /** A ustar header block with a correct checksum. */

@@ -7,12 +7,13 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { MigError } from '../../lib/errors.ts'
+import type { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { parseVbox, vboxMediumChain, vboxToManifest } from '../../lib/formats/vbox.ts'
 import { parseXmlDocument } from '../../lib/formats/xml.ts'
 import { importer } from '../../lib/importers/vbox-folder.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { expectMig } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
 const GOAD = path.join(CORPUS, 'dissect.hypervisor/GOAD-DC01.vbox')
@@ -20,11 +21,6 @@ const GOAD = path.join(CORPUS, 'dissect.hypervisor/GOAD-DC01.vbox')
 let tmp: ReturnType<typeof tempDir>
 let root: string
 const ctx = () => ({ importRoot: root })
-
-function expectMig(err: unknown, code: MigError['code']): void {
-  expect(err).toBeInstanceOf(MigError)
-  expect((err as MigError).code).toBe(code)
-}
 
 function qemuImg(cwd: string, ...args: string[]): void {
   execFileSync('qemu-img', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] })

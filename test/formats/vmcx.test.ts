@@ -14,6 +14,7 @@ import { crc32, isVmcxNode, parseVmcx, vmcxGet, type VmcxNode } from '../../lib/
 import { vmcxDevices, vmcxVmInfo } from '../../lib/formats/vmcx.ts'
 import { importer } from '../../lib/importers/vmcx-export.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { expectMig } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
 const VMCX = path.join(CORPUS, 'dissect.hypervisor/test.vmcx')
@@ -24,10 +25,6 @@ let tmp: ReturnType<typeof tempDir>
 let root: string
 const ctx = () => ({ importRoot: root })
 
-function expectMig(err: unknown, code: MigError['code']): void {
-  expect(err).toBeInstanceOf(MigError)
-  expect((err as MigError).code).toBe(code)
-}
 function parseErr(buf: Buffer): unknown {
   try {
     parseVmcx(buf, 't.vmcx')

@@ -4,17 +4,12 @@
 import { describe, expect, test } from 'bun:test'
 import { readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { MigError } from '../../lib/errors.ts'
 import { VmManifest, type ControllerBus, type ManifestDisk } from '../../lib/manifest.ts'
 import { parseVmx, vmxGet, vmxHardware, vmxToManifest, type VmxFile } from '../../lib/formats/vmx.ts'
 import { CORPUS, thrown } from '../helpers/tmp.ts'
+import { expectMig } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
-
-function expectMig(err: unknown, code: string): void {
-  expect(err).toBeInstanceOf(MigError)
-  expect((err as MigError).code).toBe(code as MigError['code'])
-}
 
 /** A resolveDisk that records its calls and returns a 1 GiB vmdk disk. */
 function recorder() {

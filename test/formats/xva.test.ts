@@ -9,7 +9,7 @@ import { createXXHash64 } from 'hash-wasm'
 import { createHash } from 'node:crypto'
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { MigError } from '../../lib/errors.ts'
+import type { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { listTarMembers, type TarMember } from '../../lib/formats/tar.ts'
 import { parseOvaXml } from '../../lib/formats/xva.ts'
@@ -19,16 +19,12 @@ import { parseXmlDocument } from '../../lib/formats/xml.ts'
 import { importer } from '../../lib/importers/xva-archive.ts'
 import { xxh64Upper } from '../helpers/inputs.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
+import { expectMig } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
 let tmp: ReturnType<typeof tempDir>
 let root: string
 const ctx = () => ({ importRoot: root })
-
-function expectMig(err: unknown, code: MigError['code']): void {
-  expect(err).toBeInstanceOf(MigError)
-  expect((err as MigError).code).toBe(code)
-}
 
 const s = (v: string) => `<value>${v}</value>`
 const member = (name: string, value: string) => `<member><name>${name}</name>${value}</member>`

@@ -1,6 +1,7 @@
 /**
  * Reading a whole {@link DiskReader} the way the copy loop does (its extents in order, data
- * extents read in pieces), checking that the extents cover the disk without gaps or overlaps.
+ * extents read in pieces), checking that the extents cover the disk without gaps or overlaps; and
+ * a reader of a disk held in memory.
  */
 import { expect } from 'bun:test'
 import type { DiskReader } from '../../lib/contracts/disk-reader.ts'
@@ -18,4 +19,18 @@ export async function readAll(r: DiskReader, piece = 4 * 1024 * 1024): Promise<{
   }
   expect(next).toBe(r.size)
   return { data, zeroBytes }
+}
+
+/** A reader of the disk `bytes` held in memory: one data extent from `from` to the end; reads are copies. */
+export function memReader(bytes: Buffer): DiskReader {
+  return {
+    size: bytes.length,
+    async *extents(from: number) {
+      yield { offset: from, length: bytes.length - from, zero: false }
+    },
+    async read(offset: number, length: number) {
+      return Buffer.from(bytes.subarray(offset, offset + length))
+    },
+    async close() {},
+  }
 }

@@ -38,6 +38,11 @@ export function offlinePlan(kind: string, rel: string, extra: Record<string, unk
   return { source: { Offline: kind }, source_ref: { kind: 'offline_host_path', path: rel }, mode: 'Cold', ...extra }
 }
 
+/** A plan for the VM `vmId` of the vim_api source `sourceId` (registered with POST /sources), in `mode` ('Cold' or 'Warm'), with `extra` (name, start, cutover...). */
+export function livePlan(sourceId: string, vmId: string, mode: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return { source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId }, mode, ...extra }
+}
+
 /** Polls `GET /migrations/:id` every 100 ms until `pred(job)` holds (default: a terminal status); `headers` go with each poll (e.g. Basic credentials). */
 export async function waitJob(
   base: string,

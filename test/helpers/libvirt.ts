@@ -162,3 +162,20 @@ export function virshText(...args: string[]): string {
 export function domstate(name: string): string {
   return virshText('domstate', name)
 }
+
+/** Something a test file started: a server, a simulator, a proxy, stopped with `stop()` or `close()`. */
+export type Stoppable = { stop(): Promise<unknown> } | { close(): unknown }
+
+/**
+ * The end of a test file that ran jobs: stops each of `running` in order (those never started,
+ * `undefined`, are passed over), removes the domains whose names start with `prefix`, then the
+ * temporary directory `t`.
+ */
+export async function tearDownJobs(prefix: string, t: { cleanup(): void }, ...running: Array<Stoppable | null | undefined>): Promise<void> {
+  for (const r of running) {
+    if (r && 'stop' in r) await r.stop()
+    else if (r) await r.close()
+  }
+  await cleanupDomains(prefix)
+  t.cleanup()
+}

@@ -9,3 +9,17 @@ export async function migErrorOf(p: Promise<unknown>): Promise<MigError> {
   expect(e).toBeInstanceOf(MigError)
   return e as MigError
 }
+
+/** Checks that `err` (a value thrown) is a MigError whose code is `code`. */
+export function expectMig(err: unknown, code: MigError['code']): void {
+  expect(err).toBeInstanceOf(MigError)
+  expect((err as MigError).code).toBe(code)
+}
+
+/** Runs `fn`, checks that it throws a MigError whose code is `code` and whose message holds each of `fragments`; returns the error. */
+export async function expectMigThrown(fn: () => unknown, code: MigError['code'], ...fragments: string[]): Promise<MigError> {
+  const err = await thrown(fn)
+  expectMig(err, code)
+  for (const f of fragments) expect(err.message).toContain(f)
+  return err
+}

@@ -2,13 +2,14 @@
  * What the reader tests (readers, vhd-blocks, vhdx-blocks, vdi-blocks, qcow2-clusters,
  * vmdk-grains, stream-vmdk) build their cases from: a file's SHA-256, a manifest disk of a source,
  * images written and read back by `qemu-img convert` (the reference bytes), an image packed alone
- * into a tar, an extent walk collected, the zeroed half of a piece, and the check of a file cut
- * short after open.
+ * into a tar, an extent walk collected, the zeroed half of a piece, the check of a file cut
+ * short after open, and the bytes of an image read or patched in place (a header field, a table
+ * entry).
  */
 import { expect } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
-import { readFileSync, truncateSync } from 'node:fs'
+import { closeSync, openSync, readFileSync, readSync, truncateSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { listTarMembers } from '../../lib/formats/tar.ts'
@@ -17,6 +18,22 @@ import { migErrorOf } from './mig-error.ts'
 
 /** SHA-256 of the file `p` (read whole: test-sized files only), lower-case hex. */
 export const sha256File = (p: string): string => createHash('sha256').update(readFileSync(p)).digest('hex')
+
+/** Bytes `[at, at + n)` of `file`. */
+export function bytesAt(file: string, at: number, n: number): Buffer {
+  const b = Buffer.alloc(n)
+  const fd = openSync(file, 'r')
+  readSync(fd, b, 0, n, at)
+  closeSync(fd)
+  return b
+}
+
+/** Writes `b` at `at` of `file`. */
+export function writeAt(file: string, at: number, b: Buffer): void {
+  const fd = openSync(file, 'r+')
+  writeSync(fd, b, 0, b.length, at)
+  closeSync(fd)
+}
 
 /** A virtio manifest disk of `capacity` bytes read from `source` (label `disk <format>` unless `extra` names one). */
 export function manifestDisk(

@@ -1,15 +1,20 @@
 /**
  * The reader tests' source disk: 64 MiB of zeros with random data in six 64 KiB-aligned pieces
  * (inside a block, across 1, 2 and 4 MiB boundaries, at both ends), written as a sparse raw file,
- * and the copy of a manifest disk into a fresh file-sink volume as a job does it.
+ * the set-up each reader test file makes of it, and the copy of a manifest disk into a fresh
+ * file-sink volume as a job does it.
  */
+import { afterAll, beforeAll, expect } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { closeSync, openSync, truncateSync, writeSync } from 'node:fs'
+import * as path from 'node:path'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import type { CopyDiskResult } from '../../lib/pipeline/copy-common.ts'
 import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
-import type { FileSink } from '../../lib/sink/file.ts'
+import { FileSink } from '../../lib/sink/file.ts'
+import { sha256File, tarredImage } from './reader-fixtures.ts'
+import { tempDir } from './tmp.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
@@ -39,6 +44,26 @@ export function writeScatteredRaw(file: string, fill: 'random' | 'hex' = 'random
   return file
 }
 
+/**
+ * A reader test file's set-up: a temporary directory named `prefix...` (removed after the file),
+ * a file sink under its `var/`, and the scattered disk written to its `src.raw` (with `fill`, see
+ * writeScatteredRaw) before the first test, with its SHA-256 (lower-case hex). `src` is filled in
+ * by that `beforeAll`: read it inside tests only.
+ */
+export function scatteredBench(
+  prefix: string,
+  fill: 'random' | 'hex' = 'random',
+): { tmp: ReturnType<typeof tempDir>; sink: FileSink; src: { raw: string; sha: string } } {
+  const tmp = tempDir(prefix)
+  const src = { raw: '', sha: '' }
+  afterAll(() => tmp.cleanup())
+  beforeAll(() => {
+    src.raw = writeScatteredRaw(path.join(tmp.dir, 'src.raw'), fill)
+    src.sha = sha256File(src.raw)
+  })
+  return { tmp, sink: new FileSink({ dataDir: path.join(tmp.dir, 'var') }), src }
+}
+
 let job = 0
 /**
  * `openDiskReader(disk)` + `copyDisk` (from 0, `engine`, default `auto`) into a new volume of
@@ -59,4 +84,22 @@ export async function copyIntoSink(
     await vol.close()
     await reader.close()
   }
+}
+
+/**
+ * Packs `img` (an image of the scattered disk) alone into a tar, copies the manifest disk
+ * `diskOf(source)` that reads it in place at its member offset into a new volume of `sink`, and
+ * checks that the copy needed no qemu node and that the volume's SHA-256 is `sha` (the scattered
+ * disk's). Returns the copy.
+ */
+export async function expectTarMemberCopied(
+  sink: FileSink,
+  img: string,
+  diskOf: (source: ManifestDisk['source']) => ManifestDisk,
+  sha: string,
+): Promise<Awaited<ReturnType<typeof copyIntoSink>>> {
+  const out = await copyIntoSink(sink, diskOf(await tarredImage(img)))
+  expect(out.qemuNode).toBeUndefined()
+  expect(sha256File(out.path)).toBe(sha)
+  return out
 }

@@ -6,13 +6,15 @@
 import { describe, test, expect, beforeAll, afterAll } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
-import { mkdirSync, readFileSync, writeFileSync, symlinkSync, openSync, readSync, closeSync, copyFileSync, statSync, truncateSync } from 'node:fs'
+import { mkdirSync, readFileSync, writeFileSync, symlinkSync, copyFileSync, statSync, truncateSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { importer as ova } from '../../lib/importers/ova-archive.ts'
 import { importer as ovfFolder } from '../../lib/importers/ovf-folder.ts'
-import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { CORPUS, tempDir } from '../helpers/tmp.ts'
+import { bytesAt } from '../helpers/reader-fixtures.ts'
+import { expectMigThrown } from '../helpers/mig-error.ts'
 
 const MiB = 2 ** 20
 let tmp: { dir: string; cleanup(): void }
@@ -24,16 +26,6 @@ function run(cmd: string, args: string[], cwd?: string) {
   execFileSync(cmd, args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] })
 }
 const sha256 = (b: Buffer | string) => createHash('sha256').update(b).digest('hex')
-function bytesAt(file: string, offset: number, n: number): Buffer {
-  const fd = openSync(file, 'r')
-  try {
-    const b = Buffer.alloc(n)
-    readSync(fd, b, 0, n, offset)
-    return b
-  } finally {
-    closeSync(fd)
-  }
-}
 
 interface FileSpec {
   href: string
@@ -121,14 +113,6 @@ function pkg(
 
 const ctx = () => ({ importRoot: root })
 
-async function expectMig(fn: () => unknown, code: string, ...fragments: string[]) {
-  const err = await thrown(fn)
-  expect(err).toBeInstanceOf(MigError)
-  expect(err.code).toBe(code)
-  for (const f of fragments) expect(err.message).toContain(f)
-  return err
-}
-
 beforeAll(() => {
   tmp = tempDir('mig-ova-')
   root = path.join(tmp.dir, 'imports')
@@ -151,7 +135,7 @@ afterAll(() => tmp.cleanup())
 
 describe('corpus OVAs', () => {
   test('ttylinux: disk member truncated to 1 MiB of the declared 10595840 bytes', async () => {
-    await expectMig(
+    await expectMigThrown(
       () => ova.inspect(path.join(CORPUS, 'govmomi/ttylinux-pc_i486-16.1.ova'), { importRoot: CORPUS }),
       'E_MIG_MALFORMED_ARCHIVE',
       'ttylinux-pc_i486-16.1-disk1.vmdk',
@@ -159,7 +143,7 @@ describe('corpus OVAs', () => {
     )
   })
   test('glance testserver-bad-ovf.ova: descriptor is not well-formed XML', async () => {
-    await expectMig(
+    await expectMigThrown(
       () => ova.inspect(path.join(CORPUS, 'glance/testserver-bad-ovf.ova'), { importRoot: CORPUS }),
       'E_MIG_MALFORMED_ARCHIVE',
       'illegal-xml.ovf',
@@ -167,14 +151,14 @@ describe('corpus OVAs', () => {
     )
   })
   test('glance testserver-not-tar.ova: a PNG', async () => {
-    await expectMig(
+    await expectMigThrown(
       () => ova.inspect(path.join(CORPUS, 'glance/testserver-not-tar.ova'), { importRoot: CORPUS }),
       'E_MIG_MALFORMED_ARCHIVE',
       'not a tar archive',
     )
   })
   test('Vagrant .box (gzip tar)', async () => {
-    await expectMig(
+    await expectMigThrown(
       () => ova.inspect(path.join(CORPUS, 'vagrant-mutate/virtualbox-mutate-test.box'), { importRoot: CORPUS }),
       'E_MIG_UNSUPPORTED_FORMAT',
       'gzip-compressed archive: decompress it first',
@@ -271,7 +255,7 @@ describe('generated OVA', () => {
   test('.mf digest mismatch names the file, algorithm, expected and actual digests', async () => {
     const wrong = '0'.repeat(64)
     const { ova: file } = pkg('mismatch', { mf: (d) => `SHA256(vm.ovf)= ${d['vm.ovf']}\nSHA256(d1.vmdk)= ${d['d1.vmdk']}\nSHA256(d2.vmdk)= ${wrong}\n` })
-    const err = await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd2.vmdk', 'SHA256', wrong, sha256(readFileSync(vmdk2)))
+    const err = await expectMigThrown(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd2.vmdk', 'SHA256', wrong, sha256(readFileSync(vmdk2)))
     expect(err.details).toMatchObject({ file: 'd2.vmdk', algorithm: 'sha256', expected: wrong })
   })
 
@@ -282,12 +266,12 @@ describe('generated OVA', () => {
           .update(readFileSync(path.join(root, 'mfghost', 'vm.ovf')))
           .digest('hex')}\nSHA256(ghost.vmdk)= ${d['d1.vmdk']}\n`,
     })
-    await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'ghost.vmdk')
+    await expectMigThrown(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'ghost.vmdk')
   })
 
   test('a disk member missing from the archive', async () => {
     const { ova: file } = pkg('missing', { mf: null, members: ['vm.ovf', 'd1.vmdk'] })
-    await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd2.vmdk', 'not in the archive')
+    await expectMigThrown(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd2.vmdk', 'not in the archive')
   })
 
   test('a member shorter than ovf:size', async () => {
@@ -298,7 +282,7 @@ describe('generated OVA', () => {
         { href: 'd2.vmdk', src: vmdk2, declared: statSync(vmdk2).size + 4096 },
       ],
     })
-    await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'truncated member d2.vmdk')
+    await expectMigThrown(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'truncated member d2.vmdk')
   })
 
   test('href ../../etc/passwd, an absolute path or a URL is E_MIG_HOST_PATH_REJECTED', async () => {
@@ -308,7 +292,7 @@ describe('generated OVA', () => {
       ['url', 'http://example.com/d2.vmdk'],
     ] as const) {
       const { ova: file } = pkg(`href-${n}`, { mf: null, ovfText: (s) => descriptor([s[0]!, { ...s[1]!, href }]) })
-      await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_HOST_PATH_REJECTED', href)
+      await expectMigThrown(() => ova.inspect(file, ctx()), 'E_MIG_HOST_PATH_REJECTED', href)
     }
   })
 
@@ -324,13 +308,13 @@ describe('generated OVA', () => {
     writeFileSync(path.join(dir, 'other.ovf'), '<x/>')
     const file = path.join(root, 'twoovf2.ova')
     run('tar', ['-cf', file, 'vm.ovf', 'other.ovf', 'd1.vmdk', 'd2.vmdk'], dir)
-    await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'several .ovf descriptors: vm.ovf, other.ovf')
+    await expectMigThrown(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'several .ovf descriptors: vm.ovf, other.ovf')
   })
 
   test('no descriptor at all', async () => {
     const file = path.join(root, 'nodesc.ova')
     run('tar', ['-cf', file, '-C', path.dirname(vmdk1), path.basename(vmdk1)])
-    await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'no .ovf descriptor')
+    await expectMigThrown(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'no .ovf descriptor')
   })
 
   test('a disk over 64 MiB: digest handed to DiskSource.digest, not hashed at inspect', async () => {
@@ -381,7 +365,7 @@ describe('generated OVA', () => {
     })
     const holey = path.join(root, 'chunks-missing.ova')
     run('tar', ['-cf', holey, 'vm.ovf', ...names.filter((_, i) => i !== 1), 'd2.vmdk'], dir)
-    await expectMig(() => ova.inspect(holey, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd1.vmdk.000000001')
+    await expectMigThrown(() => ova.inspect(holey, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd1.vmdk.000000001')
   })
 
   test('ovf:compression="gzip": compression recorded, format read from the inflated magic', async () => {
@@ -408,7 +392,7 @@ describe('generated OVA', () => {
         { href: 'd2.vmdk', src: junk },
       ],
     })
-    await expectMig(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd2.vmdk', 'no vmdk signature')
+    await expectMigThrown(() => ova.inspect(file, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd2.vmdk', 'no vmdk signature')
   })
 
   test('tar truncated mid-header', async () => {
@@ -418,7 +402,7 @@ describe('generated OVA', () => {
     const ovfSize = statSync(path.join(root, 'midhdr', 'vm.ovf')).size
     const secondHeader = 512 + Math.ceil(ovfSize / 512) * 512
     writeFileSync(cut, b.subarray(0, secondHeader + 200))
-    await expectMig(() => ova.inspect(cut, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'cut short by end of file')
+    await expectMigThrown(() => ova.inspect(cut, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'cut short by end of file')
   })
 
   test('random byte mutations give a MigError or a valid manifest, in bounded time', async () => {
@@ -478,26 +462,26 @@ describe('OVF folder', () => {
   test('several .ovf in the folder are listed', async () => {
     const { dir } = pkg('folder2', { mf: null })
     writeFileSync(path.join(dir, 'b.ovf'), '<x/>')
-    await expectMig(() => ovfFolder.inspect(dir, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'several .ovf descriptors: b.ovf, vm.ovf')
+    await expectMigThrown(() => ovfFolder.inspect(dir, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'several .ovf descriptors: b.ovf, vm.ovf')
   })
 
   test('.mf mismatch and missing file', async () => {
     const { dir } = pkg('folder3', { mf: (d) => `SHA256(vm.ovf)= ${d['vm.ovf']}\nSHA256(d1.vmdk)= ${'1'.repeat(64)}\n` })
-    await expectMig(() => ovfFolder.inspect(dir, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd1.vmdk', 'SHA256', '1'.repeat(64))
+    await expectMigThrown(() => ovfFolder.inspect(dir, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd1.vmdk', 'SHA256', '1'.repeat(64))
     const { dir: d4 } = pkg('folder4', { mf: null })
     run('rm', [path.join(d4, 'd2.vmdk')])
-    await expectMig(() => ovfFolder.inspect(d4, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd2.vmdk', 'not in the folder')
+    await expectMigThrown(() => ovfFolder.inspect(d4, ctx()), 'E_MIG_MALFORMED_ARCHIVE', 'd2.vmdk', 'not in the folder')
   })
 
   test('a disk that is a symlink out of the import root is E_MIG_HOST_PATH_REJECTED', async () => {
     const { dir } = pkg('folder5', { mf: null })
     run('rm', [path.join(dir, 'd2.vmdk')])
     symlinkSync(vmdk2, path.join(dir, 'd2.vmdk')) // vmdk2 lives outside <root>
-    await expectMig(() => ovfFolder.inspect(dir, ctx()), 'E_MIG_HOST_PATH_REJECTED', 'd2.vmdk')
+    await expectMigThrown(() => ovfFolder.inspect(dir, ctx()), 'E_MIG_HOST_PATH_REJECTED', 'd2.vmdk')
   })
 
   test('href ../../etc/passwd', async () => {
     const { dir } = pkg('folder6', { mf: null, ovfText: (s) => descriptor([s[0]!, { ...s[1]!, href: '../../etc/passwd' }]) })
-    await expectMig(() => ovfFolder.inspect(dir, ctx()), 'E_MIG_HOST_PATH_REJECTED', '../../etc/passwd')
+    await expectMigThrown(() => ovfFolder.inspect(dir, ctx()), 'E_MIG_HOST_PATH_REJECTED', '../../etc/passwd')
   })
 })

@@ -24,6 +24,8 @@ import type { DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { openStore, type Store } from '../../lib/store/index.ts'
 import { tempDir } from '../helpers/tmp.ts'
+import { manifest as fixtureManifest } from '../domain/fixtures.ts'
+import { memReader } from '../helpers/disk-reader.ts'
 
 const MiB = 1024 * 1024
 const BLOCK = 64 * 1024
@@ -44,12 +46,11 @@ class ScriptedLiveSource implements LiveSession {
   ) {}
 
   manifest(): VmManifest {
-    return {
+    // BIOS, no Secure Boot, no warnings: the fixture's; the rest is this VM's.
+    return fixtureManifest({
       name: 'live-vm',
       source_format: 'vim_api',
       guest_os: { family: 'linux', id: 'otherLinux64Guest' },
-      firmware: 'bios',
-      secure_boot: false,
       cpu: { count: 1, cores_per_socket: 1 },
       memory_bytes: 256 * MiB,
       disks: this.disks.map(
@@ -64,8 +65,7 @@ class ScriptedLiveSource implements LiveSession {
       ),
       nics: [],
       cbt_available: this.opts.cbt,
-      warnings: [],
-    }
+    })
   }
   async describe() {
     return { product: 'scripted test double', version: null }
@@ -98,17 +98,7 @@ class ScriptedLiveSource implements LiveSession {
     return { id, change_ids: Object.fromEntries(this.disks.map((_, i) => [`disk${i}`, id])) }
   }
   async openDisk(_vm: string, snap: SnapshotRef, disk: ManifestDisk): Promise<DiskReader> {
-    const bytes = this.snaps.get(snap.id)![Number(disk.label.slice(4))]
-    return {
-      size: bytes.length,
-      async *extents(from: number) {
-        yield { offset: from, length: bytes.length - from, zero: false }
-      },
-      async read(offset: number, length: number) {
-        return Buffer.from(bytes.subarray(offset, offset + length))
-      },
-      async close() {},
-    }
+    return memReader(this.snaps.get(snap.id)![Number(disk.label.slice(4))]!)
   }
   /** Calls of changedAreas since a changeId (0-based, counted over all disks; `*` calls not counted) that answer as if CBT was reset. */
   resetOn = new Set<number>()

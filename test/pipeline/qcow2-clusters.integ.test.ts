@@ -7,34 +7,24 @@
  * refusals before any copy (reserved bits, tables and clusters not aligned to a cluster, a cluster
  * beyond the end of the file, a file cut short after open).
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, openSync, readSync, statSync, writeFileSync, writeSync } from 'node:fs'
+import { closeSync, openSync, readSync, statSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { qcow2L1EntryAt, readQcow2Header } from '../../lib/formats/qcow2.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openQcow2ClustersReader } from '../../lib/pipeline/readers/qcow2-clusters.ts'
-import { FileSink } from '../../lib/sink/file.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage, expectCutShortReadFails, expectZeroedAt7MiB } from '../helpers/reader-fixtures.ts'
-import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, expectCutShortReadFails, expectZeroedAt7MiB, bytesAt, writeAt } from '../helpers/reader-fixtures.ts'
+import { copyIntoSink, expectTarMemberCopied, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
 const SIZE = SCATTERED_SIZE
 const CORPUS = path.resolve(import.meta.dir, '../../../shared/corpus')
 
-const tmp = tempDir('mig-qcow2-clusters-')
-const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
-let RAW = ''
-let RAW_SHA = ''
-afterAll(() => tmp.cleanup())
-beforeAll(() => {
-  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
-  RAW_SHA = sha256File(RAW)
-})
+const { tmp, sink, src: scattered } = scatteredBench('mig-qcow2-clusters-')
 
 const qcowDisk = (p: string, capacity = SIZE, src: Partial<ManifestDisk['source']> = {}) => manifestDisk('qcow2', { path: p, ...src }, capacity)
 /** A qcow2 of `raw` written by qemu-img with `opts`. */
@@ -54,15 +44,12 @@ async function l2EntryOffset(img: string, c: number): Promise<number> {
 
 /** Reads (`value` undefined) or overwrites the 8 big-endian bytes at `at` of `file`. */
 function entryAt(file: string, at: number, value?: bigint): bigint {
-  const b = Buffer.alloc(8)
-  const fd = openSync(file, 'r+')
-  if (value === undefined) readSync(fd, b, 0, 8, at)
-  else {
+  if (value !== undefined) {
+    const b = Buffer.alloc(8)
     b.writeBigUInt64BE(value)
-    writeSync(fd, b, 0, 8, at)
+    writeAt(file, at, b)
   }
-  closeSync(fd)
-  return b.readBigUInt64BE()
+  return bytesAt(file, at, 8).readBigUInt64BE()
 }
 
 describe('qcow2 read by its clusters, without qemu-nbd', () => {
@@ -73,10 +60,10 @@ describe('qcow2 read by its clusters, without qemu-nbd', () => {
     ['64 KiB, version 2', ['-o', 'compat=0.10']],
   ] as Array<[string, string[]]>) {
     test(`clusters of ${cs}: bit-exact, only the data read, no qemu node`, async () => {
-      const img = qcowOf(RAW, `c-${cs.replace(/\W+/g, '_')}.qcow2`, opts)
+      const img = qcowOf(scattered.raw, `c-${cs.replace(/\W+/g, '_')}.qcow2`, opts)
       const out = await copy(qcowDisk(img))
       expect(out.qemuNode).toBeUndefined() // the cluster reader (node engine), not qemu-nbd
-      expect(sha256File(out.path)).toBe(RAW_SHA)
+      expect(sha256File(out.path)).toBe(scattered.sha)
       // qemu-img convert allocates only the clusters holding data: clusters up to 64 KiB hold
       // nothing else here; a 2 MiB cluster holds the zeros around its data too, read (what the
       // file holds of a cluster is read) but never written.
@@ -88,7 +75,7 @@ describe('qcow2 read by its clusters, without qemu-nbd', () => {
   }
 
   test('zero clusters (the zero flag of version 3): zero extents, never read; bytes as qemu-img reads them', async () => {
-    const img = qcowOf(RAW, 'zero-flag.qcow2')
+    const img = qcowOf(scattered.raw, 'zero-flag.qcow2')
     qemuIo(img, 'write -z 7M 512k') // half of the 1 MiB piece at 7 MiB: its clusters keep a host offset, flagged zero
     expect(entryAt(img, await l2EntryOffset(img, 112)) & 1n).toBe(1n)
     await expectZeroedAt7MiB(img, openQcow2ClustersReader)
@@ -109,14 +96,11 @@ describe('qcow2 read by its clusters, without qemu-nbd', () => {
   })
 
   test('a tar member read in place, and a read across clusters stored one after another', async () => {
-    const src = await tarredImage(qcowOf(RAW, 'member.qcow2'))
-    const out = await copy(qcowDisk(src.path, SIZE, src))
-    expect(out.qemuNode).toBeUndefined()
-    expect(sha256File(out.path)).toBe(RAW_SHA)
-    const reader = (await openQcow2ClustersReader(qcowOf(RAW, 'across.qcow2')))!
+    await expectTarMemberCopied(sink, qcowOf(scattered.raw, 'member.qcow2'), (src) => qcowDisk(src.path, SIZE, src), scattered.sha)
+    const reader = (await openQcow2ClustersReader(qcowOf(scattered.raw, 'across.qcow2')))!
     try {
       const want = Buffer.alloc(2 * MiB)
-      const fd = openSync(RAW, 'r')
+      const fd = openSync(scattered.raw, 'r')
       readSync(fd, want, 0, want.length, 33 * MiB - MiB)
       closeSync(fd)
       expect((await reader.read(33 * MiB - MiB, 2 * MiB)).equals(want)).toBe(true)
@@ -151,12 +135,12 @@ describe('qcow2 images left to qemu-nbd', () => {
   })
 
   test('a backing file, extended L2 entries (subclusters) and the dirty bit: null here', async () => {
-    const base = qcowOf(RAW, 'base.qcow2')
+    const base = qcowOf(scattered.raw, 'base.qcow2')
     const child = path.join(tmp.dir, 'child.qcow2')
     execFileSync('qemu-img', ['create', '-q', '-f', 'qcow2', '-b', base, '-F', 'qcow2', child])
     expect(await openQcow2ClustersReader(child)).toBeNull()
-    expect(await openQcow2ClustersReader(qcowOf(RAW, 'extl2.qcow2', ['-o', 'extended_l2=on']))).toBeNull()
-    const dirty = qcowOf(RAW, 'dirty.qcow2')
+    expect(await openQcow2ClustersReader(qcowOf(scattered.raw, 'extl2.qcow2', ['-o', 'extended_l2=on']))).toBeNull()
+    const dirty = qcowOf(scattered.raw, 'dirty.qcow2')
     entryAt(dirty, 72, entryAt(dirty, 72) | 1n) // incompatible feature bit 0
     expect((await readQcow2Header(dirty)).dirty).toBe(true)
     expect(await openQcow2ClustersReader(dirty)).toBeNull()
@@ -172,7 +156,7 @@ describe('qcow2 table refusals: before any copy, naming the cluster', () => {
   ]
   for (const [name, patch, words] of cases) {
     test(`${name}: E_MIG_DISK_READ_FAILED`, async () => {
-      const img = qcowOf(RAW, `bad-${name.replace(/\W+/g, '_')}.qcow2`)
+      const img = qcowOf(scattered.raw, `bad-${name.replace(/\W+/g, '_')}.qcow2`)
       const at = await l2EntryOffset(img, 112)
       entryAt(img, at, patch(entryAt(img, at), statSync(img).size))
       const err = await migErrorOf(openDiskReader(qcowDisk(img)))
@@ -188,7 +172,7 @@ describe('qcow2 table refusals: before any copy, naming the cluster', () => {
       ['l1-reserved', (e: bigint) => e | 2n, 'L1 entry 0 has reserved bits set'],
       ['l1-beyond', (e: bigint) => (e & (1n << 63n)) | (1n << 40n), 'the L2 table of L1 entry 0 at file offset'],
     ] as Array<[string, (e: bigint) => bigint, string]>) {
-      const img = qcowOf(RAW, `${name}.qcow2`)
+      const img = qcowOf(scattered.raw, `${name}.qcow2`)
       const at = (await readQcow2Header(img)).l1_table_offset
       entryAt(img, at, patch(entryAt(img, at)))
       const err = await migErrorOf(openDiskReader(qcowDisk(img)))
@@ -198,6 +182,6 @@ describe('qcow2 table refusals: before any copy, naming the cluster', () => {
   })
 
   test('a file cut short after it was opened: the read fails, no zeros copied', async () => {
-    await expectCutShortReadFails(qcowOf(RAW, 'shrinks.qcow2'), openQcow2ClustersReader)
+    await expectCutShortReadFails(qcowOf(scattered.raw, 'shrinks.qcow2'), openQcow2ClustersReader)
   })
 })

@@ -7,7 +7,7 @@
  * block map, a stream-optimized VMDK by its grain tables: vhdx-blocks.test.ts, vhd-blocks.test.ts,
  * vdi-blocks.test.ts, stream-vmdk.test.ts.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
 import { closeSync, mkdirSync, openSync, readFileSync, readSync, statSync, writeFileSync } from 'node:fs'
@@ -15,11 +15,10 @@ import * as path from 'node:path'
 import { listTarMembers } from '../../lib/formats/tar.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
-import { FileSink } from '../../lib/sink/file.ts'
 import { xxh64Upper } from '../helpers/inputs.ts'
-import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { copyIntoSink, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
 import { manifestDisk, qemuRawOf, sha256File } from '../helpers/reader-fixtures.ts'
-import { CORPUS, tempDir } from '../helpers/tmp.ts'
+import { CORPUS } from '../helpers/tmp.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
 const KiB = 1024
@@ -27,11 +26,7 @@ const MiB = 1024 * 1024
 const SIZE = SCATTERED_SIZE
 const DATA_BYTES = SCATTERED_DATA_BYTES
 
-const tmp = tempDir('mig-readers-')
-const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
-let RAW = ''
-let RAW_SHA = ''
-afterAll(() => tmp.cleanup())
+const { tmp, sink, src: scattered } = scatteredBench('mig-readers-')
 
 const allocated = (p: string) => statSync(p).blocks * 512
 
@@ -44,11 +39,6 @@ const disk = (format: ManifestDisk['disk_format'], source: ManifestDisk['source'
 /** openDiskReader + copyDisk into a fresh file-sink volume (default engine: qemu-img where the reader allows it). */
 const copy = (d: ManifestDisk, engine: 'auto' | 'node' = 'auto') => copyIntoSink(sink, d, engine)
 
-beforeAll(() => {
-  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
-  RAW_SHA = sha256File(RAW)
-})
-
 describe('qemu formats through qemu-nbd', () => {
   const cases: Array<[string, ManifestDisk['disk_format'], string[]]> = [
     // Images the readers by block table leave to qemu (qcow2-clusters.ts, vmdk-grains.ts).
@@ -59,13 +49,13 @@ describe('qemu formats through qemu-nbd', () => {
     for (const engine of ['auto', 'node'] as const) {
       test(`${name} (${engine === 'auto' ? 'qemu-img engine' : 'node engine'}): bit-exact, sparse destination`, async () => {
         const img = path.join(tmp.dir, `src-${name.replace(/\W+/g, '_')}-${engine}.${fmt}`)
-        execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', fmt, ...opts, RAW, img])
+        execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', fmt, ...opts, scattered.raw, img])
         const ref = qemuRaw(img, fmt)
         const out = await copy(disk(fmt, { path: img }, statSync(ref).size), engine)
         expect(out.qemuNode).toBeDefined()
         expect(out.size).toBe(statSync(ref).size)
         expect(sha256File(out.path)).toBe(sha256File(ref))
-        if (out.size === SIZE) expect(sha256File(out.path)).toBe(RAW_SHA)
+        if (out.size === SIZE) expect(sha256File(out.path)).toBe(scattered.sha)
         // Zeros inside allocated blocks are not written either way.
         expect(allocated(out.path)).toBeLessThanOrEqual(DATA_BYTES * 1.05)
         // The node engine counts what it wrote; the qemu-img engine the data extents it handed over.
@@ -107,7 +97,7 @@ describe("damaged images are refused before any copy (qemu-img check; for VHDX a
   for (const fmt of ['qcow2', 'vdi', 'vhdx', 'vmdk'] as const) {
     test(`${fmt} cut short: E_MIG_DISK_READ_FAILED instead of zeros where the data was`, async () => {
       const img = path.join(tmp.dir, `cut.${fmt}`)
-      execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', fmt, RAW, img])
+      execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', fmt, scattered.raw, img])
       execFileSync('truncate', ['-s', String(Math.floor(statSync(img).size / 3)), img])
       const err = await migErrorOf(openDiskReader(disk(fmt, { path: img })))
       expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
@@ -117,7 +107,7 @@ describe("damaged images are refused before any copy (qemu-img check; for VHDX a
 
   test('an intact qcow2 passes the check and opens', async () => {
     const img = path.join(tmp.dir, 'intact.qcow2')
-    execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', RAW, img])
+    execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', scattered.raw, img])
     const r = await openDiskReader(disk('qcow2', { path: img }))
     expect(r.size).toBe(SIZE)
     await r.close()
@@ -128,20 +118,20 @@ describe('raw and XVA readers', () => {
   test('a raw image inside a tar is read by positioned reads at its member offset', async () => {
     const dir = path.join(tmp.dir, 'rawtar')
     mkdirSync(dir)
-    execFileSync('cp', ['--sparse=always', RAW, path.join(dir, 'disk.img')])
+    execFileSync('cp', ['--sparse=always', scattered.raw, path.join(dir, 'disk.img')])
     writeFileSync(path.join(dir, 'a.txt'), 'x'.repeat(700))
     const tar = path.join(tmp.dir, 'raw.tar')
     execFileSync('tar', ['-C', dir, '-cf', tar, 'a.txt', 'disk.img'])
     const m = (await listTarMembers(tar)).find((x) => x.name === 'disk.img')!
     expect(m.offset).toBe(2048)
     const out = await copy(disk('raw', { path: tar, offset: m.offset, length: m.size, member: m.name }))
-    expect(sha256File(out.path)).toBe(RAW_SHA)
+    expect(sha256File(out.path)).toBe(scattered.sha)
     expect(allocated(out.path)).toBeLessThanOrEqual(DATA_BYTES * 1.05)
     expect(out.res.bytes_read).toBe(SIZE) // a tar member has no holes (qemu-img map): all of it is data
   })
 
   test('a raw member range beyond the archive is E_MIG_DISK_READ_FAILED', async () => {
-    const err = await migErrorOf(openDiskReader(disk('raw', { path: RAW, offset: SIZE - 512, length: 1024 })))
+    const err = await migErrorOf(openDiskReader(disk('raw', { path: scattered.raw, offset: SIZE - 512, length: 1024 })))
     expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
   })
 
@@ -251,8 +241,10 @@ describe('raw and XVA readers', () => {
   })
 
   test('gzip-compressed and chunked OVF disks are E_MIG_UNSUPPORTED_FORMAT', async () => {
-    expect((await migErrorOf(openDiskReader(disk('vmdk', { path: RAW, compression: 'gzip' })))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
-    expect((await migErrorOf(openDiskReader(disk('vmdk', { path: RAW, layout: 'ovf_chunks', member: 'x.vmdk' })))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
+    expect((await migErrorOf(openDiskReader(disk('vmdk', { path: scattered.raw, compression: 'gzip' })))).code).toBe('E_MIG_UNSUPPORTED_FORMAT')
+    expect((await migErrorOf(openDiskReader(disk('vmdk', { path: scattered.raw, layout: 'ovf_chunks', member: 'x.vmdk' })))).code).toBe(
+      'E_MIG_UNSUPPORTED_FORMAT',
+    )
   })
 })
 

@@ -8,54 +8,29 @@
  * stream-optimized extent, and those whose data barely compresses, are left to qemu. The data is
  * text (random bytes in hex digits) unless a test says otherwise.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { statSync, truncateSync } from 'node:fs'
 import * as path from 'node:path'
 import { deflateSync } from 'node:zlib'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openStreamVmdkReader } from '../../lib/pipeline/readers/stream-vmdk.ts'
-import { FileSink } from '../../lib/sink/file.ts'
-import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
+import { copyIntoSink, expectTarMemberCopied, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, bytesAt, writeAt } from '../helpers/reader-fixtures.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 import { ensureNodeBuild } from '../helpers/server.ts'
-import { CORPUS, REPO, tempDir } from '../helpers/tmp.ts'
+import { CORPUS, REPO } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024
 const GRAIN = 64 * 1024
 const SIZE = SCATTERED_SIZE
 
-const tmp = tempDir('mig-stream-vmdk-')
-const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
-let RAW = ''
-let RAW_SHA = ''
-afterAll(() => tmp.cleanup())
-beforeAll(() => {
-  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'), 'hex')
-  RAW_SHA = sha256File(RAW)
-})
+const { tmp, sink, src: scattered } = scatteredBench('mig-stream-vmdk-', 'hex')
 
 const vmdkDisk = (p: string, capacity = SIZE, src: Partial<ManifestDisk['source']> = {}) => manifestDisk('vmdk', { path: p, ...src }, capacity)
 /** A stream-optimized VMDK of `raw` written by qemu-img. */
 const streamOf = (raw: string, name: string) => qemuImageOf(raw, path.join(tmp.dir, name), 'vmdk', ['-o', 'subformat=streamOptimized'])
 const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
-
-/** Bytes `[at, at + n)` of `file`. */
-function bytesAt(file: string, at: number, n: number): Buffer {
-  const b = Buffer.alloc(n)
-  const fd = openSync(file, 'r')
-  readSync(fd, b, 0, n, at)
-  closeSync(fd)
-  return b
-}
-
-/** Writes `b` at `at` of `file`. */
-function writeAt(file: string, at: number, b: Buffer): void {
-  const fd = openSync(file, 'r+')
-  writeSync(fd, b, 0, b.length, at)
-  closeSync(fd)
-}
 
 /**
  * Where the grain table entries of a qemu-written stream-optimized file lie (VMDK 5.0: header
@@ -76,22 +51,22 @@ function grainTables(file: string): { entryAt(g: number): number; markerAt(g: nu
 
 describe('stream-optimized VMDK read by its grain tables, inflated on threads', () => {
   test('bit-exact with qemu-img, only the stored grains read, zeros never written, no qemu node', async () => {
-    const img = streamOf(RAW, 'so.vmdk')
-    expect(sha256File(qemuRawOf(img, `${img}.ref.raw`, 'vmdk'))).toBe(RAW_SHA)
+    const img = streamOf(scattered.raw, 'so.vmdk')
+    expect(sha256File(qemuRawOf(img, `${img}.ref.raw`, 'vmdk'))).toBe(scattered.sha)
     const out = await copy(vmdkDisk(img))
     expect(out.qemuNode).toBeUndefined()
     expect(out.size).toBe(SIZE)
-    expect(sha256File(out.path)).toBe(RAW_SHA)
+    expect(sha256File(out.path)).toBe(scattered.sha)
     // The scattered pieces are whole 64 KiB grains: exactly their bytes are read and written.
     expect(out.res.bytes_read).toBe(SCATTERED_DATA_BYTES)
     expect(out.res.bytes_written).toBe(SCATTERED_DATA_BYTES)
   })
 
   test('reads at any offset and length, also across grains and into no buffer of the caller', async () => {
-    const img = streamOf(RAW, 'odd.vmdk')
+    const img = streamOf(scattered.raw, 'odd.vmdk')
     const r = (await openStreamVmdkReader(img))!
     try {
-      const raw = bytesAt(RAW, 0, SIZE)
+      const raw = bytesAt(scattered.raw, 0, SIZE)
       for (const [o, n] of [
         [MiB + 64 * 1024 + 1000, 300_000],
         [7 * MiB - 10, 20],
@@ -106,21 +81,18 @@ describe('stream-optimized VMDK read by its grain tables, inflated on threads', 
   })
 
   test('an OVA member read in place at its offset', async () => {
-    const src = await tarredImage(streamOf(RAW, 'vm-disk1.vmdk'))
-    const out = await copy(vmdkDisk(src.path, SIZE, src))
-    expect(out.qemuNode).toBeUndefined()
-    expect(sha256File(out.path)).toBe(RAW_SHA)
+    await expectTarMemberCopied(sink, streamOf(scattered.raw, 'vm-disk1.vmdk'), (src) => vmdkDisk(src.path, SIZE, src), scattered.sha)
   })
 
   test('a zeroed grain entry (1, flag bit 2 set) reads as zeros, as qemu reads it', async () => {
-    const img = streamOf(RAW, 'zeroed.vmdk')
+    const img = streamOf(scattered.raw, 'zeroed.vmdk')
     writeAt(img, 8, Buffer.from([bytesAt(img, 8, 1)[0]! | 4])) // flags, first byte
     const t = grainTables(img)
     const b = Buffer.alloc(4)
     b.writeUInt32LE(1)
     writeAt(img, t.entryAt((7 * MiB) / GRAIN), b) // the first grain of the piece at 7 MiB
     const ref = qemuRawOf(img, `${img}.ref.raw`, 'vmdk')
-    expect(sha256File(ref)).not.toBe(RAW_SHA)
+    expect(sha256File(ref)).not.toBe(scattered.sha)
     const out = await copy(vmdkDisk(img))
     expect(out.qemuNode).toBeUndefined()
     expect(sha256File(out.path)).toBe(sha256File(ref))
@@ -135,7 +107,7 @@ describe('stream-optimized VMDK read by its grain tables, inflated on threads', 
 
   test('under Node (compiled output): the same bytes', async () => {
     await ensureNodeBuild()
-    const img = streamOf(RAW, 'node.vmdk')
+    const img = streamOf(scattered.raw, 'node.vmdk')
     const script = `
       const { openStreamVmdkReader } = require(${JSON.stringify(path.join(REPO, 'dist/lib/pipeline/readers/stream-vmdk.js'))})
       openStreamVmdkReader(${JSON.stringify(img)}).then(async (r) => {
@@ -146,7 +118,7 @@ describe('stream-optimized VMDK read by its grain tables, inflated on threads', 
         process.exit(0)
       })
     `
-    expect(execFileSync('node', ['-e', script], { encoding: 'utf8', timeout: 60_000 }).trim()).toBe(RAW_SHA)
+    expect(execFileSync('node', ['-e', script], { encoding: 'utf8', timeout: 60_000 }).trim()).toBe(scattered.sha)
   })
 })
 
@@ -161,14 +133,14 @@ describe('stream-optimized VMDK refusals, and the files left to qemu', () => {
   }
 
   test('a file cut short: refused at open, naming the first grain past the end', async () => {
-    const img = streamOf(RAW, 'cut.vmdk')
+    const img = streamOf(scattered.raw, 'cut.vmdk')
     truncateSync(img, Math.floor(statSync(img).size / 2))
     const msg = await refusal(img)
     expect(msg).toMatch(/grain \d+ at byte \d+ lies outside the file \(truncated\?\)/)
   })
 
   test('a grain table entry outside the file: refused at open, naming the grain', async () => {
-    const img = streamOf(RAW, 'outside.vmdk')
+    const img = streamOf(scattered.raw, 'outside.vmdk')
     const b = Buffer.alloc(4)
     b.writeUInt32LE(0x7fffff00)
     writeAt(img, grainTables(img).entryAt(33 * 16), b)
@@ -178,7 +150,7 @@ describe('stream-optimized VMDK refusals, and the files left to qemu', () => {
   })
 
   test("a table entry pointing at another grain's marker: refused, naming both sectors", async () => {
-    const img = streamOf(RAW, 'swapped.vmdk')
+    const img = streamOf(scattered.raw, 'swapped.vmdk')
     const t = grainTables(img)
     const b = Buffer.alloc(4)
     b.writeUInt32LE(t.markerAt(0) / 512)
@@ -189,7 +161,7 @@ describe('stream-optimized VMDK refusals, and the files left to qemu', () => {
   })
 
   test('a compressed size over twice the grain: refused', async () => {
-    const img = streamOf(RAW, 'huge.vmdk')
+    const img = streamOf(scattered.raw, 'huge.vmdk')
     const b = Buffer.alloc(4)
     b.writeUInt32LE(0x7fffffff)
     writeAt(img, grainTables(img).markerAt(17) + 8, b) // the first grain of the piece at 1 MiB + 64 KiB
@@ -197,7 +169,7 @@ describe('stream-optimized VMDK refusals, and the files left to qemu', () => {
   })
 
   test('damaged deflate data: refused, naming the grain', async () => {
-    const img = streamOf(RAW, 'damaged.vmdk')
+    const img = streamOf(scattered.raw, 'damaged.vmdk')
     const at = grainTables(img).markerAt(7 * 16) + 12
     writeAt(img, at + 100, Buffer.alloc(64, 0xa5))
     const msg = await refusal(img)
@@ -206,7 +178,7 @@ describe('stream-optimized VMDK refusals, and the files left to qemu', () => {
   })
 
   test('a grain inflating past its size (a deflate bomb): refused at the grain size, naming the grain', async () => {
-    const img = streamOf(RAW, 'bomb.vmdk')
+    const img = streamOf(scattered.raw, 'bomb.vmdk')
     const marker = grainTables(img).markerAt(33 * 16)
     const bomb = deflateSync(Buffer.alloc(MiB, 1))
     expect(bomb.length).toBeLessThan(bytesAt(img, marker + 8, 4).readUInt32LE(0)) // fits where the grain's data was
@@ -229,12 +201,12 @@ describe('stream-optimized VMDK refusals, and the files left to qemu', () => {
   })
 
   test('monolithicSparse and text-descriptor VMDKs are no stream-optimized extent: null here (monolithicSparse read by its grain tables)', async () => {
-    const img = qemuImageOf(RAW, path.join(tmp.dir, 'mono.vmdk'), 'vmdk', ['-o', 'subformat=monolithicSparse'])
+    const img = qemuImageOf(scattered.raw, path.join(tmp.dir, 'mono.vmdk'), 'vmdk', ['-o', 'subformat=monolithicSparse'])
     expect(await openStreamVmdkReader(img)).toBeNull()
     const out = await copy(vmdkDisk(img))
     expect(out.qemuNode).toBeUndefined() // lib/pipeline/readers/vmdk-grains.ts
-    expect(sha256File(out.path)).toBe(RAW_SHA)
-    const flat = qemuImageOf(RAW, path.join(tmp.dir, 'flat.vmdk'), 'vmdk', ['-o', 'subformat=monolithicFlat'])
+    expect(sha256File(out.path)).toBe(scattered.sha)
+    const flat = qemuImageOf(scattered.raw, path.join(tmp.dir, 'flat.vmdk'), 'vmdk', ['-o', 'subformat=monolithicFlat'])
     expect(await openStreamVmdkReader(flat)).toBeNull()
   })
 })

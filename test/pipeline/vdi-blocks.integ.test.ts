@@ -5,17 +5,15 @@
  * blocks as zeros, the refusals (a block beyond the end of the file, a truncated image), and the
  * images left to qemu-nbd.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { closeSync, openSync, statSync, truncateSync, writeSync } from 'node:fs'
+import { describe, expect, test } from 'bun:test'
+import { statSync, truncateSync } from 'node:fs'
 import * as path from 'node:path'
 import { readVdiInfo } from '../../lib/formats/vdi.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVdiBlocksReader } from '../../lib/pipeline/readers/vdi-blocks.ts'
-import { FileSink } from '../../lib/sink/file.ts'
-import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, tarredImage } from '../helpers/reader-fixtures.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { copyIntoSink, expectTarMemberCopied, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, qemuRawOf, sha256File, writeAt } from '../helpers/reader-fixtures.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
@@ -24,11 +22,7 @@ const DATA_BYTES = SCATTERED_DATA_BYTES
 /** 1 MiB blocks the scattered disk's pieces touch (0, 1, 7, 19-20, 33-37, 63). */
 const BLOCKS_WITH_DATA = 11
 
-const tmp = tempDir('mig-vdi-blocks-')
-const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
-let RAW = ''
-let RAW_SHA = ''
-afterAll(() => tmp.cleanup())
+const { tmp, sink, src: scattered } = scatteredBench('mig-vdi-blocks-')
 
 const vdiDisk = (p: string, capacity: number, src: Partial<ManifestDisk['source']> = {}) => manifestDisk('vdi', { path: p, ...src }, capacity)
 /** A VDI of `raw` written by qemu-img with `opts`. */
@@ -41,9 +35,7 @@ function patch(file: string, at: number, value: number, big = false): void {
   const b = Buffer.alloc(big ? 8 : 4)
   if (big) b.writeBigUInt64LE(BigInt(value))
   else b.writeUInt32LE(value)
-  const fd = openSync(file, 'r+')
-  writeSync(fd, b, 0, b.length, at)
-  closeSync(fd)
+  writeAt(file, at, b)
 }
 
 /** Overwrites the block map entry of block `block` of `file` with `entry`. */
@@ -53,35 +45,30 @@ async function patchMap(file: string, block: number, entry: number): Promise<voi
 
 const copy = (d: ManifestDisk) => copyIntoSink(sink, d)
 
-beforeAll(() => {
-  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
-  RAW_SHA = sha256File(RAW)
-})
-
 describe('VDI read by its block map, without qemu-nbd', () => {
   test('dynamic: bit-exact, only the stored blocks read, zeros inside them never written, no qemu node', async () => {
-    const img = vdiOf(RAW, 'dyn.vdi')
+    const img = vdiOf(scattered.raw, 'dyn.vdi')
     expect((await readVdiInfo(img)).blocks_allocated).toBe(BLOCKS_WITH_DATA)
     const out = await copy(vdiDisk(img, SIZE))
     expect(out.qemuNode).toBeUndefined()
     expect(out.size).toBe(SIZE)
-    expect(sha256File(out.path)).toBe(RAW_SHA)
+    expect(sha256File(out.path)).toBe(scattered.sha)
     expect(out.res.bytes_read).toBeGreaterThanOrEqual(DATA_BYTES)
     expect(out.res.bytes_read).toBeLessThanOrEqual(BLOCKS_WITH_DATA * MiB)
     expect(out.res.bytes_written).toBe(DATA_BYTES)
   })
 
   test('fixed (static): bit-exact, no qemu node', async () => {
-    const img = vdiOf(RAW, 'static.vdi', ['-o', 'static=on'])
+    const img = vdiOf(scattered.raw, 'static.vdi', ['-o', 'static=on'])
     expect((await readVdiInfo(img)).image_type).toBe('fixed')
     const out = await copy(vdiDisk(img, SIZE))
     expect(out.qemuNode).toBeUndefined()
-    expect(sha256File(out.path)).toBe(RAW_SHA)
+    expect(sha256File(out.path)).toBe(scattered.sha)
     expect(out.res.bytes_written).toBe(DATA_BYTES)
   })
 
   test('an odd disk size (as VBoxManage convertfromraw writes): rounded up to 512 bytes as qemu presents it, bytes equal to qemu-img convert', async () => {
-    const img = vdiOf(RAW, 'odd.vdi')
+    const img = vdiOf(scattered.raw, 'odd.vdi')
     patch(img, 0x170, SIZE - 1000, true) // cbDisk
     const ref = qemuRaw(img)
     expect(statSync(ref).size).toBe(SIZE - 512)
@@ -92,17 +79,14 @@ describe('VDI read by its block map, without qemu-nbd', () => {
   })
 
   test('a VDI inside a tar is read in place at its member offset', async () => {
-    const src = await tarredImage(vdiOf(RAW, 'disk.vdi'))
-    const out = await copy(vdiDisk(src.path, SIZE, src))
-    expect(out.qemuNode).toBeUndefined()
-    expect(sha256File(out.path)).toBe(RAW_SHA)
+    await expectTarMemberCopied(sink, vdiOf(scattered.raw, 'disk.vdi'), (src) => vdiDisk(src.path, SIZE, src), scattered.sha)
   })
 
   test('a discarded block (0xFFFFFFFE) reads as zeros, as qemu reads it', async () => {
-    const img = vdiOf(RAW, 'discarded.vdi')
+    const img = vdiOf(scattered.raw, 'discarded.vdi')
     await patchMap(img, 7, 0xfffffffe) // the block holding the piece at 7 MiB
     const ref = qemuRaw(img)
-    expect(sha256File(ref)).not.toBe(RAW_SHA)
+    expect(sha256File(ref)).not.toBe(scattered.sha)
     const out = await copy(vdiDisk(img, SIZE))
     expect(out.qemuNode).toBeUndefined()
     expect(sha256File(out.path)).toBe(sha256File(ref))
@@ -111,7 +95,7 @@ describe('VDI read by its block map, without qemu-nbd', () => {
 
 describe('VDI block map refusals and the images left to qemu-nbd', () => {
   test('a block beyond the end of the file: E_MIG_DISK_READ_FAILED before any copy, naming the block', async () => {
-    const img = vdiOf(RAW, 'beyond.vdi')
+    const img = vdiOf(scattered.raw, 'beyond.vdi')
     await patchMap(img, 33, 0x7fffffff)
     const err = await migErrorOf(openDiskReader(vdiDisk(img, SIZE)))
     expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
@@ -121,7 +105,7 @@ describe('VDI block map refusals and the images left to qemu-nbd', () => {
   })
 
   test('an image cut short: E_MIG_DISK_READ_FAILED at open', async () => {
-    const img = vdiOf(RAW, 'cut.vdi')
+    const img = vdiOf(scattered.raw, 'cut.vdi')
     truncateSync(img, Math.floor(statSync(img).size / 2))
     const err = await migErrorOf(openDiskReader(vdiDisk(img, SIZE)))
     expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
@@ -130,7 +114,7 @@ describe('VDI block map refusals and the images left to qemu-nbd', () => {
   })
 
   test('an image with a link UUID is left to qemu-nbd (null here), which refuses it', async () => {
-    const img = vdiOf(RAW, 'linked.vdi')
+    const img = vdiOf(scattered.raw, 'linked.vdi')
     patch(img, 0x1a8, 0x12345678) // first word of the link UUID
     expect(await openVdiBlocksReader(img)).toBeNull()
     const err = await migErrorOf(openDiskReader(vdiDisk(img, SIZE)))

@@ -6,7 +6,7 @@
  * the header section or beyond the end of the file, a file cut short after open). Also the
  * file hole map it uses (lib/pipeline/readers/file-holes.ts).
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { closeSync, openSync, readSync, statSync, truncateSync, writeSync } from 'node:fs'
@@ -16,10 +16,8 @@ import type { ManifestDisk } from '../../lib/manifest.ts'
 import { FileHoleMap, MAX_RESTARTS } from '../../lib/pipeline/readers/file-holes.ts'
 import { openDiskReader } from '../../lib/pipeline/readers/open.ts'
 import { openVhdxBlocksReader } from '../../lib/pipeline/readers/vhdx-blocks.ts'
-import { FileSink } from '../../lib/sink/file.ts'
-import { copyIntoSink, SCATTERED_DATA_BYTES, SCATTERED_SIZE, writeScatteredRaw } from '../helpers/scattered-disk.ts'
-import { manifestDisk, qemuImageOf, sha256File, tarredImage, collectExtents, expectCutShortReadFails } from '../helpers/reader-fixtures.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { copyIntoSink, scatteredBench, SCATTERED_DATA_BYTES, SCATTERED_SIZE } from '../helpers/scattered-disk.ts'
+import { manifestDisk, qemuImageOf, sha256File, tarredImage, collectExtents, expectCutShortReadFails, writeAt } from '../helpers/reader-fixtures.ts'
 import { setVhdxLogGuid } from '../helpers/vhdx-log.ts'
 import { migErrorOf } from '../helpers/mig-error.ts'
 
@@ -28,11 +26,7 @@ const MiB = 1024 * 1024
 const SIZE = SCATTERED_SIZE
 const DATA_BYTES = SCATTERED_DATA_BYTES
 
-const tmp = tempDir('mig-vhdx-blocks-')
-const sink = new FileSink({ dataDir: path.join(tmp.dir, 'var') })
-let RAW = ''
-let RAW_SHA = ''
-afterAll(() => tmp.cleanup())
+const { tmp, sink, src: scattered } = scatteredBench('mig-vhdx-blocks-')
 
 const vhdxDisk = (p: string, capacity = SIZE, src: Partial<ManifestDisk['source']> = {}) => manifestDisk('vhdx', { path: p, ...src }, capacity)
 /** A VHDX of `raw` written by qemu-img with `opts`. */
@@ -45,9 +39,7 @@ async function patchBat(file: string, block: number, entry: bigint): Promise<voi
   const info = await readVhdxInfo(file)
   const b = Buffer.alloc(8)
   b.writeBigUInt64LE(entry)
-  const fd = openSync(file, 'r+')
-  writeSync(fd, b, 0, 8, info.bat_offset + batIndexOfBlock(block, info.chunk_ratio) * 8)
-  closeSync(fd)
+  writeAt(file, info.bat_offset + batIndexOfBlock(block, info.chunk_ratio) * 8, b)
 }
 
 /** The BAT entry of payload block `block` of `file`. */
@@ -60,18 +52,13 @@ async function batEntry(file: string, block: number): Promise<{ state: number; f
   return batEntryAt(b, 0)
 }
 
-beforeAll(() => {
-  RAW = writeScatteredRaw(path.join(tmp.dir, 'src.raw'))
-  RAW_SHA = sha256File(RAW)
-})
-
 describe('VHDX read by its BAT, without qemu-nbd', () => {
   for (const bs of ['1M', '8M', '32M']) {
     test(`block size ${bs}: bit-exact, only the file's data read, no qemu node`, async () => {
-      const img = vhdxOf(RAW, `bs${bs}.vhdx`, ['-o', `block_size=${bs}`])
+      const img = vhdxOf(scattered.raw, `bs${bs}.vhdx`, ['-o', `block_size=${bs}`])
       const out = await copy(vhdxDisk(img))
       expect(out.qemuNode).toBeUndefined() // the BAT reader (node engine), not qemu-nbd
-      expect(sha256File(out.path)).toBe(RAW_SHA)
+      expect(sha256File(out.path)).toBe(scattered.sha)
       // qemu writes only the data sectors of a block: the rest are holes, never read.
       expect(out.res.bytes_read).toBe(DATA_BYTES)
       expect(out.res.bytes_written).toBe(DATA_BYTES)
@@ -80,12 +67,12 @@ describe('VHDX read by its BAT, without qemu-nbd', () => {
   }
 
   test('a fixed VHDX (every block present) and a tar member read in place', async () => {
-    const img = vhdxOf(RAW, 'fixed.vhdx', ['-o', 'subformat=fixed'])
+    const img = vhdxOf(scattered.raw, 'fixed.vhdx', ['-o', 'subformat=fixed'])
     const fixed = await copy(vhdxDisk(img))
-    expect(sha256File(fixed.path)).toBe(RAW_SHA)
-    const src = await tarredImage(vhdxOf(RAW, 'disk.vhdx', ['-o', 'block_size=2M']))
+    expect(sha256File(fixed.path)).toBe(scattered.sha)
+    const src = await tarredImage(vhdxOf(scattered.raw, 'disk.vhdx', ['-o', 'block_size=2M']))
     const member = await copy(vhdxDisk(src.path, SIZE, src))
-    expect(sha256File(member.path)).toBe(RAW_SHA)
+    expect(sha256File(member.path)).toBe(scattered.sha)
     // tar stores the member's holes as zeros: the 8 present 2 MiB blocks are read whole, and
     // only their data written.
     expect(member.res.bytes_read).toBe(8 * 2 * MiB)
@@ -128,7 +115,7 @@ describe('VHDX read by its BAT, without qemu-nbd', () => {
   })
 
   test('blocks stored out of order in the file: bit-exact, the hole map restarts behind its position', async () => {
-    const img = vhdxOf(RAW, 'swapped.vhdx', ['-o', 'block_size=1M'])
+    const img = vhdxOf(scattered.raw, 'swapped.vhdx', ['-o', 'block_size=1M'])
     // Swap the file offsets of blocks 0 and 7 (both present) and their bytes: same virtual disk.
     const a = await batEntry(img, 0)
     const b = await batEntry(img, 7)
@@ -146,19 +133,19 @@ describe('VHDX read by its BAT, without qemu-nbd', () => {
     expect(b.fileOffset).toBeGreaterThan(a.fileOffset)
     const ref = path.join(tmp.dir, 'swapped.raw')
     execFileSync('qemu-img', ['convert', '-f', 'vhdx', '-O', 'raw', img, ref])
-    expect(sha256File(ref)).toBe(RAW_SHA)
+    expect(sha256File(ref)).toBe(scattered.sha)
     const out = await copy(vhdxDisk(img))
-    expect(sha256File(out.path)).toBe(RAW_SHA)
+    expect(sha256File(out.path)).toBe(scattered.sha)
   })
 
   test('a VHDX whose header names a log is left to qemu (null here; qemu-nbd replays or refuses a log)', async () => {
-    const img = vhdxOf(RAW, 'dirty-log.vhdx', ['-o', 'block_size=1M'])
+    const img = vhdxOf(scattered.raw, 'dirty-log.vhdx', ['-o', 'block_size=1M'])
     setVhdxLogGuid(img)
     expect(await openVhdxBlocksReader(img)).toBeNull()
     // This LogGuid has no log entries behind it: qemu finds nothing to replay and reads the disk.
     const out = await copy(vhdxDisk(img))
     expect(out.qemuNode).toBeDefined()
-    expect(sha256File(out.path)).toBe(RAW_SHA)
+    expect(sha256File(out.path)).toBe(scattered.sha)
   })
 })
 
@@ -171,7 +158,7 @@ describe('VHDX BAT refusals: before any copy, naming the block', () => {
   ]
   for (const [name, entry, words] of cases) {
     test(`${name}: E_MIG_DISK_READ_FAILED`, async () => {
-      const img = vhdxOf(RAW, `bad-${name.replace(/\W+/g, '_')}.vhdx`, ['-o', 'block_size=1M'])
+      const img = vhdxOf(scattered.raw, `bad-${name.replace(/\W+/g, '_')}.vhdx`, ['-o', 'block_size=1M'])
       const { fileOffset } = await batEntry(img, 33)
       await patchBat(img, 33, entry(img, fileOffset))
       const err = await migErrorOf(openDiskReader(vhdxDisk(img)))
@@ -183,14 +170,14 @@ describe('VHDX BAT refusals: before any copy, naming the block', () => {
   }
 
   test('a file cut short after it was opened: the read fails, no zeros copied', async () => {
-    await expectCutShortReadFails(vhdxOf(RAW, 'shrinks.vhdx', ['-o', 'block_size=1M']), openVhdxBlocksReader)
+    await expectCutShortReadFails(vhdxOf(scattered.raw, 'shrinks.vhdx', ['-o', 'block_size=1M']), openVhdxBlocksReader)
   })
 })
 
 describe('file hole map', () => {
   test('pieces in order, behind the position (a restart), and everything data after too many restarts', async () => {
-    const node = { driver: 'raw', file: { driver: 'file', filename: RAW } }
-    const map = new FileHoleMap({ node, size: SIZE, label: 'src.raw' })
+    const node = { driver: 'raw', file: { driver: 'file', filename: scattered.raw } }
+    const map = new FileHoleMap({ node, size: SIZE, label: 'scattered.raw' })
     try {
       const s = async (o: number, l: number) => (await collectExtents(map.split(o, l))).map((x) => [x.offset, x.length, x.zero])
       expect(await s(0, 2 * MiB)).toEqual([

@@ -11,9 +11,9 @@ import { closeSync, existsSync, lstatSync, openSync, readFileSync, readSync, wri
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { copyDisk } from '../../lib/pipeline/copy-disk.ts'
-import type { DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { ZvolSink } from '../../lib/sink/zvol.ts'
 import { tempDir } from '../helpers/tmp.ts'
+import { memReader } from '../helpers/disk-reader.ts'
 
 const MiB = 1024 * 1024
 const tmp = tempDir('mig-zvol-')
@@ -78,18 +78,6 @@ function readDev(offset: number, length: number): Buffer {
   readSync(fd, b, 0, length, offset)
   closeSync(fd)
   return b
-}
-function memReader(bytes: Buffer): DiskReader {
-  return {
-    size: bytes.length,
-    async *extents(from: number) {
-      yield { offset: from, length: bytes.length - from, zero: false }
-    },
-    async read(offset: number, length: number) {
-      return Buffer.from(bytes.subarray(offset, offset + length))
-    },
-    async close() {},
-  }
 }
 
 describe('ZvolSink', () => {

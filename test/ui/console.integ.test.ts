@@ -14,7 +14,7 @@ import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makePowerOffBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
-import { call, waitJob } from '../helpers/jobs.ts'
+import { call, offlinePlan, waitJob } from '../helpers/jobs.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browser } from './browser.ts'
@@ -175,13 +175,7 @@ describe('web console (Bun server, Chromium)', () => {
     mkdirSync(root, { recursive: true })
     buildInput('qcow2', root, 'i17c-cancel', [rawImage(path.join(inputs, 'cancel.raw'), 32 * MiB, 32 * MiB)])
     const created = await call(srv.base, 'POST', '/migrations', {
-      plan: {
-        source: { Offline: 'qcow2' },
-        source_ref: { kind: 'offline_host_path', path: 'i17c-cancel/i17c-cancel/i17c-cancel.qcow2' },
-        mode: 'Cold',
-        name: 'i17c-cancel',
-        start: false,
-      },
+      plan: offlinePlan('qcow2', 'i17c-cancel/i17c-cancel/i17c-cancel.qcow2', { name: 'i17c-cancel', start: false }),
     })
     expect(created.status).toBe(201)
     const id = created.body.id
@@ -233,12 +227,7 @@ describe('web console (Bun server, Chromium)', () => {
     const disk = makePowerOffBootDisk(path.join(inputs, 'boot.raw'), 'I17-SERIAL-TAIL-4242', 2 * MiB)
     const input = buildInput('qcow2', root, 'i17c-boot', [disk.path])
     const created = await call(srv.base, 'POST', '/migrations', {
-      plan: {
-        source: { Offline: 'qcow2' },
-        source_ref: { kind: 'offline_host_path', path: path.relative(path.join(data, 'imports'), input.path) },
-        mode: 'Cold',
-        name: 'i17c-boot',
-      },
+      plan: offlinePlan('qcow2', path.relative(path.join(data, 'imports'), input.path), { name: 'i17c-boot' }),
     })
     expect(created.status).toBe(201)
     const { page } = b

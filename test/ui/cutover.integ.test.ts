@@ -15,7 +15,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import * as path from 'node:path'
 import { makeRawImage } from '../helpers/inputs.ts'
-import { call, submit, waitJob } from '../helpers/jobs.ts'
+import { call, livePlan, submit, waitJob } from '../helpers/jobs.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
@@ -62,13 +62,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
     }
   }
 
-  const warmPlan = (vmId: string, name: string) => ({
-    source: { Live: 'vim_api' },
-    source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId },
-    mode: 'Warm',
-    name,
-    start: false,
-  })
+  const warmPlan = (vmId: string, name: string) => livePlan(sourceId, vmId, 'Warm', { name, start: false })
 
   beforeAll(async () => {
     v = await startVcsim()

@@ -10,7 +10,7 @@ import { randomBytes } from 'node:crypto'
 import { mkdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput } from '../helpers/inputs.ts'
-import { call, submit, waitJob } from '../helpers/jobs.ts'
+import { call, offlinePlan, submit, waitJob } from '../helpers/jobs.ts'
 import { freePort, startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
@@ -47,13 +47,7 @@ describe('web console across a server restart', () => {
     const raw = path.join(t.dir, 'restart.raw')
     writeFileSync(raw, randomBytes(16 * MiB))
     const input = buildInput('qcow2', root, 'i17s-restart', [raw])
-    const job = await submit(srv.base, {
-      source: { Offline: 'qcow2' },
-      source_ref: { kind: 'offline_host_path', path: path.relative(root, input.path) },
-      mode: 'Cold',
-      name: 'i17s-restart',
-      start: false,
-    })
+    const job = await submit(srv.base, offlinePlan('qcow2', path.relative(root, input.path), { name: 'i17s-restart', start: false }))
     const { page } = b
     const streams: Array<{ url: string; lastEventId: string | undefined }> = []
     page.on('request', async (r) => {
@@ -86,13 +80,7 @@ describe('web console across a server restart', () => {
     // the list (same page, no reload) has the job Completed and shows a job submitted now
     await page.evaluate(() => (location.hash = '#/'))
     await page.locator(`[data-job="${job.id}"][data-state=Completed]`).waitFor()
-    const second = await submit(srv.base, {
-      source: { Offline: 'qcow2' },
-      source_ref: { kind: 'offline_host_path', path: path.relative(root, input.path) },
-      mode: 'Cold',
-      name: 'i17s-restart-2',
-      start: false,
-    })
+    const second = await submit(srv.base, offlinePlan('qcow2', path.relative(root, input.path), { name: 'i17s-restart-2', start: false }))
     await page.locator(`[data-job="${second.id}"]`).waitFor({ timeout: 10_000 })
     await call(srv.base, 'POST', `/migrations/${second.id}/cancel`)
     await waitJob(srv.base, second.id)

@@ -9,9 +9,9 @@
  */
 import { afterAll } from 'bun:test'
 import { stopLibvirt } from './libvirt.ts'
-import { authFetch } from './test-auth.ts'
+import { installAuthFetch } from './test-auth.ts'
 
-globalThis.fetch = authFetch
+installAuthFetch()
 
 afterAll(async () => {
   await stopLibvirt()

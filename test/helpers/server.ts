@@ -10,8 +10,11 @@ import { existsSync, readFileSync } from 'node:fs'
 import { createConnection, createServer } from 'node:net'
 import * as path from 'node:path'
 import { readToken, tokenPath } from '../../lib/auth/api-token.ts'
-import { rawFetch, registerServer, unregisterServer } from './test-auth.ts'
+import { installAuthFetch, rawFetch, registerServer, unregisterServer } from './test-auth.ts'
 import { REPO } from './tmp.ts'
+
+// benches (bench/*.ts) start servers outside `bun test` and its preload
+installAuthFetch()
 
 /** Runtimes the integration suites run against: `MIGRATOR_TEST_RUNTIMES` (default `bun,node`). */
 export const RUNTIMES = (process.env.MIGRATOR_TEST_RUNTIMES ?? 'bun,node').split(',').filter(Boolean) as Array<'bun' | 'node'>

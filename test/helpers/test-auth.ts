@@ -54,6 +54,11 @@ export const authFetch = Object.assign(
   { preconnect: rawFetch.preconnect },
 ) as typeof fetch
 
+/** Makes `globalThis.fetch` the {@link authFetch} (once; the preload and `startServer`'s module call it, so benches run outside `bun test` get it too). */
+export function installAuthFetch(): void {
+  if (globalThis.fetch !== authFetch) globalThis.fetch = authFetch
+}
+
 /** Session cookies (Playwright's `addCookies` shape) for every registered server, valid as the login link's. */
 export function sessionCookies(): Array<{ name: string; value: string; domain: string; path: string; httpOnly: boolean; sameSite: 'Strict' }> {
   return [...tokens].map(([origin, token]) => {

@@ -106,10 +106,11 @@ async function startSocketServer(
   child.stdout!.on('data', (d) => (out += d))
   child.stderr!.on('data', (d) => (out += d))
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
-  const deadline = Date.now() + 30_000
+  const deadline = Date.now() + 60_000
   for (;;) {
     if (child.exitCode !== null) throw new Error(`${runtime} server exited ${child.exitCode}: ${out}`)
-    if (existsSync(socket) && curlAs('root', { method: 'GET', path: '/migrations' }, { socket }).status === 200) break
+    // ready: the socket answers and the start-up lines were printed (they follow the listen)
+    if (out.includes('migrator: console from your machine') && curlAs('root', { method: 'GET', path: '/migrations' }, { socket }).status === 200) break
     if (Date.now() > deadline) {
       child.kill('SIGKILL')
       throw new Error(`${runtime} server not ready: ${out}`)
@@ -158,7 +159,7 @@ for (const runtime of RUNTIMES) {
     beforeAll(async () => {
       mkdirSync(path.dirname(dataDir), { mode: 0o755 })
       srv = await startSocketServer(runtime, dataDir, socket)
-    }, 60_000)
+    }, 180_000)
     afterAll(async () => {
       await srv?.stop()
     })
@@ -277,13 +278,15 @@ for (const runtime of RUNTIMES) {
       // this file sends its credentials itself
       unregisterServer(srv.base)
       unregisterServer(other.base)
-    }, 90_000)
+    }, 180_000)
     afterAll(async () => {
       await srv?.stop()
       await other?.stop()
     })
 
-    test('the token file is 0600, 43 base64url characters; start-up prints the login link', () => {
+    test('the token file is 0600, 43 base64url characters; start-up prints the login link', async () => {
+      const deadline = Date.now() + 10_000
+      while (!srv.stdout().includes('migrator: console: open') && Date.now() < deadline) await Bun.sleep(100)
       const st = statSync(path.join(dataDir, 'api-token'))
       expect(st.mode & 0o777).toBe(0o600)
       expect(srv.token).toMatch(/^[A-Za-z0-9_-]{43}$/)

@@ -11,6 +11,7 @@ import { createWriteStream, readFileSync, rmSync } from 'node:fs'
 import { request } from 'node:http'
 import * as path from 'node:path'
 import { startServer } from '../test/helpers/server.ts'
+import { tokenFor } from '../test/helpers/test-auth.ts'
 import { tempDir } from '../test/helpers/tmp.ts'
 
 const GiB = 1024 ** 3
@@ -58,7 +59,11 @@ async function upload(base: string): Promise<{ mbps: number; status: number; bod
         port: u.port,
         path: u.pathname,
         method: 'POST',
-        headers: { 'content-type': `multipart/form-data; boundary=${boundary}`, 'content-length': head.length + size + tail.length },
+        headers: {
+          'content-type': `multipart/form-data; boundary=${boundary}`,
+          'content-length': head.length + size + tail.length,
+          authorization: `Bearer ${tokenFor(base)}`,
+        },
       },
       (res) => {
         let body = ''

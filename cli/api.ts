@@ -1,6 +1,8 @@
 /**
  * The CLI's client of the migrator HTTP API (spec 4): JSON calls, a streamed multipart upload
- * with SHA-256 computed on the way, and the SSE stream parsed with eventsource-parser.
+ * with SHA-256 computed on the way, and the SSE stream parsed with eventsource-parser. Over the
+ * server's unix socket (Bun's fetch `unix` option; under Node, undici's fetch with an Agent
+ * connecting to the socket path) or over TCP with a Bearer token or Basic credentials.
  */
 import { createHash } from 'node:crypto'
 import { open, stat } from 'node:fs/promises'
@@ -19,26 +21,62 @@ export class ApiError extends Error {
   }
 }
 
-/** Where the server is and how to authenticate (Basic, optional). */
+/**
+ * Where the server is and how to authenticate: `socketPath` (the unix socket; `baseUrl` is then
+ * `http://localhost/<base path>`, its host only fills the `Host` header) or a TCP `baseUrl`;
+ * Basic `user`/`password`, else the Bearer `token` (both optional).
+ */
 export interface ApiTarget {
   baseUrl: string
+  socketPath?: string
+  token?: string
   user?: string
   password?: string
 }
 
+type Fetch = (url: string, init: RequestInit) => Promise<Response>
+
+/** A fetch that connects to the unix socket `socketPath` whatever the URL's host. */
+async function socketFetch(socketPath: string): Promise<Fetch> {
+  if (typeof (globalThis as { Bun?: unknown }).Bun !== 'undefined') return (url, init) => fetch(url, { ...init, unix: socketPath } as RequestInit)
+  const undici = await import('undici')
+  const dispatcher = new undici.Agent({ connect: { socketPath } })
+  return (url, init) => undici.fetch(url, { ...(init as object), dispatcher } as never) as unknown as Promise<Response>
+}
+
 /** Thin typed access to the API. */
 export class Api {
+  private fetcher: Promise<Fetch> | null = null
+
   constructor(private readonly target: ApiTarget) {}
 
-  /** The API base URL this client talks to. */
+  /** The API base URL this client talks to (`unix:<path>` and the base path over the socket). */
   get baseUrl(): string {
-    return this.target.baseUrl
+    return this.target.socketPath ? `unix:${this.target.socketPath}:${new URL(this.target.baseUrl).pathname}` : this.target.baseUrl
+  }
+
+  private send(url: string, init: RequestInit): Promise<Response> {
+    const socketPath = this.target.socketPath
+    if (!socketPath) return fetch(url, init)
+    this.fetcher ??= socketFetch(socketPath)
+    return this.fetcher.then((f) => f(url, init))
   }
 
   private headers(extra: Record<string, string> = {}): Record<string, string> {
     const h: Record<string, string> = { accept: 'application/json', ...extra }
     if (this.target.user) h.authorization = 'Basic ' + Buffer.from(`${this.target.user}:${this.target.password ?? ''}`).toString('base64')
+    else if (this.target.token) h.authorization = `Bearer ${this.target.token}`
     return h
+  }
+
+  private authHint(res: Response): string {
+    if (this.target.socketPath) return ''
+    if (/^Bearer/i.test(res.headers.get('www-authenticate') ?? '') && !this.target.user) {
+      return this.target.token
+        ? "HTTP 401: the token was refused (MIGRATOR_TOKEN, or the api-token file of MIGRATOR_DATA_DIR: is it this server's?)"
+        : 'HTTP 401: run as root on the server host (the CLI then reads the api-token file of the data directory), set MIGRATOR_TOKEN, or use the unix socket (no --url)'
+    }
+    return `HTTP 401: give --user and --password, or MIGRATOR_USER and MIGRATOR_PASSWORD${this.target.user ? `; the credentials of ${this.target.user} were rejected` : ''}`
   }
 
   private url(p: string): string {
@@ -51,15 +89,12 @@ export class Api {
     try {
       body = text === '' ? null : JSON.parse(text)
     } catch {
-      if (res.status === 401) throw new ApiError('E_MIG_AUTH_FAILED', 'HTTP 401: give --user and --password, or MIGRATOR_USER and MIGRATOR_PASSWORD', 401)
+      if (res.status === 401) throw new ApiError('E_MIG_AUTH_FAILED', this.authHint(res), 401)
       if (!res.ok) throw new ApiError(null, `HTTP ${res.status}: ${text.slice(0, 200)}`, res.status)
       throw new ApiError(null, `unexpected response: ${text.slice(0, 200)}`, res.status)
     }
     if (!res.ok) {
-      const hint =
-        res.status === 401
-          ? ` (HTTP 401: give --user and --password, or MIGRATOR_USER and MIGRATOR_PASSWORD${this.target.user ? `; the credentials of ${this.target.user} were rejected` : ''})`
-          : ''
+      const hint = res.status === 401 ? ` (${this.authHint(res)})` : ''
       throw new ApiError(body?.error?.code ?? null, (body?.error?.message ?? `HTTP ${res.status}`) + hint, res.status)
     }
     return body
@@ -69,7 +104,7 @@ export class Api {
   async call(method: string, p: string, body?: unknown): Promise<any> {
     let res: Response
     try {
-      res = await fetch(this.url(p), {
+      res = await this.send(this.url(p), {
         method,
         headers: this.headers(body === undefined ? {} : { 'content-type': 'application/json' }),
         body: body === undefined ? undefined : JSON.stringify(body),
@@ -126,7 +161,7 @@ export class Api {
     })
     let res: Response
     try {
-      res = await fetch(this.url('/uploads'), {
+      res = await this.send(this.url('/uploads'), {
         method: 'POST',
         headers: this.headers({ 'content-type': `multipart/form-data; boundary=${boundary}` }),
         body,
@@ -159,7 +194,7 @@ export class Api {
       const q = jobId ? `?id=${encodeURIComponent(jobId)}` : ''
       let res: Response
       try {
-        res = await fetch(this.url(`/migrations/stream${q}`), {
+        res = await this.send(this.url(`/migrations/stream${q}`), {
           headers: this.headers(lastId ? { 'last-event-id': lastId, accept: 'text/event-stream' } : { accept: 'text/event-stream' }),
           signal,
         })

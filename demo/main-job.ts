@@ -4,8 +4,9 @@
  *  1. makes sure `virtlogd` and `libvirtd` run (starts them as daemons when they do not: a fresh
  *     Debian container has no systemd);
  *  2. starts the migrator (Bun, `runtime/serve-bun.ts`) on its defaults: data in
- *     `/var/lib/migrator` (as root; `MIGRATOR_DATA_DIR` and the other variables apply),
- *     `127.0.0.1:8080`, and prints the pre-flight checks that are not ok (`GET /doctor`);
+ *     `/var/lib/migrator` (as root; `MIGRATOR_DATA_DIR` and the other variables apply), the API
+ *     on the unix socket `/run/migrator/api.sock` (root only; with `MIGRATOR_LISTEN`, over TCP
+ *     with the API token of the data directory instead), and prints the pre-flight checks that are not ok (`GET /doctor`);
  *  3. creates a sample export in the import root: a real Debian 12 guest (fixtures/guest-image.ts,
  *     built once with debootstrap and cached; minutes on the first run) whose initramfs was built
  *     host-only on VMware PVSCSI (no virtio drivers), exported as VMware would: a VMX folder
@@ -26,7 +27,8 @@ import { spawn, spawnSync } from 'node:child_process'
 import { existsSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { Api } from '../cli/api.ts'
-import { loadConfig } from '../runtime/config.ts'
+import { readToken } from '../lib/auth/api-token.ts'
+import { dataPaths, loadConfig } from '../runtime/config.ts'
 import { bytes } from '../cli/output.ts'
 import { makeBootDisk } from '../fixtures/bootdisk.ts'
 import { GUEST_MARKER, guestImages, guestImagesCached } from '../fixtures/guest-image.ts'
@@ -39,8 +41,9 @@ const MARKER = 'MIGRATOR-DEMO: hello from the migrated guest'
 const config = loadConfig()
 const dataDir = config.dataDir
 const importRoot = config.importRoot
-const listen = `${config.listen.host}:${config.listen.port}`
-const base = `http://${listen}${config.basePath}`
+// The socket by default; TCP only when MIGRATOR_LISTEN asks for it (then the token authenticates).
+const listen = config.socket ? `the unix socket ${config.socket.path}` : `${config.listen!.host}:${config.listen!.port}`
+const base = config.socket ? `http://localhost${config.basePath}` : `http://${config.listen!.host}:${config.listen!.port}${config.basePath}`
 const vmName = process.env.MIGRATOR_DEMO_NAME || 'demo-vm'
 const virsh = (...args: string[]) => spawnSync('virsh', ['-c', 'qemu:///system', ...args], { encoding: 'utf8' })
 const say = (s: string) => console.log(`\n== ${s}`)
@@ -86,7 +89,6 @@ const server = spawn(path.join(REPO, 'node_modules/.bin/bun'), ['runtime/serve-b
   env: {
     ...process.env,
     MIGRATOR_DATA_DIR: dataDir,
-    MIGRATOR_LISTEN: listen,
     MIGRATOR_DOMAIN_TYPE: process.env.MIGRATOR_DOMAIN_TYPE || 'qemu',
     // A real guest under TCG on a busy 2-core host can take minutes to reach its login prompt.
     MIGRATOR_BOOT_TIMEOUT_SECONDS: process.env.MIGRATOR_BOOT_TIMEOUT_SECONDS || '900',
@@ -97,8 +99,14 @@ const server = spawn(path.join(REPO, 'node_modules/.bin/bun'), ['runtime/serve-b
 })
 let exitCode = 1
 try {
-  const api = new Api({ baseUrl: base })
+  // over TCP the token file appears once the server started: read it on every try
+  const connect = () =>
+    config.socket
+      ? new Api({ baseUrl: base, socketPath: config.socket.path })
+      : new Api({ baseUrl: base, token: readToken(dataPaths(config).tokenFile) ?? undefined })
+  let api = connect()
   for (let i = 0; ; i++) {
+    api = connect()
     if (server.exitCode !== null) throw new Error(`the migrator exited with ${server.exitCode}`)
     if (
       await api.call('GET', '/migrations').then(

@@ -3,11 +3,12 @@
  * daemon can mount it in-process or proxy to it (DESIGN.md section 1). `serve-bun.ts` and
  * `serve-node.ts` only wrap it in a listening server.
  */
-import { timingSafeEqual } from 'node:crypto'
+import { loadOrCreateToken } from '../lib/auth/api-token.ts'
 import { MigError } from '../lib/errors.ts'
 import { redactHostPaths } from '../lib/hostpath.ts'
 import { InspectPool } from './inspect-pool.ts'
 import { sweepUploads } from '../lib/uploads/sweep.ts'
+import { createAuthStep, type Via } from './auth.ts'
 import type { Config } from './config.ts'
 import { createContext, type Ctx } from './context.ts'
 import { HANDLERS } from './handlers.ts'
@@ -20,7 +21,11 @@ import { TestBootService } from '../lib/jobs/test-boot.ts'
 
 /** The running migrator: its fetch function, its context, and a clean shutdown. */
 export interface App {
-  fetch(request: Request): Promise<Response>
+  /**
+   * Answers `request`. `via` says how it arrived (runtime/auth.ts): `socket` and `tcp` from the
+   * listeners of serve-bun.ts / serve-node.ts; omitted for a host daemon calling in-process.
+   */
+  fetch(request: Request, via?: Via): Promise<Response>
   ctx: Ctx
   /** Closes SSE streams, stops the sweeper and closes the store. Idempotent. */
   close(): Promise<void>
@@ -45,13 +50,6 @@ export function toErrorResponse(e: unknown, logger: Logger, req: { method: strin
   return errorResponse(new MigError('E_MIG_INTERNAL', 'internal error; see the server log'))
 }
 
-function checkBasicAuth(expected: string, header: string | null): boolean {
-  if (!header?.startsWith('Basic ')) return false
-  const got = Buffer.from(Buffer.from(header.slice(6), 'base64').toString('utf8'))
-  const want = Buffer.from(expected)
-  return got.length === want.length && timingSafeEqual(got, want)
-}
-
 /** Options of {@link createApp} besides the configuration. */
 export interface AppOptions {
   logger?: Logger
@@ -74,9 +72,10 @@ export interface AppOptions {
  * starts the upload sweeper.
  *
  * Every request goes through, in this order: the request guard (Host 421, cross-site 403), the
- * Basic guard (401), the router (content type 415 on state-changing routes, then the handler);
+ * authentication step (401; runtime/auth.ts), the router (content type 415 on state-changing routes, then the handler);
  * every response gets the headers of runtime/security-headers.ts.
- * Throws `KeyringError` or `E_MIG_PERSIST_FAILED` when it cannot start.
+ * With a TCP listener configured, the API token file is created at the first start.
+ * Throws `KeyringError`, `TokenFileError` or `E_MIG_PERSIST_FAILED` when it cannot start.
  */
 export async function createApp(config: Config, opts: AppOptions = {}): Promise<App> {
   const ctx = await createContext(config, opts)
@@ -91,14 +90,16 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
   ctx.inspect = (absPath, ictx, kind) => inspectPool.run(absPath, ictx, kind)
   const router = buildRouter(config.basePath, HANDLERS)
   const guard = createRequestGuard({
-    listenHost: config.listen.host,
+    listenHost: config.listen?.host ?? 'localhost',
     allowedHosts: [...config.allowedHosts, ...(opts.allowedHosts ?? [])],
     allowedOrigins: [...config.allowedOrigins, ...(opts.allowedOrigins ?? [])],
   })
   const { logger } = ctx
-  if ((config.listen.host === '0.0.0.0' || config.listen.host === '::') && config.allowedHosts.length === 0 && !opts.allowedHosts?.length) {
+  if (config.listen !== null) loadOrCreateToken(ctx.paths.tokenFile)
+  const auth = createAuthStep(config, ctx.paths.tokenFile, ctx.now)
+  if ((config.listen?.host === '0.0.0.0' || config.listen?.host === '::') && config.allowedHosts.length === 0 && !opts.allowedHosts?.length) {
     logger.warn(
-      { listen: config.listen.host },
+      { listen: config.listen?.host },
       'listening on every address, but only loopback names are answered (421 otherwise): set MIGRATOR_ALLOWED_HOSTS to the names clients use (docs/security.md)',
     )
   }
@@ -118,7 +119,7 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
   let closed = false
   return {
     ctx,
-    async fetch(request: Request): Promise<Response> {
+    async fetch(request: Request, via?: Via): Promise<Response> {
       const started = performance.now()
       const path = new URL(request.url).pathname
       const req = { method: request.method, path }
@@ -134,12 +135,9 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
         )
         refused = toErrorResponse(e, logger, req)
       }
+      if (refused === null) refused = auth.check(request, via)
       if (refused !== null) {
         response = refused
-      } else if (config.basicAuth !== null && !checkBasicAuth(config.basicAuth, request.headers.get('authorization'))) {
-        response = errorResponse(new MigError('E_MIG_AUTH_FAILED', 'authentication required', { status: 401 }), {
-          'www-authenticate': 'Basic realm="migrator"',
-        })
       } else {
         try {
           response =

@@ -20,8 +20,17 @@ import { z } from 'zod'
 export interface Config {
   /** Data directory holding `imports/`, `keyring/`, `migrator.db/`, `volumes/`, `logs/` (see {@link defaultDataDir}). */
   dataDir: string
-  /** Listen address (default `127.0.0.1:8080`). */
-  listen: { host: string; port: number }
+  /**
+   * The TCP listener (`MIGRATOR_LISTEN`), off (null) by default. Every request on it needs a
+   * credential: the API token, the Basic credentials or a console session (runtime/auth.ts).
+   */
+  listen: { host: string; port: number } | null
+  /**
+   * The unix socket (`MIGRATOR_SOCKET`, default `/run/<appliance>/api.sock`; null: none), owner
+   * root, mode 0660, group `group` (`MIGRATOR_SOCKET_GROUP`, default `root`). Its file mode is
+   * its credential: who can connect is served without a token (runtime/socket.ts).
+   */
+  socket: { path: string; group: string } | null
   /** Mount point of the API (default `/api/v1/migrator`). */
   basePath: string
   /** Product path segment (`<appliance>` of spec 1.3/1.5; default `migrator`). */
@@ -228,8 +237,10 @@ export const VARIABLES = {
       unsetIfEmpty,
       z
         .string()
-        .default('127.0.0.1:8080')
+        .nullable()
+        .default(null)
         .transform((raw, ctx) => {
+          if (raw === null) return null
           const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(raw)
           if (!m || Number(m[2]) > 65535) {
             ctx.addIssue({ code: 'custom', message: 'is not host:port' })
@@ -238,7 +249,17 @@ export const VARIABLES = {
           return { host: m[1].replace(/^\[|\]$/g, ''), port: Number(m[2]) }
         }),
     ),
-    doc: 'listen address host:port; a non-loopback address requires MIGRATOR_BASIC_AUTH',
+    doc: 'optional TCP listener host:port (unset: none, the unix socket only); every request on it needs the API token (<data dir>/api-token), the MIGRATOR_BASIC_AUTH credentials or a console session, else 401; a non-loopback address also requires MIGRATOR_BASIC_AUTH (docs/security.md)',
+  },
+  MIGRATOR_SOCKET: {
+    schema: optional().refine((v) => v === null || v === 'none' || (path.isAbsolute(v) && Buffer.byteLength(v) <= 100), {
+      error: 'must be an absolute path of at most 100 bytes (a unix socket address), or none',
+    }),
+    doc: "the API's unix socket, owner root, mode 0660, its directory created 0750 when missing; who can connect to it (root and MIGRATOR_SOCKET_GROUP) is served without a token; none: no socket, then MIGRATOR_LISTEN is required (default: /run/<appliance>/api.sock)",
+  },
+  MIGRATOR_SOCKET_GROUP: {
+    schema: str('root').pipe(z.string().regex(/^([a-z_][a-z0-9_-]*\$?|\d+)$/i, { error: 'must be a group name or a numeric gid' })),
+    doc: 'group of the unix socket (and of its directory when the server creates it): its members reach the API as root does',
   },
   MIGRATOR_BASE_PATH: { schema: str('/api/v1/migrator').transform((s) => s.replace(/\/+$/, '')), doc: 'mount point of the API' },
   MIGRATOR_APPLIANCE: {
@@ -377,6 +398,11 @@ export function defaultDataDir(appliance: string, uid: number | undefined = proc
   return uid === 0 ? path.join('/var/lib', appliance) : path.resolve('./var')
 }
 
+/** The unix socket when `MIGRATOR_SOCKET` is unset: `/run/<appliance>/api.sock`. */
+export function defaultSocket(appliance: string): string {
+  return path.join('/run', appliance, 'api.sock')
+}
+
 /** Name of spec 1.5's `<APPLIANCE>_MIGRATOR_SKIP_GO_SHIM` for `appliance` (upper case, `-` as `_`). */
 export function skipGoShimVariable(appliance: string): string {
   return `${appliance.toUpperCase().replace(/-/g, '_')}_MIGRATOR_SKIP_GO_SHIM`
@@ -384,8 +410,9 @@ export function skipGoShimVariable(appliance: string): string {
 
 /**
  * Reads the configuration from `env` (default `process.env`). Throws a plain Error naming the
- * variable, its value and the rule when a value is malformed, or when a non-loopback listen
- * address has no `MIGRATOR_BASIC_AUTH` guard (a stand-alone install is never open).
+ * variable, its value and the rule when a value is malformed, when a non-loopback listen
+ * address has no `MIGRATOR_BASIC_AUTH` guard (a stand-alone install is never open), or when
+ * neither a socket nor a TCP listener is configured.
  */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const picked = Object.fromEntries(Object.keys(VARIABLES).map((k) => [k, env[k]]))
@@ -403,6 +430,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const cfg: Config = {
     dataDir,
     listen: e.MIGRATOR_LISTEN,
+    socket:
+      e.MIGRATOR_SOCKET === 'none' ? null : { path: path.normalize(e.MIGRATOR_SOCKET ?? defaultSocket(e.MIGRATOR_APPLIANCE)), group: e.MIGRATOR_SOCKET_GROUP },
     basePath: e.MIGRATOR_BASE_PATH,
     appliance: e.MIGRATOR_APPLIANCE,
     importRoot: path.resolve(e.MIGRATOR_IMPORT_ROOT ?? path.join(dataDir, 'imports')),
@@ -460,7 +489,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     qemuConf: e.MIGRATOR_LIBVIRT_QEMU_CONF,
     skipGoShim: { variable: goShim, value: env[goShim] ?? null },
   }
-  if (!isLoopback(cfg.listen.host) && cfg.basicAuth === null) {
+  if (cfg.listen === null && cfg.socket === null) {
+    throw new Error('configuration: MIGRATOR_SOCKET=none needs a MIGRATOR_LISTEN address (the server would listen nowhere)')
+  }
+  if (cfg.listen !== null && !isLoopback(cfg.listen.host) && cfg.basicAuth === null) {
     throw new Error(`configuration: listening on ${cfg.listen.host} needs MIGRATOR_BASIC_AUTH (the migrator has no authentication of its own, spec 5)`)
   }
   return cfg
@@ -473,6 +505,8 @@ export function dataPaths(cfg: Config) {
     uploads: path.join(cfg.importRoot, '.uploads'),
     keyringDir: path.join(cfg.dataDir, 'keyring'),
     keyFile: path.join(cfg.dataDir, 'keyring', 'migrator.key'),
+    /** The TCP listener's API token (lib/auth/api-token.ts). */
+    tokenFile: path.join(cfg.dataDir, 'api-token'),
     dbDir: path.join(cfg.dataDir, 'migrator.db'),
     dbFile: path.join(cfg.dataDir, 'migrator.db', 'migrator.sqlite'),
     volumes: path.join(cfg.dataDir, 'volumes'),

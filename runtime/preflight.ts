@@ -25,6 +25,8 @@ export function doctorSettings(config: Config): DoctorSettings {
     virtioWinIso: config.v2v.virtioWinIso,
     qemuConf: config.qemuConf,
     skipGoShim: config.skipGoShim,
+    apiSocket: config.socket,
+    apiTcp: { listen: config.listen, tokenFile: paths.tokenFile, basicAuth: config.basicAuth !== null },
   }
 }
 

@@ -1,11 +1,15 @@
 /**
  * Serves the migrator under Node 20 (`npm run start:node`) through @whatwg-node/server and
- * `node:http`. Same configuration and shutdown behaviour as serve-bun.ts.
+ * `node:http`. Same listeners (unix socket, optional TCP), configuration and shutdown behaviour
+ * as serve-bun.ts.
  */
-import { createServer } from 'node:http'
+import { createServer, type Server } from 'node:http'
 import { createServerAdapter } from '@whatwg-node/server'
 import { createApp } from './app.ts'
+import type { Via } from './auth.ts'
 import { loadConfig } from './config.ts'
+import { consoleInstructions } from './listen-info.ts'
+import { prepareSocket, type PendingSocket } from './socket.ts'
 import { logPreflight } from './preflight.ts'
 import { fatalStartup } from './startup.ts'
 
@@ -18,15 +22,49 @@ const config = (() => {
 })()
 const app = await createApp(config).catch(fatalStartup)
 
-const adapter = createServerAdapter((request: Request) => app.fetch(request))
-const server = createServer(adapter)
-server.requestTimeout = 0
-server.headersTimeout = 60_000
-server.listen(config.listen.port, config.listen.host, () => {
-  const addr = server.address()
-  const port = typeof addr === 'object' && addr ? addr.port : config.listen.port
-  app.ctx.logger.info({ url: `http://${config.listen.host}:${port}${config.basePath}`, runtime: `node ${process.version}` }, 'migrator listening')
-})
+function httpServer(via: Via): Server {
+  const server = createServer(createServerAdapter((request: Request) => app.fetch(request, via)))
+  server.requestTimeout = 0
+  server.headersTimeout = 60_000
+  return server
+}
+
+function listen(server: Server, ...args: [string] | [number, string]): Promise<void> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(...(args as [number, string]), () => {
+      server.off('error', reject)
+      resolve()
+    })
+  })
+}
+
+const servers: Server[] = []
+let socket: PendingSocket | null = null
+let tcpPort: number | null = null
+try {
+  if (config.socket) {
+    socket = await prepareSocket(config.socket.path, config.socket.group)
+    const unixServer = httpServer('socket')
+    await listen(unixServer, socket.bindPath)
+    servers.push(unixServer)
+    socket.publish()
+    app.ctx.logger.info({ socket: socket.path, runtime: `node ${process.version}` }, 'migrator listening')
+  }
+  if (config.listen) {
+    const server = httpServer('tcp')
+    await listen(server, config.listen.port, config.listen.host)
+    servers.push(server)
+    const addr = server.address()
+    tcpPort = typeof addr === 'object' && addr ? addr.port : config.listen.port
+    app.ctx.logger.info({ url: `http://${config.listen.host}:${tcpPort}${config.basePath}`, runtime: `node ${process.version}` }, 'migrator listening')
+  }
+} catch (e) {
+  socket?.remove()
+  await app.close()
+  fatalStartup(e)
+}
+process.stdout.write(consoleInstructions(config, app.ctx.paths.tokenFile, tcpPort, null))
 
 // The pre-flight checks run once the server answers; failing ones are logged with their fix.
 void logPreflight(config, app.ctx.logger).catch((e) => app.ctx.logger.warn({ err: e }, 'pre-flight checks failed to run'))
@@ -39,16 +77,22 @@ async function shutdown(signal: string) {
   app.ctx.hub.closeAll()
   // In-flight requests finish; connections that turn idle (keep-alive, ended SSE streams) are
   // closed as they do; whatever is still open after 15 s is cut.
-  await new Promise<void>((resolve) => {
-    const idle = setInterval(() => server.closeIdleConnections(), 100)
-    const hard = setTimeout(() => server.closeAllConnections(), 15_000)
-    server.close(() => {
-      clearInterval(idle)
-      clearTimeout(hard)
-      resolve()
-    })
-    server.closeIdleConnections()
-  })
+  await Promise.all(
+    servers.map(
+      (server) =>
+        new Promise<void>((resolve) => {
+          const idle = setInterval(() => server.closeIdleConnections(), 100)
+          const hard = setTimeout(() => server.closeAllConnections(), 15_000)
+          server.close(() => {
+            clearInterval(idle)
+            clearTimeout(hard)
+            resolve()
+          })
+          server.closeIdleConnections()
+        }),
+    ),
+  )
+  socket?.remove()
   await app.close()
   process.exit(0)
 }

@@ -16,6 +16,9 @@ printf '%s\n' "$unit" >/etc/systemd/system/migrator.service
 if [ ! -e /etc/default/migrator ]; then
   cat >/etc/default/migrator <<'CONF'
 # MIGRATOR_* settings of the migrator service, one VAR=value per line (docs/configuration.md).
+# The API is on the unix socket /run/migrator/api.sock (root:MIGRATOR_SOCKET_GROUP 0660).
+# MIGRATOR_SOCKET_GROUP=root
+# An optional TCP listener; every request on it needs the token of /var/lib/migrator/api-token.
 # MIGRATOR_LISTEN=127.0.0.1:8080
 # MIGRATOR_SINK=zvol
 # MIGRATOR_ZFS_POOL=tank

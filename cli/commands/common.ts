@@ -3,11 +3,21 @@
  * reporting (`E_MIG_*` code and message on stderr, exit status 1).
  */
 import type { Command } from 'commander'
+import * as path from 'node:path'
+import { readToken, TOKEN_FILE } from '../../lib/auth/api-token.ts'
+import { defaultDataDir, defaultSocket } from '../../runtime/config.ts'
 import { Api } from '../api.ts'
 
-/** Global options (flags, else environment: MIGRATOR_URL, MIGRATOR_USER, MIGRATOR_PASSWORD). */
+/** The server's unix socket when `MIGRATOR_SOCKET` is unset (runtime/config.ts): `/run/<MIGRATOR_APPLIANCE>/api.sock`. */
+export const DEFAULT_SOCKET = defaultSocket(process.env.MIGRATOR_APPLIANCE || 'migrator')
+
+/**
+ * Global options (flags, else environment: MIGRATOR_URL, MIGRATOR_SOCKET, MIGRATOR_USER,
+ * MIGRATOR_PASSWORD). Without `url` the CLI talks to the unix socket `socket`.
+ */
 export interface Globals {
-  url: string
+  url?: string
+  socket: string
   user?: string
   password?: string
   json: boolean
@@ -38,10 +48,26 @@ export function apiBaseUrl(url: string): string {
   return u.toString().replace(/\/+$/, '')
 }
 
-/** An API client for the server the global options name. */
+/**
+ * The API token a TCP client sends: `MIGRATOR_TOKEN`, else the `api-token` file of the data
+ * directory (`MIGRATOR_DATA_DIR`, else the server's default), readable by root only; undefined
+ * when neither is there or readable.
+ */
+export function clientToken(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  if (env.MIGRATOR_TOKEN) return env.MIGRATOR_TOKEN.trim()
+  const dataDir = path.resolve(env.MIGRATOR_DATA_DIR || defaultDataDir(env.MIGRATOR_APPLIANCE || 'migrator'))
+  try {
+    return readToken(path.join(dataDir, TOKEN_FILE)) ?? undefined
+  } catch {
+    return undefined
+  }
+}
+
+/** An API client for the server the global options name: `--url` over TCP (with {@link clientToken}), else the unix socket. */
 export function apiOf(cmd: Command): Api {
   const g = globals(cmd)
-  return new Api({ baseUrl: apiBaseUrl(g.url), user: g.user, password: g.password })
+  if (!g.url) return new Api({ baseUrl: `http://localhost${DEFAULT_BASE_PATH}`, socketPath: g.socket, user: g.user, password: g.password })
+  return new Api({ baseUrl: apiBaseUrl(g.url), user: g.user, password: g.password, token: g.user ? undefined : clientToken() })
 }
 
 /**

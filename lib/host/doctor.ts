@@ -8,9 +8,12 @@
  * against the configured type), `qemu-access:volumes|nvram|logs` (the qemu user's access),
  * `dynamic-ownership`, `key-file` (size and mode), `import-root` (mode and owner),
  * `free-space` (at the destination), `default-bridge` (when set), `go-shim` (spec 1.5's
- * `<APPLIANCE>_MIGRATOR_SKIP_GO_SHIM`: accepted and reported; there is no shim).
+ * `<APPLIANCE>_MIGRATOR_SKIP_GO_SHIM`: accepted and reported; there is no shim), `api-socket` and
+ * `api-tcp` (how the API is reachable and by whom: the socket's owner, group and mode; the TCP
+ * listener and its credential).
  */
-import { accessSync, constants as C, existsSync, statSync } from 'node:fs'
+import { execFileSync } from 'node:child_process'
+import { accessSync, constants as C, existsSync, lstatSync, statSync } from 'node:fs'
 import * as path from 'node:path'
 import { exec } from '../exec.ts'
 import { freeBytesOn } from './fs-space.ts'
@@ -48,6 +51,10 @@ export interface DoctorSettings {
   virtioWinIso: string
   qemuConf: string
   skipGoShim: { variable: string; value: string | null }
+  /** The API's unix socket (`MIGRATOR_SOCKET`; null: none; absent: not reported). */
+  apiSocket?: { path: string; group: string } | null
+  /** The TCP listener (`MIGRATOR_LISTEN`; null: none), its token file and whether Basic credentials are configured. */
+  apiTcp?: { listen: { host: string; port: number } | null; tokenFile: string; basicAuth: boolean }
   /** The `PATH` binaries are looked up in (default `process.env.PATH`). */
   searchPath?: string
   /** `zfs` binary (default `zfs` from the search path; tests pass a test double). */
@@ -368,6 +375,60 @@ export function goShimCheck(s: DoctorSettings): Check {
   }
 }
 
+function groupName(gid: number): string {
+  try {
+    return execFileSync('getent', ['group', String(gid)], { encoding: 'utf8' }).split(':')[0] || String(gid)
+  } catch {
+    return String(gid)
+  }
+}
+
+/** `api-socket`: who can connect to the unix socket (its owner, group and mode, and its directory's). */
+export function apiSocketCheck(s: DoctorSettings): Check | null {
+  if (s.apiSocket === undefined) return null
+  const id = 'api-socket'
+  if (s.apiSocket === null) return { id, status: 'ok', found: 'no unix socket (MIGRATOR_SOCKET=none): the API is reached over TCP only', fix: null }
+  const p = s.apiSocket.path
+  let st: ReturnType<typeof lstatSync>
+  try {
+    st = lstatSync(p)
+  } catch {
+    return { id, status: 'ok', found: `${p} is not there: the server creates it at start (owner root, group ${s.apiSocket.group}, mode 0660)`, fix: null }
+  }
+  if (!st.isSocket())
+    return { id, status: 'fail', found: `${p} is not a socket: the server cannot start on it`, fix: `remove ${p}, or set MIGRATOR_SOCKET to another path` }
+  const mode = st.mode & 0o777
+  const dir = path.dirname(p)
+  const dirMode = statSync(dir).mode & 0o7777
+  const who = `${p}: owner uid ${st.uid}, group ${groupName(st.gid)}, mode ${octal(mode)}`
+  if ((mode & 0o006) !== 0)
+    return { id, status: 'fail', found: `${who}: every local user can reach the API`, fix: `chmod 0660 ${p} (the server makes it so at start)` }
+  if ((dirMode & 0o002) !== 0 && (dirMode & 0o1000) === 0) {
+    return { id, status: 'fail', found: `${who}, in ${dir} of mode ${octal(dirMode)}: anyone may replace the socket`, fix: `chmod 0750 ${dir}` }
+  }
+  return { id, status: 'ok', found: `${who}: root and the members of ${groupName(st.gid)} reach the API; other users get permission denied`, fix: null }
+}
+
+/** `api-tcp`: the TCP listener, when there is one, and the credential it requires. */
+export function apiTcpCheck(s: DoctorSettings): Check | null {
+  if (s.apiTcp === undefined) return null
+  const id = 'api-tcp'
+  const { listen, tokenFile, basicAuth } = s.apiTcp
+  if (listen === null) return { id, status: 'ok', found: 'no TCP listener (MIGRATOR_LISTEN unset): only the unix socket', fix: null }
+  const at = `${listen.host.includes(':') ? `[${listen.host}]` : listen.host}:${listen.port}`
+  const basic = basicAuth ? ' or the MIGRATOR_BASIC_AUTH credentials' : ''
+  if (!existsSync(tokenFile))
+    return { id, status: 'ok', found: `${at}: every request needs a credential${basic}; the API token ${tokenFile} is made at the first start`, fix: null }
+  const mode = statSync(tokenFile).mode & 0o777
+  if ((mode & 0o077) !== 0) return { id, status: 'fail', found: `${at}: the API token ${tokenFile} has mode ${octal(mode)}`, fix: `chmod 600 ${tokenFile}` }
+  return {
+    id,
+    status: 'ok',
+    found: `${at}: every request needs the token of ${tokenFile} (mode ${octal(mode)}, root only)${basic} or a console session; others get 401`,
+    fix: null,
+  }
+}
+
 /** Runs every check (the slow ones, libvirt and the KVM probe, concurrently). Never throws. */
 export async function runDoctor(s: DoctorSettings): Promise<DoctorReport> {
   const guard = (id: string, f: () => Check | null): Check | null => {
@@ -390,6 +451,8 @@ export async function runDoctor(s: DoctorSettings): Promise<DoctorReport> {
     guard('free-space', () => freeSpaceCheck(s)),
     guard('default-bridge', () => bridgeCheck(s)),
     goShimCheck(s),
+    guard('api-socket', () => apiSocketCheck(s)),
+    guard('api-tcp', () => apiTcpCheck(s)),
   ].filter((c): c is Check => c !== null)
   const status = checks.some((c) => c.status === 'fail') ? 'fail' : checks.some((c) => c.status === 'warn') ? 'warn' : 'ok'
   return { status, checks }

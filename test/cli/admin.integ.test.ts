@@ -45,7 +45,13 @@ describe('migrator CLI: serve, credentials, sources, uploads, host files, backup
     server = startCli(['serve'], {
       cwd: t.dir,
       timeoutMs: 120_000,
-      env: { MIGRATOR_DATA_DIR: dataDir, MIGRATOR_LISTEN: `127.0.0.1:${port}`, MIGRATOR_BASIC_AUTH: 'operator:Op3rator!pw', MIGRATOR_LOG_LEVEL: 'warn' },
+      env: {
+        MIGRATOR_DATA_DIR: dataDir,
+        MIGRATOR_SOCKET: path.join(dataDir, 'api.sock'),
+        MIGRATOR_LISTEN: `127.0.0.1:${port}`,
+        MIGRATOR_BASIC_AUTH: 'operator:Op3rator!pw',
+        MIGRATOR_LOG_LEVEL: 'warn',
+      },
     })
     const deadline = Date.now() + 30_000
     for (;;) {

@@ -27,6 +27,8 @@ const dataDir = `/var/lib/${appliance}`
 afterAll(async () => {
   await cleanupDomains('i13-demo-')
   rmSync(dataDir, { recursive: true, force: true })
+  // the server's socket directory (its default, /run/<appliance>)
+  rmSync(`/run/${appliance}`, { recursive: true, force: true })
   rmSync(home, { recursive: true, force: true })
 })
 

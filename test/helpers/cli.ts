@@ -6,6 +6,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import * as path from 'node:path'
+import { tokenFor } from './test-auth.ts'
 import { REPO } from './tmp.ts'
 
 /** The launcher (`package.json` `bin.migrator`). */
@@ -47,12 +48,25 @@ export interface RunningCli {
   kill(): void
 }
 
+/**
+ * The API token of the test server a CLI run talks to (its `--url`, else `MIGRATOR_URL`), as
+ * `MIGRATOR_TOKEN`, when that server is registered (test/helpers/test-auth.ts) and the run brings
+ * no credential of its own; else nothing. What root's CLI reads from the server's data directory.
+ */
+function tokenEnv(args: string[], env: Record<string, string>): Record<string, string> {
+  if (env.MIGRATOR_TOKEN !== undefined || env.MIGRATOR_USER !== undefined || args.includes('--user')) return {}
+  const i = args.indexOf('--url')
+  const url = i >= 0 ? args[i + 1] : env.MIGRATOR_URL
+  const token = url ? tokenFor(url) : null
+  return token ? { MIGRATOR_TOKEN: token } : {}
+}
+
 /** Starts `migrator <args>` in the background (own process group). */
 export function startCli(args: string[], opts: CliOptions = {}): RunningCli {
   const started = Date.now()
   const child = spawn(opts.bin ?? MIGRATOR_BIN, args, {
     cwd: opts.cwd ?? path.dirname(REPO),
-    env: { PATH: SYSTEM_PATH, HOME: process.env.HOME ?? '/root', ...opts.env },
+    env: { PATH: SYSTEM_PATH, HOME: process.env.HOME ?? '/root', ...tokenEnv(args, opts.env ?? {}), ...opts.env },
     stdio: ['ignore', 'pipe', 'pipe'],
     detached: true,
   })

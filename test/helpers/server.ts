@@ -1,12 +1,20 @@
 /**
  * Starts the real migrator server as a child process under Bun or Node on 127.0.0.1, waits until
- * `GET {base}/migrations` answers 200, and stops it (SIGTERM, then SIGKILL after 10 s).
+ * `GET {base}/migrations` answers 200, and stops it (SIGTERM, then SIGKILL after 10 s). The
+ * server has a TCP listener (`MIGRATOR_LISTEN`) and its unix socket in its data directory
+ * (`<dataDir>/api.sock`); its API token is read from `<dataDir>/api-token` and registered for the
+ * test process's `fetch` (test/helpers/test-auth.ts).
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
 import { createConnection, createServer } from 'node:net'
 import * as path from 'node:path'
+import { readToken, tokenPath } from '../../lib/auth/api-token.ts'
+import { installAuthFetch, rawFetch, registerServer, unregisterServer } from './test-auth.ts'
 import { REPO } from './tmp.ts'
+
+// benches (bench/*.ts) start servers outside `bun test` and its preload
+installAuthFetch()
 
 /** Runtimes the integration suites run against: `MIGRATOR_TEST_RUNTIMES` (default `bun,node`). */
 export const RUNTIMES = (process.env.MIGRATOR_TEST_RUNTIMES ?? 'bun,node').split(',').filter(Boolean) as Array<'bun' | 'node'>
@@ -46,6 +54,10 @@ export function safeRead(f: string): string {
 /** A running server child. */
 export interface RunningServer {
   base: string
+  /** The server's unix socket (`MIGRATOR_SOCKET`, default `<dataDir>/api.sock`). */
+  socket: string
+  /** The API token of its data directory. */
+  token: string
   child: ChildProcess
   stderr(): string
   stdout(): string
@@ -84,16 +96,18 @@ export function serverCommand(runtime: 'bun' | 'node'): [string, string[]] {
 
 /**
  * Spawns the server with `env` (merged over the test process's), waits until it is ready. A
- * `MIGRATOR_LISTEN` in `env` keeps its port (a restarted server on the same address); with
- * `MIGRATOR_BASIC_AUTH` the readiness probe sends those credentials.
+ * `MIGRATOR_LISTEN` in `env` keeps its port (a restarted server on the same address). The
+ * readiness probe sends the token of `<dataDir>/api-token`, or with `MIGRATOR_BASIC_AUTH` those
+ * credentials (and then the token is not registered: such tests send their own credentials).
  */
 export async function startServer(runtime: 'bun' | 'node', dataDir: string, env: Record<string, string> = {}): Promise<RunningServer> {
   if (runtime === 'node') await ensureNodeBuild()
   const port = env.MIGRATOR_LISTEN ? Number(env.MIGRATOR_LISTEN.split(':').pop()) : await freePort()
   const [cmd, args] = serverCommand(runtime)
+  const socket = env.MIGRATOR_SOCKET ?? path.join(dataDir, 'api.sock')
   const child = spawn(cmd, args, {
     cwd: REPO,
-    env: { ...process.env, MIGRATOR_DATA_DIR: dataDir, MIGRATOR_LOG_LEVEL: 'warn', ...env, MIGRATOR_LISTEN: `127.0.0.1:${port}` },
+    env: { ...process.env, MIGRATOR_DATA_DIR: dataDir, MIGRATOR_LOG_LEVEL: 'warn', MIGRATOR_SOCKET: socket, ...env, MIGRATOR_LISTEN: `127.0.0.1:${port}` },
     stdio: ['ignore', 'pipe', 'pipe'],
   })
   let out = ''
@@ -102,13 +116,17 @@ export async function startServer(runtime: 'bun' | 'node', dataDir: string, env:
   child.stderr!.on('data', (d) => (err += d))
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
   const base = `http://127.0.0.1:${port}/api/v1/migrator`
-  // with the Basic guard on, the readiness probe authenticates like any client
-  const auth: Record<string, string> = env.MIGRATOR_BASIC_AUTH ? { authorization: `Basic ${Buffer.from(env.MIGRATOR_BASIC_AUTH).toString('base64')}` } : {}
+  const basic = env.MIGRATOR_BASIC_AUTH ? `Basic ${Buffer.from(env.MIGRATOR_BASIC_AUTH).toString('base64')}` : null
+  const tokenFile = tokenPath(env.MIGRATOR_DATA_DIR ?? dataDir)
+  let token: string | null = null
   const deadline = Date.now() + 30_000
   for (;;) {
     if (child.exitCode !== null) throw new Error(`${runtime} server exited with ${child.exitCode}: ${err}`)
     try {
-      if ((await fetch(`${base}/migrations`, { headers: auth })).status === 200) break
+      // the token file is written at start, before the server listens
+      token ??= readToken(tokenFile)
+      const authorization = basic ?? (token ? `Bearer ${token}` : null)
+      if (authorization && (await rawFetch(`${base}/migrations`, { headers: { authorization } })).status === 200) break
     } catch {}
     if (Date.now() > deadline) {
       child.kill('SIGKILL')
@@ -116,8 +134,12 @@ export async function startServer(runtime: 'bun' | 'node', dataDir: string, env:
     }
     await new Promise((r) => setTimeout(r, 100))
   }
+  if (basic) unregisterServer(base)
+  else registerServer(base, token!)
   return {
     base,
+    socket,
+    token: token!,
     child,
     stderr: () => err,
     stdout: () => out,

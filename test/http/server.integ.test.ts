@@ -8,6 +8,7 @@ import { chmodSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs'
 import { connect } from 'node:net'
 import * as path from 'node:path'
 import { RUNTIMES, startServer, type RunningServer } from '../helpers/server.ts'
+import { tokenFor } from '../helpers/test-auth.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex')
@@ -28,7 +29,10 @@ function abortUpload(base: string): Promise<void> {
   return new Promise((resolve) => {
     const s = connect(Number(u.port), u.hostname, () => {
       const b = 'bNdRy'
-      s.write(`POST ${u.pathname} HTTP/1.1\r\nHost: ${u.host}\r\nContent-Type: multipart/form-data; boundary=${b}\r\nContent-Length: 10000000\r\n\r\n`)
+      // the server's token, as every client of a TCP listener sends it: the body is then received and dropped mid-way
+      s.write(
+        `POST ${u.pathname} HTTP/1.1\r\nHost: ${u.host}\r\nAuthorization: Bearer ${tokenFor(base)}\r\nContent-Type: multipart/form-data; boundary=${b}\r\nContent-Length: 10000000\r\n\r\n`,
+      )
       s.write(`--${b}\r\nContent-Disposition: form-data; name="file"; filename="x.ova"\r\n\r\n`)
       s.write(Buffer.alloc(300_000, 3), () => setTimeout(() => (s.destroy(), resolve()), 200))
     })

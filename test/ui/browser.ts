@@ -10,6 +10,7 @@ import * as path from 'node:path'
 import { chromium, type BrowserContext, type Locator, type Page } from 'playwright-core'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import type { RunningServer } from '../helpers/server.ts'
+import { sessionCookies } from '../helpers/test-auth.ts'
 
 /** Where the tests' screenshots are written. */
 export const SCREENSHOTS = path.join(import.meta.dir, 'screenshots')
@@ -24,7 +25,11 @@ export interface Browser {
   close(): Promise<void>
 }
 
-/** Launches Chromium; `httpCredentials` answers the migrator's Basic guard. */
+/**
+ * Launches Chromium; `httpCredentials` answers the migrator's Basic guard. Before each
+ * `page.goto`, the browser gets a console session cookie for every test server started so far
+ * (test/helpers/test-auth.ts), as the printed login link would set it.
+ */
 export async function openBrowser(opts: { httpCredentials?: { username: string; password: string } } = {}): Promise<Browser> {
   const profile = mkdtempSync(path.join(tmpdir(), 'i17-chromium-'))
   const context = await chromium.launchPersistentContext(profile, {
@@ -43,6 +48,12 @@ export async function openBrowser(opts: { httpCredentials?: { username: string; 
     httpCredentials: opts.httpCredentials,
   })
   const page = context.pages()[0] ?? (await context.newPage())
+  const goto = page.goto.bind(page)
+  page.goto = async (url, options) => {
+    const cookies = sessionCookies()
+    if (cookies.length) await context.addCookies(cookies)
+    return goto(url, options)
+  }
   const errors: string[] = []
   page.on('pageerror', (e) => errors.push(`pageerror: ${e.message}`))
   page.on('console', (m) => m.type() === 'error' && errors.push(`console: ${m.text()}`))

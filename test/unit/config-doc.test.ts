@@ -27,7 +27,7 @@ describe('docs/configuration.md', () => {
   test('a host-dependent default is taken from the doc, a fixed one from the schema', () => {
     expect(configTable()).toContain('| `MIGRATOR_DOMAIN_TYPE` | kvm when /dev/kvm exists, else qemu |')
     expect(configTable()).toContain('| `MIGRATOR_FLUSH_EVERY_BYTES` | `268435456` (256 MiB) |')
-    expect(configTable()).toContain('| `MIGRATOR_LISTEN` | `127.0.0.1:8080` |')
+    expect(configTable()).toContain('| `MIGRATOR_SOCKET` | /run/\\<appliance>/api.sock |')
   })
 
   test('no variable is documented that the schema does not define', () => {

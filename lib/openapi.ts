@@ -122,6 +122,14 @@ export const ROUTES: readonly RouteDoc[] = [
   { method: 'GET', path: '/uploads/:id', summary: 'Get an upload', ok: [200, 'the upload'], errors: [404] },
   { method: 'DELETE', path: '/uploads/:id', summary: 'Remove an upload', ok: [204, 'removed'], errors: [404, 409] },
   { method: 'POST', path: '/uploads/:id/inspect', summary: 'Inspect an upload', ok: [200, '`{detected_kind, manifest}`'], errors: [404, 415, 422, 503] },
+  {
+    method: 'GET',
+    path: '/metrics',
+    summary: 'Metrics in the Prometheus text exposition format 0.0.4 (docs/operations.md)',
+    ok: [200, 'the metrics, `text/plain; version=0.0.4`'],
+    okMediaType: 'text/plain',
+    errors: [503],
+  },
   { method: 'GET', path: '/doctor', summary: "The host's pre-flight checks", ok: [200, '`{status, checks: [{id, status, found, fix}]}`'], errors: [] },
   {
     method: 'GET',

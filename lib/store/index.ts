@@ -6,6 +6,7 @@ import { BulkPlansRepo } from './bulk-plans.ts'
 import { openDatabase } from './db.ts'
 import { setStoreFile } from './persist.ts'
 import { EventsRepo } from './events.ts'
+import { JobFactsRepo } from './job-facts.ts'
 import { JobsRepo } from './jobs.ts'
 import type { Database } from './schema.ts'
 import { RemoteCredentialsRepo } from './remote-credentials.ts'
@@ -19,6 +20,8 @@ export interface Store {
   sources: SourcesRepo
   uploads: UploadsRepo
   jobs: JobsRepo
+  /** Read-only per-job figures for the metrics (lib/metrics/). */
+  jobFacts: JobFactsRepo
   events: EventsRepo
   watermarks: WatermarksRepo
   bulkPlans: BulkPlansRepo
@@ -38,6 +41,7 @@ export async function openStore(file: string): Promise<Store> {
     sources: new SourcesRepo(db),
     uploads: new UploadsRepo(db),
     jobs: new JobsRepo(db),
+    jobFacts: new JobFactsRepo(db),
     events: new EventsRepo(db),
     watermarks: new WatermarksRepo(db),
     bulkPlans: new BulkPlansRepo(db),

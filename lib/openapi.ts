@@ -130,6 +130,20 @@ export const ROUTES: readonly RouteDoc[] = [
     okMediaType: 'text/plain',
     errors: [503],
   },
+  {
+    method: 'GET',
+    path: '/audit',
+    summary: 'The audit log of state-changing requests, newest first (docs/operations.md)',
+    query: [
+      { name: 'since', description: 'entries at or after this RFC 3339 time', schema: { type: 'string', format: 'date-time' } },
+      { name: 'until', description: 'entries before this RFC 3339 time', schema: { type: 'string', format: 'date-time' } },
+      { name: 'kind', description: 'a resource (`migration`) or a kind (`migration.cancel`)', schema: { type: 'string' } },
+      { name: 'limit', description: 'entries per page (default 100, at most 1000)', schema: { type: 'integer', minimum: 1, maximum: 1000 } },
+      { name: 'cursor', description: "the previous page's `next_cursor`", schema: { type: 'integer', minimum: 1 } },
+    ],
+    ok: [200, '`{items: [{seq, at, client_address, user_agent, request_id, method, route, kind, resource_id, status, error_code}], next_cursor}`'],
+    errors: [400, 503],
+  },
   { method: 'GET', path: '/doctor', summary: "The host's pre-flight checks", ok: [200, '`{status, checks: [{id, status, found, fix}]}`'], errors: [] },
   {
     method: 'GET',

@@ -6,6 +6,7 @@
 import { timingSafeEqual } from 'node:crypto'
 import { MigError } from '../lib/errors.ts'
 import { redactHostPaths } from '../lib/hostpath.ts'
+import { createAuditStep, type ClientInfo } from './audit.ts'
 import { InspectPool } from './inspect-pool.ts'
 import { sweepUploads } from '../lib/uploads/sweep.ts'
 import type { Config } from './config.ts'
@@ -20,7 +21,8 @@ import { TestBootService } from './test-boot.ts'
 
 /** The running migrator: its fetch function, its context, and a clean shutdown. */
 export interface App {
-  fetch(request: Request): Promise<Response>
+  /** Answers `request`; `client`: what the listening server knows of the caller (for the audit log). */
+  fetch(request: Request, client?: ClientInfo): Promise<Response>
   ctx: Ctx
   /** Closes SSE streams, stops the sweeper and closes the store. Idempotent. */
   close(): Promise<void>
@@ -75,7 +77,8 @@ export interface AppOptions {
  *
  * Every request goes through, in this order: the request guard (Host 421, cross-site 403), the
  * Basic guard (401), the router (content type 415 on state-changing routes, then the handler);
- * every response gets the headers of runtime/security-headers.ts.
+ * every response gets the headers of runtime/security-headers.ts; then the audit step
+ * (runtime/audit.ts) writes the entry of a state-changing request and adds `X-Request-Id`.
  * Throws `KeyringError` or `E_MIG_PERSIST_FAILED` when it cannot start.
  */
 export async function createApp(config: Config, opts: AppOptions = {}): Promise<App> {
@@ -90,6 +93,7 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
   const inspectPool = new InspectPool({ ...config.inspect, retryAfterSeconds: 2 })
   ctx.inspect = (absPath, ictx, kind) => inspectPool.run(absPath, ictx, kind)
   const router = buildRouter(config.basePath, HANDLERS)
+  const audit = createAuditStep(ctx, HANDLERS)
   const guard = createRequestGuard({
     listenHost: config.listen.host,
     allowedHosts: [...config.allowedHosts, ...(opts.allowedHosts ?? [])],
@@ -118,8 +122,9 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
   let closed = false
   return {
     ctx,
-    async fetch(request: Request): Promise<Response> {
+    async fetch(request: Request, client: ClientInfo = {}): Promise<Response> {
       const started = performance.now()
+      const requestId = audit.requestIdOf(request)
       const path = new URL(request.url).pathname
       const req = { method: request.method, path }
       let response: Response
@@ -150,13 +155,15 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
         }
       }
       response = withSecurityHeaders(response)
-      logger.info({ ...req, status: response.status, ms: Math.round(performance.now() - started) }, 'request')
+      response = await audit.record(request, response, requestId, client)
+      logger.info({ ...req, status: response.status, ms: Math.round(performance.now() - started), request_id: requestId }, 'request')
       return response
     },
     async close() {
       if (closed) return
       closed = true
       clearInterval(sweeper)
+      audit.close()
       await ctx.testBoots?.stop()
       await supervisor?.stop()
       await inspectPool.close()

@@ -22,7 +22,7 @@ const server = Bun.serve({
   port: config.listen.port,
   maxRequestBodySize: config.uploadCapBytes + 64 * 1024 * 1024,
   idleTimeout: 0,
-  fetch: (request) => app.fetch(request),
+  fetch: (request, srv) => app.fetch(request, { address: srv.requestIP(request)?.address ?? null }),
 })
 app.ctx.logger.info({ url: `http://${server.hostname}:${server.port}${config.basePath}`, runtime: `bun ${Bun.version}` }, 'migrator listening')
 

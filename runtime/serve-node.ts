@@ -2,7 +2,7 @@
  * Serves the migrator under Node 20 (`npm run start:node`) through @whatwg-node/server and
  * `node:http`. Same configuration and shutdown behaviour as serve-bun.ts.
  */
-import { createServer } from 'node:http'
+import { createServer, type IncomingMessage } from 'node:http'
 import { createServerAdapter } from '@whatwg-node/server'
 import { createApp } from './app.ts'
 import { loadConfig } from './config.ts'
@@ -18,7 +18,9 @@ const config = (() => {
 })()
 const app = await createApp(config).catch(fatalStartup)
 
-const adapter = createServerAdapter((request: Request) => app.fetch(request))
+const adapter = createServerAdapter<{ req: IncomingMessage }>((request: Request, context) =>
+  app.fetch(request, { address: context.req?.socket?.remoteAddress ?? null }),
+)
 const server = createServer(adapter)
 server.requestTimeout = 0
 server.headersTimeout = 60_000

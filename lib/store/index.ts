@@ -2,6 +2,7 @@
  * The persistent store (spec 1.5 `migrator.db`): one SQLite database with a repository per table.
  */
 import type { Kysely } from 'kysely'
+import { AuditRepo } from './audit.ts'
 import { BulkPlansRepo } from './bulk-plans.ts'
 import { openDatabase } from './db.ts'
 import { setStoreFile } from './persist.ts'
@@ -26,6 +27,8 @@ export interface Store {
   watermarks: WatermarksRepo
   bulkPlans: BulkPlansRepo
   remoteCredentials: RemoteCredentialsRepo
+  /** The audit log of state-changing requests. */
+  audit: AuditRepo
   close(): Promise<void>
 }
 
@@ -46,6 +49,7 @@ export async function openStore(file: string): Promise<Store> {
     watermarks: new WatermarksRepo(db),
     bulkPlans: new BulkPlansRepo(db),
     remoteCredentials: new RemoteCredentialsRepo(db),
+    audit: new AuditRepo(db),
     close: () => db.destroy(),
   }
 }

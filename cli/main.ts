@@ -7,6 +7,7 @@
  */
 import { Command } from 'commander'
 import { DEFAULT_SOCKET } from './commands/common.ts'
+import * as audit from './commands/audit.ts'
 import * as backup from './commands/backup.ts'
 import * as doctor from './commands/doctor.ts'
 import * as imp from './commands/import.ts'
@@ -31,5 +32,5 @@ const program = new Command('migrator')
   .option('--user <user>', 'Basic-auth user', process.env.MIGRATOR_USER)
   .option('--password <password>', 'Basic-auth password', process.env.MIGRATOR_PASSWORD)
   .option('--json', 'machine-readable output', false)
-for (const m of [serve, doctor, token, imp, plan, plans, jobs, testBoot, watch, sources, uploads, backup]) m.register(program)
+for (const m of [serve, doctor, token, imp, plan, plans, jobs, testBoot, watch, sources, uploads, backup, audit]) m.register(program)
 await program.parseAsync(process.argv)

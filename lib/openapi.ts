@@ -122,6 +122,28 @@ export const ROUTES: readonly RouteDoc[] = [
   { method: 'GET', path: '/uploads/:id', summary: 'Get an upload', ok: [200, 'the upload'], errors: [404] },
   { method: 'DELETE', path: '/uploads/:id', summary: 'Remove an upload', ok: [204, 'removed'], errors: [404, 409] },
   { method: 'POST', path: '/uploads/:id/inspect', summary: 'Inspect an upload', ok: [200, '`{detected_kind, manifest}`'], errors: [404, 415, 422, 503] },
+  {
+    method: 'GET',
+    path: '/metrics',
+    summary: 'Metrics in the Prometheus text exposition format 0.0.4 (docs/operations.md)',
+    ok: [200, 'the metrics, `text/plain; version=0.0.4`'],
+    okMediaType: 'text/plain',
+    errors: [503],
+  },
+  {
+    method: 'GET',
+    path: '/audit',
+    summary: 'The audit log of state-changing requests, newest first (docs/operations.md)',
+    query: [
+      { name: 'since', description: 'entries at or after this RFC 3339 time', schema: { type: 'string', format: 'date-time' } },
+      { name: 'until', description: 'entries before this RFC 3339 time', schema: { type: 'string', format: 'date-time' } },
+      { name: 'kind', description: 'a resource (`migration`) or a kind (`migration.cancel`)', schema: { type: 'string' } },
+      { name: 'limit', description: 'entries per page (default 100, at most 1000)', schema: { type: 'integer', minimum: 1, maximum: 1000 } },
+      { name: 'cursor', description: "the previous page's `next_cursor`", schema: { type: 'integer', minimum: 1 } },
+    ],
+    ok: [200, '`{items: [{seq, at, client_address, user_agent, request_id, method, route, kind, resource_id, status, error_code}], next_cursor}`'],
+    errors: [400, 503],
+  },
   { method: 'GET', path: '/doctor', summary: "The host's pre-flight checks", ok: [200, '`{status, checks: [{id, status, found, fix}]}`'], errors: [] },
   {
     method: 'GET',

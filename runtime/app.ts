@@ -6,9 +6,10 @@
 import { loadOrCreateToken } from '../lib/auth/api-token.ts'
 import { MigError } from '../lib/errors.ts'
 import { redactHostPaths } from '../lib/hostpath.ts'
+import { createAuditStep, type ClientInfo } from './audit.ts'
 import { InspectPool } from './inspect-pool.ts'
 import { sweepUploads } from '../lib/uploads/sweep.ts'
-import { createAuthStep, type Via } from './auth.ts'
+import { createAuthStep } from './auth.ts'
 import type { Config } from './config.ts'
 import { createContext, type Ctx } from './context.ts'
 import { HANDLERS } from './handlers.ts'
@@ -22,10 +23,11 @@ import { TestBootService } from '../lib/jobs/test-boot.ts'
 /** The running migrator: its fetch function, its context, and a clean shutdown. */
 export interface App {
   /**
-   * Answers `request`. `via` says how it arrived (runtime/auth.ts): `socket` and `tcp` from the
-   * listeners of serve-bun.ts / serve-node.ts; omitted for a host daemon calling in-process.
+   * Answers `request`. `client.via` says how it arrived (runtime/auth.ts): `socket` and `tcp` from
+   * the listeners of serve-bun.ts / serve-node.ts, omitted for a host daemon calling in-process;
+   * `client.address` is the caller's address for the audit log.
    */
-  fetch(request: Request, via?: Via): Promise<Response>
+  fetch(request: Request, client?: ClientInfo): Promise<Response>
   ctx: Ctx
   /** Closes SSE streams, stops the sweeper and closes the store. Idempotent. */
   close(): Promise<void>
@@ -73,7 +75,8 @@ export interface AppOptions {
  *
  * Every request goes through, in this order: the request guard (Host 421, cross-site 403), the
  * authentication step (401; runtime/auth.ts), the router (content type 415 on state-changing routes, then the handler);
- * every response gets the headers of runtime/security-headers.ts.
+ * every response gets the headers of runtime/security-headers.ts; then the audit step
+ * (runtime/audit.ts) writes the entry of a state-changing request and adds `X-Request-Id`.
  * With a TCP listener configured, the API token file is created at the first start.
  * Throws `KeyringError`, `TokenFileError` or `E_MIG_PERSIST_FAILED` when it cannot start.
  */
@@ -89,6 +92,7 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
   const inspectPool = new InspectPool({ ...config.inspect, retryAfterSeconds: 2 })
   ctx.inspect = (absPath, ictx, kind) => inspectPool.run(absPath, ictx, kind)
   const router = buildRouter(config.basePath, HANDLERS)
+  const audit = createAuditStep(ctx, HANDLERS)
   const guard = createRequestGuard({
     listenHost: config.listen?.host ?? 'localhost',
     allowedHosts: [...config.allowedHosts, ...(opts.allowedHosts ?? [])],
@@ -119,8 +123,9 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
   let closed = false
   return {
     ctx,
-    async fetch(request: Request, via?: Via): Promise<Response> {
+    async fetch(request: Request, client: ClientInfo = {}): Promise<Response> {
       const started = performance.now()
+      const requestId = audit.requestIdOf(request)
       const path = new URL(request.url).pathname
       const req = { method: request.method, path }
       let response: Response
@@ -135,7 +140,7 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
         )
         refused = toErrorResponse(e, logger, req)
       }
-      if (refused === null) refused = auth.check(request, via)
+      if (refused === null) refused = auth.check(request, client.via)
       if (refused !== null) {
         response = refused
       } else {
@@ -148,13 +153,15 @@ export async function createApp(config: Config, opts: AppOptions = {}): Promise<
         }
       }
       response = withSecurityHeaders(response)
-      logger.info({ ...req, status: response.status, ms: Math.round(performance.now() - started) }, 'request')
+      response = await audit.record(request, response, requestId, client)
+      logger.info({ ...req, status: response.status, ms: Math.round(performance.now() - started), request_id: requestId }, 'request')
       return response
     },
     async close() {
       if (closed) return
       closed = true
       clearInterval(sweeper)
+      audit.close()
       await ctx.testBoots?.stop()
       await supervisor?.stop()
       await inspectPool.close()

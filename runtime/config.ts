@@ -59,6 +59,8 @@ export interface Config {
   sseHeartbeatSeconds: number
   /** Number of job events kept for SSE `Last-Event-ID` replay (default 10000). */
   eventReplayWindow: number
+  /** Days audit log entries are kept before they are pruned (default 90). */
+  auditRetentionDays: number
   /** Optional Basic-auth guard `user:password`, required when listening on a non-loopback address. */
   basicAuth: string | null
   /**
@@ -297,6 +299,10 @@ export const VARIABLES = {
   MIGRATOR_SWEEP_INTERVAL_SECONDS: { schema: int(60, 1), doc: 'how often expired uploads are removed' },
   MIGRATOR_SSE_HEARTBEAT_SECONDS: { schema: int(15, 1), doc: 'SSE heartbeat comment interval' },
   MIGRATOR_EVENT_REPLAY_WINDOW: { schema: int(10000, 10), doc: 'job events kept for Last-Event-ID replay' },
+  MIGRATOR_AUDIT_RETENTION_DAYS: {
+    schema: int(90, 1),
+    doc: 'days the audit log of state-changing requests is kept (GET /audit, `migrator audit`); older entries are pruned hourly',
+  },
   MIGRATOR_BASIC_AUTH: {
     schema: z.preprocess(
       unsetIfEmpty,
@@ -446,6 +452,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     sweepIntervalSeconds: e.MIGRATOR_SWEEP_INTERVAL_SECONDS,
     sseHeartbeatSeconds: e.MIGRATOR_SSE_HEARTBEAT_SECONDS,
     eventReplayWindow: e.MIGRATOR_EVENT_REPLAY_WINDOW,
+    auditRetentionDays: e.MIGRATOR_AUDIT_RETENTION_DAYS,
     basicAuth: e.MIGRATOR_BASIC_AUTH,
     allowedHosts: e.MIGRATOR_ALLOWED_HOSTS,
     allowedOrigins: e.MIGRATOR_ALLOWED_ORIGINS,

@@ -5,10 +5,12 @@
 import { chmodSync, mkdirSync, statSync } from 'node:fs'
 import { loadOrCreateKey } from '../lib/crypto/keyring.ts'
 import { Sealer } from '../lib/crypto/seal.ts'
+import { MigratorMetrics } from '../lib/metrics/registry.ts'
 import { openStore, type Store } from '../lib/store/index.ts'
 import { dataPaths, type Config } from './config.ts'
 import { createLogger, type Logger } from './logger.ts'
 import { SseHub } from './sse-hub.ts'
+import type { Job } from '../lib/job.ts'
 import type { inspectInput } from '../lib/importers/index.ts'
 import type { TestBootService } from '../lib/jobs/test-boot.ts'
 
@@ -28,6 +30,8 @@ export interface Ctx {
   sealer: Sealer
   hub: SseHub
   logger: Logger
+  /** The metrics of `GET /metrics` (lib/metrics/registry.ts), fed by the hub's job events. */
+  metrics: MigratorMetrics
   now(): Date
   /** The job runner; absent in contexts that do not run jobs (handler unit tests). */
   runner?: JobRunner
@@ -61,5 +65,17 @@ export async function createContext(config: Config, opts: { logger?: Logger; now
   const now = opts.now ?? (() => new Date())
   const store = await openStore(paths.dbFile)
   const hub = new SseHub(store.events, logger, config.eventReplayWindow, now)
-  return { config, paths, store, sealer: new Sealer(key), hub, logger, now }
+  const metrics = await observedMetrics(store, hub)
+  return { config, paths, store, sealer: new Sealer(key), hub, logger, now, metrics }
+}
+
+/**
+ * The metrics over `store`, seeded with what the store holds and counting every job the hub
+ * publishes from now on. Throws `E_MIG_PERSIST_FAILED`.
+ */
+async function observedMetrics(store: Store, hub: SseHub): Promise<MigratorMetrics> {
+  const metrics = new MigratorMetrics(store.jobFacts)
+  await metrics.seed()
+  hub.observeJobs((job) => metrics.observeJob(job as Job))
+  return metrics
 }

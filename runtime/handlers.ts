@@ -35,6 +35,8 @@ import * as remoteCredentialsList from '../handlers/remote-credentials/list.ts'
 import * as remoteCredentialsDelete from '../handlers/remote-credentials/delete.ts'
 import * as doctorGet from '../handlers/doctor/get.ts'
 import * as openapiGet from '../handlers/openapi/get.ts'
+import * as metricsGet from '../handlers/metrics/get.ts'
+import * as auditList from '../handlers/audit/list.ts'
 import * as uiStatic from '../handlers/ui/static.ts'
 
 /** Every endpoint of spec section 4, `GET /doctor` (the pre-flight checks), the serial-log tail and the web console. */
@@ -71,6 +73,10 @@ export const HANDLERS: readonly HandlerModule[] = [
   remoteCredentialsList,
   remoteCredentialsDelete,
   doctorGet,
+  // the metrics for Prometheus (not in spec 4; docs/operations.md)
+  metricsGet,
+  // the audit log of state-changing requests (not in spec 4; docs/operations.md)
+  auditList,
   // the OpenAPI 3.1 description of this API (not in spec 4)
   openapiGet,
   // the web console (not in spec 4): GET /ui/* serves ui/dist

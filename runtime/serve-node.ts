@@ -3,7 +3,7 @@
  * `node:http`. Same listeners (unix socket, optional TCP), configuration and shutdown behaviour
  * as serve-bun.ts.
  */
-import { createServer, type Server } from 'node:http'
+import { createServer, type IncomingMessage, type Server } from 'node:http'
 import { createServerAdapter } from '@whatwg-node/server'
 import { createApp } from './app.ts'
 import type { Via } from './auth.ts'
@@ -23,7 +23,10 @@ const config = (() => {
 const app = await createApp(config).catch(fatalStartup)
 
 function httpServer(via: Via): Server {
-  const server = createServer(createServerAdapter((request: Request) => app.fetch(request, via)))
+  const adapter = createServerAdapter<{ req: IncomingMessage }>((request: Request, context) =>
+    app.fetch(request, { via, address: via === 'tcp' ? (context.req?.socket?.remoteAddress ?? null) : null }),
+  )
+  const server = createServer(adapter)
   server.requestTimeout = 0
   server.headersTimeout = 60_000
   return server

@@ -29,6 +29,8 @@ export class SseHub {
   /** Per job, the throttle of its `progress` events (it holds the latest one back). */
   private readonly progress = new Map<string, TrailingThrottle<ProgressData>>()
   private appends = 0
+  /** Called with every job published (the metrics count from them); not SSE subscribers. */
+  private readonly jobObservers: Array<(job: { id: string }) => void> = []
 
   constructor(
     private readonly events: EventsRepo,
@@ -41,6 +43,18 @@ export class SseHub {
   async publishJob(job: { id: string }): Promise<void> {
     this.progress.get(job.id)?.drop()
     await this.publish(job.id, 'migration', job)
+    for (const o of this.jobObservers) {
+      try {
+        o(job)
+      } catch (e) {
+        this.logger.warn({ err: e }, 'job observer failed')
+      }
+    }
+  }
+
+  /** Calls `observer` with every job published from now on (after it is stored and sent). */
+  observeJobs(observer: (job: { id: string }) => void): void {
+    this.jobObservers.push(observer)
   }
 
   /**

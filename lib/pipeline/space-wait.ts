@@ -13,6 +13,9 @@ import { MigError, asMigError, type ErrorCode } from '../errors.ts'
 import { isNoSpace, mib } from '../host/fs-space.ts'
 import { sleep } from '../retry.ts'
 
+/** How the notice of a space wait begins (the metrics count the jobs whose notice starts so). */
+export const SPACE_WAIT_NOTICE = 'waiting for space on '
+
 /** How a copy waits for space: settings and the host facts it reads. */
 export interface SpaceWait {
   /** Longest wait before the job fails, seconds (`MIGRATOR_SPACE_WAIT_SECONDS`). */
@@ -64,7 +67,7 @@ export async function waitForSpace(s: SpaceShortage, wait: SpaceWait, signal: Ab
   const first = wait.spaceOf(s.path)
   const figures = (free: number) => `${mib(free)} free, ${mib(s.needed)} needed`
   await notify(
-    `waiting for space on ${first.mount} (the file system of ${s.what}): ${figures(first.free)}; free space on ${first.mount}: the copy resumes from its durable watermark by itself, or the job fails at ${new Date(deadline).toISOString()} (MIGRATOR_SPACE_WAIT_SECONDS=${wait.seconds}); cause: ${s.cause.message}`,
+    `${SPACE_WAIT_NOTICE}${first.mount} (the file system of ${s.what}): ${figures(first.free)}; free space on ${first.mount}: the copy resumes from its durable watermark by itself, or the job fails at ${new Date(deadline).toISOString()} (MIGRATOR_SPACE_WAIT_SECONDS=${wait.seconds}); cause: ${s.cause.message}`,
   )
   for (;;) {
     if (signal.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled by operator')

@@ -2,10 +2,12 @@
  * The persistent store (spec 1.5 `migrator.db`): one SQLite database with a repository per table.
  */
 import type { Kysely } from 'kysely'
+import { AuditRepo } from './audit.ts'
 import { BulkPlansRepo } from './bulk-plans.ts'
 import { openDatabase } from './db.ts'
 import { setStoreFile } from './persist.ts'
 import { EventsRepo } from './events.ts'
+import { JobFactsRepo } from './job-facts.ts'
 import { JobsRepo } from './jobs.ts'
 import type { Database } from './schema.ts'
 import { RemoteCredentialsRepo } from './remote-credentials.ts'
@@ -19,10 +21,14 @@ export interface Store {
   sources: SourcesRepo
   uploads: UploadsRepo
   jobs: JobsRepo
+  /** Read-only per-job figures for the metrics (lib/metrics/). */
+  jobFacts: JobFactsRepo
   events: EventsRepo
   watermarks: WatermarksRepo
   bulkPlans: BulkPlansRepo
   remoteCredentials: RemoteCredentialsRepo
+  /** The audit log of state-changing requests. */
+  audit: AuditRepo
   close(): Promise<void>
 }
 
@@ -38,10 +44,12 @@ export async function openStore(file: string): Promise<Store> {
     sources: new SourcesRepo(db),
     uploads: new UploadsRepo(db),
     jobs: new JobsRepo(db),
+    jobFacts: new JobFactsRepo(db),
     events: new EventsRepo(db),
     watermarks: new WatermarksRepo(db),
     bulkPlans: new BulkPlansRepo(db),
     remoteCredentials: new RemoteCredentialsRepo(db),
+    audit: new AuditRepo(db),
     close: () => db.destroy(),
   }
 }

@@ -142,6 +142,26 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('jobs').addColumn('test_boot', 'text').execute()
     },
   },
+  '0010_audit_log': {
+    async up(db: Kysely<any>) {
+      // the audit log of state-changing requests (lib/store/audit.ts); never bodies nor credentials
+      await db.schema
+        .createTable('audit_log')
+        .addColumn('seq', 'integer', (c) => c.primaryKey().autoIncrement())
+        .addColumn('at', 'text', (c) => c.notNull())
+        .addColumn('client_address', 'text')
+        .addColumn('user_agent', 'text')
+        .addColumn('request_id', 'text', (c) => c.notNull())
+        .addColumn('method', 'text', (c) => c.notNull())
+        .addColumn('route', 'text', (c) => c.notNull())
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('resource_id', 'text')
+        .addColumn('status', 'integer', (c) => c.notNull())
+        .addColumn('error_code', 'text')
+        .execute()
+      await db.schema.createIndex('audit_log_at').on('audit_log').columns(['at']).execute()
+    },
+  },
 }
 
 /** The in-code migration list for kysely's `Migrator`. */

@@ -116,6 +116,27 @@ export interface RemoteCredentialsTable {
   updated_at: string
 }
 
+/**
+ * The audit log (migration 0010, lib/store/audit.ts): one row per state-changing request.
+ * `seq` orders the rows and is the paging cursor; `at` ISO-8601 UTC; `route` the router's path
+ * template (`/migrations/:id/cancel`, or the request path when no route matched); `kind`
+ * `<resource>.<action>` (`migration.cancel`); `status` the HTTP status answered, `error_code`
+ * its `E_MIG_*` code when it was an error.
+ */
+export interface AuditLogTable {
+  seq: Generated<number>
+  at: string
+  client_address: string | null
+  user_agent: string | null
+  request_id: string
+  method: string
+  route: string
+  kind: string
+  resource_id: string | null
+  status: number
+  error_code: string | null
+}
+
 /** The whole database, for `Kysely<Database>`. */
 export interface Database {
   sources: SourcesTable
@@ -125,4 +146,5 @@ export interface Database {
   job_events: JobEventsTable
   watermarks: WatermarksTable
   bulk_plans: BulkPlansTable
+  audit_log: AuditLogTable
 }

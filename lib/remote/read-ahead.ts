@@ -9,15 +9,19 @@
  *
  * - The window grows with the sequential run: twice the bytes read in a row so far, from the
  *   read's own length up to `maxWindowBytes` (default 4 MiB), and once it is that large the next
- *   window is fetched while the reader reads the current one (a reader that waits for each read
- *   still has a request in flight).
+ *   `ahead` windows (default 4) are fetched while the reader reads the current one: a reader
+ *   that waits for each read still has that many requests in flight, which a link's
+ *   bandwidth-delay product needs (a single window in flight leaves a 20 ms round trip idle
+ *   between windows) and which a transport serves at once (HTTP's connection pool, SMB's
+ *   outstanding `READ`s).
  * - A read that is not sequential, or of at least `maxWindowBytes` (the transport already splits
  *   and parallelises those), goes to the file as it is.
- * - At most `windows` windows (default 4) are kept, in flight or fetched: memory stays at
- *   `windows x maxWindowBytes`. Reads issued while a window is in flight wait for it.
+ * - At most `ahead + 2` windows are kept, in flight or fetched (the one read, the one before it
+ *   for a read across their border, those ahead): memory stays at `(ahead + 2) x
+ *   maxWindowBytes`. Reads issued while a window is in flight wait for it.
  * - The file's own checks hold: every window is a read of the file (identity compared on each
  *   request); a failed window is dropped, and its readers get its error.
- * The bytes fetched beyond what is read are at most two windows per sequence broken off (the end
+ * The bytes fetched beyond what is read are at most `ahead + 1` windows per sequence broken off (the end
  * of a copy attempt), which stays inside the resume rule's one flush interval.
  * Off until `readAhead(true)`: the job turns it on for the copy, after the inspection, whose
  * header, table and digest reads must cost one pass over the export, not a window more per
@@ -28,7 +32,8 @@ import type { RemoteFile } from '../contracts/remote-file.ts'
 /** Settings of {@link withReadAhead}; bytes. */
 export interface ReadAheadOptions {
   maxWindowBytes?: number
-  windows?: number
+  /** Full windows fetched ahead of the one being read (default 4). */
+  ahead?: number
 }
 
 interface Window {
@@ -41,7 +46,8 @@ interface Window {
 /** `file` with sequential read-ahead (see the module comment); `close()` closes `file`. */
 export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): RemoteFile {
   const maxWindow = Math.max(64 * 1024, opts.maxWindowBytes ?? 4 * 1024 * 1024)
-  const keep = Math.max(1, opts.windows ?? 4)
+  const depth = Math.max(1, opts.ahead ?? 4)
+  const keep = depth + 2
   const windows: Window[] = []
   let on = false
   let lastEnd = -1
@@ -59,9 +65,10 @@ export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): Re
     })
     return w
   }
-  /** Fetches the full window at `pos` unless one starts there or the object ends. */
+  /** Fetches the `depth` full windows from `pos` that are not fetched yet, up to the object's end. */
   const ahead = (pos: number): void => {
-    if (pos < file.size && !windows.some((w) => w.pos === pos)) fetch(pos, Math.min(maxWindow, file.size - pos))
+    for (let i = 0, p = pos; i < depth && p < file.size; i++, p += maxWindow)
+      if (!windows.some((w) => w.pos === p)) fetch(p, Math.min(maxWindow, file.size - p))
   }
 
   const serve = async (w: Window, into: Buffer, pos: number, n: number): Promise<number> => {

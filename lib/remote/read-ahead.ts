@@ -41,6 +41,10 @@ interface Window {
   end: number
   /** Resolves to the bytes the file gave for `[pos, end)` (fewer only at the object's end). */
   got: Promise<Buffer>
+  /** The window's buffer, its users (the fetch while in flight, each read copying from it), and whether it was let go. */
+  buf: Buffer
+  busy: number
+  dropped: boolean
 }
 
 /** `file` with sequential read-ahead (see the module comment); `close()` closes `file`. */
@@ -53,16 +57,33 @@ export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): Re
   let lastEnd = -1
   let run = 0
 
+  // Full-size window buffers are reused once let go and unused: a fresh buffer of megabytes costs
+  // the kernel's page faults and zeroing on every window, more than the copy out of it.
+  const pool: Buffer[] = []
+  const release = (w: Window): void => {
+    if (w.dropped && w.busy === 0 && w.buf.length === maxWindow && pool.length < keep) pool.push(w.buf)
+  }
+  const drop = (w: Window): void => {
+    w.dropped = true
+    release(w)
+  }
   /** Starts fetching `[pos, pos + size)` as a window (the oldest window is forgotten past `keep`). */
   const fetch = (pos: number, size: number): Window => {
-    const buf = Buffer.allocUnsafe(size)
-    const w: Window = { pos, end: pos + size, got: file.read(buf, pos).then((k) => buf.subarray(0, k)) }
-    windows.push(w)
-    if (windows.length > keep) windows.shift()
-    w.got.catch(() => {
+    const buf = (size === maxWindow ? pool.pop() : undefined) ?? Buffer.allocUnsafe(size)
+    const got = file.read(buf, pos).then((k) => buf.subarray(0, k))
+    const w: Window = { pos, end: pos + size, got, buf, busy: 1, dropped: false }
+    const settled = () => {
+      w.busy--
+      release(w)
+    }
+    got.then(settled, () => {
       const i = windows.indexOf(w)
       if (i >= 0) windows.splice(i, 1)
+      w.dropped = true
+      settled()
     })
+    windows.push(w)
+    if (windows.length > keep) drop(windows.shift()!)
     return w
   }
   /** Fetches the `depth` full windows from `pos` that are not fetched yet, up to the object's end. */
@@ -72,11 +93,17 @@ export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): Re
   }
 
   const serve = async (w: Window, into: Buffer, pos: number, n: number): Promise<number> => {
-    const got = await w.got
-    const from = pos - w.pos
-    const k = Math.max(0, Math.min(n, got.length - from))
-    got.copy(into, 0, from, from + k)
-    return k
+    w.busy++
+    try {
+      const got = await w.got
+      const from = pos - w.pos
+      const k = Math.max(0, Math.min(n, got.length - from))
+      got.copy(into, 0, from, from + k)
+      return k
+    } finally {
+      w.busy--
+      release(w)
+    }
   }
 
   return {
@@ -97,9 +124,11 @@ export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): Re
       run = sequential ? run + n : 0
       const hit = windows.find((w) => pos >= w.pos && pos + n <= w.end)
       if (hit) {
-        // a reader at full window size gets the next window fetched while it reads this one
+        // a reader at full window size gets the next windows fetched while it reads this one
+        // (the read holds its window first: a window let go by the fetches is reused)
+        const served = serve(hit, into, pos, n)
         if (hit.end - hit.pos === maxWindow) ahead(hit.end)
-        return serve(hit, into, pos, n)
+        return served
       }
       // a read across the end of a window into the next one (reads of odd sizes)
       const head = windows.find((w) => pos >= w.pos && pos < w.end)
@@ -116,10 +145,11 @@ export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): Re
     },
     readAhead(v: boolean) {
       on = v
-      if (!v) windows.length = 0
+      if (!v) for (const w of windows.splice(0)) drop(w)
     },
     close() {
       windows.length = 0
+      pool.length = 0
       file.close()
     },
   }

@@ -9,15 +9,19 @@
  *
  * - The window grows with the sequential run: twice the bytes read in a row so far, from the
  *   read's own length up to `maxWindowBytes` (default 4 MiB), and once it is that large the next
- *   window is fetched while the reader reads the current one (a reader that waits for each read
- *   still has a request in flight).
+ *   `ahead` windows (default 4) are fetched while the reader reads the current one: a reader
+ *   that waits for each read still has that many requests in flight, which a link's
+ *   bandwidth-delay product needs (a single window in flight leaves a 20 ms round trip idle
+ *   between windows) and which a transport serves at once (HTTP's connection pool, SMB's
+ *   outstanding `READ`s).
  * - A read that is not sequential, or of at least `maxWindowBytes` (the transport already splits
  *   and parallelises those), goes to the file as it is.
- * - At most `windows` windows (default 4) are kept, in flight or fetched: memory stays at
- *   `windows x maxWindowBytes`. Reads issued while a window is in flight wait for it.
+ * - At most `ahead + 2` windows are kept, in flight or fetched (the one read, the one before it
+ *   for a read across their border, those ahead): memory stays at `(ahead + 2) x
+ *   maxWindowBytes`. Reads issued while a window is in flight wait for it.
  * - The file's own checks hold: every window is a read of the file (identity compared on each
  *   request); a failed window is dropped, and its readers get its error.
- * The bytes fetched beyond what is read are at most two windows per sequence broken off (the end
+ * The bytes fetched beyond what is read are at most `ahead + 1` windows per sequence broken off (the end
  * of a copy attempt), which stays inside the resume rule's one flush interval.
  * Off until `readAhead(true)`: the job turns it on for the copy, after the inspection, whose
  * header, table and digest reads must cost one pass over the export, not a window more per
@@ -28,7 +32,8 @@ import type { RemoteFile } from '../contracts/remote-file.ts'
 /** Settings of {@link withReadAhead}; bytes. */
 export interface ReadAheadOptions {
   maxWindowBytes?: number
-  windows?: number
+  /** Full windows fetched ahead of the one being read (default 4). */
+  ahead?: number
 }
 
 interface Window {
@@ -36,40 +41,69 @@ interface Window {
   end: number
   /** Resolves to the bytes the file gave for `[pos, end)` (fewer only at the object's end). */
   got: Promise<Buffer>
+  /** The window's buffer, its users (the fetch while in flight, each read copying from it), and whether it was let go. */
+  buf: Buffer
+  busy: number
+  dropped: boolean
 }
 
 /** `file` with sequential read-ahead (see the module comment); `close()` closes `file`. */
 export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): RemoteFile {
   const maxWindow = Math.max(64 * 1024, opts.maxWindowBytes ?? 4 * 1024 * 1024)
-  const keep = Math.max(1, opts.windows ?? 4)
+  const depth = Math.max(1, opts.ahead ?? 4)
+  const keep = depth + 2
   const windows: Window[] = []
   let on = false
   let lastEnd = -1
   let run = 0
 
+  // Full-size window buffers are reused once let go and unused: a fresh buffer of megabytes costs
+  // the kernel's page faults and zeroing on every window, more than the copy out of it.
+  const pool: Buffer[] = []
+  const release = (w: Window): void => {
+    if (w.dropped && w.busy === 0 && w.buf.length === maxWindow && pool.length < keep) pool.push(w.buf)
+  }
+  const drop = (w: Window): void => {
+    w.dropped = true
+    release(w)
+  }
   /** Starts fetching `[pos, pos + size)` as a window (the oldest window is forgotten past `keep`). */
   const fetch = (pos: number, size: number): Window => {
-    const buf = Buffer.allocUnsafe(size)
-    const w: Window = { pos, end: pos + size, got: file.read(buf, pos).then((k) => buf.subarray(0, k)) }
-    windows.push(w)
-    if (windows.length > keep) windows.shift()
-    w.got.catch(() => {
+    const buf = (size === maxWindow ? pool.pop() : undefined) ?? Buffer.allocUnsafe(size)
+    const got = file.read(buf, pos).then((k) => buf.subarray(0, k))
+    const w: Window = { pos, end: pos + size, got, buf, busy: 1, dropped: false }
+    const settled = () => {
+      w.busy--
+      release(w)
+    }
+    got.then(settled, () => {
       const i = windows.indexOf(w)
       if (i >= 0) windows.splice(i, 1)
+      w.dropped = true
+      settled()
     })
+    windows.push(w)
+    if (windows.length > keep) drop(windows.shift()!)
     return w
   }
-  /** Fetches the full window at `pos` unless one starts there or the object ends. */
+  /** Fetches the `depth` full windows from `pos` that are not fetched yet, up to the object's end. */
   const ahead = (pos: number): void => {
-    if (pos < file.size && !windows.some((w) => w.pos === pos)) fetch(pos, Math.min(maxWindow, file.size - pos))
+    for (let i = 0, p = pos; i < depth && p < file.size; i++, p += maxWindow)
+      if (!windows.some((w) => w.pos === p)) fetch(p, Math.min(maxWindow, file.size - p))
   }
 
   const serve = async (w: Window, into: Buffer, pos: number, n: number): Promise<number> => {
-    const got = await w.got
-    const from = pos - w.pos
-    const k = Math.max(0, Math.min(n, got.length - from))
-    got.copy(into, 0, from, from + k)
-    return k
+    w.busy++
+    try {
+      const got = await w.got
+      const from = pos - w.pos
+      const k = Math.max(0, Math.min(n, got.length - from))
+      got.copy(into, 0, from, from + k)
+      return k
+    } finally {
+      w.busy--
+      release(w)
+    }
   }
 
   return {
@@ -90,9 +124,11 @@ export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): Re
       run = sequential ? run + n : 0
       const hit = windows.find((w) => pos >= w.pos && pos + n <= w.end)
       if (hit) {
-        // a reader at full window size gets the next window fetched while it reads this one
+        // a reader at full window size gets the next windows fetched while it reads this one
+        // (the read holds its window first: a window let go by the fetches is reused)
+        const served = serve(hit, into, pos, n)
         if (hit.end - hit.pos === maxWindow) ahead(hit.end)
-        return serve(hit, into, pos, n)
+        return served
       }
       // a read across the end of a window into the next one (reads of odd sizes)
       const head = windows.find((w) => pos >= w.pos && pos < w.end)
@@ -109,10 +145,11 @@ export function withReadAhead(file: RemoteFile, opts: ReadAheadOptions = {}): Re
     },
     readAhead(v: boolean) {
       on = v
-      if (!v) windows.length = 0
+      if (!v) for (const w of windows.splice(0)) drop(w)
     },
     close() {
       windows.length = 0
+      pool.length = 0
       file.close()
     },
   }

@@ -7,10 +7,18 @@
  * Open: one connection, a session (the credential's user, password and domain; anonymous
  * without), a tree connect to the share, a `CREATE` of the file (read access, `FILE_OPEN`). The
  * answer gives the size (`EndofFile`) and the identity: `LastWriteTime`, `ChangeTime`, size.
- * Reads: `READ` requests of at most 64 KiB (the client's largest) at any offset, up to
- * {@link SmbObjectOptions.inFlight} of them outstanding on the connection (SMB2 credits). An
- * interim `STATUS_PENDING` answer (the server went asynchronous, [MS-SMB2] 3.3.4.2) is followed
- * to its final answer.
+ * Reads: `READ` requests at any offset, up to {@link SmbObjectOptions.inFlight} of them
+ * outstanding on the connection. The client offers dialects 2.0.2 and 2.1; when the server
+ * chooses 2.1 or later and announces `SMB2_GLOBAL_CAP_LARGE_MTU` ([MS-SMB2] 2.2.4), a `READ`
+ * asks up to {@link SmbObjectOptions.readBytes} (at most the server's `MaxReadSize`) and carries
+ * the `CreditCharge` of its size, one credit per 64 KiB, and consumes as many message ids
+ * ([MS-SMB2] 3.2.4.1.5); otherwise 64 KiB. A request waits while the credits the server granted
+ * (the `CreditResponse` of every answer, 3.2.5.1.4) do not cover it and others are outstanding.
+ * This module frames the server's answers itself (the client's own framing concatenates every
+ * socket read onto the bytes it holds): a `READ` answer's data go from the socket's buffers
+ * straight into the caller's buffer, every other answer is handed whole to the client's parser.
+ * An interim `STATUS_PENDING` answer (the server went asynchronous, [MS-SMB2] 3.3.4.2) is
+ * followed to its final answer.
  *
  * Change detection: a read resolves only after a second `CREATE` of the same path, started after
  * the read's bytes arrived, shows the identity of the open (one such check serves every read
@@ -52,8 +60,10 @@ export interface SmbObjectOptions {
   retries?: number
   /** First backoff; doubled at every retry (default 250 ms). */
   retryBaseMs?: number
-  /** `READ` requests outstanding at once (default 16, each at most 64 KiB). */
+  /** `READ` requests outstanding at once (default 8). */
   inFlight?: number
+  /** Bytes one `READ` asks at most when the server allows multi-credit reads (default 1 MiB; 64 KiB otherwise). */
+  readBytes?: number
 }
 
 /** The parts of an `smb://` URL: server, TCP port (default 445), share, path in the share (`\`-separated). */
@@ -119,15 +129,39 @@ const connectionTools = require_('@tryjsky/v9u-smb2/lib/tools/smb2-connection') 
   requireConnect(fn: (cb: Callback) => void): (this: SmbConnection, cb: Callback) => void
   close(c: SmbConnection): void
 }
+const SMB2Message = require_('@tryjsky/v9u-smb2/lib/tools/smb2-message') as new (o?: {
+  headers: Record<string, unknown>
+  request: Record<string, unknown>
+}) => {
+  isMessageIdSetted: boolean
+  getBuffer(c: SmbConnection): Buffer
+  parseBuffer(b: Buffer): void
+  getHeaders(): { MessageId: Buffer }
+}
+const msErref = require_('@tryjsky/v9u-smb2/lib/tools/ms_erref') as {
+  getStatus(status: number): { code: string; message: string; valueHex: string }
+  getErrorMessage(e: unknown): string
+}
 const MESSAGES: Record<string, SmbMessageModule> = {
   open: require_('@tryjsky/v9u-smb2/lib/messages/open'),
-  read: require_('@tryjsky/v9u-smb2/lib/messages/read'),
   close: require_('@tryjsky/v9u-smb2/lib/messages/close'),
 }
 
-/** Largest `READ` the client encodes (its `MAX_READ_LENGTH`). */
-const CHUNK = 64 * 1024
+/** One credit's worth of payload ([MS-SMB2] 3.1.5.2), the largest `READ` of a single-credit dialect. */
+const CREDIT_BYTES = 64 * 1024
+/** Default bytes of one multi-credit `READ` (see {@link SmbObjectOptions.readBytes}). */
+const READ_BYTES = 1024 * 1024
 const DIRECTORY = 0x10
+/** SMB2 header ([MS-SMB2] 2.2.1) and the fixed part of a `READ` answer (2.2.20). */
+const HEADER = 64
+const READ_HEAD = HEADER + 16
+const CMD_NEGOTIATE = 0x0000
+const CMD_READ = 0x0008
+const STATUS_PENDING = 0x00000103
+const CAP_LARGE_MTU = 0x00000004
+const DIALECT_2_1 = 0x0210
+/** Message ids kept for the requests the client sends on its own (the change checks' `CREATE` and `CLOSE`). */
+const CREDIT_RESERVE = 4
 
 const AUTH_STATUSES = new Set([
   'STATUS_LOGON_FAILURE',
@@ -177,15 +211,42 @@ function offsetBuffer(pos: number): Buffer {
 }
 
 /** One SMB connection: session and tree of the share; requests with a timeout, failed all at once when the connection dies. */
+/** A `READ` outstanding: the caller's buffer and its completion. */
+interface DirectRead {
+  into: Buffer
+  done(e: (Error & { code?: string }) | null, n?: number): void
+}
+
 class SmbSession {
   private readonly c: SmbConnection
   private readonly pending = new Set<(e: Error) => void>()
   private dead: CutError | null = null
+  /** Message ids the server allows so far: the first one, plus every credit it granted ([MS-SMB2] 3.2.5.1.4). */
+  private granted = 1
+  private readonly creditWaiters: Array<() => void> = []
+  /** `READ`s outstanding, by message id. */
+  private readonly reads = new Map<number, DirectRead>()
+  /** The negotiated dialect, the server's `MaxReadSize`, and whether reads may span several credits. */
+  private dialect = 0
+  private maxRead = CREDIT_BYTES
+  private multiCredit = false
+  // the framing state: the NetBIOS length and header bytes read (`pre`), or an answer being filled
+  private readonly pre = Buffer.allocUnsafe(4 + READ_HEAD)
+  private preLen = 0
+  private msgLen = -1
+  private whole: Buffer | null = null
+  private wholeAt = 0
+  private direct: DirectRead | null = null
+  private directAt = 0
+  private directLen = 0
+  private left = 0
+  private skip = 0
 
   private constructor(
     private readonly loc: SmbLocation,
     auth: SmbAccess | null,
     private readonly requestTimeoutMs: number,
+    private readonly wantRead: number,
   ) {
     this.c = new SMB2({
       share: `\\\\${loc.host}\\${loc.share}`,
@@ -204,13 +265,14 @@ class SmbSession {
       closedByServer()
       this.c.socket.destroy()
     })
-    // the client parses answers in its socket listener: a malformed one (a hostile or broken
-    // server) would throw out of the event loop; it ends this connection instead
+    // this module frames the answers (see the module comment); a malformed one (a hostile or
+    // broken server) ends this connection instead of throwing out of the event loop
     this.c.socket.removeAllListeners('data')
-    const parse = forge.response(this.c)
+    this.c.responses = {}
+    this.c.responsesCB = {}
     this.c.socket.on('data', (d: Buffer) => {
       try {
-        parse(d)
+        this.feed(d)
       } catch (e) {
         this.die(new CutError('EPROTO', `a malformed SMB answer (${(e as Error).message})`))
         this.c.socket.destroy()
@@ -218,9 +280,187 @@ class SmbSession {
     })
   }
 
+  /** Bytes one `READ` may ask on this connection (set by the negotiation). */
+  get readBytes(): number {
+    return this.multiCredit ? Math.max(CREDIT_BYTES, Math.min(this.wantRead, this.maxRead)) : CREDIT_BYTES
+  }
+
+  /** Takes in the socket's bytes: NetBIOS-framed SMB2 answers ([MS-SMB2] 2.1). */
+  private feed(d: Buffer): void {
+    let at = 0
+    while (at < d.length) {
+      if (this.direct) {
+        const k = Math.min(this.left, d.length - at)
+        d.copy(this.direct.into, this.directAt, at, at + k)
+        this.directAt += k
+        this.left -= k
+        at += k
+        if (this.left === 0) this.endDirect()
+        continue
+      }
+      if (this.whole) {
+        const k = Math.min(this.whole.length - this.wholeAt, d.length - at)
+        d.copy(this.whole, this.wholeAt, at, at + k)
+        this.wholeAt += k
+        at += k
+        if (this.wholeAt === this.whole.length) {
+          const w = this.whole
+          this.whole = null
+          this.answer(w)
+        }
+        continue
+      }
+      if (this.skip > 0) {
+        const k = Math.min(this.skip, d.length - at)
+        this.skip -= k
+        at += k
+        continue
+      }
+      // the NetBIOS length, then the header and a READ answer's fixed part (or the whole message when shorter)
+      const want = this.msgLen < 0 ? 4 : 4 + Math.min(this.msgLen, READ_HEAD)
+      const k = Math.min(want - this.preLen, d.length - at)
+      d.copy(this.pre, this.preLen, at, at + k)
+      this.preLen += k
+      at += k
+      if (this.preLen < want) continue
+      if (this.msgLen < 0) {
+        this.msgLen = (this.pre[1]! << 16) | this.pre.readUInt16BE(2)
+        if (this.pre[0] !== 0 || this.msgLen < HEADER) throw new Error(`a NetBIOS frame of type ${this.pre[0]} and ${this.msgLen} bytes`)
+        continue
+      }
+      this.begin()
+    }
+  }
+
+  /** The header of an answer is in `pre`: counts its credits, then streams a READ's data or collects the message. */
+  private begin(): void {
+    const h = this.pre.subarray(4)
+    const len = this.msgLen
+    this.msgLen = -1
+    this.preLen = 0
+    if (h.readUInt32BE(0) !== 0xfe534d42) throw new Error('not an SMB2 header')
+    this.granted += h.readUInt16LE(14)
+    for (const w of this.creditWaiters.splice(0)) w()
+    const status = h.readUInt32LE(8)
+    const mid = h.readUInt32LE(24)
+    const read = h.readUInt16LE(12) === CMD_READ ? this.reads.get(mid) : undefined
+    if (read && status === 0 && len >= READ_HEAD) {
+      const offset = h[HEADER + 2]!
+      const n = h.readUInt32LE(HEADER + 4)
+      if (offset === READ_HEAD && n <= read.into.length && READ_HEAD + n <= len) {
+        this.reads.delete(mid)
+        this.direct = read
+        this.directAt = 0
+        this.directLen = n
+        this.left = n
+        this.skip = len - READ_HEAD - n
+        if (n === 0) this.endDirect()
+        return
+      }
+    }
+    const w = Buffer.allocUnsafe(len)
+    h.copy(w, 0, 0, Math.min(len, READ_HEAD))
+    if (len <= READ_HEAD) this.answer(w)
+    else {
+      this.whole = w
+      this.wholeAt = READ_HEAD
+    }
+  }
+
+  private endDirect(): void {
+    const r = this.direct!
+    this.direct = null
+    r.done(null, this.directLen)
+  }
+
+  /** A whole answer that is not streamed: a READ's error or odd layout, or one for the client's parser. */
+  private answer(m: Buffer): void {
+    const command = m.readUInt16LE(12)
+    const status = m.readUInt32LE(8)
+    const mid = m.readUInt32LE(24)
+    if (command === CMD_NEGOTIATE && status === 0 && m.length >= HEADER + 36) {
+      this.dialect = m.readUInt16LE(HEADER + 4)
+      const caps = m.readUInt32LE(HEADER + 24)
+      this.maxRead = m.readUInt32LE(HEADER + 32)
+      this.multiCredit = this.dialect >= DIALECT_2_1 && this.dialect !== 0x02ff && (caps & CAP_LARGE_MTU) !== 0
+    }
+    const read = command === CMD_READ ? this.reads.get(mid) : undefined
+    if (read) {
+      if (status === STATUS_PENDING) return // the final answer follows ([MS-SMB2] 3.2.5.1.5)
+      this.reads.delete(mid)
+      if (status !== 0) {
+        const e = msErref.getStatus(status)
+        read.done(Object.assign(new Error(msErref.getErrorMessage(e)), { code: e.code }))
+        return
+      }
+      const offset = m[HEADER + 2]!
+      const n = m.readUInt32LE(HEADER + 4)
+      if (offset < READ_HEAD || offset + n > m.length || n > read.into.length) throw new Error(`a READ answer of ${n} bytes at ${offset} in ${m.length}`)
+      m.copy(read.into, 0, offset, offset + n)
+      read.done(null, n)
+      return
+    }
+    const message = new SMB2Message()
+    message.parseBuffer(m)
+    const key = m.subarray(24, 28).toString('hex')
+    const cb = this.c.responsesCB[key]
+    if (cb) {
+      delete this.c.responsesCB[key]
+      cb(message)
+    } else this.c.responses[key] = message
+  }
+
+  /** Waits until the server's credits cover `charge` more message ids, while answers that bring credits are awaited. */
+  private async credits(charge: number): Promise<void> {
+    while (!this.dead && this.c.messageId + charge + CREDIT_RESERVE > this.granted && this.reads.size > 0)
+      await new Promise<void>((r) => this.creditWaiters.push(r))
+  }
+
+  /**
+   * Reads `into.length` bytes (at most {@link readBytes}) at `pos` of the open `fileId` into
+   * `into`, the data copied from the socket's buffers into it; resolves to the bytes the server
+   * gave. Throws the status (its `code`) or a {@link CutError}.
+   */
+  async read(fileId: Buffer, into: Buffer, pos: number): Promise<number> {
+    const charge = this.multiCredit ? Math.max(1, Math.ceil(into.length / CREDIT_BYTES)) : 1
+    await this.credits(charge)
+    return this.guard<number>(
+      (cb) => {
+        const mid = this.c.messageId
+        this.c.messageId += charge
+        const msg = new SMB2Message({
+          headers: {
+            Command: 'READ',
+            SessionId: (this.c as unknown as { SessionId: unknown }).SessionId,
+            TreeId: (this.c as unknown as { TreeId: unknown }).TreeId,
+            ProcessId: (this.c as unknown as { ProcessId: unknown }).ProcessId,
+            CreditCharge: this.multiCredit ? charge : 0,
+            MessageId: mid,
+          },
+          request: { FileId: fileId, Length: into.length, Offset: offsetBuffer(pos) },
+        })
+        msg.isMessageIdSetted = true
+        const body = msg.getBuffer(this.c)
+        const frame = Buffer.allocUnsafe(4 + body.length)
+        frame.writeUInt32BE(body.length, 0)
+        body.copy(frame, 4)
+        this.reads.set(mid, {
+          into,
+          done: (e, n) => {
+            if (e) cb(e)
+            else cb(null, n)
+          },
+        })
+        this.c.socket.write(frame)
+      },
+      this.requestTimeoutMs,
+      'ETIMEDOUT',
+    )
+  }
+
   /** Connects, sets up the session and the tree; throws the client's error (its `code`: a status or a socket code). */
-  static async connect(loc: SmbLocation, auth: SmbAccess | null, connectTimeoutMs: number, requestTimeoutMs: number): Promise<SmbSession> {
-    const s = new SmbSession(loc, auth, requestTimeoutMs)
+  static async connect(loc: SmbLocation, auth: SmbAccess | null, connectTimeoutMs: number, requestTimeoutMs: number, readBytes: number): Promise<SmbSession> {
+    const s = new SmbSession(loc, auth, requestTimeoutMs, readBytes)
     try {
       await s.guard(
         (cb) =>
@@ -244,6 +484,8 @@ class SmbSession {
     this.dead = e
     for (const reject of this.pending) reject(e)
     this.pending.clear()
+    this.reads.clear()
+    for (const w of this.creditWaiters.splice(0)) w()
   }
 
   /** Runs `start`, bounded by `ms` (then the connection is declared dead) and by the connection's death. */
@@ -284,7 +526,7 @@ class SmbSession {
   }
 
   /** Sends message `name` and waits for its final answer (an interim `STATUS_PENDING` is followed). */
-  request<T>(name: 'open' | 'read' | 'close', params: unknown): Promise<T> {
+  request<T>(name: 'open' | 'close', params: unknown): Promise<T> {
     return this.guard<T>(
       (cb) => {
         const id = Buffer.alloc(4)
@@ -350,7 +592,7 @@ export async function openSmbObject(url: string, opts: SmbObjectOptions = {}): P
   const name = url
   let session: SmbSession | null = null
   try {
-    session = await SmbSession.connect(loc, opts.auth ?? null, opts.connectTimeoutMs ?? 10_000, opts.requestTimeoutMs ?? 60_000)
+    session = await SmbSession.connect(loc, opts.auth ?? null, opts.connectTimeoutMs ?? 10_000, opts.requestTimeoutMs ?? 60_000, opts.readBytes ?? READ_BYTES)
     const f = await session.openFile()
     const attrs = typeof f.FileAttributes === 'number' ? f.FileAttributes : f.FileAttributes.readUInt32LE(0)
     if (attrs & DIRECTORY) throw new MigError('E_MIG_NOT_FOUND', `${url}: "${loc.path}" is a folder, not a file`, { details: { url } })
@@ -382,7 +624,7 @@ class SmbObject implements RemoteFile {
   ) {
     this.size = Number(u64(file.EndofFile))
     this.identity = identityOf(file)
-    this.slots = opts.inFlight ?? 16
+    this.slots = opts.inFlight ?? 8
   }
 
   private changed(pos: number, why: string): MigError {
@@ -398,7 +640,8 @@ class SmbObject implements RemoteFile {
     const n = Math.max(0, Math.min(into.length, this.size - pos))
     if (n === 0) return 0
     const parts: Promise<void>[] = []
-    for (let o = 0; o < n; o += CHUNK) parts.push(this.readChunk(into.subarray(o, Math.min(n, o + CHUNK)), pos + o))
+    const chunk = this.session.readBytes
+    for (let o = 0; o < n; o += chunk) parts.push(this.readChunk(into.subarray(o, Math.min(n, o + chunk)), pos + o))
     const settled = await Promise.allSettled(parts)
     const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected')
     if (failed) throw failed.reason
@@ -421,7 +664,7 @@ class SmbObject implements RemoteFile {
     else this.slots++
   }
 
-  /** Fills `into` (at most 64 KiB) from `pos`, reconnecting after a cut. */
+  /** Fills `into` (at most the session's `readBytes`) from `pos`, reconnecting after a cut. */
   private async readChunk(into: Buffer, pos: number): Promise<void> {
     const retries = this.opts.retries ?? 5
     let why = ''
@@ -440,10 +683,10 @@ class SmbObject implements RemoteFile {
       }
       if (this.closed) break
       await this.slot()
-      let got: Buffer
+      let got: number
       try {
         used = this.generation
-        got = await this.session.request<Buffer>('read', { FileId: this.file.FileId, Length: into.length, Offset: offsetBuffer(pos) })
+        got = await this.session.read(this.file.FileId, into, pos)
       } catch (e) {
         if (e instanceof CutError) {
           why = `${e.code}: ${e.message}`
@@ -458,8 +701,7 @@ class SmbObject implements RemoteFile {
         this.release()
       }
       // a short answer before the end of the file opened: the file shrank
-      if (got.length !== into.length) throw this.changed(pos, `${got.length} bytes for ${into.length}`)
-      got.copy(into)
+      if (got !== into.length) throw this.changed(pos, `${got} bytes for ${into.length}`)
       return
     }
     throw new MigError(
@@ -480,7 +722,13 @@ class SmbObject implements RemoteFile {
     if (!this.reconnecting)
       this.reconnecting = (async () => {
         this.session.close()
-        const s = await SmbSession.connect(this.loc, this.opts.auth ?? null, this.opts.connectTimeoutMs ?? 10_000, this.opts.requestTimeoutMs ?? 60_000)
+        const s = await SmbSession.connect(
+          this.loc,
+          this.opts.auth ?? null,
+          this.opts.connectTimeoutMs ?? 10_000,
+          this.opts.requestTimeoutMs ?? 60_000,
+          this.opts.readBytes ?? READ_BYTES,
+        )
         let f: SmbCreated
         try {
           f = await s.openFile()

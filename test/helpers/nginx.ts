@@ -27,9 +27,15 @@ export const NGINX_USER = { username: 'user', password: 'secret' }
 
 /**
  * Starts nginx serving `root` with its state under `dir` (created). `tls`: PEM certificate and key
- * files. Resolves once it accepts connections; throws with nginx's error log otherwise.
+ * files. Resolves once it accepts connections; throws with nginx's error log otherwise. `host`:
+ * the address it listens on (default 127.0.0.1); `netns`: the network namespace it runs in.
  */
-export async function startNginx(root: string, dir: string, opts: { tls?: { cert: string; key: string } } = {}): Promise<RunningNginx> {
+export async function startNginx(
+  root: string,
+  dir: string,
+  opts: { tls?: { cert: string; key: string }; host?: string; netns?: string } = {},
+): Promise<RunningNginx> {
+  const host = opts.host ?? '127.0.0.1'
   mkdirSync(dir, { recursive: true })
   const port = await freePort()
   const p = (n: string) => path.join(dir, n)
@@ -52,7 +58,7 @@ http {
   sendfile on;
   keepalive_requests 100000;
   server {
-    listen 127.0.0.1:${port}${opts.tls ? ' ssl' : ''};
+    listen ${host}:${port}${opts.tls ? ' ssl' : ''};
     ${opts.tls ? `ssl_certificate ${opts.tls.cert}; ssl_certificate_key ${opts.tls.key};` : ''}
     root ${root};
     location /noranges/ { alias ${root}/; max_ranges 0; }
@@ -61,14 +67,17 @@ http {
 }
 `
   writeFileSync(p('nginx.conf'), conf)
-  const child: ChildProcess = spawn('nginx', ['-p', dir, '-c', p('nginx.conf')], { stdio: ['ignore', 'ignore', 'pipe'] })
+  const argv = ['nginx', '-p', dir, '-c', p('nginx.conf')]
+  // `ip netns exec` runs nginx in place of itself: the child's pid is nginx's
+  if (opts.netns) argv.unshift('ip', 'netns', 'exec', opts.netns)
+  const child: ChildProcess = spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'ignore', 'pipe'] })
   let err = ''
   child.stderr!.on('data', (d) => (err += d))
   const exited = new Promise<void>((r) => child.once('exit', () => r()))
   const deadline = Date.now() + 10_000
   for (;;) {
     if (child.exitCode !== null) throw new Error(`nginx exited with ${child.exitCode}: ${err} ${safeRead(p('error.log'))}`)
-    if (await accepts(port)) break
+    if (await accepts(port, host)) break
     if (Date.now() > deadline) {
       child.kill('SIGKILL')
       throw new Error(`nginx not listening in 10 s: ${err}`)
@@ -76,7 +85,7 @@ http {
     await new Promise((r) => setTimeout(r, 50))
   }
   return {
-    base: `${opts.tls ? 'https' : 'http'}://127.0.0.1:${port}`,
+    base: `${opts.tls ? 'https' : 'http'}://${host}:${port}`,
     port,
     requests: () =>
       safeRead(p('access.log'))

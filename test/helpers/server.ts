@@ -31,10 +31,10 @@ export async function freePort(): Promise<number> {
   })
 }
 
-/** Whether something accepts TCP connections on 127.0.0.1:`port` (a server child is up). */
-export function accepts(port: number): Promise<boolean> {
+/** Whether something accepts TCP connections on `host`:`port` (default 127.0.0.1; a server child is up). */
+export function accepts(port: number, host = '127.0.0.1'): Promise<boolean> {
   return new Promise((resolve) => {
-    const s = createConnection({ host: '127.0.0.1', port }, () => {
+    const s = createConnection({ host, port }, () => {
       s.destroy()
       resolve(true)
     })

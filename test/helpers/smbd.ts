@@ -25,9 +25,11 @@ export interface RunningSmbd {
 
 /**
  * Starts smbd sharing `root` (read-only) as `exports`, with its state under `dir` (created).
- * Resolves once it accepts connections; throws with smbd's log otherwise.
+ * Resolves once it accepts connections; throws with smbd's log otherwise. `host`: the address it
+ * listens on (default 127.0.0.1); `netns`: the network namespace it runs in (`ip netns exec`).
  */
-export async function startSmbd(root: string, dir: string): Promise<RunningSmbd> {
+export async function startSmbd(root: string, dir: string, opts: { host?: string; netns?: string } = {}): Promise<RunningSmbd> {
+  const host = opts.host ?? '127.0.0.1'
   mkdirSync(dir, { recursive: true })
   const port = await freePort()
   const p = (n: string) => path.join(dir, n)
@@ -35,7 +37,7 @@ export async function startSmbd(root: string, dir: string): Promise<RunningSmbd>
   const conf = `[global]
   server role = standalone server
   smb ports = ${port}
-  interfaces = 127.0.0.1
+  interfaces = ${host}
   bind interfaces only = yes
   disable netbios = yes
   private dir = ${p('private')}
@@ -62,7 +64,10 @@ export async function startSmbd(root: string, dir: string): Promise<RunningSmbd>
     stdio: ['pipe', 'ignore', 'pipe'],
   })
   // -F: foreground, in a process group of its own (no --no-process-group): stop() ends the group
-  const child: ChildProcess = spawn('smbd', ['-F', '-s', p('smb.conf'), '--debug-stdout', '-d', '1'], { stdio: ['ignore', 'pipe', 'pipe'] })
+  const argv = ['smbd', '-F', '-s', p('smb.conf'), '--debug-stdout', '-d', '1']
+  // `ip netns exec` runs smbd in place of itself: the child's pid and group are smbd's
+  if (opts.netns) argv.unshift('ip', 'netns', 'exec', opts.netns)
+  const child: ChildProcess = spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
   child.stdout!.on('data', (d) => (out = (out + d).slice(-8192)))
   child.stderr!.on('data', (d) => (out = (out + d).slice(-8192)))
@@ -81,7 +86,7 @@ export async function startSmbd(root: string, dir: string): Promise<RunningSmbd>
   const deadline = Date.now() + 15_000
   for (;;) {
     if (child.exitCode !== null) throw new Error(`smbd exited with ${child.exitCode}: ${out} ${safeRead(p('log/log.smbd'))}`)
-    if (await accepts(port)) break
+    if (await accepts(port, host)) break
     if (Date.now() > deadline) {
       child.kill('SIGKILL')
       throw new Error(`smbd not listening in 15 s: ${out}`)
@@ -89,7 +94,7 @@ export async function startSmbd(root: string, dir: string): Promise<RunningSmbd>
     await new Promise((r) => setTimeout(r, 50))
   }
   return {
-    base: `smb://127.0.0.1:${port}/exports`,
+    base: `smb://${host}:${port}/exports`,
     port,
     pids,
     async stop() {

@@ -58,6 +58,35 @@ describe('withReadAhead', () => {
     expect(m.closed()).toBe(true)
   })
 
+  test('windows ahead in flight, their buffers reused once let go: the bytes of the object over many windows, a window never overwritten while read', async () => {
+    // 64 KiB windows, 2 ahead: 4 kept, so the object's 160 windows reuse a few buffers many times
+    const data = randomBytes(10 * MiB + 3)
+    const m = memoryFile(data)
+    // the distinct buffers the windows were fetched into
+    const buffers = new Set<ArrayBufferLike>()
+    const read = m.file.read.bind(m.file)
+    m.file.read = (into, pos) => {
+      buffers.add(into.buffer)
+      return read(into, pos)
+    }
+    const f = withReadAhead(m.file, { maxWindowBytes: 64 * KiB, ahead: 2 })
+    f.readAhead!(true)
+    const out = Buffer.alloc(data.length)
+    for (let at = 0; at < data.length; at += 256 * KiB) {
+      // reads of 16 KiB issued 16 at a time, across the borders of four windows
+      const pieces: Promise<number>[] = []
+      for (let p = at; p < Math.min(data.length, at + 256 * KiB); p += 16 * KiB) pieces.push(f.read(out.subarray(p, Math.min(data.length, p + 16 * KiB)), p))
+      await Promise.all(pieces)
+    }
+    expect(out.equals(data)).toBe(true)
+    // at most the windows ahead of the last read fetched beyond what was read, and never past the end
+    expect(m.reads.reduce((s, [, n]) => s + n, 0)).toBeLessThanOrEqual(data.length)
+    // served from windows (one request per 64 KiB, not per read), into a few reused buffers
+    expect(m.reads.length).toBeLessThan(data.length / (64 * KiB) + 8)
+    expect(buffers.size).toBeLessThan(16)
+    f.close()
+  })
+
   test('reads of odd sizes, one at a time: the next window is fetched ahead; reads across two windows fetch nothing twice', async () => {
     const data = randomBytes(24 * MiB + 777)
     const m = memoryFile(data)

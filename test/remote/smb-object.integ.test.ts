@@ -1,7 +1,7 @@
 /**
  * The SMB reader (lib/remote/smb-object.ts) against a real Samba (Debian `samba`, smbd with its
  * default NTLMv2-only authentication) started by the test on 127.0.0.1 (test/helpers/smbd.ts):
- * positioned reads bit-exact with many requests in flight, a wrong password, a missing file and
+ * positioned reads bit-exact with many requests in flight and multi-credit reads of any size, a wrong password, a missing file and
  * share, a refused port, a file overwritten in place and one replaced by a rename between two
  * reads, connections cut mid-read by FIN or RST (retried on a new connection; cut every time: failed
  * with the offset), and no smbd process left after stop.
@@ -54,6 +54,15 @@ describe('SMB objects (real smbd)', () => {
     expect(await o.read(tail, data.length)).toBe(0)
     o.close()
     o.close()
+  })
+
+  test('multi-credit reads of a size not a multiple of 64 KiB, few requests and credits in flight: the exact bytes', async () => {
+    // 200 KiB + 3: a CreditCharge of 4, the last credit partly used; 2 requests at once
+    const o = await openSmbObject(`${smbd.base}/sub%20dir/blob.bin`, { auth: AUTH, readBytes: 200 * 1024 + 3, inFlight: 2 })
+    const out = Buffer.alloc(data.length)
+    await Promise.all([o.read(out.subarray(0, 5 * MiB), 0), o.read(out.subarray(5 * MiB), 5 * MiB)])
+    o.close()
+    expect(out.equals(data)).toBe(true)
   })
 
   test('a wrong password is E_MIG_AUTH_FAILED; a missing file or share E_MIG_NOT_FOUND naming it; a refused port E_MIG_SOURCE_UNREACHABLE', async () => {
@@ -147,7 +156,8 @@ describe('SMB objects (real smbd)', () => {
         const e = await thrown(() => o.read(Buffer.alloc(4 * MiB), 4 * MiB))
         o.close()
         expect([how, e.code]).toEqual([how, 'E_MIG_DISK_READ_FAILED'])
-        expect(e.message).toMatch(/reading 65536 bytes at offset \d+ failed 3 times \(ECONNRESET: .*\); the copy stopped at offset \d+/)
+        // Samba negotiates SMB 2.1 with multi-credit reads: one READ of 1 MiB, not 16 of 64 KiB
+        expect(e.message).toMatch(/reading 1048576 bytes at offset \d+ failed 3 times \(ECONNRESET: .*\); the copy stopped at offset \d+/)
         expect(e.details.offset).toBeGreaterThanOrEqual(4 * MiB)
       } finally {
         await always.close()

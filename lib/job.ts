@@ -4,6 +4,8 @@
 import type { Plan, Strategy } from './plan.ts'
 import type { ErrorCode } from './errors.ts'
 import type { CarriedInterface } from './domain/net-identity.ts'
+import type { DeviceNamesRecord } from './domain/device-names.ts'
+import type { ServiceCheckResult } from './domain/service-checks.ts'
 
 /** Job states: spec section 3's phases plus `Queued` (initial), `Failed`, `Cancelled`. */
 export const JOB_STATES = ['Queued', 'CopyingFull', 'DeltaSyncing', 'CuttingOver', 'V2vProcessing', 'Starting', 'Completed', 'Failed', 'Cancelled'] as const
@@ -170,6 +172,10 @@ export interface HardwareRecord {
   uefi_boot?: UefiBootRecord | null
   /** Linux guests: the interfaces their network configuration names and how each was carried over (docs/network-identity.md). */
   network?: { interfaces: CarriedInterface[]; notes: string[] } | null
+  /** Linux guests: the device names in fstab, the kernel line, crypttab and the resume setting rewritten on the destination volumes (docs/boot-check.md). */
+  device_names?: DeviceNamesRecord | null
+  /** The plan's service checks after a verified boot (`plan.checks`; docs/boot-check.md "Services that answer"). */
+  checks?: ServiceCheckResult[]
 }
 
 /** Which evidence decided a boot check: the serial console, the screen (OCR), the operator's serial pattern, the domain state. */

@@ -218,6 +218,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
           firmware: job.plan.firmware,
           networks: job.plan.networks,
           start: job.plan.start,
+          checks: job.plan.checks,
         },
         volumes: manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
         domainType: config.domain.type,

@@ -39,7 +39,7 @@ export interface GuestNetwork {
  * - `name`: the name in the configuration (null: bound by MAC only); `mac`: the destination NIC's
  *   MAC it is carried to (null when unmatched); `nic`: that NIC's source label (`ethernet0`);
  * - `config`: `style:file` of each configuration that names it; `method`, `addresses`,
- *   `gateway`, `routes`, `dns`: what the configuration sets (union of the files);
+ *   `gateway` (IPv4), `gateway6` (IPv6), `routes`, `dns`: what the configuration sets (union of the files);
  * - `carried`: the interface will come up on the destination under the same name;
  * - `how`: `link-file` (a `.link` file written), `guest-rule` (the guest's own rule pins it),
  *   `mac` (the configuration matches the MAC, which is kept), or null when not carried;
@@ -57,6 +57,7 @@ export interface CarriedInterface {
   method: ConfiguredInterface['method']
   addresses: string[]
   gateway: string | null
+  gateway6: string | null
   routes: string[]
   dns: string[]
   carried: boolean
@@ -68,11 +69,16 @@ export interface CarriedInterface {
   address_evidence: string | null
 }
 
-/** A file to write into the guest: path, content, mode. */
+/**
+ * A file to write into the guest: path, content, mode (absent: the file's own mode, 0644 for a new
+ * file); `expect`: the text the file must still hold (the write fails, and everything is put
+ * back, when it holds anything else: the guest changed since it was read).
+ */
 export interface GuestFileWrite {
   path: string
   content: string
-  mode: number
+  mode?: number
+  expect?: string
 }
 
 /** The network identity plan of one guest: what to write and what the job will report. */
@@ -163,6 +169,7 @@ export function planNetworkIdentity(network: GuestNetwork, nics: DestinationNic[
       method: list.some((c) => c.method === 'static') ? 'static' : list.some((c) => c.method === 'dhcp') ? 'dhcp' : list[0]!.method,
       addresses: [...new Set(list.flatMap((c) => c.addresses))],
       gateway: list.map((c) => c.gateway).find((g) => g) ?? null,
+      gateway6: list.map((c) => c.gateway6).find((g) => g) ?? null,
       routes: [...new Set(list.flatMap((c) => c.routes))],
       dns: [...new Set(list.flatMap((c) => c.dns))],
       carried: false,

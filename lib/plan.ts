@@ -118,7 +118,13 @@ export const Plan = z
     restore_point: z.strictObject({ backup_job_id: uuid, require_quiesced: z.boolean().optional() }).optional(),
     cutover: CutoverPlan.optional(),
     precopy_interval_seconds: z.number().int().min(1).max(86_400).optional(),
-    checks: z.array(ServiceCheckPlan).max(32).optional(),
+    checks: z
+      .array(ServiceCheckPlan)
+      .max(32)
+      .describe(
+        'Service checks run from this host after the boot against the guest\'s address (docs/boot-check.md "Services that answer"); results in the job\'s hardware.checks',
+      )
+      .optional(),
   })
   .superRefine((p, ctx) => {
     const live = 'Live' in p.source

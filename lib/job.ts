@@ -169,6 +169,10 @@ export interface HardwareRecord {
   uefi_boot?: UefiBootRecord | null
   /** Linux guests: the interfaces their network configuration names and how each was carried over (docs/network-identity.md). */
   network?: { interfaces: CarriedInterface[]; notes: string[] } | null
+  /** Linux guests: the device names in fstab, the kernel line, crypttab and the resume setting rewritten on the destination volumes (docs/boot-check.md). */
+  device_names?: DeviceNamesRecord | null
+  /** The plan's service checks after a verified boot (`plan.checks`; docs/boot-check.md "Services that answer"). */
+  checks?: ServiceCheckResult[]
 }
 
 /**
@@ -176,7 +180,7 @@ export interface HardwareRecord {
  * - `name`: the name in the configuration (null: bound by MAC only); `mac`: the destination NIC's
  *   MAC it is carried to (null when unmatched); `nic`: that NIC's source label (`ethernet0`);
  * - `config`: `style:file` of each configuration that names it; `method`, `addresses`,
- *   `gateway`, `routes`, `dns`: what the configuration sets (union of the files);
+ *   `gateway` (IPv4), `gateway6` (IPv6), `routes`, `dns`: what the configuration sets (union of the files);
  * - `carried`: the interface will come up on the destination under the same name;
  * - `how`: `link-file` (a `.link` file written), `guest-rule` (the guest's own rule pins it),
  *   `mac` (the configuration matches the MAC, which is kept), or null when not carried;
@@ -195,6 +199,7 @@ export interface CarriedInterface {
   method: 'static' | 'dhcp' | 'manual' | 'other'
   addresses: string[]
   gateway: string | null
+  gateway6: string | null
   routes: string[]
   dns: string[]
   carried: boolean
@@ -204,6 +209,52 @@ export interface CarriedInterface {
   why: string | null
   address_check: 'seen' | 'not-seen' | 'not-checked'
   address_evidence: string | null
+}
+
+/** One rewritten (or kept) name: the guest file, its 1-based line, the old and the new spec, and why. */
+export interface DeviceNameChange {
+  file: string
+  line: number
+  what: string
+  from: string
+  to: string | null
+  why: string
+}
+
+/**
+ * The device name rewrite of a Linux guest (lib/domain/device-names.ts):
+ * - `family`: how the destination's kernel names the disks (`vd` on virtio-blk, `sd` otherwise);
+ * - `rewritten`: each name changed (guest file, line, what, `from`, `to`, why);
+ * - `kept`: names the destination breaks that could not be rewritten (`to` null, why);
+ * - `written`: the files were written (false: nothing changed, `error` says why).
+ */
+export interface DeviceNamesRecord {
+  family: 'vd' | 'sd'
+  rewritten: DeviceNameChange[]
+  kept: DeviceNameChange[]
+  written: boolean
+  error: string | null
+}
+
+/**
+ * The result of one check (`hardware.checks[]` of the job): `name`, `kind`, `target` (what was
+ * tried, e.g. `tcp 192.0.2.10:8080` or the URL), `address` that answered or was tried last (null:
+ * no address known), `address_source` (`static ens192`, `dhcp lease`, `neighbour`), `ok`,
+ * `result` in words, `at` (ISO-8601 UTC of the verdict), `seconds` from the start of the check,
+ * `attempts`, `on_failure`.
+ */
+export interface ServiceCheckResult {
+  name: string
+  kind: 'tcp' | 'http'
+  target: string | null
+  address: string | null
+  address_source: string | null
+  ok: boolean
+  result: string
+  at: string
+  seconds: number
+  attempts: number
+  on_failure: 'fail' | 'notice'
 }
 
 /** Which evidence decided a boot check: the serial console, the screen (OCR), the operator's serial pattern, the domain state. */

@@ -69,6 +69,37 @@ export const zfsDatasetName = z
     if (why) c.addIssue({ code: 'custom', message: `must be a ZFS dataset name: ${why}` })
   })
 
+const port = z.number().int().min(1).max(65535)
+
+/**
+ * One service check of `plan.checks` (docs/boot-check.md "Services that answer";
+ * lib/domain/service-checks.ts): `name` (unique), exactly one of `tcp: {port}` and
+ * `http: {port?, path?, scheme?, expect_status?}` (path: an absolute path and query, no blanks or
+ * control characters), `on_failure`: `fail` (default) or `notice`.
+ */
+export const ServiceCheckPlan = z
+  .strictObject({
+    name,
+    tcp: z.strictObject({ port }).optional(),
+    http: z
+      .strictObject({
+        port: port.optional(),
+        path: z
+          .string()
+          .max(2048)
+          .regex(/^\/[\x21-\x7e]*$/, 'must be an absolute path (and query) of printable characters without blanks')
+          .optional(),
+        scheme: z.enum(['http', 'https']).optional(),
+        expect_status: z.number().int().min(100).max(599).optional(),
+      })
+      .optional(),
+    on_failure: z.enum(['fail', 'notice']).optional(),
+  })
+  .superRefine((c, ctx) => {
+    if (!!c.tcp === !!c.http) ctx.addIssue({ code: 'custom', path: [], message: 'a check has exactly one of "tcp" and "http"' })
+  })
+export type ServiceCheckPlan = z.infer<typeof ServiceCheckPlan>
+
 /** The whole plan. */
 export const Plan = z
   .strictObject({
@@ -87,6 +118,13 @@ export const Plan = z
     restore_point: z.strictObject({ backup_job_id: uuid, require_quiesced: z.boolean().optional() }).optional(),
     cutover: CutoverPlan.optional(),
     precopy_interval_seconds: z.number().int().min(1).max(86_400).optional(),
+    checks: z
+      .array(ServiceCheckPlan)
+      .max(32)
+      .describe(
+        'Service checks run from this host after the boot against the guest\'s address (docs/boot-check.md "Services that answer"); results in the job\'s hardware.checks',
+      )
+      .optional(),
   })
   .superRefine((p, ctx) => {
     const live = 'Live' in p.source
@@ -124,6 +162,14 @@ export const Plan = z
     }
     if (p.cutover && !('mode' in p.cutover && p.cutover.mode === 'auto') && !(live && p.mode === 'Warm')) {
       ctx.addIssue({ code: 'custom', path: ['cutover'], message: 'a cutover on command or at a time needs a Live source with mode "Warm"' })
+    }
+    const seen = new Set<string>()
+    for (const [i, c] of (p.checks ?? []).entries()) {
+      if (seen.has(c.name)) ctx.addIssue({ code: 'custom', path: ['checks', i, 'name'], message: `the check name "${c.name}" is used twice` })
+      seen.add(c.name)
+    }
+    if (p.checks?.length && p.start === false) {
+      ctx.addIssue({ code: 'custom', path: ['checks'], message: 'checks run after the boot: a plan with "start": false starts nothing to check' })
     }
     if (p.cutover?.require_test_boot && 'mode' in p.cutover && p.cutover.mode === 'auto') {
       ctx.addIssue({

@@ -98,8 +98,10 @@ export async function writeGuestFiles(disks: string[], writes: GuestFileWrite[],
             await fish.run(['mkdir-p', path.posix.dirname(w.path)])
             // recorded once its directory exists: a write that cannot start leaves nothing to undo
             before.push({ path: w.path, content, mode: Number.isFinite(mode) ? mode : null })
+            if (w.expect !== undefined && content !== w.expect) throw new Error(`${w.path} changed since the inspection read it`)
             await fish.run(['write', w.path, w.content])
-            await fish.run(['chmod', `0${w.mode.toString(8)}`, w.path])
+            const keep = Number.isFinite(mode) && mode !== null ? mode & 0o7777 : 0o644
+            await fish.run(['chmod', `0${(w.mode ?? keep).toString(8)}`, w.path])
             const back = await catFile(fish, w.path)
             if (back !== w.content) throw new Error(`${w.path} does not read back as written`)
           }

@@ -37,6 +37,7 @@ import {
   type GuestText,
 } from './net-config.ts'
 import type { GuestNetwork } from './net-identity.ts'
+import { DEVICE_NAME_FILE_MAX, DEVICE_NAME_FILES, parseBlkid, type BlockId, type BootFile } from './device-names.ts'
 
 /** What the first sectors of a disk show (see {@link probeDiskLayout}). */
 export interface DiskLayout {
@@ -93,6 +94,13 @@ export interface GuestInspection {
   esps: EspInfo[]
   network: GuestNetwork | null
   mounts: GuestMount[]
+  /**
+   * Every partition and file system of the guest's disks with its file system UUID, partition UUID
+   * and type (swap and LUKS included; `blkid`), for the device name rewrite (lib/domain/device-names.ts).
+   */
+  blockIds?: BlockId[]
+  /** The files whose device names the boot depends on ({@link DEVICE_NAME_FILES}), as read (Linux guests). */
+  bootFiles?: BootFile[]
   seconds: number
 }
 
@@ -143,6 +151,8 @@ function empty(skipped: string, layout: DiskLayout | null): GuestInspection {
     esps: [],
     network: null,
     mounts: [],
+    blockIds: [],
+    bootFiles: [],
     seconds: 0,
   }
 }
@@ -357,6 +367,13 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
       result.filesystems.push({ device: device!, type: type!, uuid, label })
       if (type === 'vfat') result.esp = true
     }
+    // Identities of every partition and file system (swap and LUKS too), for names by device.
+    const blockDevices = new Set<string>(fsList.filter((m) => m[2] !== 'unknown').map((m) => m[1]!))
+    for (const p of ((await fish.tryRun(['list-partitions'])) ?? '').split('\n')) if (p.trim()) blockDevices.add(p.trim())
+    for (const d of [...blockDevices].filter((d) => /^\/dev\/sd[a-z]+\d*$/.test(d)).sort()) {
+      const text = await fish.tryRun(['blkid', d])
+      if (text !== null) result.blockIds!.push(parseBlkid(d, text))
+    }
     for (const fs of result.filesystems.filter((f) => f.type === 'vfat')) {
       const info = await readEsp(fish, fs.device)
       if (info) result.esps.push(info)
@@ -380,6 +397,12 @@ export async function inspectGuest(disks: string[], opts: InspectOptions): Promi
     const cat = async (p: string) => ((await fish!.tryRun(['is-file', p]))?.trim() === 'true' ? await catFile(fish!, p).catch(() => '') : null)
     result.fstab = parseFstab((await cat('/etc/fstab')) ?? '')
     result.network = await readGuestNetwork(fish)
+    for (const p of DEVICE_NAME_FILES) {
+      if ((await fish.tryRun(['is-file', p]))?.trim() !== 'true') continue
+      if (!(Number((await fish.tryRun(['filesize', p])) ?? 'NaN') <= DEVICE_NAME_FILE_MAX)) continue
+      const text = await catFile(fish, p).catch(() => null)
+      if (text !== null) result.bootFiles!.push({ path: p, text })
+    }
     let entry: ReturnType<typeof grubDefaultEntry> = null
     for (const p of ['/boot/grub/grub.cfg', '/boot/grub2/grub.cfg']) {
       const cfg = await cat(p)

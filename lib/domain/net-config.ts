@@ -38,7 +38,8 @@ export type NetConfigStyle = 'ifupdown' | 'netplan' | 'networkmanager' | 'ifcfg'
  * - `mac`: the MAC it matches (lower-case `aa:bb:...`), or null;
  * - `method`: `static` (addresses given), `dhcp`, `manual` (up without an address: a bridge or
  *   bond port), `other` (loopback, ppp, anything else);
- * - `addresses`: CIDR strings (`192.0.2.10/24`); `gateway`; `routes` as `DEST via GW` (or `DEST`);
+ * - `addresses`: CIDR strings (`192.0.2.10/24`, `2001:db8::10/64`); `gateway` (IPv4) and
+ *   `gateway6` (IPv6); `routes` as `DEST via GW` (or `DEST`);
  *   `dns`: name servers;
  * - `file`: the guest path it came from.
  */
@@ -50,6 +51,7 @@ export interface ConfiguredInterface {
   method: 'static' | 'dhcp' | 'manual' | 'other'
   addresses: string[]
   gateway: string | null
+  gateway6: string | null
   routes: string[]
   dns: string[]
 }
@@ -68,7 +70,15 @@ export interface GuestText {
 }
 
 function iface(style: NetConfigStyle, file: string, name: string | null): ConfiguredInterface {
-  return { style, file, name, mac: null, method: 'other', addresses: [], gateway: null, routes: [], dns: [] }
+  return { style, file, name, mac: null, method: 'other', addresses: [], gateway: null, gateway6: null, routes: [], dns: [] }
+}
+
+/** Keeps the first gateway of each family: an address with `:` is IPv6 (`gateway6`), else IPv4 (`gateway`). */
+function setGateway(entry: ConfiguredInterface, gw: string | null | undefined): void {
+  const g = gw?.trim()
+  if (!g) return
+  if (g.includes(':')) entry.gateway6 ??= g
+  else entry.gateway ??= g
 }
 
 function pushUnique(list: string[], v: string | null | undefined): void {
@@ -138,10 +148,12 @@ export function parseIfupdown(files: GuestText[]): ConfiguredInterface[] {
   for (const f of files) {
     let cur: ConfiguredInterface | null = null
     let pendingMask: string | null = null
+    let inet6 = false
     const finish = () => {
       if (cur && pendingMask !== null) {
-        const p = prefixOfNetmask(pendingMask)
-        cur.addresses = cur.addresses.map((a) => (a.includes(':') ? a : withPrefix(a, p)))
+        // inet6 stanzas give `netmask` as a prefix length (interfaces(5)); inet ones dotted or as a length.
+        const p = inet6 ? (/^\d{1,3}$/.test(pendingMask) && Number(pendingMask) <= 128 ? Number(pendingMask) : null) : prefixOfNetmask(pendingMask)
+        cur.addresses = cur.addresses.map((a) => (a.includes(':') === inet6 ? withPrefix(a, p) : a))
       }
       pendingMask = null
     }
@@ -152,6 +164,7 @@ export function parseIfupdown(files: GuestText[]): ConfiguredInterface[] {
         finish()
         const name = words[1] ?? ''
         const method = words[3] ?? ''
+        inet6 = words[2] === 'inet6'
         let entry = byName.get(name)
         if (!entry) {
           entry = iface('ifupdown', f.path, name)
@@ -173,7 +186,7 @@ export function parseIfupdown(files: GuestText[]): ConfiguredInterface[] {
       const val = words.slice(1).join(' ')
       if (key === 'address') pushUnique(cur.addresses, words[1])
       else if (key === 'netmask') pendingMask = words[1] ?? null
-      else if (key === 'gateway') cur.gateway ??= words[1] ?? null
+      else if (key === 'gateway') setGateway(cur, words[1])
       else if (key === 'dns-nameservers') for (const d of words.slice(1)) pushUnique(cur.dns, d)
       else if (key === 'hwaddress') cur.mac = normalizeMac(words[words.length - 1]) ?? cur.mac
       else if (/^(up|post-up|pre-up)$/.test(key)) {
@@ -229,12 +242,13 @@ export function parseNetplan(files: GuestText[]): ConfiguredInterface[] {
       for (const a of asList(e.addresses))
         if (typeof a === 'string') pushUnique(entry.addresses, a)
         else if (a && typeof a === 'object') pushUnique(entry.addresses, Object.keys(a)[0])
-      entry.gateway = typeof e.gateway4 === 'string' ? e.gateway4 : typeof e.gateway6 === 'string' ? e.gateway6 : null
+      if (typeof e.gateway4 === 'string') setGateway(entry, e.gateway4)
+      if (typeof e.gateway6 === 'string') setGateway(entry, e.gateway6)
       for (const r of asList(e.routes)) {
         if (!r || typeof r !== 'object') continue
         const { to, via } = r as { to?: unknown; via?: unknown }
         if (typeof to !== 'string') continue
-        if ((to === 'default' || to === '0.0.0.0/0') && typeof via === 'string') entry.gateway ??= via
+        if ((to === 'default' || to === '0.0.0.0/0' || to === '::/0') && typeof via === 'string') setGateway(entry, via)
         else pushUnique(entry.routes, typeof via === 'string' ? `${to} via ${via}` : to)
       }
       const ns = (e.nameservers ?? {}) as { addresses?: unknown }
@@ -309,9 +323,9 @@ export function parseNmKeyfiles(files: GuestText[]): ConfiguredInterface[] {
             for (const part of v.split(';').filter(Boolean)) {
               const [addr, gw] = part.split(',')
               pushUnique(entry.addresses, addr?.trim())
-              if (gw?.trim()) entry.gateway ??= gw.trim()
+              setGateway(entry, gw)
             }
-          } else if (k === 'gateway') entry.gateway ??= v || null
+          } else if (k === 'gateway') setGateway(entry, v)
           else if (k === 'dns') for (const d of v.split(/[;,]/).filter(Boolean)) pushUnique(entry.dns, d.trim())
           else if (/^routes?\d*$/.test(k)) {
             for (const part of v.split(';').filter(Boolean)) {
@@ -365,7 +379,9 @@ export function parseIfcfg(files: GuestText[]): ConfiguredInterface[] {
     }
     const v6 = v.get('IPV6ADDR')
     if (v6) pushUnique(entry.addresses, v6)
-    entry.gateway = v.get('GATEWAY') || null
+    for (const a of (v.get('IPV6ADDR_SECONDARIES') ?? '').split(/\s+/)) pushUnique(entry.addresses, a)
+    setGateway(entry, v.get('GATEWAY'))
+    setGateway(entry, (v.get('IPV6_DEFAULTGW') ?? '').replace(/%.*$/, ''))
     for (let i = 1; i <= 9; i++) pushUnique(entry.dns, v.get(`DNS${i}`))
     const proto = (v.get('BOOTPROTO') ?? 'none').toLowerCase()
     entry.method = entry.addresses.length ? 'static' : proto === 'dhcp' || proto === 'bootp' ? 'dhcp' : 'manual'
@@ -389,13 +405,13 @@ export function parseNetworkd(files: GuestText[]): ConfiguredInterface[] {
     const entry = iface('networkd', f.path, name)
     entry.mac = mac
     for (const a of [...all('Network', 'Address'), ...all('Address', 'Address')]) for (const x of a.split(/\s+/)) pushUnique(entry.addresses, x)
-    for (const g of all('Network', 'Gateway')) entry.gateway ??= g || null
+    for (const g of all('Network', 'Gateway')) setGateway(entry, g)
     for (const d of all('Network', 'DNS')) for (const x of d.split(/\s+/)) pushUnique(entry.dns, x)
     for (const sec of secs.filter((s) => s.name === 'Route')) {
       const dest = sec.values.get('Destination')?.at(-1)
       const gw = sec.values.get('Gateway')?.at(-1)
       if (dest) pushUnique(entry.routes, gw ? `${dest} via ${gw}` : dest)
-      else if (gw) entry.gateway ??= gw
+      else setGateway(entry, gw)
     }
     const dhcp = all('Network', 'DHCP').some((v) => /^(yes|true|ipv4|ipv6|1)$/i.test(v))
     entry.method = entry.addresses.length ? 'static' : dhcp ? 'dhcp' : 'manual'

@@ -35,11 +35,16 @@ export interface GuestNetwork {
   notes: string[]
 }
 
-/** A file to write into the guest: path, content, mode. */
+/**
+ * A file to write into the guest: path, content, mode (absent: the file's own mode, 0644 for a new
+ * file); `expect`: the text the file must still hold (the write fails, and everything is put
+ * back, when it holds anything else: the guest changed since it was read).
+ */
 export interface GuestFileWrite {
   path: string
   content: string
-  mode: number
+  mode?: number
+  expect?: string
 }
 
 /** The network identity plan of one guest: what to write and what the job will report. */
@@ -130,6 +135,7 @@ export function planNetworkIdentity(network: GuestNetwork, nics: DestinationNic[
       method: list.some((c) => c.method === 'static') ? 'static' : list.some((c) => c.method === 'dhcp') ? 'dhcp' : list[0]!.method,
       addresses: [...new Set(list.flatMap((c) => c.addresses))],
       gateway: list.map((c) => c.gateway).find((g) => g) ?? null,
+      gateway6: list.map((c) => c.gateway6).find((g) => g) ?? null,
       routes: [...new Set(list.flatMap((c) => c.routes))],
       dns: [...new Set(list.flatMap((c) => c.dns))],
       carried: false,

@@ -31,6 +31,8 @@ import { inspectGuest, type GuestInspection } from './inspect.ts'
 import { checkAddresses } from './address-check.ts'
 import { restoreGuestFiles, writeGuestFiles, type GuestFilesUndo } from './guest-files.ts'
 import { destinationNics, planNetworkIdentity } from './net-identity.ts'
+import { planGuestDeviceNames } from './device-names.ts'
+import { checkTargets, checkVerdict, runServiceChecks, type ServiceCheck, type ServiceCheckResult } from './service-checks.ts'
 import { normalizeMac } from '../mac.ts'
 import type { Virsh } from './virsh.ts'
 import {
@@ -89,7 +91,7 @@ export interface StartBootCheck {
 export interface DefineAndStartInput {
   virsh: Virsh
   manifest: VmManifest
-  plan?: DomainPlanOverrides & { start?: boolean }
+  plan?: DomainPlanOverrides & { start?: boolean; checks?: ServiceCheck[] }
   volumes: DomainVolume[]
   domainType: 'kvm' | 'qemu'
   defaultBridge: string | null
@@ -106,6 +108,8 @@ export interface DefineAndStartInput {
   rename?: (taken: ReadonlySet<string>) => Promise<string>
   network?: { addressCheckSeconds?: number } | false
   writeGuestFiles?: typeof writeGuestFiles
+  /** How long each of `plan.checks` is retried after the boot (s, default 120). */
+  checkSeconds?: number
 }
 
 /** Defines tried with a fresh name after libvirt answered "already exists" (see `rename`). */
@@ -235,27 +239,42 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       reason: `disk bus ${recordOfBus(forced, scsiModel)} set by the caller (the inspection chose ${choice.disk_bus}); ${choice.reason}`,
     }
   }
-  // Network identity: pin the names the guest's configuration uses to the NICs' MACs (a guest
-  // conversion step on the destination volumes; nothing is written when the guest cannot boot).
+  // Guest conversion steps on the destination volumes (nothing is written when the guest cannot
+  // boot): names by device that the destination's bus breaks become UUID= (lib/domain/device-names.ts),
+  // and the names the network configuration uses are pinned to the NICs' MACs. One read-write
+  // session for both, undone together.
   let network: HardwareRecord['network'] = null
   let networkProblems: string[] = []
   let undo: GuestFilesUndo | null = null
   const fileOpts = { mounts: inspection?.mounts ?? [], tcg: inspectOpt !== false && inspectOpt.tcg, signal: input.signal }
-  if (input.network !== false && inspection?.network && !choice.fatal) {
-    const planned = planNetworkIdentity(inspection.network, destinationNics(manifest.nics))
-    networkProblems = planned.problems
-    if (planned.writes.length) {
-      try {
-        undo = await (input.writeGuestFiles ?? writeGuestFiles)(paths, planned.writes, fileOpts)
-      } catch (e) {
-        if (e instanceof MigError && e.code === 'E_MIG_CANCELLED') throw e
-        const why = `writing its .link file failed: ${(e as Error).message}`
+  const names = choice.fatal ? null : planGuestDeviceNames(inspection, choice.bus, paths.length)
+  const planned =
+    input.network !== false && inspection?.network && !choice.fatal ? planNetworkIdentity(inspection.network, destinationNics(manifest.nics)) : null
+  if (planned) networkProblems = planned.problems
+  const writes = [...(names?.plan.writes ?? []), ...(planned?.writes ?? [])]
+  if (writes.length) {
+    try {
+      undo = await (input.writeGuestFiles ?? writeGuestFiles)(paths, writes, fileOpts)
+      if (names?.plan.writes.length) names.record.written = true
+    } catch (e) {
+      if (e instanceof MigError && e.code === 'E_MIG_CANCELLED') throw e
+      const msg = (e as Error).message
+      if (planned) {
+        const why = `writing its .link file failed: ${msg}`
         for (const r of planned.interfaces) if (r.how === 'link-file') Object.assign(r, { carried: false, how: null, link_file: null, why })
-        networkProblems = [...networkProblems, `the interface names of the guest could not be pinned (${why})`]
+        if (planned.writes.length) networkProblems = [...networkProblems, `the interface names of the guest could not be pinned (${why})`]
+      }
+      if (names?.plan.writes.length) {
+        names.record.error = msg
+        networkProblems = [
+          ...networkProblems,
+          `the device names ${names.record.rewritten.map((c) => c.from).join(', ')} could not be rewritten to UUID= (${msg}); the guest may not find them on ${choice.disk_bus}`,
+        ]
       }
     }
-    network = { interfaces: planned.interfaces, notes: inspection.network.notes }
   }
+  if (planned && inspection?.network) network = { interfaces: planned.interfaces, notes: inspection.network.notes }
+  const deviceNames = names?.record ?? null
   const undoNetwork = async () => {
     if (undo) await restoreGuestFiles(paths, undo, fileOpts).catch(() => undefined)
     undo = null
@@ -332,7 +351,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
     for (const r of network.interfaces)
       if (r.carried) r.address_evidence = plan?.start === false ? 'the domain was not started' : 'not checked yet: the boot check did not verify a boot'
   }
-  const hardware = record(choice, inspection, null, uefiBoot, network)
+  const hardware = { ...record(choice, inspection, null, uefiBoot, network), ...(deviceNames ? { device_names: deviceNames } : {}) }
   if (choice.fatal) {
     throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name} cannot boot: ${choice.fatal} (static inspection; the domain is defined, not started)`, {
       details: { domain: name, defined: true, hardware, why: choice.fatal },
@@ -353,6 +372,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   }
   const bc = input.bootCheck ?? { graceSeconds: 10, timeoutSeconds: 120 }
   let screen: ScreenReader | undefined
+  let checkResults: ServiceCheckResult[] | undefined
   try {
     screen = bc.readScreen === false ? undefined : await screenReader(virsh, name, `${input.serialLogPath}.screen`)
     // A Linux guest shows a login prompt (or its failure) on its screen even without a serial
@@ -389,15 +409,31 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
         signal: input.signal,
       })
     }
+    // The plan's service checks: on the running domain, verified or not (an answering service is
+    // evidence of its own).
+    let checkNotice: string | null = null
+    if (plan?.checks?.length) {
+      const statics = (network?.interfaces ?? [])
+        .filter((r) => r.carried && r.method === 'static')
+        .map((r) => ({ name: r.name, addresses: r.addresses, seen: r.address_check === 'seen' }))
+      const macs = manifest.nics.map((n) => normalizeMac(n.mac)).filter((m): m is string => !!m)
+      const targets = await checkTargets(statics, name, macs, virsh.uri)
+      checkResults = await runServiceChecks(plan.checks, targets, { waitSeconds: input.checkSeconds ?? 120, signal: input.signal })
+      if (input.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled during the service checks')
+      const v = checkVerdict(checkResults)
+      if (v.failure) throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name}: ${v.failure}`, { details: { domain: name, why: v.failure, verdict } })
+      checkNotice = v.notice
+    }
+    const notices = [boot.verified ? null : `boot not verified: ${boot.evidence}`, checkNotice].filter((n): n is string => !!n)
     return {
       name,
       uuid,
       xml,
       started: true,
       boot,
-      hardware: { ...hardware, boot: verdict },
+      hardware: { ...hardware, boot: verdict, ...(checkResults ? { checks: checkResults } : {}) },
       inspection,
-      notice: boot.verified ? null : `boot not verified: ${boot.evidence}`,
+      notice: notices.length ? notices.join('; ') : null,
       networkNotice,
     }
   } catch (e) {
@@ -410,7 +446,15 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
         {
           details: {
             ...e.details,
-            hardware: { ...hardware, boot: { verified: false, evidence: why, source: (e.details?.source as BootEvidenceSource | undefined) ?? null } },
+            hardware: {
+              ...hardware,
+              ...(checkResults ? { checks: checkResults } : {}),
+              boot: (e.details?.verdict as HardwareRecord['boot'] | undefined) ?? {
+                verified: false,
+                evidence: why,
+                source: (e.details?.source as BootEvidenceSource | undefined) ?? null,
+              },
+            },
           },
           cause: e,
         },

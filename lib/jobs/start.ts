@@ -51,6 +51,7 @@ export function startStep(input: StartInput): (job: Job, manifest: VmManifest, v
         firmware: job.plan.firmware,
         networks: job.plan.networks,
         start: job.plan.start,
+        checks: job.plan.checks,
       },
       volumes: manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
       domainType: settings.domain.type,

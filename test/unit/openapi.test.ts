@@ -68,7 +68,11 @@ describe('GET /openapi.json', () => {
     }
     expect(plan.additionalProperties).toBe(false)
     expect(plan.properties.plan.required).toEqual(expect.arrayContaining(['source', 'source_ref', 'mode']))
-    expect(Object.keys(plan.properties.plan.properties)).toEqual(expect.arrayContaining(['cutover', 'precopy_interval_seconds', 'networks']))
+    expect(Object.keys(plan.properties.plan.properties)).toEqual(expect.arrayContaining(['cutover', 'precopy_interval_seconds', 'networks', 'checks']))
+    const checks = plan.properties.plan.properties.checks as { description: string; maxItems: number; items: { properties: Record<string, unknown> } }
+    expect(checks.description).toContain('Services that answer')
+    expect(checks.maxItems).toBe(32)
+    expect(Object.keys(checks.items.properties)).toEqual(['name', 'tcp', 'http', 'on_failure'])
     const source = served.paths['/sources']?.post?.requestBody?.content['application/json']?.schema as { required: string[] }
     expect(source.required).toEqual(expect.arrayContaining(['name', 'kind', 'endpoint', 'username', 'password']))
   })

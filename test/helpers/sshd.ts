@@ -7,7 +7,7 @@
  * process group (its per-connection children with it); `stop()` ends that group.
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { accepts, freePort } from './server.ts'
 
@@ -55,7 +55,6 @@ export async function startSshd(dir: string): Promise<RunningSshd> {
       'UsePAM no',
       'StrictModes no',
       'AllowStreamLocalForwarding yes',
-      'AllowTcpForwarding no',
       'X11Forwarding no',
       'MaxStartups 50',
       'MaxSessions 50',
@@ -80,15 +79,35 @@ export async function startSshd(dir: string): Promise<RunningSshd> {
   }
   const hostPub = readFileSync(p('host_key.pub'), 'utf8').trim().split(' ')
   const otherPub = readFileSync(p('other_host_key.pub'), 'utf8').trim().split(' ')
+  // the listener and its descendants (each connection's processes call setsid: not in its group)
   const pids = () => {
-    try {
-      return execFileSync('pgrep', ['-g', String(child.pid)], { encoding: 'utf8' })
-        .split('\n')
-        .map(Number)
-        .filter((n) => n > 0)
-    } catch {
-      return []
+    const all: number[] = []
+    let level = [child.pid!]
+    while (level.length > 0) {
+      all.push(...level)
+      const next: number[] = []
+      for (const p of level) {
+        try {
+          next.push(
+            ...execFileSync('pgrep', ['-P', String(p)], { encoding: 'utf8' })
+              .split('\n')
+              .map(Number)
+              .filter((n) => n > 0),
+          )
+        } catch {
+          // no children
+        }
+      }
+      level = next
     }
+    return all.filter((p) => {
+      try {
+        process.kill(p, 0)
+        return true
+      } catch {
+        return false
+      }
+    })
   }
   return {
     port,
@@ -101,11 +120,13 @@ export async function startSshd(dir: string): Promise<RunningSshd> {
       for (const pid of pids()) if (pid !== child.pid) process.kill(pid, 'SIGKILL')
     },
     async stop() {
-      try {
-        process.kill(-child.pid!, 'SIGTERM')
-      } catch {}
-      for (let i = 0; i < 100 && pids().length > 0; i++) await Bun.sleep(50)
-      for (const pid of pids()) process.kill(pid, 'SIGKILL')
+      const all = pids()
+      for (const pid of all) {
+        try {
+          process.kill(pid, 'SIGKILL')
+        } catch {}
+      }
+      for (let i = 0; i < 100 && all.some((p) => existsSync(`/proc/${p}`)); i++) await Bun.sleep(50)
     },
   }
 }

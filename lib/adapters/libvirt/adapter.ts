@@ -35,7 +35,7 @@ export const LIBVIRT_PREFIX = 'migrator-'
 export const MARK_URI = 'https://vm-migrator.invalid/libvirt-source/mark'
 /** Metadata namespace of the "started paused by the migrator" marker (live state only). */
 export const STARTED_URI = 'https://vm-migrator.invalid/libvirt-source/started-paused'
-/** Directory on the remote host of the backup export sockets (qemu creates them; libvirt removes them). */
+/** Directory on the remote host of the backup export sockets and scratch files (qemu creates them; libvirt removes them). */
 export const REMOTE_SOCKET_DIR = '/var/lib/libvirt/qemu'
 
 /** Tunables of the adapter, milliseconds. */
@@ -278,7 +278,13 @@ export class LibvirtSession implements LiveSession {
       incremental ? `  <incremental>${xa(incremental)}</incremental>` : '',
       `  <server transport='unix' socket='${xa(remoteSocket)}'/>`,
       '  <disks>',
-      ...allTargets.map((t) => (copied.has(t) ? `    <disk name='${xa(t)}' backup='yes'/>` : `    <disk name='${xa(t)}' backup='no'/>`)),
+      // a pull backup needs a scratch file per disk (the old blocks of guest writes during the
+      // backup); libvirt removes it when the job ends
+      ...allTargets.map((t) =>
+        copied.has(t)
+          ? `    <disk name='${xa(t)}' backup='yes' type='file'><scratch file='${xa(`${REMOTE_SOCKET_DIR}/${name}-${t}.scratch`)}'/></disk>`
+          : `    <disk name='${xa(t)}' backup='no'/>`,
+      ),
       '  </disks>',
       '</domainbackup>',
     ]

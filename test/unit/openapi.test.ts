@@ -69,7 +69,9 @@ describe('GET /openapi.json', () => {
     expect(plan.additionalProperties).toBe(false)
     expect(plan.properties.plan.required).toEqual(expect.arrayContaining(['source', 'source_ref', 'mode']))
     expect(Object.keys(plan.properties.plan.properties)).toEqual(expect.arrayContaining(['cutover', 'precopy_interval_seconds', 'networks']))
-    const source = served.paths['/sources']?.post?.requestBody?.content['application/json']?.schema as { required: string[] }
-    expect(source.required).toEqual(expect.arrayContaining(['name', 'kind', 'endpoint', 'username', 'password']))
+    const source = served.paths['/sources']?.post?.requestBody?.content['application/json']?.schema as { required: string[]; properties: object }
+    expect(source.required).toEqual(expect.arrayContaining(['name', 'kind', 'endpoint', 'username']))
+    // the password, or for libvirt_remote the private key and pinned host key (which one: by kind)
+    expect(Object.keys(source.properties)).toEqual(expect.arrayContaining(['password', 'private_key', 'known_hosts', 'client_cert']))
   })
 })

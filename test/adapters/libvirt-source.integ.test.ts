@@ -11,7 +11,7 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { chmodSync, existsSync, readdirSync } from 'node:fs'
+import { chmodSync, existsSync, readdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { createLibvirtAdapter, type LibvirtSession } from '../../lib/adapters/libvirt/adapter.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
@@ -211,6 +211,35 @@ describe('libvirt_remote adapter against the real libvirtd over a real sshd', ()
       await s.close()
     }
   }, 180_000)
+
+  test('a disk converted or resized since inspection: E_MIG_DISK_READ_FAILED naming the change', async () => {
+    const q = makeQcow2(path.join(t.dir, 'change.qcow2'), MARKER, 16 * MiB)
+    const name = `${PREFIX}change`
+    const uuid = defineSource(name, [{ file: q, format: 'qcow2' }])
+    const s = await connect()
+    try {
+      const before = await s.inspect(uuid)
+      // resized: the export is larger than the manifest says
+      execFileSync('qemu-img', ['resize', '-q', q, `${32 * MiB}`])
+      let snap = await s.createSnapshot(uuid, 'migrator-changejob-0')
+      const resized = await thrown(() => s.openDisk(uuid, snap, before.disks[0]!))
+      expect([resized.code, /resized/.test(resized.message)]).toEqual(['E_MIG_DISK_READ_FAILED', true])
+      await s.cleanup(uuid)
+      // converted: the domain now names a raw disk
+      const raw = path.join(t.dir, 'change.raw')
+      execFileSync('qemu-img', ['convert', '-O', 'raw', q, raw])
+      chmodSync(raw, 0o644)
+      writeFileSync(`${raw}.xml`, virsh('dumpxml', '--domain', name, '--inactive').replace("type='qcow2'", "type='raw'").replace(q, raw))
+      virsh('define', '--file', `${raw}.xml`)
+      snap = await s.createSnapshot(uuid, 'migrator-changejob-1')
+      const converted = await thrown(() => s.openDisk(uuid, snap, before.disks[0]!))
+      expect([converted.code, /raw on the source now, qcow2 at inspection/.test(converted.message)]).toEqual(['E_MIG_DISK_READ_FAILED', true])
+      await s.cleanup(uuid)
+      expect(virsh('domstate', '--domain', uuid)).toBe('shut off')
+    } finally {
+      await s.close()
+    }
+  }, 120_000)
 
   test('a restarted worker: cleanup on a new connection ends the backup job, removes the checkpoints and stops the domain a dead one started paused', async () => {
     const q = makeQcow2(path.join(t.dir, 'dead.qcow2'), MARKER, 16 * MiB)

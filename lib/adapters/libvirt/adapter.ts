@@ -71,6 +71,8 @@ interface ActiveBackup {
   incremental: string | null
   /** Targets of the copied disks. */
   targets: string[]
+  /** Each copied disk's format when the backup began (`<driver type>`). */
+  formats: Map<string, string | null>
   forward: { socket: string; stop(): void; alive(): boolean } | null
   /** The forward being opened, when one is. */
   opening: Promise<string> | null
@@ -304,7 +306,15 @@ export class LibvirtSession implements LiveSession {
       args.push('--checkpointxml', this.t.writeFile(`${name}.checkpoint.xml`, ck))
     }
     await this.call(args, `backup ${name} of ${info.name}`, 'E_MIG_SNAPSHOT_FAILED', 120_000)
-    const b: ActiveBackup = { name, remoteSocket, incremental, targets: [...copied], forward: null, opening: null }
+    const b: ActiveBackup = {
+      name,
+      remoteSocket,
+      incremental,
+      targets: [...copied],
+      formats: new Map(info.disks.map((d) => [d.target, d.format])),
+      forward: null,
+      opening: null,
+    }
     this.active.set(vmId, b)
     if (warm) this.lastCheckpoint.set(vmId, name)
     try {
@@ -326,6 +336,13 @@ export class LibvirtSession implements LiveSession {
         `${disk.label}: backup ${snapshot.id} of ${vmId} is not running on this connection (ended or taken by another)`,
       )
     if (!b.targets.includes(disk.label)) throw new MigError('E_MIG_DISK_READ_FAILED', `${disk.label}: not a disk of backup ${snapshot.id}`)
+    const now = diskFormatOf(b.formats.get(disk.label) ?? null) ?? 'raw'
+    if (now !== disk.disk_format)
+      throw new MigError(
+        'E_MIG_DISK_READ_FAILED',
+        `${disk.label}: the disk is ${now} on the source now, ${disk.disk_format} at inspection: it was converted or replaced; inspect the VM again and submit a new plan`,
+        { details: { disk: disk.label } },
+      )
     return b
   }
 

@@ -4,9 +4,12 @@
 import { describe, expect, test } from 'bun:test'
 import { manifestOf } from '../../lib/adapters/libvirt/adapter.ts'
 import { parseDomainXml, parseDomblkinfoAll, powerStateOf } from '../../lib/adapters/libvirt/domain.ts'
-import { classifyFailure } from '../../lib/adapters/libvirt/transport.ts'
+import { classifyFailure, sweepStaleConnections } from '../../lib/adapters/libvirt/transport.ts'
 import { knownHostsProblem, parseLibvirtEndpoint, privateKeyProblem } from '../../lib/adapters/libvirt/uri.ts'
-import { thrown } from '../helpers/env.ts'
+import { spawn, spawnSync } from 'node:child_process'
+import { existsSync, mkdirSync, symlinkSync } from 'node:fs'
+import * as path from 'node:path'
+import { tempDir, thrown } from '../helpers/env.ts'
 
 const XML = `<domain type='kvm'>
   <name>web01</name>
@@ -143,5 +146,27 @@ describe('libvirt_remote: domain XML into the listing and the manifest', () => {
       'off',
       'unknown',
     ])
+  })
+})
+
+describe('libvirt_remote: what a killed worker left', () => {
+  test("a dead process's private directory (its key) and its orphaned ssh forward are removed; a live one's kept", async () => {
+    const t = tempDir('mig-lvsweep-')
+    try {
+      const deadPid = spawnSync('true').pid!
+      const stale = path.join(t.dir, `migrator-libvirt-${deadPid}-abc123`)
+      const live = path.join(t.dir, `migrator-libvirt-${process.pid}-def456`)
+      for (const d of [stale, live]) mkdirSync(d)
+      // an "ssh" whose command line names the stale directory, as a forward's does
+      symlinkSync('/bin/sleep', path.join(stale, 'ssh'))
+      const orphan = spawn(path.join(stale, 'ssh'), ['60'], { stdio: 'ignore' })
+      const exited = new Promise((r) => orphan.once('exit', r))
+      await Bun.sleep(100)
+      sweepStaleConnections(t.dir)
+      await exited
+      expect([existsSync(stale), existsSync(live), orphan.signalCode]).toEqual([false, true, 'SIGTERM'])
+    } finally {
+      t.cleanup()
+    }
   })
 })

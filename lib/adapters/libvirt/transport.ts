@@ -7,7 +7,8 @@
  *   checking unless the operator chose `tls.insecure`, batch mode: never a prompt) and an `ssh`
  *   wrapper running `ssh -F ssh_config`; for TLS, the `pkipath` directory libvirt reads
  *   (`cacert.pem`, `clientcert.pem`, `clientkey.pem`, https://libvirt.org/kbase/tlscerts.html).
- *   {@link LibvirtTransport.close} removes it.
+ *   {@link LibvirtTransport.close} removes it; a new connection removes those of processes that
+ *   are gone, with their orphaned `ssh` forwards ({@link sweepStaleConnections}).
  * - The libvirt URI: the endpoint with `command=<wrapper>` and `no_tty=1` (libvirt's ssh transport
  *   URI parameters, https://libvirt.org/uri.html#ssh-transport), or `pkipath=<dir>` for TLS.
  * - `virsh -c <uri>`: every control-plane call; {@link classifyFailure} turns its failures into
@@ -16,11 +17,11 @@
  *   pull backup's NBD socket on the remote host reached as a local Unix socket).
  */
 import { type ChildProcess, spawn } from 'node:child_process'
-import { mkdtempSync, rmSync, writeFileSync, mkdirSync, existsSync } from 'node:fs'
+import { mkdtempSync, rmSync, writeFileSync, mkdirSync, existsSync, readdirSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 import { MigError, type ErrorCode } from '../../errors.ts'
-import { exec } from '../../exec.ts'
+import { exec, processAlive } from '../../exec.ts'
 import { sleep } from '../../retry.ts'
 import type { LibvirtEndpoint } from './uri.ts'
 
@@ -104,6 +105,42 @@ export function classifyFailure(label: string, out: VirshOut, fallback: ErrorCod
   return new MigError(fallback, `${label}: ${what} failed: ${detail || `exit ${out.code}`}`, { details: { endpoint: label } })
 }
 
+/** Prefix of the private directories: `migrator-libvirt-<pid of the owning process>-XXXXXX`. */
+const DIR_PREFIX = 'migrator-libvirt-'
+
+/**
+ * Removes what connections of processes that are gone left behind (a worker killed outright):
+ * their private directories (the private key in them) and the `ssh` forwards still running with
+ * a socket in them (orphans of the dead worker). Never throws.
+ */
+export function sweepStaleConnections(root = tmpdir()): void {
+  try {
+    const stale = readdirSync(root)
+      .map((n) => ({ n, m: new RegExp(`^${DIR_PREFIX}(\\d+)-`).exec(n) }))
+      .filter((e) => e.m && Number(e.m[1]) !== process.pid && !processAlive(Number(e.m[1])))
+      .map((e) => path.join(root, e.n))
+    if (stale.length === 0) return
+    for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+      let cmd = ''
+      try {
+        cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8')
+      } catch {
+        continue
+      }
+      if (stale.some((d) => cmd.includes(`${d}/`)) && cmd.split('\0')[0]?.endsWith('ssh')) {
+        try {
+          process.kill(Number(pid), 'SIGTERM')
+        } catch {
+          // gone already
+        }
+      }
+    }
+    for (const d of stale) rmSync(d, { recursive: true, force: true })
+  } catch {
+    // a sweep that fails leaves files, never a failed connection
+  }
+}
+
 /** The local side of one connection: its private directory, URI and programs. */
 export class LibvirtTransport {
   /** The private directory (0700). */
@@ -118,7 +155,8 @@ export class LibvirtTransport {
   constructor(readonly creds: LibvirtCredentials) {
     const ep = creds.endpoint
     this.label = `libvirt_remote ${ep.url}`
-    this.dir = mkdtempSync(path.join(tmpdir(), 'migrator-libvirt-'))
+    sweepStaleConnections()
+    this.dir = mkdtempSync(path.join(tmpdir(), `${DIR_PREFIX}${process.pid}-`))
     try {
       const key = path.join(this.dir, 'id_key')
       writeFileSync(key, creds.privateKey.replace(/\r\n/g, '\n').trimEnd() + '\n', { mode: 0o600 })

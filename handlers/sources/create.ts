@@ -9,8 +9,9 @@ export const method = 'POST'
 export const path = '/sources'
 
 /**
- * Body `{name, kind, endpoint, username, password, tls?}`; 201 with the source (password sealed
- * with AES-256-GCM, never returned). Throws `E_MIG_BAD_REQUEST` (invalid body), `E_MIG_CONFLICT`
+ * Body `{name, kind, endpoint, username, password, tls?}`, for `libvirt_remote`
+ * `{..., private_key, known_hosts | client_cert}` instead of the password; 201 with the source (the
+ * secret sealed with AES-256-GCM, never returned). Throws `E_MIG_BAD_REQUEST` (invalid body), `E_MIG_CONFLICT`
  * (name taken), `E_MIG_PERSIST_FAILED`.
  */
 export async function handle(request: Request, ctx: Ctx): Promise<Response> {
@@ -22,8 +23,8 @@ export async function handle(request: Request, ctx: Ctx): Promise<Response> {
     kind: input.kind,
     endpoint: input.endpoint,
     username: input.username,
-    secret: ctx.sealer.seal(input.password, id),
-    tls: input.tls ?? {},
+    secret: ctx.sealer.seal(input.secret, id),
+    tls: input.tls,
     now: ctx.now().toISOString(),
   })
   return json(publicSource(source), 201)

@@ -1,7 +1,6 @@
 /**
- * The five live adapter stubs of spec 1.1: `wmi_api` (Hyper-V over WinRM/WMI), `pve_api`
- * (Proxmox VE REST API), `libvirt_remote` (a remote libvirtd), `xen_api` (XenServer/XCP-ng XAPI)
- * and `prism_api` (Nutanix Prism). Each validates the endpoint on connect with the rules of its
+ * The four live adapter stubs of spec 1.1: `wmi_api` (Hyper-V over WinRM/WMI), `pve_api`
+ * (Proxmox VE REST API), `xen_api` (XenServer/XCP-ng XAPI) and `prism_api` (Nutanix Prism). Each validates the endpoint on connect with the rules of its
  * product (scheme, default port, API path), then checks that something accepts a TCP connection
  * there; it has no control-plane client, so listing and inspecting fail with `E_MIG_INTERNAL`,
  * every data-plane method fails with `E_MIG_INTERNAL` (snapshots with `E_MIG_SNAPSHOT_FAILED`),
@@ -13,7 +12,7 @@ import type { AdapterKind } from '../kinds.ts'
 import type { LiveSession, SourceAdapter, SourceConnection } from './types.ts'
 
 /** The kinds served by stubs. */
-export const STUB_KINDS = ['wmi_api', 'pve_api', 'libvirt_remote', 'xen_api', 'prism_api'] as const
+export const STUB_KINDS = ['wmi_api', 'pve_api', 'xen_api', 'prism_api'] as const
 export type StubKind = (typeof STUB_KINDS)[number]
 
 /** A validated endpoint: the normalized URL and the TCP address a probe connects to. */
@@ -34,11 +33,6 @@ interface Rules {
 const RULES: Record<StubKind, Rules> = {
   wmi_api: { product: 'Microsoft Hyper-V (WinRM/WMI)', schemes: { https: 5986, http: 5985 }, paths: ['/wsman', ''] },
   pve_api: { product: 'Proxmox VE', schemes: { https: 8006 }, paths: ['/api2/json', ''] },
-  libvirt_remote: {
-    product: 'libvirt',
-    schemes: { 'qemu+tls': 16514, 'qemu+ssh': 22, 'qemu+libssh2': 22, 'qemu+libssh': 22, 'qemu+tcp': 16509 },
-    paths: ['/system', '/session'],
-  },
   xen_api: { product: 'XenServer/XCP-ng XAPI', schemes: { https: 443, http: 80 }, paths: ['/', ''] },
   prism_api: { product: 'Nutanix Prism', schemes: { https: 9440 }, paths: ['/api/nutanix/v3', '/PrismGateway/services/rest/v2.0', ''] },
 }
@@ -47,7 +41,7 @@ const HOST = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?(\
 
 /**
  * Validates `endpoint` for `kind`: a URL with one of the product's schemes, a host, an optional
- * port 1-65535, one of its API paths, no credentials other than a libvirt SSH user, no query
+ * port 1-65535, one of its API paths, no credentials, no query
  * (except none) or fragment; or a bare `host[:port]` (the product's first scheme and default
  * port). Returns the normalized URL. Throws `E_MIG_BAD_REQUEST` naming the rule broken.
  */

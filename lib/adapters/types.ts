@@ -9,7 +9,11 @@ import type { SourceTls } from '../contracts/source-tls.ts'
 import type { ManifestDisk } from '../manifest.ts'
 import type { DiskArea, DiskReader } from '../contracts/disk-reader.ts'
 
-/** What an adapter needs to reach a source. `password` is the opened (unsealed) secret. */
+/**
+ * What an adapter needs to reach a source. `password` is the opened (unsealed) secret: the
+ * password, or for `libvirt_remote` the private key; `tls` carries the pinned SSH host keys
+ * (`known_hosts`) and TLS client certificate of that kind too.
+ */
 export interface SourceConnection {
   endpoint: string
   username: string
@@ -27,6 +31,12 @@ export interface VmSummary {
   guest_id: string | null
   cpu_count: number | null
   memory_bytes: number | null
+  /** Sources that tell it in their listing (libvirt_remote): the firmware. */
+  firmware?: 'bios' | 'efi'
+  /** Sources that tell it in their listing (libvirt_remote): each disk's target, format, sizes (bytes), bus and host path. */
+  disks?: { label: string; format: string | null; capacity_bytes: number | null; allocated_bytes: number | null; bus: string; path: string | null }[]
+  /** Sources that tell it in their listing (libvirt_remote): each NIC's MAC, model and network or bridge. */
+  nics?: { mac: string | null; model: string; network: string | null }[]
 }
 
 /** An open, logged-in control-plane connection. */

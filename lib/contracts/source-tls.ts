@@ -10,6 +10,10 @@ export interface SourceTls {
   insecure?: boolean
   ca_pem?: string
   thumbprint?: string
+  /** `libvirt_remote` over SSH: the pinned host keys, OpenSSH known_hosts lines (stored, not a request field of `tls`). */
+  known_hosts?: string
+  /** `libvirt_remote` over TLS: the client certificate, PEM (stored, not a request field of `tls`). */
+  client_cert_pem?: string
 }
 
 /**

@@ -16,6 +16,8 @@ export interface Source {
   endpoint: string
   username: string
   tls: { insecure: boolean; thumbprint: string | null; has_ca: boolean }
+  /** `libvirt_remote` over SSH: the pinned host key lines; null otherwise. */
+  known_hosts?: string | null
   created_at: string
   updated_at: string
 }
@@ -34,6 +36,7 @@ function toSource(r: Selectable<SourcesTable>): SourceWithTls {
     endpoint: r.endpoint,
     username: r.username,
     tls: { insecure: tls.insecure === true, thumbprint: tls.thumbprint ?? null, has_ca: typeof tls.ca_pem === 'string' },
+    ...(r.kind === 'libvirt_remote' ? { known_hosts: tls.known_hosts ?? null } : {}),
     created_at: r.created_at,
     updated_at: r.updated_at,
     tls_config: tls,

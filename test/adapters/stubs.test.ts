@@ -28,21 +28,6 @@ const RULES: Record<StubKind, { good: [string, string][]; bad: string[] }> = {
     ],
     bad: ['http://pve1:8006/api2/json', 'https://pve1/api2/xml', 'https://root@pve1/api2/json', 'pve1/api2/json'],
   },
-  libvirt_remote: {
-    good: [
-      ['kvm1', 'qemu+tls://kvm1:16514/system'],
-      ['qemu+ssh://root@kvm1/system', 'qemu+ssh://root@kvm1:22/system'],
-      ['qemu+tcp://kvm1:16509/session', 'qemu+tcp://kvm1:16509/session'],
-    ],
-    bad: [
-      'https://kvm1/system',
-      'qemu+ssh://kvm1/',
-      'qemu+ssh://kvm1/other',
-      'qemu+tls://user@kvm1/system',
-      'qemu:///system',
-      'qemu+ssh://root;rm@kvm1/system',
-    ],
-  },
   xen_api: {
     good: [
       ['xen1', 'https://xen1:443/'],
@@ -86,8 +71,7 @@ describe('stub adapters: reachability and the failing data plane', () => {
     await new Promise((r) => srv.close(() => r(null)))
   })
 
-  const endpoint = (kind: StubKind, p: number) =>
-    kind === 'libvirt_remote' ? `qemu+tcp://127.0.0.1:${p}/system` : kind === 'xen_api' ? `https://127.0.0.1:${p}/` : `127.0.0.1:${p}`
+  const endpoint = (kind: StubKind, p: number) => (kind === 'xen_api' ? `https://127.0.0.1:${p}/` : `127.0.0.1:${p}`)
 
   for (const kind of STUB_KINDS) {
     test(`${kind}: nothing listening -> E_MIG_SOURCE_UNREACHABLE; a listener -> a session whose every data-plane method fails`, async () => {

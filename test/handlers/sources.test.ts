@@ -67,22 +67,54 @@ describe('sources handlers', () => {
   })
 
   test('POST /sources: the endpoint follows the rules of its kind (libvirt URIs with an SSH user, vim_api https /sdk only)', async () => {
-    const ok = await create.handle(
-      req('POST', '/sources', { ...body, name: 'kvm1', kind: 'libvirt_remote', endpoint: 'qemu+ssh://root@kvm1.example.test/system', tls: undefined }),
-      ctx,
-    )
+    const key = '-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU=\n-----END OPENSSH PRIVATE KEY-----\n'
+    const knownHosts = 'kvm1.example.test ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH3kDutIm6bWag/95ZQ1ZvZ13TuJqGVFRE9a3OoS+g1r\n'
+    const libvirt = {
+      name: 'kvm1',
+      kind: 'libvirt_remote',
+      endpoint: 'qemu+ssh://root@kvm1.example.test/system',
+      username: 'root',
+      private_key: key,
+      known_hosts: knownHosts,
+    }
+    const ok = await create.handle(req('POST', '/sources', libvirt), ctx)
     expect(ok.status).toBe(201)
-    expect((await ok.json()).endpoint).toBe('qemu+ssh://root@kvm1.example.test/system')
+    const text = await ok.text()
+    // the private key is sealed, never returned; the pinned host key is
+    expect(text).not.toContain('PRIVATE KEY')
+    const created = JSON.parse(text)
+    expect([created.endpoint, created.known_hosts]).toEqual(['qemu+ssh://root@kvm1.example.test/system', knownHosts])
+    const row = await ctx.store.db.selectFrom('sources').selectAll().where('id', '=', created.id).executeTakeFirstOrThrow()
+    expect(ctx.sealer.open(row.secret, created.id)).toBe(key)
     for (const [kind, endpoint, why] of [
       ['vim_api', 'http://vc02.example.test/sdk', /https only/],
       ['vim_api', 'https://vc02.example.test/api', /\/sdk/],
       ['pve_api', 'qemu+ssh://root@pve1/system', /scheme/],
-      ['libvirt_remote', 'qemu+ssh://root:pw@kvm1/system', /credentials|URL/],
+      ['libvirt_remote', 'qemu+ssh://root:pw@kvm1/system', /credentials|URL|user/],
       ['libvirt_remote', 'qemu+tls://kvm1/other', /path/],
+      ['libvirt_remote', 'qemu+tcp://kvm1/system', /neither authentication nor encryption/],
     ] as const) {
-      const e = await thrown(() => create.handle(req('POST', '/sources', { ...body, name: `bad-${kind}`, kind, endpoint }), ctx))
+      const input = kind === 'libvirt_remote' ? { ...libvirt, name: `bad-${endpoint}`, endpoint } : { ...body, name: `bad-${kind}`, kind, endpoint }
+      const e = await thrown(() => create.handle(req('POST', '/sources', input), ctx))
       expect([kind, endpoint, e.code, e.details.issues[0].path, why.test(e.message)]).toEqual([kind, endpoint, 'E_MIG_BAD_REQUEST', 'endpoint', true])
     }
+    // each credential problem names its field; no secret is echoed
+    const fields = async (over: Record<string, unknown>) => {
+      const e = await thrown(() => create.handle(req('POST', '/sources', { ...libvirt, name: 'kvm-x', ...over }), ctx))
+      expect(e.code).toBe('E_MIG_BAD_REQUEST')
+      expect(e.message).not.toContain('b3BlbnNzaC1rZXktdjEAAAAABG5vbmU')
+      return e.details.issues.map((i: any) => i.path).sort()
+    }
+    expect(await fields({ private_key: undefined, password: 'pw' })).toEqual(['password', 'private_key'])
+    expect(await fields({ known_hosts: undefined })).toEqual(['known_hosts'])
+    expect(await fields({ known_hosts: 'kvm1 not-a-key' })).toEqual(['known_hosts'])
+    expect(await fields({ private_key: 'ssh-ed25519 AAAA public half' })).toEqual(['private_key'])
+    expect(await fields({ username: 'admin' })).toEqual(['username'])
+    expect(await fields({ endpoint: 'qemu+tls://kvm1/system', known_hosts: undefined })).toEqual(['client_cert', 'tls.ca_pem'])
+    expect(await fields({ kind: 'vim_api', endpoint: 'https://vc9/sdk' })).toEqual(['known_hosts', 'password', 'private_key'])
+    // tls.insecure skips the host key pin only by choice
+    const insecure = await create.handle(req('POST', '/sources', { ...libvirt, name: 'kvm-insecure', known_hosts: undefined, tls: { insecure: true } }), ctx)
+    expect(insecure.status).toBe(201)
   })
 
   test('control-plane calls: no adapter answers in this build -> E_MIG_SOURCE_UNREACHABLE', async () => {

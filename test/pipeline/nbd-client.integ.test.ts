@@ -9,7 +9,7 @@ import { existsSync, writeFileSync } from 'node:fs'
 import { createServer, type Server, type Socket } from 'node:net'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
-import { NbdClient, NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../lib/pipeline/nbd-client.ts'
+import { NbdClient, NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../lib/nbd/client.ts'
 import { startQemuNbd } from '../../lib/pipeline/qemu-nbd.ts'
 import { tempDir } from '../helpers/tmp.ts'
 

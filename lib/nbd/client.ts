@@ -3,8 +3,10 @@
  *
  * Follows the NBD protocol document (NetworkBlockDevice/nbd `doc/proto.md`):
  * - fixed newstyle handshake (`NBDMAGIC`, `IHAVEOPT`, `NBD_FLAG_FIXED_NEWSTYLE`, `NBD_FLAG_NO_ZEROES`);
- * - option haggling: `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_SET_META_CONTEXT` with `base:allocation`,
- *   `NBD_OPT_GO` asking for `NBD_INFO_EXPORT` (size, transmission flags) and `NBD_INFO_BLOCK_SIZE`;
+ * - option haggling: `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_SET_META_CONTEXT` with one metadata
+ *   context (`base:allocation` by default, or another such as qemu's `qemu:dirty-bitmap:<name>`,
+ *   qemu `docs/interop/nbd.txt`), `NBD_OPT_GO` asking for `NBD_INFO_EXPORT` (size, transmission
+ *   flags) and `NBD_INFO_BLOCK_SIZE`;
  * - transmission: `NBD_CMD_READ` (simple replies, or structured replies reassembled from
  *   `NBD_REPLY_TYPE_OFFSET_DATA` / `OFFSET_HOLE` chunks, with `ERROR` / `ERROR_OFFSET` chunks),
  *   `NBD_CMD_BLOCK_STATUS` (`NBD_REPLY_TYPE_BLOCK_STATUS` descriptors with `NBD_STATE_HOLE` /
@@ -66,6 +68,8 @@ export const NBD_FLAG_READ_ONLY = 1 << 1
 export const NBD_STATE_HOLE = 1
 /** Block status flag of `base:allocation`: the extent reads as zeros. */
 export const NBD_STATE_ZERO = 2
+/** Block status flag of a `qemu:dirty-bitmap:` context: the extent is dirty (qemu `docs/interop/nbd.txt`). */
+export const NBD_STATE_DIRTY = 1
 
 /** Largest option reply payload accepted during the handshake, bytes. */
 const MAX_OPTION_REPLY = 64 * 1024
@@ -93,8 +97,14 @@ export interface NbdConnectOptions {
   timeoutMs?: number
   /** Aborting closes the connection. */
   signal?: AbortSignal
-  /** Ask for `base:allocation` (default true). */
+  /** Ask for a metadata context (default true). */
   blockStatus?: boolean
+  /**
+   * The metadata context block status reports (default `base:allocation`): one context per
+   * connection, so each descriptor answers one question. Whether the server granted it is
+   * {@link NbdClient.baseAllocation} (true for any granted context).
+   */
+  metaContext?: string
   /**
    * Whether the server process is gone, asked before each new connection attempt: a socket file
    * left by a server that exited refuses connections forever, so no more attempts are made.
@@ -200,7 +210,7 @@ export class NbdClient {
   flags = 0
   /** Whether structured replies were negotiated. */
   structured = false
-  /** Whether the `base:allocation` meta context was negotiated (block status available). */
+  /** Whether the requested meta context (`base:allocation` unless another was asked) was negotiated (block status available). */
   baseAllocation = false
   /** Largest request length sent, bytes: min(32 MiB, the server's maximum block size). */
   maxRequest = NBD_MAX_REQUEST
@@ -272,7 +282,7 @@ export class NbdClient {
     opts.signal?.addEventListener('abort', onAbort, { once: true })
     const timer = setTimeout(() => client.fatal('handshake timed out'), Math.max(1, deadline - Date.now()))
     try {
-      await client.handshake(opts.exportName ?? '', opts.blockStatus !== false)
+      await client.handshake(opts.exportName ?? '', opts.blockStatus !== false, opts.metaContext ?? 'base:allocation')
     } catch (e) {
       client.destroy()
       if (opts.signal?.aborted) throw new MigError('E_MIG_CANCELLED', `${label}: cancelled during the NBD handshake`)
@@ -307,7 +317,7 @@ export class NbdClient {
 
   // ---- handshake -------------------------------------------------------------------------
 
-  private async handshake(exportName: string, wantStatus: boolean): Promise<void> {
+  private async handshake(exportName: string, wantStatus: boolean, context: string): Promise<void> {
     const h = await this.q.take(16)
     if (h.readBigUInt64BE(0) !== NBDMAGIC) throw this.violation('bad server magic (not an NBD server)')
     const m = h.readBigUInt64BE(8)
@@ -334,9 +344,10 @@ export class NbdClient {
       throw this.violation(`unexpected reply ${r.type} to NBD_OPT_STRUCTURED_REPLY`)
     }
 
-    // NBD_OPT_SET_META_CONTEXT base:allocation
+    // NBD_OPT_SET_META_CONTEXT <context>
     if (this.structured && wantStatus) {
-      const q = Buffer.from('base:allocation', 'ascii')
+      const q = Buffer.from(context, 'utf8')
+      if (q.length > 4096) throw new MigError('E_MIG_DISK_READ_FAILED', `${this.label}: meta context name too long`)
       const p = Buffer.alloc(4 + name.length + 4 + 4 + q.length)
       let o = p.writeUInt32BE(name.length, 0)
       o += name.copy(p, o)
@@ -351,7 +362,7 @@ export class NbdClient {
         if (r.type !== REP_META_CONTEXT) throw this.violation(`unexpected reply ${r.type} to NBD_OPT_SET_META_CONTEXT`)
         if (r.data.length < 5) throw this.violation('short NBD_REP_META_CONTEXT')
         const id = r.data.readUInt32BE(0)
-        if (r.data.subarray(4).toString('utf8') === 'base:allocation') this.contextId = id
+        if (r.data.subarray(4).toString('utf8') === context) this.contextId = id
       }
       this.baseAllocation = this.contextId >= 0
     }
@@ -463,9 +474,10 @@ export class NbdClient {
   }
 
   /**
-   * The `base:allocation` extents of `[offset, offset+length)` (`NBD_CMD_BLOCK_STATUS`); the
-   * server may answer for a shorter span (at least one extent); the last extent is clipped to the
-   * request. Without `base:allocation` one data extent covering the span is returned.
+   * The extents of the negotiated meta context (`base:allocation` unless another was asked) over
+   * `[offset, offset+length)` (`NBD_CMD_BLOCK_STATUS`); the server may answer for a shorter span
+   * (at least one extent); the last extent is clipped to the request. Without a negotiated
+   * context one extent with flags 0 covering the span is returned.
    * Throws `E_MIG_DISK_READ_FAILED`.
    */
   blockStatus(offset: number, length: number): Promise<BlockStatusDescriptor[]> {

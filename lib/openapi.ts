@@ -291,7 +291,15 @@ export function openApiDocument(basePath: string): Record<string, unknown> {
           { description, content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } } },
         ]),
       ),
-      securitySchemes: { basic: { type: 'http', scheme: 'basic', description: 'MIGRATOR_BASIC_AUTH, when the server is not behind the host daemon' } },
+      securitySchemes: {
+        bearer: {
+          type: 'http',
+          scheme: 'bearer',
+          description:
+            'the API token of <data dir>/api-token, on the TCP listener (MIGRATOR_LISTEN); the unix socket needs none (docs/security.md "Local users")',
+        },
+        basic: { type: 'http', scheme: 'basic', description: 'MIGRATOR_BASIC_AUTH, when the server is not behind the host daemon' },
+      },
     },
   }
 }

@@ -254,8 +254,9 @@ export const VARIABLES = {
     doc: 'optional TCP listener host:port (unset: none, the unix socket only); every request on it needs the API token (<data dir>/api-token), the MIGRATOR_BASIC_AUTH credentials or a console session, else 401; a non-loopback address also requires MIGRATOR_BASIC_AUTH (docs/security.md)',
   },
   MIGRATOR_SOCKET: {
-    schema: optional().refine((v) => v === null || v === 'none' || (path.isAbsolute(v) && Buffer.byteLength(v) <= 100), {
-      error: 'must be an absolute path of at most 100 bytes (a unix socket address), or none',
+    schema: optional().refine((v) => v === null || v === 'none' || (path.isAbsolute(v) && Buffer.byteLength(v) <= 90), {
+      // 108 bytes of sun_path, less the private directory the socket is bound in first (runtime/socket.ts)
+      error: 'must be an absolute path of at most 90 bytes (a unix socket address), or none',
     }),
     doc: "the API's unix socket, owner root, mode 0660, its directory created 0750 when missing; who can connect to it (root and MIGRATOR_SOCKET_GROUP) is served without a token; none: no socket, then MIGRATOR_LISTEN is required (default: /run/<appliance>/api.sock)",
   },

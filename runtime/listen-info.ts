@@ -7,11 +7,11 @@ import { loginLink, mintTicket, readToken, TICKET_SECONDS } from '../lib/auth/ap
 import type { Config } from './config.ts'
 
 /** The lines telling how to open the console; `tcpPort` is the bound port of the TCP listener. */
-export function consoleInstructions(config: Config, tokenFile: string, tcpPort: number | null, group: string | null): string {
+export function consoleInstructions(config: Config, tokenFile: string, tcpPort: number | null): string {
   const lines: string[] = []
   if (config.socket) {
     lines.push(
-      `migrator: API on the unix socket ${config.socket.path} (owner root, group ${group ?? config.socket.group}, mode 0660): the CLI uses it as root`,
+      `migrator: API on the unix socket ${config.socket.path} (owner root, group ${config.socket.group}, mode 0660): the CLI uses it as root`,
       `migrator: console from your machine: ssh -L 8080:${config.socket.path} root@<this host>, then open http://localhost:8080${config.basePath}/ui/`,
     )
   }

@@ -45,7 +45,7 @@ try {
   await app.close()
   fatalStartup(e)
 }
-process.stdout.write(consoleInstructions(config, app.ctx.paths.tokenFile, server?.port ?? null, null))
+process.stdout.write(consoleInstructions(config, app.ctx.paths.tokenFile, server?.port ?? null))
 
 // The pre-flight checks run once the server answers; failing ones are logged with their fix.
 void logPreflight(config, app.ctx.logger).catch((e) => app.ctx.logger.warn({ err: e }, 'pre-flight checks failed to run'))

@@ -67,7 +67,7 @@ try {
   await app.close()
   fatalStartup(e)
 }
-process.stdout.write(consoleInstructions(config, app.ctx.paths.tokenFile, tcpPort, null))
+process.stdout.write(consoleInstructions(config, app.ctx.paths.tokenFile, tcpPort))
 
 // The pre-flight checks run once the server answers; failing ones are logged with their fix.
 void logPreflight(config, app.ctx.logger).catch((e) => app.ctx.logger.warn({ err: e }, 'pre-flight checks failed to run'))

@@ -85,6 +85,9 @@ function importFiles(dataDir: string): string[] {
   return readdirSync(root, { recursive: true }).map(String).sort()
 }
 
+/** Every server child this file spawned itself: killed after the file, whatever a timed-out hook left. */
+const children: ChildProcess[] = []
+
 /** A server of the default configuration: no MIGRATOR_LISTEN, the socket at `socket`. */
 async function startSocketServer(
   runtime: 'bun' | 'node',
@@ -102,6 +105,7 @@ async function startSocketServer(
   }
   delete env.MIGRATOR_LISTEN
   const child = spawn(cmd, args, { cwd: REPO, env, stdio: ['ignore', 'pipe', 'pipe'] })
+  children.push(child)
   let out = ''
   child.stdout!.on('data', (d) => (out += d))
   child.stderr!.on('data', (d) => (out += d))
@@ -147,7 +151,10 @@ function startProxy(socket: string): Promise<{ base: string; server: Server }> {
 
 const t = tempDir('lu-local-users-')
 chmodSync(t.dir, 0o755)
-afterAll(() => t.cleanup())
+afterAll(() => {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL')
+  t.cleanup()
+})
 
 for (const runtime of RUNTIMES) {
   describe(`${runtime}: the default configuration (the unix socket only)`, () => {

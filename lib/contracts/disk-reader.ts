@@ -11,7 +11,7 @@
  * `block-map.ts` with its tables (`qcow2-clusters.ts`, `vhdx-blocks.ts`, `vhd-blocks.ts`,
  * `vdi-blocks.ts`, `vmdk-grains.ts`), `stream-vmdk.ts`, `xva-blocks.ts` (XVA 1 MiB blocks),
  * the VMDK snapshot-chain reader (`lib/formats/vmdk/chain-reader.ts`, used by the vim_api adapter)
- * and live adapters' other snapshot readers.
+ * and the libvirt backup export reader (`lib/adapters/libvirt/export-reader.ts`).
  */
 
 /**

@@ -36,7 +36,8 @@ describe('a real Debian guest from a remote libvirt host (TCG)', () => {
     chmodSync(qcow2, 0o644)
     await ensureLibvirt()
     removeTestDomains(PREFIX)
-    uuid = defineSource(`${PREFIX}src`, [{ file: qcow2, format: 'qcow2' }], '52:54:00:4c:47:01')
+    // the destination gets the source's memory: enough for the Debian kernel and initramfs
+    uuid = defineSource(`${PREFIX}src`, [{ file: qcow2, format: 'qcow2' }], '52:54:00:4c:47:01', 768)
     sshd = await startSshd(path.join(t.dir, 'sshd'))
     srv = await startServer('bun', t.dir, {
       MIGRATOR_DOMAIN_TYPE: 'qemu',

@@ -34,11 +34,11 @@ export function removeTestDomains(prefix: string): void {
   }
 }
 
-/** Defines a source domain over `disks` (qcow2 or raw files, virtio), BIOS, one user NIC with a fixed MAC. */
-export function defineSource(name: string, disks: { file: string; format: 'qcow2' | 'raw' }[], mac = '52:54:00:4c:56:01'): string {
+/** Defines a source domain over `disks` (qcow2 or raw files, virtio), BIOS, `memoryMiB` of memory, one user NIC with a fixed MAC. */
+export function defineSource(name: string, disks: { file: string; format: 'qcow2' | 'raw' }[], mac = '52:54:00:4c:56:01', memoryMiB = 64): string {
   const xml = `<domain type='qemu'>
   <name>${name}</name>
-  <memory unit='MiB'>64</memory>
+  <memory unit='MiB'>${memoryMiB}</memory>
   <vcpu>1</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
   <metadata><libosinfo:libosinfo xmlns:libosinfo="http://libosinfo.org/xmlns/libvirt/domain/1.0"><libosinfo:os id="http://debian.org/debian/12"/></libosinfo:libosinfo></metadata>

@@ -225,9 +225,11 @@ describe('Ansible collection migrator.kvm over two migrator servers', () => {
     expect([again.code, /localhost \| SUCCESS/.test(again.out)]).toEqual([0, true])
     const plans = (await call(base, 'GET', '/plans')).body.items
     expect(plans.map((p: any) => [p.name, p.state])).toEqual([['a63-bulk', 'Completed']])
+    const one = await module('migration', { name: 'a63-a-one', plan: plan('qcow2', smallDisk(imports, 'a63-a-one')), wait: 'Completed', wait_timeout: 120 })
+    expect([one.code, /localhost \| CHANGED/.test(one.out)]).toEqual([0, true])
     // an ended job: absent has nothing to cancel
-    expect((await module('migration', { name: 'a63-a-web', state: 'absent' })).out).toMatch(/localhost \| SUCCESS/)
-    const info = await module('migration_info', { name: 'a63-a-web' })
+    expect((await module('migration', { name: 'a63-a-one', state: 'absent' })).out).toMatch(/localhost \| SUCCESS/)
+    const info = await module('migration_info', { name: 'a63-a-one' })
     expect(info.out).toContain('"state": "Completed"')
     const missing = await module('migration', { name: 'a63-none', wait: 'Completed' })
     expect([missing.code, missing.out]).toEqual([2, expect.stringContaining('no job is named a63-none')])

@@ -13,7 +13,7 @@ import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { call, offlinePlan, submit, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
-import { RUNTIMES, startServer, type RunningServer } from '../helpers/server.ts'
+import { ensureNodeBuild, RUNTIMES, startServer, type RunningServer } from '../helpers/server.ts'
 import { REPO, tempDir } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024
@@ -73,7 +73,9 @@ for (const runtime of RUNTIMES) {
     let srv: RunningServer | undefined
     beforeAll(async () => {
       await ensureLibvirt()
-    })
+      // the Node build (tsc) outside the test's own time: minutes on a busy machine
+      if (runtime === 'node') await ensureNodeBuild()
+    }, 600_000)
     afterAll(async () => {
       await srv?.stop()
       await cleanupDomains(`m63-${runtime}-`)

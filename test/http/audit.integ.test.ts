@@ -12,7 +12,7 @@ import { readdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { runCli } from '../helpers/cli.ts'
 import { call } from '../helpers/jobs.ts'
-import { RUNTIMES, startServer, type RunningServer } from '../helpers/server.ts'
+import { ensureNodeBuild, RUNTIMES, startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PASSWORD = 'Audit-Pw-63-q7Zx'
@@ -29,6 +29,7 @@ for (const runtime of RUNTIMES) {
     const headers = (id: string) => ({ 'user-agent': AGENT, 'x-request-id': id })
 
     beforeAll(async () => {
+      if (runtime === 'node') await ensureNodeBuild()
       srv = await startServer(runtime, t.dir)
       const s = await call(
         srv.base,
@@ -49,7 +50,7 @@ for (const runtime of RUNTIMES) {
       expect((await call(srv.base, 'DELETE', `/sources/${sourceId}`, undefined, headers('req-source-del'))).status).toBe(204)
       // a request id that is not a plain token is replaced, never stored as sent
       expect((await call(srv.base, 'DELETE', `/remote-credentials/${c.body.id}`, undefined, headers('bad id; drop'))).status).toBe(204)
-    }, 120_000)
+    }, 600_000)
 
     afterAll(async () => {
       await srv?.stop()

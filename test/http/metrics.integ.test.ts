@@ -3,15 +3,17 @@
  * one, then the exposition is checked by Prometheus' own `promtool check metrics`, its figures
  * against the disk the test wrote (the bytes copied are the disk's data bytes, the rest zero), and
  * again after a restart of the server on the same data directory (the store-derived figures
- * survive it). The alert rules of docs/operations.md pass `promtool check rules`.
+ * survive it). The alert rules of docs/operations.md pass `promtool check rules`. The completed
+ * import defines its domain (not started); domains of this file are named `m63-*` and removed.
  */
-import { afterAll, describe, expect, test } from 'bun:test'
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync, spawnSync } from 'node:child_process'
 import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync } from 'node:fs'
 import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { call, offlinePlan, submit, waitJob } from '../helpers/jobs.ts'
-import { RUNTIMES, startServer, type RunningServer } from '../helpers/server.ts'
+import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { ensureNodeBuild, RUNTIMES, startServer, type RunningServer } from '../helpers/server.ts'
 import { REPO, tempDir } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024
@@ -69,14 +71,20 @@ for (const runtime of RUNTIMES) {
   describe(`GET /metrics under ${runtime}`, () => {
     const t = tempDir(`mig-metrics-${runtime}-`)
     let srv: RunningServer | undefined
+    beforeAll(async () => {
+      await ensureLibvirt()
+      // the Node build (tsc) outside the test's own time: minutes on a busy machine
+      if (runtime === 'node') await ensureNodeBuild()
+    }, 600_000)
     afterAll(async () => {
       await srv?.stop()
+      await cleanupDomains(`m63-${runtime}-`)
       t.cleanup()
     })
 
     test('promtool accepts the exposition; bytes copied are the data bytes of a real import; figures survive a restart', async () => {
       const importRoot = path.join(t.dir, 'imports')
-      const rel = dataDisk(importRoot, 'm63-data')
+      const rel = dataDisk(importRoot, `m63-${runtime}-data`)
       mkdirSync(path.join(importRoot, 'bad'), { recursive: true })
       writeFileSync(path.join(importRoot, 'bad', 'bad.ova'), 'x')
       srv = await startServer(runtime, t.dir)
@@ -88,8 +96,8 @@ for (const runtime of RUNTIMES) {
       expect(promtoolMetrics(emptyText)).toEqual({ status: 0, out: '' })
       expect(sample(emptyText, 'migrator_worker_restarts_total')).toBe(0)
 
-      const good = await submit(srv.base, offlinePlan('qcow2', rel, { name: 'm63-data', start: false }))
-      const bad = await submit(srv.base, offlinePlan('ova_archive', 'bad/bad.ova', { name: 'm63-bad' }))
+      const good = await submit(srv.base, offlinePlan('qcow2', rel, { name: `m63-${runtime}-data`, start: false }))
+      const bad = await submit(srv.base, offlinePlan('ova_archive', 'bad/bad.ova', { name: `m63-${runtime}-bad` }))
       const done = await waitJob(srv.base, good.id)
       expect([done.state, done.last_error]).toEqual(['Completed', null])
       expect((await waitJob(srv.base, bad.id)).last_error.code).toBe('E_MIG_MALFORMED_ARCHIVE')

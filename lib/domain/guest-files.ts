@@ -30,17 +30,20 @@ export interface GuestFilesUndo {
 
 /**
  * Options: the guest's file systems and mount points (`mounts`, from the inspection; `/` required),
- * libguestfs on TCG (`tcg`), per-command time limit (ms, default 900 s), cancellation.
+ * the disks' image formats (`formats`, default raw), libguestfs on TCG (`tcg`), per-command time
+ * limit (ms, default 900 s), cancellation.
  */
 export interface GuestFilesOptions {
   mounts: GuestMount[]
+  /** Image format of each disk (default `raw`; a test boot's clone is qcow2 overlays). */
+  formats?: string[]
   tcg: boolean
   timeoutMs?: number
   signal?: AbortSignal
 }
 
 async function withGuest<T>(disks: string[], opts: GuestFilesOptions, fn: (fish: Fish) => Promise<T>, signal?: AbortSignal): Promise<T> {
-  const fish = await startFish(disks, fishEnv(opts.tcg), opts.timeoutMs ?? 900_000, true)
+  const fish = await startFish(disks, fishEnv(opts.tcg), opts.timeoutMs ?? 900_000, true, opts.formats)
   const onAbort = () => {
     try {
       process.kill(Number(fish.pid), 'SIGKILL')

@@ -50,12 +50,12 @@ async function listen(args: string[], env: NodeJS.ProcessEnv, timeoutMs: number)
 }
 
 /**
- * Starts `guestfish --listen` over `disks` (raw), read-only unless `rw`; resolves with a client of
- * it. Each command is bounded by `timeoutMs`. Throws an `Error` when guestfish does not start.
+ * Starts `guestfish --listen` over `disks` (raw, or `formats[i]`: a test boot's qcow2 overlays),
+ * read-only unless `rw`; resolves with a client of it. Each command is bounded by `timeoutMs`. Throws an `Error` when guestfish does not start.
  */
-export async function startFish(disks: string[], env: NodeJS.ProcessEnv, timeoutMs: number, rw = false): Promise<Fish> {
+export async function startFish(disks: string[], env: NodeJS.ProcessEnv, timeoutMs: number, rw = false, formats?: string[]): Promise<Fish> {
   const args = [rw ? '--rw' : '--ro']
-  for (const d of disks) args.push('--format=raw', '-a', d)
+  for (const [i, d] of disks.entries()) args.push(`--format=${formats?.[i] ?? 'raw'}`, '-a', d)
   const started = await listen(args, env, 30_000)
   const m = /GUESTFISH_PID=(\d+)/.exec(started.output)
   if (started.code !== 0 || !m) throw new Error(`guestfish --listen failed: ${started.output.trim().slice(0, 500) || `exit status ${started.code}`}`)

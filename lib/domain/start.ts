@@ -11,9 +11,13 @@
  * Failure after define: the domain is left **defined but stopped** (a failed `start` leaves it shut
  * off; a failed boot check destroys it first), so the operator can inspect the definition and the
  * serial log; the orchestrator decides whether to undefine it (`Virsh.undefine`). The disks are
- * touched only by `convertGuest` and, for a UEFI guest whose EFI system partition lacks the
+ * touched only by `convertGuest`, by the guest conversion steps before the define (names by device
+ * rewritten to `UUID=`, lib/domain/device-names.ts; interface names pinned, lib/domain/net-identity.ts;
+ * both put back when the define fails) and, for a UEFI guest whose EFI system partition lacks the
  * removable-path loader, by the fallback loader copied into that ESP (lib/domain/uefi-boot.ts:
- * OVMF does not have the source's NVRAM boot entry). The thrown error's `details.domain` names the domain.
+ * OVMF does not have the source's NVRAM boot entry). After the boot, the plan's service checks
+ * (lib/domain/service-checks.ts) run against the guest's addresses. The thrown error's
+ * `details.domain` names the domain.
  */
 import { constants } from 'node:fs'
 import { open, stat, writeFile } from 'node:fs/promises'
@@ -246,7 +250,12 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   let network: HardwareRecord['network'] = null
   let networkProblems: string[] = []
   let undo: GuestFilesUndo | null = null
-  const fileOpts = { mounts: inspection?.mounts ?? [], tcg: inspectOpt !== false && inspectOpt.tcg, signal: input.signal }
+  const fileOpts = {
+    mounts: inspection?.mounts ?? [],
+    formats: probed.map((v) => v.format ?? 'raw'),
+    tcg: inspectOpt !== false && inspectOpt.tcg,
+    signal: input.signal,
+  }
   const names = choice.fatal ? null : planGuestDeviceNames(inspection, choice.bus, paths.length)
   const planned =
     input.network !== false && inspection?.network && !choice.fatal ? planNetworkIdentity(inspection.network, destinationNics(manifest.nics)) : null
@@ -275,7 +284,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   }
   if (planned && inspection?.network) network = { interfaces: planned.interfaces, notes: inspection.network.notes }
   const deviceNames = names?.record ?? null
-  const undoNetwork = async () => {
+  const undoGuestFiles = async () => {
     if (undo) await restoreGuestFiles(paths, undo, fileOpts).catch(() => undefined)
     undo = null
   }
@@ -320,11 +329,11 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
     }
   } catch (e) {
     // No domain: the guest goes back to how it was copied.
-    await undoNetwork()
+    await undoGuestFiles()
     throw e
   }
   if (defined && defined !== name) {
-    await undoNetwork()
+    await undoGuestFiles()
     throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `libvirt defined ${defined}, expected ${name}`, { details: { domain: defined } })
   }
   let uefiBoot: UefiBootRecord | null = null

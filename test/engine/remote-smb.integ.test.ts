@@ -175,9 +175,11 @@ describe('remote offline inputs over SMB (real smbd, server, workers, file sink)
   test('the file replaced on the share mid-copy: the job fails E_MIG_DISK_READ_FAILED, never a mixed disk', async () => {
     const f = path.join(share, 'swap.qcow2')
     execFileSync('cp', [files.big!, f])
+    // the other version is made before the copy starts: the swap mid-copy is one rename, not a
+    // conversion that a fast copy could outrun
+    execFileSync('qemu-img', ['convert', '-O', 'qcow2', path.join(scratch, 'big.raw'), `${f}.new`])
     const job = await submit(srv.base, plan('qcow2', url(f), 'swap'))
     await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 32 * MiB, 60_000)
-    execFileSync('qemu-img', ['convert', '-O', 'qcow2', path.join(scratch, 'big.raw'), `${f}.new`])
     renameSync(`${f}.new`, f)
     const done = await waitJob(srv.base, job.id)
     expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DISK_READ_FAILED'])

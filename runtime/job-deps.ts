@@ -17,7 +17,9 @@ import { MigError } from '../lib/errors.ts'
 import { redactHostPaths } from '../lib/hostpath.ts'
 import type { Job, RestorePointRecord } from '../lib/job.ts'
 import { copyDisk } from '../lib/pipeline/copy-disk.ts'
-import type { OrchestratorDeps } from '../lib/pipeline/orchestrator-deps.ts'
+import type { OrchestratorDeps, StartOutcome } from '../lib/pipeline/orchestrator-deps.ts'
+import type { DomainVolume } from '../lib/domain/xml.ts'
+import { runJobLiveImport } from '../lib/live-import/job.ts'
 import { prepareSource } from '../lib/pipeline/prepare.ts'
 import { allocatedBelow, checkBeforeCopy } from '../lib/host/precopy.ts'
 import { run } from '../lib/host/doctor.ts'
@@ -207,6 +209,32 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     },
     async start(job, manifest, volumes, sig) {
       for (const v of volumes) await v.flush()
+      return startDomain(
+        job,
+        manifest,
+        manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
+        sig,
+      )
+    },
+    liveImport: (job, source, volumes, hooks) =>
+      runJobLiveImport({
+        job,
+        source,
+        volumes,
+        hooks,
+        virsh,
+        dataDir: config.dataDir,
+        qemuUser,
+        startDomain,
+        signal,
+        logger,
+        bytesPerSecond: config.copy.maxBytesPerSecond,
+      }),
+  }
+
+  /** Defines and starts the job's domain on `domainVolumes` with the boot check (Starting, or a live import's overlays). */
+  async function startDomain(job: Job, manifest: VmManifest, domainVolumes: DomainVolume[], sig: AbortSignal): Promise<StartOutcome> {
+    {
       const logDir = paths.logs
       await mkdir(logDir, { recursive: true, mode: 0o750 })
       const result = await defineAndStart({
@@ -219,7 +247,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
           networks: job.plan.networks,
           start: job.plan.start,
         },
-        volumes: manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
+        volumes: domainVolumes,
         domainType: config.domain.type,
         defaultBridge: config.domain.defaultBridge,
         serialLogPath: path.join(logDir, `${jobId}.serial.log`),
@@ -246,6 +274,6 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
       })
       logger.info({ domain: result.name, started: result.started, hardware: result.hardware, inspection_s: result.inspection?.seconds }, 'domain defined')
       return { domain: result.name, hardware: result.hardware, notice: result.notice, networkNotice: result.networkNotice }
-    },
+    }
   }
 }

@@ -217,6 +217,11 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
       await sleep(pollMs)
     }
     const name = (outcome as unknown as LiveStartOutcome).domain
+    await renameInDescription(
+      virsh,
+      name,
+      disks.map((d, i) => [livePaths(dir, i).overlay, d.volumePath]),
+    )
     await checkNoOverlay(virsh, name, dir)
     for (const s of servers) await s.close()
     await rm(dir, { recursive: true, force: true })
@@ -236,6 +241,20 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
   }
 }
 
+/**
+ * Names the volumes in place of the overlays in the description of `name` (live and persistent:
+ * the domain's description lists each disk's path). Throws `E_MIG_DISK_WRITE_FAILED`.
+ */
+async function renameInDescription(virsh: Virsh, name: string, renames: Array<[string, string]>): Promise<void> {
+  const r = await virsh.run(['desc', '--domain', name])
+  if (r.code !== 0) return
+  let text = r.stdout.replace(/\n$/, '')
+  for (const [from, to] of renames) text = text.split(from).join(to)
+  if (text === r.stdout.replace(/\n$/, '')) return
+  const w = await virsh.run(['desc', '--domain', name, '--live', '--config', '--new-desc', text])
+  if (w.code !== 0) throw new MigError('E_MIG_DISK_WRITE_FAILED', `domain ${name}: updating its description failed: ${w.stderr.trim()}`)
+}
+
 /** Throws `E_MIG_DISK_WRITE_FAILED` when the live or persistent definition of `name` still names a file of `dir`. */
 async function checkNoOverlay(virsh: Virsh, name: string, dir: string): Promise<void> {
   for (const args of [
@@ -244,10 +263,11 @@ async function checkNoOverlay(virsh: Virsh, name: string, dir: string): Promise<
   ]) {
     const r = await virsh.run(args)
     if (r.code !== 0) throw new MigError('E_MIG_DISK_WRITE_FAILED', `domain ${name}: ${args.join(' ')} failed: ${r.stderr.trim()}`)
-    if (r.stdout.includes(`${dir}/`))
+    const line = r.stdout.split('\n').find((l) => l.includes(`${dir}/`))
+    if (line)
       throw new MigError(
         'E_MIG_DISK_WRITE_FAILED',
-        `domain ${name}: its ${args.includes('--inactive') ? 'persistent' : 'live'} definition still names the live-import overlay`,
+        `domain ${name}: its ${args.includes('--inactive') ? 'persistent' : 'live'} definition still names the live-import directory: ${line.trim()}`,
       )
   }
 }

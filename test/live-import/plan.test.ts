@@ -23,7 +23,11 @@ describe('plan.live_import', () => {
   test('accepted: offline host path, upload and remote sources, cold, started', () => {
     expect(parseSubmitBody({ plan: base }).live_import).toBe(true)
     expect(parseSubmitBody({ plan: { ...base, start: true } }).live_import).toBe(true)
-    expect(parseSubmitBody({ plan: { ...base, source: { Offline: 'ova_archive' }, source_ref: { kind: 'upload', upload_id: '0b5a4c1e-8d7f-4e3a-9c2b-1a2b3c4d5e6f' } } }).live_import).toBe(true)
+    expect(
+      parseSubmitBody({
+        plan: { ...base, source: { Offline: 'ova_archive' }, source_ref: { kind: 'upload', upload_id: '0b5a4c1e-8d7f-4e3a-9c2b-1a2b3c4d5e6f' } },
+      }).live_import,
+    ).toBe(true)
     const url = { ...base, source: { Offline: 'qcow2' }, source_ref: { kind: 'offline_url', url: 'https://files.example/vm.qcow2' } }
     expect(parseSubmitBody({ plan: url }).live_import).toBe(true)
     expect(parseSubmitBody({ plan: { ...base, live_import: false, start: false } }).live_import).toBe(false)
@@ -33,7 +37,10 @@ describe('plan.live_import', () => {
     for (const [plan, words] of [
       [{ ...base, start: false }, /"start": false/],
       [{ ...base, mode: 'Warm' }, /warm migration/],
-      [{ ...base, source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: '0b5a4c1e-8d7f-4e3a-9c2b-1a2b3c4d5e6f', vm_id: 'vm-1' } }, /vim_api adapter/],
+      [
+        { ...base, source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: '0b5a4c1e-8d7f-4e3a-9c2b-1a2b3c4d5e6f', vm_id: 'vm-1' } },
+        /vim_api adapter/,
+      ],
       [{ ...base, source: { Offline: 'vmcx_export' } }, /virt-v2v/],
     ] as Array<[Record<string, unknown>, RegExp]>) {
       const r = await refusal(plan)

@@ -88,6 +88,7 @@ export async function runJobLiveImport(input: JobLiveImportInput): Promise<JobSt
     qemuGid: qemu?.gid ?? null,
     start: (overlays, sig) => input.startDomain(job, manifest, overlays, sig),
     started,
+    domainName: job.domain,
     onStarted: async (o) => {
       await hooks.patch({ domain: o.domain, hardware: (o.hardware as HardwareRecord | null) ?? undefined })
       logger.info({ domain: o.domain, notice: o.notice }, 'live import: the guest runs, its disks copy')

@@ -72,6 +72,12 @@ export interface LiveImportInput {
   start(overlays: DomainVolume[], signal: AbortSignal): Promise<LiveStartOutcome>
   /** The guest of a resumed import, already started: its outcome as recorded. */
   started?: LiveStartOutcome
+  /**
+   * The job's domain name (reserved or defined), when not `started`: a domain of that name whose
+   * disks are this import's overlays was started by a worker that died before it recorded the
+   * start; it is followed, never started again (its overlays hold what the guest wrote).
+   */
+  domainName?: string | null
   /** Called once the guest started (its boot verdict), before the copy ends. */
   onStarted(outcome: LiveStartOutcome): Promise<void>
   /** Bytes of disk `index` in the destination volume (from the block job's counters). */
@@ -131,12 +137,27 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
       servers.push(server)
     }
 
+    let started = input.started
+    if (!started && input.domainName) {
+      const listed = await domainDisks(virsh, input.domainName).catch(() => [])
+      if (listed.some((d) => d.source.startsWith(`${dir}/`))) {
+        log('live import: following the guest a previous worker started', { domain: input.domainName })
+        started = {
+          domain: input.domainName,
+          hardware: null,
+          notice: 'boot not verified: the boot check was interrupted (the worker restarted); the guest was started',
+        }
+        guestStarted = true
+        domain = input.domainName
+        await input.onStarted(started)
+      }
+    }
     let startDone: Promise<LiveStartOutcome>
-    if (input.started) {
-      const state = await virsh.state(input.started.domain).catch(() => '')
-      if (state === 'paused') await virsh.run(['resume', '--domain', input.started.domain])
-      else if (state !== 'running') await virsh.start(input.started.domain)
-      startDone = Promise.resolve(input.started)
+    if (started) {
+      const state = await virsh.state(started.domain).catch(() => '')
+      if (state === 'paused') await virsh.run(['resume', '--domain', started.domain])
+      else if (state !== 'running') await virsh.start(started.domain)
+      startDone = Promise.resolve(started)
     } else {
       const overlays: DomainVolume[] = []
       for (let i = 0; i < disks.length; i++) {

@@ -10,15 +10,19 @@
  * - at Completed the domain runs on the plain volume (domblklist, no backing store), with the same
  *   qemu pid, persistent definition on the volume, the volume equal to the source, the live
  *   directory (sockets, overlay) gone;
- * - a cancel while the guest runs destroys it and removes what the job made.
+ * - a cancel while the guest runs destroys it and removes what the job made;
+ * - a SIGKILL of the worker mid-copy (48 MiB of random data behind the boot sector) leaves the
+ *   guest running; the next worker serves the exports again on the same sockets, restarts the
+ *   block job qemu dropped and completes in the same qemu process.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { existsSync, mkdirSync, readFileSync } from 'node:fs'
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeSync } from 'node:fs'
+import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { buildInput } from '../../fixtures/inputs.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
-import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -102,5 +106,36 @@ describe('live import of a boot-sector guest', () => {
     expect(virshText('domstate', 'lib-cancel')).toBe('absent')
     expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
     expect(existsSync(path.dirname(volumePath(t.dir, job.id, 'x')))).toBe(false)
+  }, 300_000)
+
+  test('SIGKILL of the worker mid-copy: the guest keeps running, the job resumes following it and completes', async () => {
+    const boot = makeBootDisk(path.join(t.dir, 'boot3.raw'), MARKER, 64 * MiB).path
+    // 48 MiB of unique data behind the boot sector: about 48 s at the 1 MiB/s cap
+    const fd = openSync(boot, 'r+')
+    for (let off = 8 * MiB; off < 56 * MiB; off += MiB) writeSync(fd, randomBytes(MiB), 0, MiB, off)
+    closeSync(fd)
+    const input = buildInput('qcow2', importRoot, 'lib-kill', [boot])
+    const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-kill', live_import: true }))
+    await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
+    await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
+    const pid = qemuPid('lib-kill')
+    const worker = workerPid(t.dir, job.id)
+    expect(worker).toBeGreaterThan(0)
+    process.kill(worker!, 'SIGKILL')
+    await Bun.sleep(1000)
+    expect(virshText('domstate', 'lib-kill')).toBe('running')
+    const done = await waitJob(srv.base, job.id, undefined, 240_000)
+    expect([done.state, done.last_error]).toEqual(['Completed', null])
+    expect(qemuPid('lib-kill')).toBe(pid)
+    const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
+    expect(virshText('domblklist', 'lib-kill')).toContain(vol)
+    expect(virshText('dumpxml', 'lib-kill')).not.toMatch(/<backingStore type=|nbd/)
+    expect(
+      readFileSync(vol)
+        .subarray(0, 64 * MiB)
+        .equals(readFileSync(boot)),
+    ).toBe(true)
+    expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
+    await cleanupDomains('lib-kill')
   }, 300_000)
 })

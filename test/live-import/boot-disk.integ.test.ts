@@ -52,7 +52,7 @@ describe('live import of a boot-sector guest', () => {
     await srv?.stop()
     await cleanupDomains(PREFIX)
     t.cleanup()
-  })
+  }, 60_000)
 
   test('boot verified while copying, then Completed on the plain volume in the same qemu process', async () => {
     const boot = makeBootDisk(path.join(t.dir, 'boot.raw'), MARKER, 16 * MiB).path

@@ -73,7 +73,7 @@ describe('live import of a real Debian guest', () => {
     await srv?.stop()
     await cleanupDomains(PREFIX)
     t.cleanup()
-  })
+  }, 120_000)
 
   for (const kind of ['vmx_folder', 'ova_archive'] as const) {
     const name = `lig-${kind === 'vmx_folder' ? 'vmx' : 'ova'}`

@@ -113,7 +113,9 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
   const servers: NbdExportServer[] = []
   const readers: DiskReader[] = []
   let guestStarted = !!input.started
-  let domain: string | null = input.started?.domain ?? null
+  // The name the start defines (the job's reserved one): the copy starts once a domain of that
+  // name runs with this import's overlays, while the boot check goes on.
+  let domain: string | null = input.started?.domain ?? input.domainName ?? null
   let failing = 0
   try {
     for (let i = 0; i < disks.length; i++) {
@@ -189,7 +191,10 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
       const name = outcome ? (outcome as LiveStartOutcome).domain : domain
       // The copy starts as soon as the guest runs, the boot check going on beside it.
       const state = name ? await virsh.state(name).catch(() => '') : ''
-      if (name && (state === 'running' || state === 'paused')) {
+      const listed = name && (state === 'running' || state === 'paused') ? await domainDisks(virsh, name) : []
+      // a domain of that name whose disks are not this import's is not the guest (yet)
+      const ours = listed.some((e) => e.source.startsWith(`${dir}/`) || disks.some((d) => d.volumePath === e.source))
+      if (name && ours) {
         domain = name
         guestStarted = true
         if (state === 'paused' && Date.now() - lastPaused > 5000 && failing === 0) {
@@ -201,7 +206,6 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
             await virsh.run(['resume', '--domain', name])
           }
         }
-        const listed = await domainDisks(virsh, name)
         for (let i = 0; i < disks.length; i++) {
           if (pivoted[i]) continue
           const d = disks[i]!

@@ -109,11 +109,7 @@ describe('live import of a boot-sector guest', () => {
   }, 300_000)
 
   test('SIGKILL of the worker mid-copy: the guest keeps running, the job resumes following it and completes', async () => {
-    const boot = makeBootDisk(path.join(t.dir, 'boot3.raw'), MARKER, 64 * MiB).path
-    // 48 MiB of unique data behind the boot sector: about 48 s at the 1 MiB/s cap
-    const fd = openSync(boot, 'r+')
-    for (let off = 8 * MiB; off < 56 * MiB; off += MiB) writeSync(fd, randomBytes(MiB), 0, MiB, off)
-    closeSync(fd)
+    const boot = dataBootDisk(path.join(t.dir, 'boot3.raw'))
     const input = buildInput('qcow2', importRoot, 'lib-kill', [boot])
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-kill', live_import: true }))
     await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
@@ -138,4 +134,13 @@ describe('live import of a boot-sector guest', () => {
     expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
     await cleanupDomains('lib-kill')
   }, 300_000)
+
+  /** A 64 MiB boot disk with 48 MiB of unique data behind the boot sector: about 48 s at the cap. */
+  function dataBootDisk(file: string): string {
+    const boot = makeBootDisk(file, MARKER, 64 * MiB).path
+    const fd = openSync(boot, 'r+')
+    for (let off = 8 * MiB; off < 56 * MiB; off += MiB) writeSync(fd, randomBytes(MiB), 0, MiB, off)
+    closeSync(fd)
+    return boot
+  }
 })

@@ -1,7 +1,7 @@
 /**
  * Live import of a real Debian guest of the test matrix (fixtures/guest-image.ts, variant
- * `uefi-distro`: UEFI, serial console, the boot record unit that appends a line to
- * GUEST_RECORD_FILE at every boot) through the HTTP API, real libvirt + qemu (TCG), file sink, the
+ * `noconsole`: BIOS, no serial console, so the boot check reads the guest's screen; the boot
+ * record unit appends a line to GUEST_RECORD_FILE at every boot) through the HTTP API, real libvirt + qemu (TCG), file sink, the
  * copy capped with MIGRATOR_COPY_MAX_BYTES_PER_SECOND so that it takes minutes:
  * - the boot is verified (the guest's own evidence) while the job still copies;
  * - at Completed the domain runs on the plain raw volume (no backing file, no backing store in its
@@ -80,8 +80,8 @@ describe('live import of a real Debian guest', () => {
     test(
       `${kind}: boot verified while copying; Completed on the plain volume; the guest's writes on it, fsck clean`,
       async () => {
-        const image = guestImages()['uefi-distro']
-        const input = buildInput(kind, importRoot, name, [image.path], {}, { firmware: 'efi' })
+        const image = guestImages().noconsole
+        const input = buildInput(kind, importRoot, name, [image.path])
         const t0 = Date.now()
         const job = await submit(srv.base, offlinePlan(kind, path.relative(importRoot, input.path), { name, live_import: true }))
         const live = await waitJob(srv.base, job.id, (j) => !!j.hardware?.boot || ['completed', 'failed', 'cancelled'].includes(j.status), 30 * 60_000)

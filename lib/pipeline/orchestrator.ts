@@ -191,13 +191,14 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     deps.mark?.('copied')
 
-    if (signal.aborted) throw cancelled()
+    // a live import that ended runs the guest on the volumes: a cancel then comes too late
+    if (signal.aborted && !liveOutcome) throw cancelled()
     // The passthrough (virt-v2v) converted the guest already; in-place V2V is for copied disks.
     if (!liveOutcome && isWindows(job.plan, manifest) && source.strategy !== 'passthrough' && !reached('V2vProcessing')) {
       await setState('V2vProcessing')
       await deps.v2v(job, manifest, volumes, signal)
     }
-    if (signal.aborted) throw cancelled()
+    if (signal.aborted && !liveOutcome) throw cancelled()
     if (!liveOutcome && !reached('Starting')) await setState('Starting')
     const started = liveOutcome ?? (await deps.start(job, manifest, volumes, signal))
     deps.mark?.('started')

@@ -54,6 +54,15 @@ describe('live import of a boot-sector guest', () => {
     t.cleanup()
   }, 60_000)
 
+  /** A 64 MiB boot disk with 48 MiB of unique data behind the boot sector: about 48 s at the cap. */
+  function dataBootDisk(file: string): string {
+    const boot = makeBootDisk(file, MARKER, 64 * MiB).path
+    const fd = openSync(boot, 'r+')
+    for (let off = 8 * MiB; off < 56 * MiB; off += MiB) writeSync(fd, randomBytes(MiB), 0, MiB, off)
+    closeSync(fd)
+    return boot
+  }
+
   test('boot verified while copying, then Completed on the plain volume in the same qemu process', async () => {
     const boot = makeBootDisk(path.join(t.dir, 'boot.raw'), MARKER, 16 * MiB).path
     const input = buildInput('qcow2', importRoot, 'lib-one', [boot])
@@ -95,11 +104,12 @@ describe('live import of a boot-sector guest', () => {
   }, 300_000)
 
   test('cancel while the guest runs and copies: the guest is destroyed, the live directory and volumes removed', async () => {
-    const boot = makeBootDisk(path.join(t.dir, 'boot2.raw'), MARKER, 16 * MiB).path
+    const boot = dataBootDisk(path.join(t.dir, 'boot2.raw'))
     const input = buildInput('qcow2', importRoot, 'lib-cancel', [boot])
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-cancel', live_import: true }))
-    await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
+    const live = await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
     expect(virshText('domstate', 'lib-cancel')).toBe('running')
+    expect(live.progress.bytes_done).toBeLessThan(live.progress.bytes_total)
     expect((await call(srv.base, 'POST', `/migrations/${job.id}/cancel`)).status).toBe(202)
     const done = await waitJob(srv.base, job.id, undefined, 60_000)
     expect([done.state, done.last_error.code]).toEqual(['Cancelled', 'E_MIG_CANCELLED'])
@@ -134,13 +144,4 @@ describe('live import of a boot-sector guest', () => {
     expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
     await cleanupDomains('lib-kill')
   }, 300_000)
-
-  /** A 64 MiB boot disk with 48 MiB of unique data behind the boot sector: about 48 s at the cap. */
-  function dataBootDisk(file: string): string {
-    const boot = makeBootDisk(file, MARKER, 64 * MiB).path
-    const fd = openSync(boot, 'r+')
-    for (let off = 8 * MiB; off < 56 * MiB; off += MiB) writeSync(fd, randomBytes(MiB), 0, MiB, off)
-    closeSync(fd)
-    return boot
-  }
 })

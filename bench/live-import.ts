@@ -32,11 +32,13 @@ const PREFIX = 'libench-'
 
 const dir = execFileSync('mktemp', ['-d', '/var/tmp/mig-bench-live-XXXXXX'], { encoding: 'utf8' }).trim()
 chmodSync(dir, 0o755)
-const importRoot = path.join(dir, 'imports')
+const dataDir = path.join(dir, 'data')
+// the server's import root is `<data dir>/imports`
+const importRoot = path.join(dataDir, 'imports')
 mkdirSync(importRoot, { recursive: true })
 await ensureLibvirt()
 await cleanupDomains(PREFIX)
-const srv = await startServer('bun', path.join(dir, 'data'), {
+const srv = await startServer('bun', dataDir, {
   MIGRATOR_DOMAIN_TYPE: 'qemu',
   MIGRATOR_BOOT_GRACE_SECONDS: '1',
   MIGRATOR_BOOT_TIMEOUT_SECONDS: '1200',
@@ -55,28 +57,35 @@ const results: Record<'normal' | 'live', Array<{ boot: number; completed: number
 
 console.log(`guest ${image.variant} (${(image.sizeBytes / 2 ** 30).toFixed(0)} GiB virtual), cap ${cap} B/s, ${reps} runs per side\n`)
 console.log('side   | run | verified boot s | Completed s')
-for (let r = 1; r <= reps; r++) {
-  for (const side of ['normal', 'live'] as const) {
-    await cleanupDomains(PREFIX)
-    const name = `${PREFIX}${side}-${r}`
-    const t0 = Date.now()
-    const job = await submit(srv.base, offlinePlan('vmx_folder', rel, { name, ...(side === 'live' ? { live_import: true } : {}) }))
-    let boot = Number.NaN
-    let last: any = null
-    for (;;) {
-      last = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
-      if (Number.isNaN(boot) && last.hardware?.boot?.verified) boot = (Date.now() - t0) / 1000
-      if (['completed', 'failed', 'cancelled'].includes(last.status)) break
-      await new Promise((res) => setTimeout(res, 250))
+try {
+  for (let r = 1; r <= reps; r++) {
+    for (const side of ['normal', 'live'] as const) {
+      await cleanupDomains(PREFIX)
+      const name = `${PREFIX}${side}-${r}`
+      const t0 = Date.now()
+      const job = await submit(srv.base, offlinePlan('vmx_folder', rel, { name, ...(side === 'live' ? { live_import: true } : {}) }))
+      let boot = Number.NaN
+      let last: any = null
+      for (;;) {
+        last = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
+        if (Number.isNaN(boot) && last.hardware?.boot?.verified) boot = (Date.now() - t0) / 1000
+        if (['completed', 'failed', 'cancelled'].includes(last.status)) break
+        await new Promise((res) => setTimeout(res, 250))
+      }
+      const completed = (Date.now() - t0) / 1000
+      if (last.state !== 'Completed') throw new Error(`${side} run ${r}: ${last.state} ${JSON.stringify(last.last_error)}`)
+      results[side].push({ boot, completed })
+      console.log(`${side.padEnd(6)} | ${String(r).padStart(3)} | ${boot.toFixed(1).padStart(15)} | ${completed.toFixed(1).padStart(11)}`)
+      // the other side's next run starts without this one's domain and volumes
+      await cleanupDomains(PREFIX)
+      rmSync(path.join(dataDir, 'volumes', 'migrations', job.id), { recursive: true, force: true })
     }
-    const completed = (Date.now() - t0) / 1000
-    if (last.state !== 'Completed') throw new Error(`${side} run ${r}: ${last.state} ${JSON.stringify(last.last_error)}`)
-    results[side].push({ boot, completed })
-    console.log(`${side.padEnd(6)} | ${String(r).padStart(3)} | ${boot.toFixed(1).padStart(15)} | ${completed.toFixed(1).padStart(11)}`)
-    // the other side's next run starts without this one's domain and volumes
-    await cleanupDomains(PREFIX)
-    rmSync(path.join(dir, 'data', 'volumes', 'migrations', job.id), { recursive: true, force: true })
   }
+} catch (e) {
+  await srv.stop()
+  await cleanupDomains(PREFIX)
+  rmSync(dir, { recursive: true, force: true })
+  throw e
 }
 console.log('')
 for (const side of ['normal', 'live'] as const) {

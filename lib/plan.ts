@@ -100,6 +100,31 @@ export const ServiceCheckPlan = z
   })
 export type ServiceCheckPlan = z.infer<typeof ServiceCheckPlan>
 
+/**
+ * Why a plan cannot run as a live import (`live_import: true`, docs/live-import.md): the guest
+ * must be started (`start` not false), the source read at any offset by the project's readers (an
+ * offline importer other than the virt-v2v passthrough; a live adapter's snapshot readers are
+ * not served yet), cold. Empty when the plan does not ask for one or can run as one.
+ */
+export function liveImportRefusals(p: {
+  live_import?: boolean
+  start?: boolean
+  mode: 'Warm' | 'Cold'
+  source: { Live: string } | { Offline: string }
+}): string[] {
+  if (!p.live_import) return []
+  const out: string[] = []
+  if (p.start === false) out.push('a live import runs the guest while its disks copy: it cannot be combined with "start": false')
+  if (p.mode === 'Warm') out.push('a warm migration keeps the source running until its cutover: a live import is cold ("mode": "Cold")')
+  if ('Live' in p.source)
+    out.push(
+      `a live import reads an offline source (host path, upload or offline_url); the ${p.source.Live} adapter's snapshot disks are not served to a running guest`,
+    )
+  else if (PASSTHROUGH_IMPORTERS.includes(p.source.Offline as ImporterKind))
+    out.push(`a ${p.source.Offline} import is copied and converted by virt-v2v as a whole: no reader can serve its disks to a running guest`)
+  return out
+}
+
 /** The whole plan. */
 export const Plan = z
   .strictObject({
@@ -115,6 +140,7 @@ export const Plan = z
       .optional(),
     firmware: z.enum(['bios', 'efi']).optional(),
     start: z.boolean().optional(),
+    live_import: z.boolean().optional(),
     restore_point: z.strictObject({ backup_job_id: uuid, require_quiesced: z.boolean().optional() }).optional(),
     cutover: CutoverPlan.optional(),
     precopy_interval_seconds: z.number().int().min(1).max(86_400).optional(),
@@ -171,6 +197,8 @@ export const Plan = z
     if (p.checks?.length && p.start === false) {
       ctx.addIssue({ code: 'custom', path: ['checks'], message: 'checks run after the boot: a plan with "start": false starts nothing to check' })
     }
+
+    for (const why of liveImportRefusals(p)) ctx.addIssue({ code: 'custom', path: ['live_import'], message: why })
     if (p.cutover?.require_test_boot && 'mode' in p.cutover && p.cutover.mode === 'auto') {
       ctx.addIssue({
         code: 'custom',

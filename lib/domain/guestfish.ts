@@ -50,12 +50,22 @@ async function listen(args: string[], env: NodeJS.ProcessEnv, timeoutMs: number)
 }
 
 /**
- * Starts `guestfish --listen` over `disks` (raw, or `formats[i]`: a test boot's qcow2 overlays),
- * read-only unless `rw`; resolves with a client of it. Each command is bounded by `timeoutMs`. Throws an `Error` when guestfish does not start.
+ * The format libguestfs opens disk `file` with: `qcow2` for an image the migrator made and named
+ * `*.qcow2` (a live import's overlay over the source's export), else `raw`. Never probed: a raw
+ * guest disk may hold a qcow2 header naming a backing file on this host.
+ */
+export function fishFormatOf(file: string): 'raw' | 'qcow2' {
+  return file.endsWith('.qcow2') ? 'qcow2' : 'raw'
+}
+
+/**
+ * Starts `guestfish --listen` over `disks` (`formats[i]` when given: a test boot's qcow2
+ * overlays; else raw, or qcow2 by {@link fishFormatOf}), read-only unless `rw`; resolves with a client of it. Each command is bounded by `timeoutMs`. Throws an
+ * `Error` when guestfish does not start.
  */
 export async function startFish(disks: string[], env: NodeJS.ProcessEnv, timeoutMs: number, rw = false, formats?: string[]): Promise<Fish> {
   const args = [rw ? '--rw' : '--ro']
-  for (const [i, d] of disks.entries()) args.push(`--format=${formats?.[i] ?? 'raw'}`, '-a', d)
+  for (const [i, d] of disks.entries()) args.push(`--format=${formats?.[i] ?? fishFormatOf(d)}`, '-a', d)
   const started = await listen(args, env, 30_000)
   const m = /GUESTFISH_PID=(\d+)/.exec(started.output)
   if (started.code !== 0 || !m) throw new Error(`guestfish --listen failed: ${started.output.trim().slice(0, 500) || `exit status ${started.code}`}`)

@@ -24,7 +24,7 @@ import { mkdtemp, open, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 import { exec } from '../exec.ts'
-import { catFile, fishEnv, mountFilesystems, startFish, type Fish, type GuestMount } from './guestfish.ts'
+import { catFile, fishEnv, fishFormatOf, mountFilesystems, startFish, type Fish, type GuestMount } from './guestfish.ts'
 import {
   ifupdownIncludes,
   parseIfcfg,
@@ -158,12 +158,14 @@ function empty(skipped: string, layout: DiskLayout | null): GuestInspection {
 }
 
 /**
- * Reads the first 68 KiB of `file` (raw disk image or block device) and reports its layout. Never
+ * Reads the first 68 KiB of `file` (raw disk image or block device; the migrator's `*.qcow2`
+ * overlay through `qemu-img dd`) and reports its layout. Never
  * throws: an unreadable disk reads as empty (and then is not inspected).
  */
 export async function probeDiskLayout(file: string): Promise<DiskLayout> {
   const buf = Buffer.alloc(68 * 1024)
   let n = 0
+  if (fishFormatOf(file) === 'qcow2') return layoutOf(await qcow2Head(file, buf.length))
   try {
     const fh = await open(file, 'r')
     try {
@@ -174,7 +176,33 @@ export async function probeDiskLayout(file: string): Promise<DiskLayout> {
   } catch {
     return { partitioned: false, filesystem: false, biosBootCode: false }
   }
-  const b = buf.subarray(0, n)
+  return layoutOf(buf.subarray(0, n))
+}
+
+/** The first `length` bytes of the guest disk in qcow2 image `file` (`qemu-img dd`); empty when unreadable. */
+async function qcow2Head(file: string, length: number): Promise<Buffer> {
+  const work = await mkdtemp(path.join(tmpdir(), 'mig-head-'))
+  try {
+    const out = path.join(work, 'head.raw')
+    const r = await exec('qemu-img', ['dd', '-U', '-f', 'qcow2', '-O', 'raw', `bs=${length}`, 'count=1', `if=${file}`, `of=${out}`], { timeoutMs: 120_000 })
+    if (r.code !== 0) return Buffer.alloc(0)
+    const fh = await open(out, 'r')
+    try {
+      const buf = Buffer.alloc(length)
+      return buf.subarray(0, (await fh.read(buf, 0, length, 0)).bytesRead)
+    } finally {
+      await fh.close()
+    }
+  } catch {
+    return Buffer.alloc(0)
+  } finally {
+    await rm(work, { recursive: true, force: true })
+  }
+}
+
+/** The layout the first bytes `b` of a disk show (see {@link probeDiskLayout}). */
+function layoutOf(b: Buffer): DiskLayout {
+  const n = b.length
   const sig = n >= 512 && b[510] === 0x55 && b[511] === 0xaa
   let mbrEntries = false
   if (sig) for (let i = 0; i < 4; i++) if (b[446 + i * 16 + 4] !== 0) mbrEntries = true

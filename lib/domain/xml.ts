@@ -70,6 +70,9 @@ export type ScsiModel = 'virtio-scsi' | 'vmpvscsi' | 'lsisas1068' | 'lsilogic'
  * - `directIo`: the file accepts O_DIRECT (ignored for block devices, which always do).
  * - `format`: the image format qemu opens (default `raw`; `qcow2` for a test boot's overlay, whose
  *   backing file and its format qemu reads from the overlay's header).
+ * - `stopOnError`: a read or write error pauses the guest (`error_policy` and `rerror_policy`
+ *   `stop`) instead of reporting it to the guest: a live import's overlay, whose backing export
+ *   may be away for a while.
  */
 export interface DomainVolume {
   label: string
@@ -78,6 +81,7 @@ export interface DomainVolume {
   bus?: DiskBus
   directIo?: boolean
   format?: 'raw' | 'qcow2'
+  stopOnError?: boolean
 }
 
 /** OVMF files: the read-only code image, the VARS template and the per-domain NVRAM path. */
@@ -275,6 +279,7 @@ export function buildDomainXml(input: DomainXmlInput): string {
         '@_cache': direct ? 'none' : 'writeback',
         '@_io': direct ? 'native' : 'threads',
         '@_discard': 'unmap',
+        ...(v.stopOnError ? { '@_error_policy': 'stop', '@_rerror_policy': 'stop' } : {}),
       },
       source: kind === 'block' ? { '@_dev': path } : { '@_file': path },
       target: { '@_dev': dev, '@_bus': bus },

@@ -4,11 +4,13 @@
  * preparation (prepare.ts), the destination sink and libvirt (destination.ts), the domain name
  * reservation (reserve.ts), the pre-copy checks (preflight.ts), the restore point
  * (restore-point.ts), the copy loop (copy.ts), the Windows V2V (convert.ts), the start with its
- * boot check (start.ts). Used by the job worker (`runtime/worker.ts`) with the configuration it
+ * boot check (start.ts), a live import's run (lib/live-import/job.ts). Used by the job worker (`runtime/worker.ts`) with the configuration it
  * received (`settings.ts`); the test boot hook is test-boot.ts.
  */
 import type { Sealer } from '../crypto/seal.ts'
+import { readQemuUser } from '../host/qemu-access.ts'
 import { redactHostPaths } from '../hostpath.ts'
+import { runJobLiveImport } from '../live-import/job.ts'
 import type { Store } from '../store/index.ts'
 import { convertInPlace, windowsConversion } from './convert.ts'
 import { copySteps } from './copy.ts'
@@ -19,7 +21,7 @@ import { sourcePreparation } from './prepare.ts'
 import { domainNameReservation } from './reserve.ts'
 import { restorePointStep } from './restore-point.ts'
 import type { JobLogger, JobPaths, JobSettings } from './settings.ts'
-import { startStep } from './start.ts'
+import { domainStart, startStep } from './start.ts'
 
 /** What the worker has at hand. `signal` aborts the job (cancel). */
 export interface JobDepsInput {
@@ -46,9 +48,12 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
   // Both start work now that runs while the job inspects its source: `virsh list` for the name
   // reservation, the user qemu runs as for the pre-copy checks.
   const names = domainNameReservation({ jobs: store.jobs, virsh, now })
-  const preflight = precopyChecks({ settings: config, paths, jobId, sink, pool, jobs: store.jobs })
+  const qemuUser = readQemuUser(config.qemuConf)
+  qemuUser.catch(() => {}) // an unreadable qemu.conf fails the pre-copy checks, which await it
+  const preflight = precopyChecks({ settings: config, paths, jobId, sink, pool, jobs: store.jobs, qemuUser })
   const convert = convertInPlace({ settings: config, sink, logger })
   const copy = copySteps(config, paths)
+  const startDomain = domainStart({ settings: config, paths, jobId, virsh, convert, rename: names.rename, logger })
 
   return {
     jobId,
@@ -69,6 +74,20 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     prepare: sourcePreparation({ settings: config, paths, store, sealer, now }),
     copyDisk: copy.copyDisk,
     v2v: windowsConversion(convert),
-    start: startStep({ settings: config, paths, jobId, virsh, convert, rename: names.rename, logger }),
+    start: startStep(startDomain),
+    liveImport: (job, source, volumes, hooks) =>
+      runJobLiveImport({
+        job,
+        source,
+        volumes,
+        hooks,
+        virsh,
+        dataDir: config.dataDir,
+        qemuUser,
+        startDomain,
+        signal,
+        logger,
+        bytesPerSecond: config.copy.maxBytesPerSecond,
+      }),
   }
 }

@@ -9,7 +9,7 @@ import type { DiskReader } from '../contracts/disk-reader.ts'
 import type { HardwareRecord, Job, JobState, RestorePointRecord } from '../job.ts'
 import type { VmManifest } from '../manifest.ts'
 import type { Sink, SinkVolume } from '../sink/types.ts'
-import type { JobsRepo } from '../store/jobs.ts'
+import type { JobPatch, JobsRepo } from '../store/jobs.ts'
 import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { PreparedSource } from './prepared-source.ts'
 import type { ReadRetry } from '../pipeline/read-retry.ts'
@@ -161,4 +161,17 @@ export interface OrchestratorDeps {
   readRetry?: ReadRetry
   /** The test boot of a warm job waiting for its cutover (absent: none is run). */
   testBoot?: TestBootHook
+  /**
+   * A live import (plan `live_import`, lib/live-import/run.ts): the guest started on overlays over
+   * the source's readers while the volumes fill, ending on them; replaces the copy, the V2V and
+   * the start. `progress(label, bytes)` reports each disk's bytes in its volume, `patch` records
+   * the started guest (domain, hardware) and the wait for the source on the job. Absent: a plan
+   * asking for it fails with `E_MIG_INVALID_PLAN`.
+   */
+  liveImport?(
+    job: Job,
+    source: Extract<PreparedSource, { strategy: 'offline' }>,
+    volumes: SinkVolume[],
+    hooks: { progress(label: string, bytes: number): void; patch(extra: JobPatch): Promise<Job> },
+  ): Promise<StartOutcome>
 }

@@ -120,7 +120,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     // A live job resumed in CuttingOver copies again (the source is down: one snapshot, full copy).
     const liveResumedInCutover = source.strategy === 'live' && job.state === 'CuttingOver'
     const copies = (!reached('DeltaSyncing') && !reached('CuttingOver')) || liveResumedInCutover
-    if (source.strategy === 'offline' && copies) early = openFirstReader(source, resumed)
+    if (source.strategy === 'offline' && copies && !job.plan.live_import) early = openFirstReader(source, resumed)
     await deps.preflight?.(job, manifest)
     volumes = []
     for (const d of manifest.disks) volumes.push(await deps.sink.create(jobId, d.label, d.capacity_bytes))
@@ -131,8 +131,14 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     deps.mark?.('copying')
 
+    let liveOutcome: StartOutcome | null = null
     if (copies) {
-      if (source.strategy === 'offline') {
+      if (job.plan.live_import) {
+        if (!deps.liveImport || source.strategy !== 'offline')
+          throw new MigError('E_MIG_INVALID_PLAN', 'plan.live_import: this source or worker cannot run a live import (docs/live-import.md)')
+        liveOutcome = await deps.liveImport(job, source, volumes, { progress: (label, done) => (tracker!.setDone(label, done), emit()), patch })
+        for (const d of manifest.disks) tracker.finish(d.label)
+      } else if (source.strategy === 'offline') {
         const readRetry = deps.readRetry && deps.readRetry.seconds > 0 ? new ReadRetryWindow(deps.readRetry) : null
         for (;;) {
           try {
@@ -185,15 +191,16 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     deps.mark?.('copied')
 
-    if (signal.aborted) throw cancelled()
+    // a live import that ended runs the guest on the volumes: a cancel then comes too late
+    if (signal.aborted && !liveOutcome) throw cancelled()
     // The passthrough (virt-v2v) converted the guest already; in-place V2V is for copied disks.
-    if (isWindows(job.plan, manifest) && source.strategy !== 'passthrough' && !reached('V2vProcessing')) {
+    if (!liveOutcome && isWindows(job.plan, manifest) && source.strategy !== 'passthrough' && !reached('V2vProcessing')) {
       await setState('V2vProcessing')
       await deps.v2v(job, manifest, volumes, signal)
     }
-    if (signal.aborted) throw cancelled()
-    if (!reached('Starting')) await setState('Starting')
-    const started = await deps.start(job, manifest, volumes, signal)
+    if (signal.aborted && !liveOutcome) throw cancelled()
+    if (!liveOutcome && !reached('Starting')) await setState('Starting')
+    const started = liveOutcome ?? (await deps.start(job, manifest, volumes, signal))
     deps.mark?.('started')
     const outcome: StartOutcome = typeof started === 'string' ? { domain: started, hardware: null, notice: null } : started
     if (outcome.networkNotice) {

@@ -6,7 +6,7 @@
  */
 import { run } from '../host/doctor.ts'
 import { allocatedBelow, checkBeforeCopy } from '../host/precopy.ts'
-import { readQemuUser } from '../host/qemu-access.ts'
+import type { QemuUser } from '../host/qemu-access.ts'
 import type { Job } from '../job.ts'
 import type { VmManifest } from '../manifest.ts'
 import type { Plan } from '../plan.ts'
@@ -30,9 +30,14 @@ export function bridgesInUse(manifest: VmManifest, networks: Plan['networks'], d
   return [...out].map(([name, from]) => ({ name, from }))
 }
 
-/** What the pre-copy checks of job `jobId` need: its sink and pool (the plan's, else the settings'), the job table. */
+/**
+ * What the pre-copy checks of job `jobId` need: its sink and pool (the plan's, else the
+ * settings'), the job table, and the user qemu runs as (read while the job inspects its source;
+ * an unreadable qemu.conf fails the checks, which await it).
+ */
 export interface PreflightInput {
-  settings: Pick<JobSettings, 'qemuConf' | 'zfsPool' | 'domain'>
+  settings: Pick<JobSettings, 'zfsPool' | 'domain'>
+  qemuUser: Promise<QemuUser>
   paths: Pick<JobPaths, 'volumes'>
   jobId: string
   sink: Sink
@@ -51,16 +56,12 @@ async function remainingOf(sink: Sink, other: string, reserved: number): Promise
 }
 
 /**
- * The pre-copy checks of one job (the orchestrator's `preflight`). The user qemu runs as is read
- * now (two getent processes), while the job inspects its source; an unreadable qemu.conf fails
- * the checks, which await it. The checks throw `E_MIG_DISK_WRITE_FAILED` (no room) or
+ * The pre-copy checks of one job (the orchestrator's `preflight`). The checks throw `E_MIG_DISK_WRITE_FAILED` (no room) or
  * `E_MIG_DOMAIN_DEFINE_FAILED` (qemu cannot reach the volumes, a missing bridge), as
  * lib/host/precopy.ts documents.
  */
 export function precopyChecks(input: PreflightInput): (job: Job, manifest: VmManifest) => Promise<void> {
-  const { settings, paths, jobId, sink, pool, jobs } = input
-  const qemuUser = readQemuUser(settings.qemuConf)
-  qemuUser.catch(() => {})
+  const { settings, paths, jobId, sink, pool, jobs, qemuUser } = input
   return async (job, manifest) => {
     await checkBeforeCopy({
       disks: manifest.disks,

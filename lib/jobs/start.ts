@@ -11,6 +11,7 @@ import type { Virsh } from '../domain/virsh.ts'
 import { MigError } from '../errors.ts'
 import type { Job } from '../job.ts'
 import type { VmManifest } from '../manifest.ts'
+import type { DomainVolume } from '../domain/xml.ts'
 import type { SinkVolume } from '../sink/types.ts'
 import type { ConvertInPlace } from './convert.ts'
 import { bootCheckOf } from './destination.ts'
@@ -29,17 +30,34 @@ export interface StartInput {
   logger: JobLogger
 }
 
+/** Defines and starts the job's domain on `volumes` (one per manifest disk, in order), as {@link domainStart} documents. */
+export type StartDomain = (job: Job, manifest: VmManifest, volumes: DomainVolume[], signal: AbortSignal) => Promise<StartOutcome>
+
 /**
- * The orchestrator's `start`: the domain defined on the flushed volumes (named `job.domain`, the
- * reserved name), its serial console logged to `<data dir>/logs/<job id>.serial.log`, started
- * unless the plan says `start: false`, and its boot checked. Throws what lib/domain/start.ts
- * throws (`E_MIG_GUEST_BOOT_FAILED`, `E_MIG_V2V_FAILED` ...); any other failure as
- * `E_MIG_DOMAIN_DEFINE_FAILED`.
+ * The orchestrator's `start`: the sink's volumes flushed, then {@link domainStart} on them.
  */
-export function startStep(input: StartInput): (job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal) => Promise<StartOutcome> {
-  const { settings, paths, jobId, virsh, convert, rename, logger } = input
+export function startStep(startDomain: StartDomain): (job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal) => Promise<StartOutcome> {
   return async (job, manifest, volumes, sig) => {
     for (const v of volumes) await v.flush()
+    return startDomain(
+      job,
+      manifest,
+      manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
+      sig,
+    )
+  }
+}
+
+/**
+ * The domain start of a job: the domain defined on `volumes` (the sink's volumes, or a live
+ * import's overlays) named `job.domain` (the reserved name), its serial console logged to
+ * `<data dir>/logs/<job id>.serial.log`, started unless the plan says `start: false`, and its boot
+ * checked. Throws what lib/domain/start.ts throws (`E_MIG_GUEST_BOOT_FAILED`, `E_MIG_V2V_FAILED`
+ * ...); any other failure as `E_MIG_DOMAIN_DEFINE_FAILED`.
+ */
+export function domainStart(input: StartInput): StartDomain {
+  const { settings, paths, jobId, virsh, convert, rename, logger } = input
+  return async (job, manifest, volumes, sig) => {
     const logDir = paths.logs
     await mkdir(logDir, { recursive: true, mode: 0o750 })
     const result = await defineAndStart({
@@ -53,7 +71,7 @@ export function startStep(input: StartInput): (job: Job, manifest: VmManifest, v
         start: job.plan.start,
         checks: job.plan.checks,
       },
-      volumes: manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
+      volumes,
       domainType: settings.domain.type,
       defaultBridge: settings.domain.defaultBridge,
       serialLogPath: path.join(logDir, `${jobId}.serial.log`),

@@ -43,7 +43,7 @@ const LAYERS: Array<{ name: string; paths: string[] }> = [
   { name: 'sink', paths: ['lib/sink/'] },
   { name: 'pipeline', paths: ['lib/pipeline/'] },
   { name: 'destination', paths: ['lib/domain/', 'lib/v2v/'] },
-  { name: 'jobs', paths: ['lib/jobs/', 'lib/metrics/'] },
+  { name: 'jobs', paths: ['lib/jobs/', 'lib/live-import/', 'lib/metrics/'] },
   { name: 'api', paths: ['lib/openapi.ts'] },
   { name: 'runtime', paths: ['runtime/'] },
   { name: 'handlers', paths: ['handlers/'] },

@@ -5,6 +5,7 @@ import { api, ApiError } from '../api.ts'
 import { Bar, ErrorBox, Head, NoticeBanner, ProgressFigures, StateBadge, ThroughputChart, Timeline, type Sample } from '../components.tsx'
 import { CutoverCard } from '../cutover.tsx'
 import { TestBootCard } from '../test-boot.tsx'
+import { LiveImportLine } from '../live-import.tsx'
 import { bytes, duration, rate, time } from '../format.ts'
 import { applyProgress, fresher, openStream, TERMINAL, type Connection } from '../live.ts'
 import { putJob, useStore } from '../store.ts'
@@ -177,6 +178,7 @@ export function JobPage({ id }: { id: string }) {
       {cancelError && <ErrorBox code={cancelError.code} message={cancelError.message} />}
       <section class="card">
         <h3>Progress</h3>
+        <LiveImportLine job={job} />
         <Bar done={p.bytes_done} total={p.bytes_total} zero={p.bytes_zero} state={job.state} testid="job-bar" />
         <ProgressFigures job={job} />
         {p.disks.length > 0 && (

@@ -1,0 +1,298 @@
+/**
+ * A live import (docs/live-import.md): the guest runs on this host while its disks copy.
+ *
+ * 1. Each source disk's reader is served read-only over NBD on a Unix socket in the job's private
+ *    directory ({@link NbdExportServer}); a qcow2 overlay over each export is made beside it
+ *    ({@link createOverlay}).
+ * 2. `start` prepares and boots the guest on the overlays (the same hardware choice, network
+ *    identity, UEFI loader and conversion as a normal import, written into the overlays, never
+ *    the source) and runs the boot check; its verdict goes to `onStarted` while the copy goes on.
+ * 3. As soon as the domain runs, a libvirt block copy per disk (lib/live-import/block-job.ts)
+ *    fills the destination volume from the overlay and its export with synchronous writes, and
+ *    pivots the guest onto it when in step: the same qemu process, the volume with no backing
+ *    chain. A block job that vanishes (qemu lost the export while the worker was away) is started
+ *    again, at most {@link MAX_JOB_STARTS} times per disk.
+ * 4. Once every disk runs on its volume (live and persistent definitions checked), the exports
+ *    stop and the overlays are removed.
+ *
+ * Resume: called again for a job whose guest runs already (`started` given), it serves the exports
+ * on the same sockets (qemu reconnects on its next request; a guest paused by a read error while
+ * they were away is resumed) and follows or restarts the block jobs.
+ *
+ * Cancel (`signal`) while the guest runs destroys it: block jobs aborted, domain destroyed and
+ * undefined, overlays removed (the caller removes the volumes).
+ */
+import { mkdir, rm } from 'node:fs/promises'
+import * as path from 'node:path'
+import type { DiskReader } from '../contracts/disk-reader.ts'
+import type { DomainVolume } from '../domain/xml.ts'
+import type { Virsh } from '../domain/virsh.ts'
+import { MigError } from '../errors.ts'
+import { sleep } from '../retry.ts'
+import { abortBlockCopy, blockJobInfo, domainDisks, pivotBlockCopy, startBlockCopy } from './block-job.ts'
+import { NbdExportServer } from './nbd-server.ts'
+import { createOverlay } from './overlay.ts'
+
+/** Starts of one disk's block job before the import fails (the first and the restarts). */
+export const MAX_JOB_STARTS = 20
+
+/** Longest Unix socket path (`sun_path` is 108 bytes with its terminating NUL). */
+const MAX_SOCKET_PATH = 107
+
+/** One disk of a live import. `capacity` bytes; `volumePath` the destination volume (`block`: a block device). */
+export interface LiveImportDisk {
+  label: string
+  capacity: number
+  volumePath: string
+  block: boolean
+}
+
+/** What the guest's start reports (the orchestrator's `StartOutcome`). */
+export interface LiveStartOutcome {
+  domain: string
+  hardware: unknown
+  notice: string | null
+  networkNotice?: string | null
+}
+
+/** Input of {@link runLiveImport}. */
+export interface LiveImportInput {
+  virsh: Virsh
+  /** The job's private directory (sockets, overlays); made 0711 so qemu reaches its files. */
+  dir: string
+  disks: LiveImportDisk[]
+  /** Opens the reader of disk `index` (closed here). */
+  openReader(index: number): Promise<DiskReader>
+  /** qemu's group: owner group of the sockets (null: root only). */
+  qemuGid: number | null
+  /**
+   * Defines and starts the guest on `overlays` with the boot check; absent `started`: a fresh
+   * import. A rejection fails the import (the domain is left as the start leaves it).
+   */
+  start(overlays: DomainVolume[], signal: AbortSignal): Promise<LiveStartOutcome>
+  /** The guest of a resumed import, already started: its outcome as recorded. */
+  started?: LiveStartOutcome
+  /**
+   * The job's domain name (reserved or defined), when not `started`: a domain of that name whose
+   * disks are this import's overlays was started by a worker that died before it recorded the
+   * start; it is followed, never started again (its overlays hold what the guest wrote).
+   */
+  domainName?: string | null
+  /** Called once the guest started (its boot verdict), before the copy ends. */
+  onStarted(outcome: LiveStartOutcome): Promise<void>
+  /** Bytes of disk `index` in the destination volume (from the block job's counters). */
+  onProgress(index: number, doneBytes: number): void
+  /** A source read failing (`message`), or answering again (null). */
+  onWaiting(message: string | null): void
+  /** Bandwidth cap of each block job, bytes per second (null: none). */
+  bytesPerSecond: number | null
+  signal: AbortSignal
+  /** Poll interval of the block jobs, ms (default 1000). */
+  pollMs?: number
+  log?(message: string, fields?: Record<string, unknown>): void
+}
+
+/** The overlay and socket paths of disk `index` in `dir`. */
+export function livePaths(dir: string, index: number): { socket: string; overlay: string } {
+  return { socket: path.join(dir, `${index}.sock`), overlay: path.join(dir, `${index}.qcow2`) }
+}
+
+function cancelled(): MigError {
+  return new MigError('E_MIG_CANCELLED', 'cancelled by operator')
+}
+
+/**
+ * Runs (or resumes) a live import to the end: the guest on its destination volumes. Returns the
+ * start's outcome. Throws `E_MIG_CANCELLED` (guest destroyed), `E_MIG_DISK_WRITE_FAILED` (block
+ * copy), the start's errors, `E_MIG_INTERNAL` (socket path too long, export not served).
+ */
+export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOutcome> {
+  const { virsh, dir, disks, signal } = input
+  const log = input.log ?? (() => {})
+  await mkdir(dir, { recursive: true, mode: 0o711 })
+  const servers: NbdExportServer[] = []
+  const readers: DiskReader[] = []
+  let guestStarted = !!input.started
+  // The name the start defines (the job's reserved one): the copy starts once a domain of that
+  // name runs with this import's overlays, while the boot check goes on.
+  let domain: string | null = input.started?.domain ?? input.domainName ?? null
+  let failing = 0
+  try {
+    for (let i = 0; i < disks.length; i++) {
+      const { socket } = livePaths(dir, i)
+      if (socket.length > MAX_SOCKET_PATH)
+        throw new MigError('E_MIG_INTERNAL', `live import: the socket path ${socket} is longer than ${MAX_SOCKET_PATH} bytes; use a shorter MIGRATOR_DATA_DIR`)
+      const reader = await input.openReader(i)
+      readers.push(reader)
+      const server = new NbdExportServer({
+        socketPath: socket,
+        reader,
+        label: disks[i]!.label,
+        gid: input.qemuGid,
+        onWaiting: (waiting, err) => {
+          failing += waiting ? 1 : -1
+          if (waiting && failing === 1) input.onWaiting(`waiting for the source: disk ${disks[i]!.label}: ${err?.message ?? 'reads fail'}`)
+          if (!waiting && failing === 0) input.onWaiting(null)
+        },
+      })
+      await server.listen()
+      servers.push(server)
+    }
+
+    let started = input.started
+    if (!started && input.domainName) {
+      const listed = await domainDisks(virsh, input.domainName).catch(() => [])
+      if (listed.some((d) => d.source.startsWith(`${dir}/`))) {
+        log('live import: following the guest a previous worker started', { domain: input.domainName })
+        started = {
+          domain: input.domainName,
+          hardware: null,
+          notice: 'boot not verified: the boot check was interrupted (the worker restarted); the guest was started',
+        }
+        guestStarted = true
+        domain = input.domainName
+        await input.onStarted(started)
+      }
+    }
+    let startDone: Promise<LiveStartOutcome>
+    if (started) {
+      const state = await virsh.state(started.domain).catch(() => '')
+      if (state === 'paused') await virsh.run(['resume', '--domain', started.domain])
+      else if (state !== 'running') await virsh.start(started.domain)
+      startDone = Promise.resolve(started)
+    } else {
+      const overlays: DomainVolume[] = []
+      for (let i = 0; i < disks.length; i++) {
+        const p = livePaths(dir, i)
+        await createOverlay(p.overlay, p.socket, disks[i]!.capacity)
+        overlays.push({ label: disks[i]!.label, path: p.overlay, format: 'qcow2', stopOnError: true })
+      }
+      startDone = input.start(overlays, signal).then(async (o) => {
+        guestStarted = true
+        domain = o.domain
+        await input.onStarted(o)
+        return o
+      })
+    }
+    let outcome: LiveStartOutcome | null = null
+    let startError: unknown = null
+    startDone.then(
+      (o) => (outcome = o),
+      (e) => (startError = e ?? new Error('start failed')),
+    )
+
+    const starts = disks.map(() => 0)
+    const pivoted = disks.map(() => false)
+    const pollMs = input.pollMs ?? 1000
+    let lastPaused = 0
+    for (;;) {
+      if (startError) throw startError
+      if (signal.aborted) throw cancelled()
+      const name = outcome ? (outcome as LiveStartOutcome).domain : domain
+      // The copy starts as soon as the guest runs, the boot check going on beside it.
+      const state = name ? await virsh.state(name).catch(() => '') : ''
+      const listed = name && (state === 'running' || state === 'paused') ? await domainDisks(virsh, name) : []
+      // a domain of that name whose disks are not this import's is not the guest (yet)
+      const ours = listed.some((e) => e.source.startsWith(`${dir}/`) || disks.some((d) => d.volumePath === e.source))
+      if (name && ours) {
+        domain = name
+        guestStarted = true
+        if (state === 'paused' && Date.now() - lastPaused > 5000 && failing === 0) {
+          // paused by a read error while the export was away (rerror_policy stop): it is back
+          lastPaused = Date.now()
+          const why = await virsh.run(['domstate', '--reason', '--domain', name])
+          if (/I\/O error|ioerror/i.test(why.stdout)) {
+            log('live import: resuming the guest paused by an I/O error', { domain: name })
+            await virsh.run(['resume', '--domain', name])
+          }
+        }
+        for (let i = 0; i < disks.length; i++) {
+          if (pivoted[i]) continue
+          const d = disks[i]!
+          const p = livePaths(dir, i)
+          const entry = listed.find((e) => e.source === d.volumePath || e.source === p.overlay)
+          if (!entry) throw new MigError('E_MIG_DISK_WRITE_FAILED', `domain ${name}: no disk on ${p.overlay} or ${d.volumePath}`)
+          if (entry.source === d.volumePath) {
+            pivoted[i] = true
+            input.onProgress(i, d.capacity)
+            continue
+          }
+          const info = await blockJobInfo(virsh, name, entry.target)
+          if (!info) {
+            if (starts[i]! >= MAX_JOB_STARTS)
+              throw new MigError('E_MIG_DISK_WRITE_FAILED', `domain ${name} disk ${entry.target}: the block copy stopped ${MAX_JOB_STARTS} times`)
+            starts[i]!++
+            log('live import: starting the block copy', { domain: name, disk: entry.target, dest: d.volumePath, start: starts[i] })
+            await startBlockCopy(virsh, name, entry.target, d.volumePath, { block: d.block, bytesPerSecond: input.bytesPerSecond })
+            continue
+          }
+          input.onProgress(i, info.end > 0 ? Math.min(d.capacity, Math.floor((info.cur / info.end) * d.capacity)) : 0)
+          if (info.end > 0 && info.cur >= info.end && (await pivotBlockCopy(virsh, name, entry.target))) {
+            log('live import: pivoted onto the volume', { domain: name, disk: entry.target })
+            pivoted[i] = true
+            input.onProgress(i, d.capacity)
+          }
+        }
+        if (pivoted.every(Boolean) && outcome) break
+      } else if (name && guestStarted && outcome) {
+        throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name} stopped (${state || 'gone'}) during the live import; its writes are in ${dir}`, {
+          details: { domain: name },
+        })
+      }
+      await sleep(pollMs)
+    }
+    const name = (outcome as unknown as LiveStartOutcome).domain
+    await renameInDescription(
+      virsh,
+      name,
+      disks.map((d, i) => [livePaths(dir, i).overlay, d.volumePath]),
+    )
+    await checkNoOverlay(virsh, name, dir)
+    for (const s of servers) await s.close()
+    await rm(dir, { recursive: true, force: true })
+    return outcome as unknown as LiveStartOutcome
+  } catch (e) {
+    if (signal.aborted && guestStarted && domain) {
+      // cancel with a guest running: it is destroyed with what it wrote
+      for (const d of await domainDisks(virsh, domain).catch(() => [])) await abortBlockCopy(virsh, domain, d.target)
+      await virsh.destroy(domain).catch(() => undefined)
+      await virsh.undefine(domain).catch(() => undefined)
+      await rm(dir, { recursive: true, force: true }).catch(() => {})
+    } else if (!guestStarted) await rm(dir, { recursive: true, force: true }).catch(() => {})
+    throw e
+  } finally {
+    for (const s of servers) await s.close()
+    for (const r of readers) await r.close().catch(() => {})
+  }
+}
+
+/**
+ * Names the volumes in place of the overlays in the description of `name` (live and persistent:
+ * the domain's description lists each disk's path). Throws `E_MIG_DISK_WRITE_FAILED`.
+ */
+async function renameInDescription(virsh: Virsh, name: string, renames: Array<[string, string]>): Promise<void> {
+  const r = await virsh.run(['desc', '--domain', name])
+  if (r.code !== 0) return
+  let text = r.stdout.replace(/\n$/, '')
+  for (const [from, to] of renames) text = text.split(from).join(to)
+  if (text === r.stdout.replace(/\n$/, '')) return
+  const w = await virsh.run(['desc', '--domain', name, '--live', '--config', '--new-desc', text])
+  if (w.code !== 0) throw new MigError('E_MIG_DISK_WRITE_FAILED', `domain ${name}: updating its description failed: ${w.stderr.trim()}`)
+}
+
+/** Throws `E_MIG_DISK_WRITE_FAILED` when the live or persistent definition of `name` still names a file of `dir`. */
+async function checkNoOverlay(virsh: Virsh, name: string, dir: string): Promise<void> {
+  for (const args of [
+    ['dumpxml', '--domain', name],
+    ['dumpxml', '--inactive', '--domain', name],
+  ]) {
+    const r = await virsh.run(args)
+    if (r.code !== 0) throw new MigError('E_MIG_DISK_WRITE_FAILED', `domain ${name}: ${args.join(' ')} failed: ${r.stderr.trim()}`)
+    const line = r.stdout.split('\n').find((l) => l.includes(`${dir}/`))
+    if (line)
+      throw new MigError(
+        'E_MIG_DISK_WRITE_FAILED',
+        `domain ${name}: its ${args.includes('--inactive') ? 'persistent' : 'live'} definition still names the live-import directory: ${line.trim()}`,
+      )
+  }
+}

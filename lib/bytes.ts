@@ -16,3 +16,10 @@ export function u64be(buf: Buffer, at: number): number | null {
   const v = buf.readBigUInt64BE(at)
   return v > MAX ? null : Number(v)
 }
+
+/** {@link u64be} of a value that must fit (a protocol's size or offset): throws a RangeError naming it when it exceeds 2^53 - 1. */
+export function u64beExact(buf: Buffer, at: number): number {
+  const v = u64be(buf, at)
+  if (v === null) throw new RangeError(`64-bit value ${buf.readBigUInt64BE(at)} is too large`)
+  return v
+}

@@ -88,7 +88,7 @@ export interface StartBootCheck {
  *   configured addresses after a verified boot. `false` skips both. `writeGuestFiles` replaces
  *   the libguestfs writer (tests).
  * - `rename`: when libvirt refuses the name as taken ("already exists"), picks and records another
- *   given the names libvirt has now (lib/jobs/job-deps.ts: the store's reservation, so the name is
+ *   given the names libvirt has now (lib/jobs/reserve.ts: the store's reservation, so the name is
  *   also free of every other active job's); default {@link Virsh.uniqueName}'s `-2`, `-3`, ... of
  *   the name. At most {@link RENAME_ATTEMPTS} defines in all.
  */

@@ -12,9 +12,10 @@
  */
 import { type ErrorCode, MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
-import { QCOW_MAGIC } from './qcow2.ts'
+import { QCOW2_HEADER, QCOW_MAGIC } from './qcow2.ts'
 import { readVhdInfo } from './vhd.ts'
 import { readVhdxInfo } from './vhdx.ts'
+import { KDMV_HEADER, VMDK_SPARSE_MAGIC } from './vmdk/hosted-sparse.ts'
 import { readVmdkSparseHeader } from './vmdk/inspect.ts'
 
 const SECTOR = 512
@@ -42,7 +43,7 @@ function memberFault(e: unknown, file: string, member: string, what = '', code?:
  * Throws `E_MIG_MALFORMED_ARCHIVE` (`details.member`, `details.field`).
  */
 export async function checkMemberHeader(format: DiskFormat, file: string, offset: number, length: number, head: Buffer, member: string): Promise<void> {
-  if (format === 'vmdk' && head.length >= 4 && head.toString('latin1', 0, 4) === 'KDMV') {
+  if (format === 'vmdk' && head.length >= 4 && head.toString('latin1', KDMV_HEADER.magic, KDMV_HEADER.magic + 4) === VMDK_SPARSE_MAGIC) {
     let h
     try {
       h = await readVmdkSparseHeader(file, offset, length)
@@ -68,17 +69,22 @@ export async function checkMemberHeader(format: DiskFormat, file: string, offset
     return
   }
   if (format === 'qcow2' && head.length >= 72) {
-    if (head.readUInt32BE(0) !== QCOW_MAGIC) throw bad(member, 'magic', 'not QFI\\xfb')
-    const version = head.readUInt32BE(4)
+    const Q = QCOW2_HEADER
+    if (head.readUInt32BE(Q.magic) !== QCOW_MAGIC) throw bad(member, 'magic', 'not QFI\\xfb')
+    const version = head.readUInt32BE(Q.version)
     if (version !== 2 && version !== 3) throw bad(member, 'version', `${version} (2 or 3)`)
-    const clusterBits = head.readUInt32BE(20)
+    const clusterBits = head.readUInt32BE(Q.cluster_bits)
     if (clusterBits < 9 || clusterBits > 21) throw bad(member, 'cluster_bits', `${clusterBits} out of 9..21`)
-    const l1Size = head.readUInt32BE(36)
-    const l1Offset = Number(head.readBigUInt64BE(40))
-    const refcountOffset = Number(head.readBigUInt64BE(48))
+    const l1Size = head.readUInt32BE(Q.l1_size)
+    const l1Offset = Number(head.readBigUInt64BE(Q.l1_table_offset))
+    const refcountOffset = Number(head.readBigUInt64BE(Q.refcount_table_offset))
     if (!Number.isSafeInteger(l1Offset) || l1Offset + l1Size * 8 > length)
-      throw bad(member, 'l1_table_offset', `L1 table of ${l1Size} entries at byte ${head.readBigUInt64BE(40)} is past the member's ${length} bytes`)
+      throw bad(
+        member,
+        'l1_table_offset',
+        `L1 table of ${l1Size} entries at byte ${head.readBigUInt64BE(Q.l1_table_offset)} is past the member's ${length} bytes`,
+      )
     if (!Number.isSafeInteger(refcountOffset) || refcountOffset >= length)
-      throw bad(member, 'refcount_table_offset', `byte ${head.readBigUInt64BE(48)} is past the member's ${length} bytes`)
+      throw bad(member, 'refcount_table_offset', `byte ${head.readBigUInt64BE(Q.refcount_table_offset)} is past the member's ${length} bytes`)
   }
 }

@@ -19,6 +19,46 @@ import type { InspectContext } from '../contracts/inspect.ts'
 
 /** The qcow magic, `QFI\xfb`, shared by legacy qcow (v1) and qcow2 (v2, v3). */
 export const QCOW_MAGIC = 0x514649fb
+/**
+ * Byte offsets of the qcow2 header fields (qcow2.txt "Header"; qemu `block/qcow2.h` `QCowHeader`),
+ * all big-endian: u32 unless marked u64. Bytes 0-71 are the version 2 header; version 3 adds
+ * 72-103 and, with the compression type feature, the one-byte `compression_type` at 104.
+ */
+export const QCOW2_HEADER = {
+  magic: 0,
+  version: 4,
+  /** u64 */
+  backing_file_offset: 8,
+  backing_file_size: 16,
+  cluster_bits: 20,
+  /** u64, the virtual size in bytes */
+  size: 24,
+  crypt_method: 32,
+  l1_size: 36,
+  /** u64 */
+  l1_table_offset: 40,
+  /** u64 */
+  refcount_table_offset: 48,
+  refcount_table_clusters: 56,
+  nb_snapshots: 60,
+  /** u64 */
+  snapshots_offset: 64,
+  /** u64 */
+  incompatible_features: 72,
+  /** u64 */
+  compatible_features: 80,
+  /** u64 */
+  autoclear_features: 88,
+  refcount_order: 96,
+  header_length: 100,
+  /** u8 */
+  compression_type: 104,
+} as const
+/** Length of the fixed header: version 2 and version 3 (qcow2.txt "Header"). */
+const V2_HEADER_LENGTH = 72
+const V3_HEADER_LENGTH = 104
+const H = QCOW2_HEADER
+
 /** Largest virtual size accepted, bytes (64 TiB; larger declared sizes are treated as hostile). */
 export const QCOW2_MAX_VIRTUAL_SIZE = 64 * 2 ** 40
 /** Longest backing file name, bytes (qemu's limit, qcow2.txt "backing_file_size"). */
@@ -28,7 +68,9 @@ export const QCOW2_MAX_CHAIN_DEPTH = 16
 /** Largest L1 table accepted, entries (qemu QCOW_MAX_L1_SIZE: 32 MiB of 8-byte entries). */
 export const QCOW2_MAX_L1_ENTRIES = (32 * 1024 * 1024) / 8
 
-/** Header extension types (qcow2.txt "Header extensions"). */
+/** A header extension (qcow2.txt "Header extensions"): u32 type, u32 length, then its data padded to 8 bytes. */
+const EXT = { type: 0, length: 4, data: 8 } as const
+/** Header extension types. */
 const EXT_END = 0x00000000
 const EXT_BACKING_FORMAT = 0xe2792aca
 const EXT_DATA_FILE = 0x44415441
@@ -93,22 +135,22 @@ const hex = (v: bigint): string => `0x${v.toString(16)}`
  */
 export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Qcow2Header {
   if (buf.length < 8) throw malformed(file, `qcow2 header cut short (${buf.length} bytes)`)
-  if (buf.readUInt32BE(0) !== QCOW_MAGIC) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a qcow2 image (no QFI\\xfb magic)`)
-  const version = buf.readUInt32BE(4)
+  if (buf.readUInt32BE(H.magic) !== QCOW_MAGIC) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a qcow2 image (no QFI\\xfb magic)`)
+  const version = buf.readUInt32BE(H.version)
   if (version === 1) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: legacy qcow (version 1) image is not supported; convert it to qcow2 first`)
   if (version !== 2 && version !== 3) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: qcow2 version ${version} is not supported (2 or 3)`)
-  const fixedLen = version === 2 ? 72 : 104
+  const fixedLen = version === 2 ? V2_HEADER_LENGTH : V3_HEADER_LENGTH
   if (buf.length < fixedLen) throw malformed(file, `qcow2 v${version} header cut short (${buf.length} of ${fixedLen} bytes)`)
 
-  const cluster_bits = buf.readUInt32BE(20)
+  const cluster_bits = buf.readUInt32BE(H.cluster_bits)
   if (cluster_bits < 9 || cluster_bits > 21) throw malformed(file, `cluster_bits ${cluster_bits} outside 9..21`)
   const cluster_size = 2 ** cluster_bits
 
-  const sizeBig = buf.readBigUInt64BE(24)
+  const sizeBig = buf.readBigUInt64BE(H.size)
   if (sizeBig > BigInt(QCOW2_MAX_VIRTUAL_SIZE)) throw malformed(file, `virtual size ${sizeBig} bytes exceeds the 64 TiB limit`)
   const virtual_size = Number(sizeBig)
 
-  const crypt_method = buf.readUInt32BE(32)
+  const crypt_method = buf.readUInt32BE(H.crypt_method)
   if (crypt_method > 2) throw malformed(file, `unknown crypt_method ${crypt_method}`)
   if (crypt_method !== 0) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: encrypted qcow2 (${crypt_method === 1 ? 'AES' : 'LUKS'}) is not supported`)
 
@@ -116,14 +158,14 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
   let compat = 0n
   let autoclear = 0n
   let refcount_order = 4
-  let header_length = 72
+  let header_length = V2_HEADER_LENGTH
   if (version === 3) {
-    incompat = buf.readBigUInt64BE(72)
-    compat = buf.readBigUInt64BE(80)
-    autoclear = buf.readBigUInt64BE(88)
-    refcount_order = buf.readUInt32BE(96)
-    header_length = buf.readUInt32BE(100)
-    if (header_length < 104 || header_length % 8 !== 0 || header_length > cluster_size) throw malformed(file, `bad header_length ${header_length}`)
+    incompat = buf.readBigUInt64BE(H.incompatible_features)
+    compat = buf.readBigUInt64BE(H.compatible_features)
+    autoclear = buf.readBigUInt64BE(H.autoclear_features)
+    refcount_order = buf.readUInt32BE(H.refcount_order)
+    header_length = buf.readUInt32BE(H.header_length)
+    if (header_length < V3_HEADER_LENGTH || header_length % 8 !== 0 || header_length > cluster_size) throw malformed(file, `bad header_length ${header_length}`)
     if (refcount_order > 6) throw malformed(file, `refcount_order ${refcount_order} over 6`)
     const unknown = incompat & ~INCOMPAT_KNOWN
     if (unknown !== 0n) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown incompatible qcow2 features ${hex(unknown)}`)
@@ -133,15 +175,15 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
   const extended_l2 = (incompat & INCOMPAT_EXTL2) !== 0n
   let compression_type: 'zlib' | 'zstd' = 'zlib'
   if (incompat & INCOMPAT_COMPRESSION) {
-    if (header_length <= 104) throw malformed(file, 'compression type feature set but header has no compression_type field')
-    const ct = buf[104]!
+    if (header_length <= H.compression_type) throw malformed(file, 'compression type feature set but header has no compression_type field')
+    const ct = buf[H.compression_type]!
     if (ct === 1) compression_type = 'zstd'
     else if (ct !== 0) throw malformed(file, `unknown compression_type ${ct}`)
   }
 
   // L1 table: enough entries to map the virtual size, inside the file, cluster aligned.
-  const l1_size = buf.readUInt32BE(36)
-  const l1Off = u64be(buf, 40)
+  const l1_size = buf.readUInt32BE(H.l1_size)
+  const l1Off = u64be(buf, H.l1_table_offset)
   if (l1Off === null) throw malformed(file, 'L1 table offset beyond 2^53')
   const l2Entries = cluster_size / (extended_l2 ? 16 : 8)
   const bytesPerL1 = cluster_size * l2Entries
@@ -155,8 +197,8 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
   }
 
   // Refcount table: aligned, bounded (qemu: 8 MiB), inside the file.
-  const rtOff = u64be(buf, 48)
-  const refcount_table_clusters = buf.readUInt32BE(56)
+  const rtOff = u64be(buf, H.refcount_table_offset)
+  const refcount_table_clusters = buf.readUInt32BE(H.refcount_table_clusters)
   if (rtOff === null || rtOff % cluster_size !== 0 || rtOff === 0) throw malformed(file, `bad refcount table offset ${rtOff ?? 'over 2^53'}`)
   if (refcount_table_clusters === 0 || refcount_table_clusters * cluster_size > 8 * 1024 * 1024)
     throw malformed(file, `bad refcount table size ${refcount_table_clusters} clusters`)
@@ -164,15 +206,15 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
     throw malformed(file, `refcount table at offset ${rtOff} lies outside the file of ${fileSize} bytes`)
 
   // Snapshot table: bounded count (qemu QCOW_MAX_SNAPSHOTS), aligned, inside the file.
-  const nb_snapshots = buf.readUInt32BE(60)
-  const snOff = u64be(buf, 64)
+  const nb_snapshots = buf.readUInt32BE(H.nb_snapshots)
+  const snOff = u64be(buf, H.snapshots_offset)
   if (nb_snapshots > 65536) throw malformed(file, `${nb_snapshots} snapshots exceeds 65536`)
   if (snOff === null) throw malformed(file, 'snapshot table offset beyond 2^53')
   if (nb_snapshots > 0 && (snOff % cluster_size !== 0 || snOff === 0 || snOff >= fileSize)) throw malformed(file, `snapshot table offset ${snOff} invalid`)
 
   // Backing file name: inside the header cluster, at most 1023 bytes.
-  const bfOff = u64be(buf, 8)
-  const bfSize = buf.readUInt32BE(16)
+  const bfOff = u64be(buf, H.backing_file_offset)
+  const bfSize = buf.readUInt32BE(H.backing_file_size)
   let backing_file: string | null = null
   if (bfOff === null) throw malformed(file, 'backing file offset beyond 2^53')
   if (bfOff !== 0) {
@@ -190,16 +232,16 @@ export function parseQcow2Header(buf: Buffer, fileSize: number, file: string): Q
   let backing_format: string | null = null
   const extEnd = Math.min(bfOff !== 0 ? bfOff : cluster_size, buf.length)
   let at = header_length
-  while (at + 8 <= extEnd) {
-    const type = buf.readUInt32BE(at)
-    const len = buf.readUInt32BE(at + 4)
+  while (at + EXT.data <= extEnd) {
+    const type = buf.readUInt32BE(at + EXT.type)
+    const len = buf.readUInt32BE(at + EXT.length)
     if (type === EXT_END) break
-    const dataEnd = at + 8 + len
+    const dataEnd = at + EXT.data + len
     if (dataEnd > extEnd) throw malformed(file, `header extension 0x${type.toString(16)} at offset ${at} (${len} bytes) overruns the header area`)
     if (type === EXT_BACKING_FORMAT) {
       if (len === 0 || len > 16) throw malformed(file, `backing format extension of ${len} bytes`)
       const f = buf
-        .subarray(at + 8, dataEnd)
+        .subarray(at + EXT.data, dataEnd)
         .toString('latin1')
         .replace(/\0+$/, '')
       if (!/^[a-z0-9_+.-]+$/i.test(f)) throw malformed(file, `backing format ${JSON.stringify(f)} is not a driver name`)
@@ -260,8 +302,8 @@ export async function readQcow2HeaderFrom(fh: FileHandle, file: string, win?: Fi
   const fileSize = win ? win.length : (await fh.stat()).size
   const head = await readInWindow(fh, file, win, Math.min(fileSize, 4096), 0)
   let buf = head
-  if (head.length >= 24 && head.readUInt32BE(0) === QCOW_MAGIC) {
-    const bits = head.readUInt32BE(20)
+  if (head.length >= H.size && head.readUInt32BE(H.magic) === QCOW_MAGIC) {
+    const bits = head.readUInt32BE(H.cluster_bits)
     if (bits >= 9 && bits <= 21 && 2 ** bits > head.length && fileSize > head.length) {
       buf = await readInWindow(fh, file, win, Math.min(fileSize, 2 ** bits), 0)
     }
@@ -332,7 +374,7 @@ async function sniffQcow(file: string): Promise<boolean> {
   const fh = await openRead(file)
   try {
     const b = await readAt(fh, file, 4, 0)
-    return b.length === 4 && b.readUInt32BE(0) === QCOW_MAGIC
+    return b.length === 4 && b.readUInt32BE(H.magic) === QCOW_MAGIC
   } finally {
     await fh.close()
   }

@@ -14,7 +14,12 @@
 import { MigError } from '../errors.ts'
 import type { DiskFormat } from '../manifest.ts'
 import { openRead } from './io.ts'
-import { hasVhdCookie } from './vhd.ts'
+import { QCOW2_HEADER, QCOW_MAGIC } from './qcow2.ts'
+import { VDI_HEADER, VDI_SIGNATURE } from './vdi.ts'
+import { hasVhdCookie, VHD_FOOTER, VHD_FOOTER_COOKIE } from './vhd.ts'
+import { VHDX_FILE_SIGNATURE } from './vhdx.ts'
+import { COWD_HEADER, COWD_MAGIC } from './vmdk/cowd.ts'
+import { KDMV_HEADER, VMDK_SPARSE_MAGIC } from './vmdk/hosted-sparse.ts'
 
 /**
  * What the magic bytes (or qemu-img) say a file is:
@@ -120,17 +125,17 @@ export function probeMagic(head: Buffer, tail: Buffer, size: number): ProbeResul
   })
   if (size === 0) return r('unknown', null, 'empty file')
   const at = (off: number, s: string): boolean => head.length >= off + s.length && head.toString('latin1', off, off + s.length) === s
-  if (at(0, 'QFI\xfb')) {
-    const v = head.length >= 8 ? head.readUInt32BE(4) : -1
+  if (head.length >= 4 && head.readUInt32BE(QCOW2_HEADER.magic) === QCOW_MAGIC) {
+    const v = head.length >= 8 ? head.readUInt32BE(QCOW2_HEADER.version) : -1
     if (v === 1) return r('qcow', null, 'legacy qcow v1 image', 1)
     return r('qcow2', 'qcow2', `qcow2 v${v} image`, v)
   }
-  if (at(0, 'vhdxfile')) return r('vhdx', 'vhdx', 'VHDX image')
-  if (at(0, 'KDMV')) return r('vmdk_sparse', 'vmdk', 'VMDK sparse extent')
-  if (at(0, 'COWD')) return r('vmdk_cowd', 'vmdk', 'VMDK ESX sparse (COWD) extent')
+  if (at(0, VHDX_FILE_SIGNATURE)) return r('vhdx', 'vhdx', 'VHDX image')
+  if (at(KDMV_HEADER.magic, VMDK_SPARSE_MAGIC)) return r('vmdk_sparse', 'vmdk', 'VMDK sparse extent')
+  if (at(COWD_HEADER.magic, COWD_MAGIC)) return r('vmdk_cowd', 'vmdk', 'VMDK ESX sparse (COWD) extent')
   if (textStart(head).startsWith('# Disk DescriptorFile')) return r('vmdk_descriptor', 'vmdk', 'VMDK descriptor')
-  if (head.length >= 0x44 && head.readUInt32LE(0x40) === 0xbeda107f) return r('vdi', 'vdi', 'VirtualBox VDI image')
-  if (hasVhdCookie(tail) || at(0, 'conectix')) return r('vhd', 'vpc', 'VHD image')
+  if (head.length >= VDI_HEADER.signature + 4 && head.readUInt32LE(VDI_HEADER.signature) === VDI_SIGNATURE) return r('vdi', 'vdi', 'VirtualBox VDI image')
+  if (hasVhdCookie(tail) || at(VHD_FOOTER.cookie, VHD_FOOTER_COOKIE)) return r('vhd', 'vpc', 'VHD image')
   if (at(257, 'ustar')) return r('tar', null, 'tar archive')
   if (head.length >= 2 && head[0] === 0x1f && head[1] === 0x8b) return r('gzip', null, 'gzip-compressed file')
   if (at(0, 'BZh')) return r('bzip2', null, 'bzip2-compressed file')
@@ -163,8 +168,9 @@ export function sniffDiskFormat(head: Uint8Array, tail?: Uint8Array): DiskFormat
 export function capacityFromHeader(format: DiskFormat, head: Uint8Array): number | null {
   const b = Buffer.from(head.buffer, head.byteOffset, head.byteLength)
   let v: bigint | null = null
-  if (format === 'vmdk' && b.length >= 20 && b.toString('latin1', 0, 4) === 'KDMV') v = b.readBigUInt64LE(12) * 512n
-  else if (format === 'qcow2' && b.length >= 32) v = b.readBigUInt64BE(24)
+  if (format === 'vmdk' && b.length >= KDMV_HEADER.capacity + 8 && b.toString('latin1', KDMV_HEADER.magic, KDMV_HEADER.magic + 4) === VMDK_SPARSE_MAGIC)
+    v = b.readBigUInt64LE(KDMV_HEADER.capacity) * 512n
+  else if (format === 'qcow2' && b.length >= QCOW2_HEADER.size + 8) v = b.readBigUInt64BE(QCOW2_HEADER.size)
   if (v === null || v > BigInt(Number.MAX_SAFE_INTEGER)) return null
   return Number(v)
 }

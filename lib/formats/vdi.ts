@@ -14,6 +14,35 @@ import { malformed, openRead } from './io.ts'
 
 /** The VDI signature at offset 0x40. */
 export const VDI_SIGNATURE = 0xbeda107f
+/**
+ * Byte offsets of the VDI 1.1 header fields (VirtualBox `VDICore.h` `VDIPREHEADER` and
+ * `VDIHEADER1PLUS`; qemu `block/vdi.c` `VdiHeader`), little-endian: u32 unless marked.
+ */
+export const VDI_HEADER = {
+  signature: 0x40,
+  version: 0x44,
+  /** `cbHeader`: bytes of the header from here on */
+  header_size: 0x48,
+  image_type: 0x4c,
+  /** `offBlocks`: the block map */
+  offset_bmap: 0x154,
+  /** `offData`: the first block */
+  offset_data: 0x158,
+  /** the legacy geometry's `cbSector` */
+  sector_size: 0x168,
+  /** u64 `cbDisk`, bytes */
+  disk_size: 0x170,
+  block_size: 0x178,
+  /** `cbBlockExtra`: bytes stored before each block's data */
+  block_extra: 0x17c,
+  blocks: 0x180,
+  blocks_allocated: 0x184,
+  /** RTUUIDs of 16 bytes: the image, and its parent's (link) */
+  uuid_image: 0x188,
+  uuid_link: 0x1a8,
+} as const
+const V = VDI_HEADER
+
 /** Largest disk size accepted, bytes (64 TiB). */
 export const VDI_MAX_DISK_SIZE = 64 * 2 ** 40
 const HEADER_END = 0x1c8 // end of the v1.1 header's parent-modification UUID
@@ -62,42 +91,42 @@ const NIL = '00000000-0000-0000-0000-000000000000'
  *   outside the file; more allocated blocks than blocks; a differencing image without parent.
  */
 export function parseVdiHeader(buf: Buffer, fileSize: number, file: string): VdiInfo {
-  if (buf.length < 0x48 || buf.readUInt32LE(0x40) !== VDI_SIGNATURE)
+  if (buf.length < V.header_size || buf.readUInt32LE(V.signature) !== VDI_SIGNATURE)
     throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VDI image (no 0xbeda107f signature)`)
-  const version = buf.readUInt32LE(0x44)
+  const version = buf.readUInt32LE(V.version)
   if (version !== 0x00010001)
     throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VDI version ${version >>> 16}.${version & 0xffff} is not supported (1.1)`)
   if (buf.length < HEADER_END) throw malformed(file, `VDI header cut short (${buf.length} of ${HEADER_END} bytes)`)
-  const cbHeader = buf.readUInt32LE(0x48)
-  if (cbHeader < HEADER_END - 0x48) throw malformed(file, `VDI header size ${cbHeader} too small`)
-  const type = buf.readUInt32LE(0x4c)
+  const cbHeader = buf.readUInt32LE(V.header_size)
+  if (cbHeader < HEADER_END - V.header_size) throw malformed(file, `VDI header size ${cbHeader} too small`)
+  const type = buf.readUInt32LE(V.image_type)
   const image_type = type === 1 ? 'dynamic' : type === 2 ? 'fixed' : type === 3 ? 'undo' : type === 4 ? 'differencing' : null
   if (!image_type) throw malformed(file, `unknown VDI image type ${type}`)
-  const offBlocks = buf.readUInt32LE(0x154)
-  const offData = buf.readUInt32LE(0x158)
-  const sizeBig = buf.readBigUInt64LE(0x170)
+  const offBlocks = buf.readUInt32LE(V.offset_bmap)
+  const offData = buf.readUInt32LE(V.offset_data)
+  const sizeBig = buf.readBigUInt64LE(V.disk_size)
   if (sizeBig > BigInt(VDI_MAX_DISK_SIZE)) throw malformed(file, `disk size ${sizeBig} bytes exceeds 64 TiB`)
   const virtual_size = Number(sizeBig)
-  const block_size = buf.readUInt32LE(0x178)
+  const block_size = buf.readUInt32LE(V.block_size)
   if (block_size < 512 || block_size > 256 * 1024 * 1024 || (block_size & (block_size - 1)) !== 0)
     throw malformed(file, `block size ${block_size} is not a power of two in 512 B..256 MiB`)
-  const blocks = buf.readUInt32LE(0x180)
-  const blocks_allocated = buf.readUInt32LE(0x184)
+  const blocks = buf.readUInt32LE(V.blocks)
+  const blocks_allocated = buf.readUInt32LE(V.blocks_allocated)
   if (blocks * block_size < virtual_size) throw malformed(file, `${blocks} blocks of ${block_size} bytes cannot hold ${virtual_size} bytes`)
   if (blocks_allocated > blocks) throw malformed(file, `${blocks_allocated} allocated blocks of ${blocks}`)
   if (offBlocks < HEADER_END || offBlocks + blocks * 4 > fileSize)
     throw malformed(file, `block map at offset ${offBlocks} (${blocks} entries) lies outside the file of ${fileSize} bytes`)
   if (offData < offBlocks || offData > fileSize) throw malformed(file, `data offset ${offData} invalid`)
   // Allocated blocks are stored back to back from the data offset (each with its extra bytes,
-  // 0x17C); a shorter file is truncated, and qemu would read the missing blocks as zeros.
-  const extra = buf.readUInt32LE(0x17c)
+  // `block_extra`); a shorter file is truncated, and qemu would read the missing blocks as zeros.
+  const extra = buf.readUInt32LE(V.block_extra)
   const needed = offData + blocks_allocated * (block_size + extra)
   if (needed > fileSize) throw malformed(file, `truncated: ${blocks_allocated} allocated blocks need ${needed} bytes, the file has ${fileSize}`)
-  const uuid = uuidAt(buf, 0x188)
-  const link = uuidAt(buf, 0x1a8)
+  const uuid = uuidAt(buf, V.uuid_image)
+  const link = uuidAt(buf, V.uuid_link)
   const parent_uuid = link === NIL ? null : link
   if (image_type === 'differencing' && parent_uuid === null) throw malformed(file, 'differencing VDI without a parent UUID')
-  const sector_size = buf.readUInt32LE(0x168)
+  const sector_size = buf.readUInt32LE(V.sector_size)
   return {
     image_type,
     virtual_size,

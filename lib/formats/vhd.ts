@@ -17,6 +17,65 @@ import type { FileHandle } from 'node:fs/promises'
 import { MigError } from '../errors.ts'
 import { type FileWindow, malformed, openRead, readInWindow } from './io.ts'
 
+/** The footer's cookie (VHD spec "Hard Disk Footer Format"). */
+export const VHD_FOOTER_COOKIE = 'conectix'
+/** The dynamic disk header's cookie (VHD spec "Dynamic Disk Header Format"). */
+export const VHD_DYNAMIC_COOKIE = 'cxsparse'
+
+/**
+ * Byte offsets of the 512-byte hard disk footer (VHD spec "Hard Disk Footer Format"; qemu
+ * `block/vpc.c` `VHDFooter`), big-endian: u32 unless marked.
+ */
+export const VHD_FOOTER = {
+  /** 8 bytes, `conectix` */
+  cookie: 0,
+  version: 12,
+  /** u64, the dynamic header's byte offset (all ones for a fixed disk) */
+  data_offset: 16,
+  /** 4 characters */
+  creator_app: 28,
+  /** u64 */
+  current_size: 48,
+  /** u16 cylinders, u8 heads, u8 sectors per track */
+  cylinders: 56,
+  heads: 58,
+  sectors: 59,
+  disk_type: 60,
+  checksum: 64,
+  /** 16 bytes */
+  unique_id: 68,
+} as const
+/** Bytes of the footer, and of the footer old Virtual PC versions wrote (one reserved byte short). */
+const FOOTER_BYTES = 512
+const OLD_FOOTER_BYTES = 511
+
+/**
+ * Byte offsets of the 1024-byte dynamic disk header (VHD spec "Dynamic Disk Header Format"; qemu
+ * `block/vpc.c` `VHDDynDiskHeader`), big-endian: u32 unless marked.
+ */
+export const VHD_DYNAMIC_HEADER = {
+  /** 8 bytes, `cxsparse` */
+  cookie: 0,
+  /** u64 */
+  table_offset: 16,
+  max_table_entries: 28,
+  block_size: 32,
+  checksum: 36,
+  /** 16 bytes */
+  parent_unique_id: 40,
+  /** 512 bytes of UTF-16 big-endian */
+  parent_name: 64,
+  /** eight parent locator entries of 24 bytes */
+  parent_locators: 576,
+} as const
+const DYNAMIC_HEADER_BYTES = 1024
+const PARENT_NAME_BYTES = 512
+const LOCATOR_COUNT = 8
+/** One parent locator entry (VHD spec "Parent Locator Entries"): 4-character platform code, u32 data length, u64 data offset. */
+const LOCATOR = { bytes: 24, platform_code: 0, data_length: 8, data_offset: 16 } as const
+const F = VHD_FOOTER
+const D = VHD_DYNAMIC_HEADER
+
 /** A BAT entry of a block not allocated: it reads as zeros (VHD spec, "Block Allocation Table"). */
 export const VHD_UNALLOCATED = 0xffffffff
 
@@ -80,17 +139,17 @@ function vhdChecksum(buf: Buffer, at: number): number {
 
 /** True when `buf` (at least 85 bytes) starts with the footer cookie and its checksum matches. */
 function footerOk(buf: Buffer): boolean {
-  if (buf.length < 85 || buf.toString('latin1', 0, 8) !== 'conectix') return false
+  if (buf.length < F.unique_id + 16 + 1 || buf.toString('latin1', F.cookie, F.cookie + 8) !== VHD_FOOTER_COOKIE) return false
   // The checksum covers the 512-byte footer; a 511-byte footer lacks a trailing reserved zero.
-  const full = buf.length >= 512 ? buf.subarray(0, 512) : Buffer.concat([buf, Buffer.alloc(512 - buf.length)])
-  return vhdChecksum(full, 64) === full.readUInt32BE(64)
+  const full = buf.length >= FOOTER_BYTES ? buf.subarray(0, FOOTER_BYTES) : Buffer.concat([buf, Buffer.alloc(FOOTER_BYTES - buf.length)])
+  return vhdChecksum(full, F.checksum) === full.readUInt32BE(F.checksum)
 }
 
 /** True when the last 512 (or 511) bytes of a file hold a `conectix` cookie (no checksum check). */
 export function hasVhdCookie(tail: Buffer): boolean {
   return (
-    (tail.length >= 512 && tail.toString('latin1', tail.length - 512, tail.length - 504) === 'conectix') ||
-    (tail.length >= 511 && tail.toString('latin1', tail.length - 511, tail.length - 503) === 'conectix')
+    (tail.length >= FOOTER_BYTES && tail.toString('latin1', tail.length - FOOTER_BYTES, tail.length - FOOTER_BYTES + 8) === VHD_FOOTER_COOKIE) ||
+    (tail.length >= OLD_FOOTER_BYTES && tail.toString('latin1', tail.length - OLD_FOOTER_BYTES, tail.length - OLD_FOOTER_BYTES + 8) === VHD_FOOTER_COOKIE)
   )
 }
 
@@ -123,18 +182,18 @@ export async function readVhdInfo(file: string, win?: FileWindow): Promise<VhdIn
 export async function readVhdInfoFrom(fh: FileHandle, file: string, win?: FileWindow): Promise<VhdInfo> {
   const fileSize = win ? win.length : (await fh.stat()).size
   const candidates: number[] = []
-  if (fileSize >= 512) candidates.push(fileSize - 512)
-  if (fileSize >= 511) candidates.push(fileSize - 511)
+  if (fileSize >= FOOTER_BYTES) candidates.push(fileSize - FOOTER_BYTES)
+  if (fileSize >= OLD_FOOTER_BYTES) candidates.push(fileSize - OLD_FOOTER_BYTES)
   candidates.push(0)
   let footer: Buffer | null = null
   let footerOffset = -1
   let sawCookie = false
   for (const off of candidates) {
-    const b = await readInWindow(fh, file, win, Math.min(512, fileSize - off), off)
-    if (b.toString('latin1', 0, 8) !== 'conectix') continue
+    const b = await readInWindow(fh, file, win, Math.min(FOOTER_BYTES, fileSize - off), off)
+    if (b.toString('latin1', F.cookie, F.cookie + 8) !== VHD_FOOTER_COOKIE) continue
     sawCookie = true
     if (footerOk(b)) {
-      footer = b.length >= 512 ? b : Buffer.concat([b, Buffer.alloc(512 - b.length)])
+      footer = b.length >= FOOTER_BYTES ? b : Buffer.concat([b, Buffer.alloc(FOOTER_BYTES - b.length)])
       footerOffset = off
       break
     }
@@ -142,14 +201,14 @@ export async function readVhdInfoFrom(fh: FileHandle, file: string, win?: FileWi
   if (!sawCookie) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHD image (no conectix footer)`)
   if (!footer) throw malformed(file, 'VHD footer checksum mismatch (no intact footer copy)')
 
-  const version = footer.readUInt32BE(12)
+  const version = footer.readUInt32BE(F.version)
   if (version >>> 16 !== 1) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VHD format version 0x${version.toString(16)} is not 1.x`)
-  const dataOffset = footer.readBigUInt64BE(16)
-  const creator_app = footer.toString('latin1', 28, 32)
-  const unique_id = footer.toString('hex', 68, 84)
-  const currentBig = footer.readBigUInt64BE(48)
-  const geometry = { cylinders: footer.readUInt16BE(56), heads: footer[58]!, sectors: footer[59]! }
-  const type = footer.readUInt32BE(60)
+  const dataOffset = footer.readBigUInt64BE(F.data_offset)
+  const creator_app = footer.toString('latin1', F.creator_app, F.creator_app + 4)
+  const unique_id = footer.toString('hex', F.unique_id, F.unique_id + 16)
+  const currentBig = footer.readBigUInt64BE(F.current_size)
+  const geometry = { cylinders: footer.readUInt16BE(F.cylinders), heads: footer[F.heads]!, sectors: footer[F.sectors]! }
+  const type = footer.readUInt32BE(F.disk_type)
   const disk_type = type === 2 ? 'fixed' : type === 3 ? 'dynamic' : type === 4 ? 'differencing' : null
   if (!disk_type) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: VHD disk type ${type} is not fixed (2), dynamic (3) or differencing (4)`)
   if (currentBig > BigInt(VHD_MAX_VIRTUAL_SIZE)) throw malformed(file, `current size ${currentBig} bytes exceeds 2 TiB`)
@@ -181,14 +240,15 @@ export async function readVhdInfoFrom(fh: FileHandle, file: string, win?: FileWi
   }
 
   // Dynamic disk header.
-  if (dataOffset === NO_OFFSET || dataOffset + 1024n > BigInt(fileSize)) throw malformed(file, `dynamic disk header offset ${dataOffset} lies outside the file`)
+  if (dataOffset === NO_OFFSET || dataOffset + BigInt(DYNAMIC_HEADER_BYTES) > BigInt(fileSize))
+    throw malformed(file, `dynamic disk header offset ${dataOffset} lies outside the file`)
   const dhOff = Number(dataOffset)
-  const dh = await readInWindow(fh, file, win, 1024, dhOff)
-  if (dh.toString('latin1', 0, 8) !== 'cxsparse') throw malformed(file, `no cxsparse dynamic disk header at offset ${dhOff}`)
-  if (vhdChecksum(dh, 36) !== dh.readUInt32BE(36)) throw malformed(file, 'dynamic disk header checksum mismatch')
-  const batOffset = dh.readBigUInt64BE(16)
-  const maxEntries = dh.readUInt32BE(28)
-  const block_size = dh.readUInt32BE(32)
+  const dh = await readInWindow(fh, file, win, DYNAMIC_HEADER_BYTES, dhOff)
+  if (dh.toString('latin1', D.cookie, D.cookie + 8) !== VHD_DYNAMIC_COOKIE) throw malformed(file, `no cxsparse dynamic disk header at offset ${dhOff}`)
+  if (vhdChecksum(dh, D.checksum) !== dh.readUInt32BE(D.checksum)) throw malformed(file, 'dynamic disk header checksum mismatch')
+  const batOffset = dh.readBigUInt64BE(D.table_offset)
+  const maxEntries = dh.readUInt32BE(D.max_table_entries)
+  const block_size = dh.readUInt32BE(D.block_size)
   if (block_size < 512 || block_size > 256 * 1024 * 1024 || (block_size & (block_size - 1)) !== 0)
     throw malformed(file, `block size ${block_size} is not a power of two in 512 B..256 MiB`)
   if (maxEntries * block_size < virtual_size) throw malformed(file, `BAT of ${maxEntries} entries of ${block_size} bytes cannot map ${virtual_size} bytes`)
@@ -198,19 +258,19 @@ export async function readVhdInfoFrom(fh: FileHandle, file: string, win?: FileWi
   let parent_unique_id: string | null = null
   const parent_locators: VhdParentLocator[] = []
   if (disk_type === 'differencing') {
-    parent_unique_id = dh.toString('hex', 40, 56)
-    const nameBuf = dh.subarray(64, 64 + 512)
+    parent_unique_id = dh.toString('hex', D.parent_unique_id, D.parent_unique_id + 16)
+    const nameBuf = dh.subarray(D.parent_name, D.parent_name + PARENT_NAME_BYTES)
     const s = Buffer.from(nameBuf).swap16().toString('utf16le')
     const nul = s.indexOf('\0')
     parent_name = (nul < 0 ? s : s.slice(0, nul)) || null
-    for (let i = 0; i < 8; i++) {
-      const at = 576 + i * 24
-      const code = dh.toString('latin1', at, at + 4)
-      if (dh.readUInt32BE(at) === 0) continue
+    for (let i = 0; i < LOCATOR_COUNT; i++) {
+      const at = D.parent_locators + i * LOCATOR.bytes
+      const code = dh.toString('latin1', at + LOCATOR.platform_code, at + LOCATOR.platform_code + 4)
+      if (dh.readUInt32BE(at + LOCATOR.platform_code) === 0) continue
       const enc = PLATFORMS[code]
       if (!enc) continue
-      const len = dh.readUInt32BE(at + 8)
-      const off = dh.readBigUInt64BE(at + 16)
+      const len = dh.readUInt32BE(at + LOCATOR.data_length)
+      const off = dh.readBigUInt64BE(at + LOCATOR.data_offset)
       if (len === 0) continue
       if (len > 4096 || off + BigInt(len) > BigInt(fileSize)) throw malformed(file, `parent locator ${code} at ${off} (+${len}) lies outside the file`)
       const data = await readInWindow(fh, file, win, len, Number(off))

@@ -16,6 +16,42 @@ import { type FileWindow, malformed, openRead, readInWindow } from './io.ts'
 
 const KiB = 1024
 const MiB = 1024 * 1024
+/** The file type identifier's signature at offset 0 (MS-VHDX 2.2.1). */
+export const VHDX_FILE_SIGNATURE = 'vhdxfile'
+
+/**
+ * Where the VHDX structures sit and their fields (MS-VHDX 2.2; qemu `block/vhdx.h`), byte offsets,
+ * little-endian: the file type identifier (signature, UTF-16 creator), the two headers and the
+ * two region tables in the first 320 KiB.
+ */
+export const VHDX_LAYOUT = {
+  creator: 8,
+  header1: 64 * KiB,
+  header2: 128 * KiB,
+  regionTable1: 192 * KiB,
+  regionTable2: 256 * KiB,
+  /** end of the header section */
+  end: 320 * KiB,
+} as const
+/** The header (2.2.2, 4 KiB): signature `head`, CRC-32C, u64 sequence number, GUIDs, u16 version. */
+export const VHDX_HEADER = { signature: 0, checksum: 4, sequence_number: 8, data_write_guid: 32, log_guid: 48, version: 66, bytes: 4 * KiB } as const
+/** The region table (2.2.3, 64 KiB): signature `regi`, CRC-32C, u32 entry count, entries of 32 bytes from byte 16. */
+export const VHDX_REGION_TABLE = { signature: 0, checksum: 4, entry_count: 8, entries: 16, bytes: 64 * KiB } as const
+/** A region table entry: GUID, u64 file offset, u32 length, u32 flags (bit 0 required). */
+export const VHDX_REGION_ENTRY = { guid: 0, file_offset: 16, length: 24, required: 28, bytes: 32 } as const
+/** The metadata table (2.6.1, 64 KiB): signature `metadata`, u16 entry count at 10, entries of 32 bytes from byte 32. */
+export const VHDX_METADATA_TABLE = { signature: 0, entry_count: 10, entries: 32, bytes: 64 * KiB } as const
+/** A metadata table entry: item GUID, u32 offset in the region, u32 length, u32 flags (bit 2 required). */
+export const VHDX_METADATA_ENTRY = { item_id: 0, offset: 16, length: 20, flags: 24, bytes: 32 } as const
+/** The File Parameters item (2.6.2.1): u32 block size, u32 flags (bit 0 leave blocks allocated, bit 1 has parent). */
+const FILE_PARAMETERS = { block_size: 0, flags: 4 } as const
+/** The Parent Locator item (2.6.2.6): locator type GUID, u16 key/value count at 18, entries of 12 bytes from byte 20. */
+const PARENT_LOCATOR = { type: 0, count: 18, entries: 20 } as const
+/** A parent locator entry: u32 key offset, u32 value offset, u16 key length, u16 value length. */
+const LOCATOR_ENTRY = { key_offset: 0, value_offset: 4, key_length: 8, value_length: 10, bytes: 12 } as const
+const RH = VHDX_REGION_ENTRY
+const MH = VHDX_METADATA_ENTRY
+
 /** Largest virtual size of a VHDX, bytes (MS-VHDX 2.6.2.2: 64 TiB). */
 export const VHDX_MAX_VIRTUAL_SIZE = 64 * 2 ** 40
 
@@ -128,9 +164,10 @@ interface Header {
 }
 
 function parseHeader(block: Buffer): Header | null {
-  if (block.length < 4 * KiB || block.toString('latin1', 0, 4) !== 'head' || !checksumOk(block, 4)) return null
-  if (block.readUInt16LE(66) !== 1) return null // Version must be 1
-  return { seq: block.readBigUInt64LE(8), dataWriteGuid: guidAt(block, 32), logGuid: guidAt(block, 48) }
+  const H = VHDX_HEADER
+  if (block.length < H.bytes || block.toString('latin1', H.signature, H.signature + 4) !== 'head' || !checksumOk(block, H.checksum)) return null
+  if (block.readUInt16LE(H.version) !== 1) return null // Version must be 1
+  return { seq: block.readBigUInt64LE(H.sequence_number), dataWriteGuid: guidAt(block, H.data_write_guid), logGuid: guidAt(block, H.log_guid) }
 }
 
 interface Region {
@@ -168,37 +205,37 @@ export async function readVhdxInfo(file: string, win?: FileWindow): Promise<Vhdx
  */
 export async function readVhdxInfoFrom(fh: FileHandle, file: string, win?: FileWindow): Promise<VhdxInfo> {
   const fileSize = win ? win.length : (await fh.stat()).size
-  const head = await readInWindow(fh, file, win, Math.min(fileSize, 320 * KiB), 0)
-  if (head.length < 8 || head.toString('latin1', 0, 8) !== 'vhdxfile')
+  const head = await readInWindow(fh, file, win, Math.min(fileSize, VHDX_LAYOUT.end), 0)
+  if (head.length < 8 || head.toString('latin1', 0, 8) !== VHDX_FILE_SIGNATURE)
     throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: not a VHDX image (no vhdxfile identifier)`)
-  if (head.length < 320 * KiB) throw malformed(file, `VHDX cut short: ${fileSize} bytes, the headers and region tables need ${320 * KiB}`)
-  const creator = utf16z(head.subarray(8, 8 + 512))
+  if (head.length < VHDX_LAYOUT.end) throw malformed(file, `VHDX cut short: ${fileSize} bytes, the headers and region tables need ${VHDX_LAYOUT.end}`)
+  const creator = utf16z(head.subarray(VHDX_LAYOUT.creator, VHDX_LAYOUT.creator + 512))
 
   // Headers (2.2.2): take the valid one with the higher sequence number.
-  const h1 = parseHeader(head.subarray(64 * KiB, 68 * KiB))
-  const h2 = parseHeader(head.subarray(128 * KiB, 132 * KiB))
+  const h1 = parseHeader(head.subarray(VHDX_LAYOUT.header1, VHDX_LAYOUT.header1 + VHDX_HEADER.bytes))
+  const h2 = parseHeader(head.subarray(VHDX_LAYOUT.header2, VHDX_LAYOUT.header2 + VHDX_HEADER.bytes))
   if (!h1 && !h2) throw malformed(file, 'neither VHDX header has a valid signature, version and CRC-32C')
   const cur = !h1 ? h2! : !h2 ? h1 : h2.seq > h1.seq ? h2 : h1
 
   // Region table (2.2.3): the first with a valid CRC-32C.
   let table: Buffer | null = null
-  for (const off of [192 * KiB, 256 * KiB]) {
-    const t = head.subarray(off, off + 64 * KiB)
-    if (t.toString('latin1', 0, 4) === 'regi' && checksumOk(t, 4)) {
+  for (const off of [VHDX_LAYOUT.regionTable1, VHDX_LAYOUT.regionTable2]) {
+    const t = head.subarray(off, off + VHDX_REGION_TABLE.bytes)
+    if (t.toString('latin1', VHDX_REGION_TABLE.signature, VHDX_REGION_TABLE.signature + 4) === 'regi' && checksumOk(t, VHDX_REGION_TABLE.checksum)) {
       table = t
       break
     }
   }
   if (!table) throw malformed(file, 'neither VHDX region table has a valid signature and CRC-32C')
-  const count = table.readUInt32LE(8)
+  const count = table.readUInt32LE(VHDX_REGION_TABLE.entry_count)
   if (count > 2047) throw malformed(file, `region table declares ${count} entries (limit 2047)`)
   const regions = new Map<string, Region>()
   for (let i = 0; i < count; i++) {
-    const at = 16 + i * 32
-    const guid = guidAt(table, at)
-    const offset = table.readBigUInt64LE(at + 16)
-    const length = table.readUInt32LE(at + 24)
-    const required = (table.readUInt32LE(at + 28) & 1) === 1
+    const at = VHDX_REGION_TABLE.entries + i * RH.bytes
+    const guid = guidAt(table, at + RH.guid)
+    const offset = table.readBigUInt64LE(at + RH.file_offset)
+    const length = table.readUInt32LE(at + RH.length)
+    const required = (table.readUInt32LE(at + RH.required) & 1) === 1
     if (offset % BigInt(MiB) !== 0n || offset < BigInt(MiB) || length % MiB !== 0 || length === 0)
       throw malformed(file, `region ${guid} at ${offset} (+${length}) is not 1 MiB aligned`)
     if (offset + BigInt(length) > BigInt(fileSize)) throw malformed(file, `region ${guid} at ${offset} (+${length}) lies outside the file of ${fileSize} bytes`)
@@ -214,17 +251,18 @@ export async function readVhdxInfoFrom(fh: FileHandle, file: string, win?: FileW
   if (meta.length < 64 * KiB) throw malformed(file, 'metadata region smaller than its 64 KiB table')
 
   // Metadata table (2.6.1).
-  const mt = await readInWindow(fh, file, win, 64 * KiB, meta.offset)
-  if (mt.length < 64 * KiB || mt.toString('latin1', 0, 8) !== 'metadata') throw malformed(file, `no metadata table signature at offset ${meta.offset}`)
-  const entries = mt.readUInt16LE(10)
+  const mt = await readInWindow(fh, file, win, VHDX_METADATA_TABLE.bytes, meta.offset)
+  if (mt.length < VHDX_METADATA_TABLE.bytes || mt.toString('latin1', VHDX_METADATA_TABLE.signature, VHDX_METADATA_TABLE.signature + 8) !== 'metadata')
+    throw malformed(file, `no metadata table signature at offset ${meta.offset}`)
+  const entries = mt.readUInt16LE(VHDX_METADATA_TABLE.entry_count)
   if (entries > 2047) throw malformed(file, `metadata table declares ${entries} entries (limit 2047)`)
   const items = new Map<string, { offset: number; length: number }>()
   for (let i = 0; i < entries; i++) {
-    const at = 32 + i * 32
-    const id = guidAt(mt, at)
-    const offset = mt.readUInt32LE(at + 16)
-    const length = mt.readUInt32LE(at + 20)
-    const required = (mt.readUInt32LE(at + 24) & 4) !== 0
+    const at = VHDX_METADATA_TABLE.entries + i * MH.bytes
+    const id = guidAt(mt, at + MH.item_id)
+    const offset = mt.readUInt32LE(at + MH.offset)
+    const length = mt.readUInt32LE(at + MH.length)
+    const required = (mt.readUInt32LE(at + MH.flags) & 4) !== 0
     if (!KNOWN_ITEMS.has(id)) {
       if (required) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: unknown required VHDX metadata item ${id}`)
       continue
@@ -244,8 +282,8 @@ export async function readVhdxInfoFrom(fh: FileHandle, file: string, win?: FileW
   }
 
   const fp = await readItem(ITEM_FILE_PARAMETERS, 'File Parameters', 8)
-  const block_size = fp.readUInt32LE(0)
-  const flags = fp.readUInt32LE(4)
+  const block_size = fp.readUInt32LE(FILE_PARAMETERS.block_size)
+  const flags = fp.readUInt32LE(FILE_PARAMETERS.flags)
   if (block_size < MiB || block_size > 256 * MiB || (block_size & (block_size - 1)) !== 0)
     throw malformed(file, `block size ${block_size} is not a power of two in 1..256 MiB`)
   const fixed = (flags & 1) !== 0
@@ -325,20 +363,22 @@ const FORBIDDEN_KEYS = new Set(['__proto__', 'constructor', 'prototype'])
  * @throws E_MIG_MALFORMED_ARCHIVE entries or strings outside the item, odd lengths, duplicates.
  */
 export function parseParentLocator(item: Buffer, file: string): Record<string, string> {
-  const type = guidAt(item, 0)
+  const type = guidAt(item, PARENT_LOCATOR.type)
   if (type !== LOCATOR_TYPE_VHDX) throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${file}: parent locator type ${type} is not the VHDX locator`)
-  const n = item.readUInt16LE(18)
-  if (20 + n * 12 > item.length) throw malformed(file, `parent locator declares ${n} entries, its item holds ${Math.floor((item.length - 20) / 12)}`)
+  const n = item.readUInt16LE(PARENT_LOCATOR.count)
+  const entriesEnd = PARENT_LOCATOR.entries + n * LOCATOR_ENTRY.bytes
+  if (entriesEnd > item.length)
+    throw malformed(file, `parent locator declares ${n} entries, its item holds ${Math.floor((item.length - PARENT_LOCATOR.entries) / LOCATOR_ENTRY.bytes)}`)
   const out: Record<string, string> = Object.create(null)
   const str = (off: number, len: number, what: string): string => {
-    if (len === 0 || len % 2 !== 0 || off + len > item.length || off < 20 + n * 12)
+    if (len === 0 || len % 2 !== 0 || off + len > item.length || off < entriesEnd)
       throw malformed(file, `parent locator ${what} at ${off} (+${len}) is invalid`)
     return item.subarray(off, off + len).toString('utf16le')
   }
   for (let i = 0; i < n; i++) {
-    const at = 20 + i * 12
-    const key = str(item.readUInt32LE(at), item.readUInt16LE(at + 8), `key ${i}`)
-    const value = str(item.readUInt32LE(at + 4), item.readUInt16LE(at + 10), `value of ${JSON.stringify(key)}`)
+    const at = PARENT_LOCATOR.entries + i * LOCATOR_ENTRY.bytes
+    const key = str(item.readUInt32LE(at + LOCATOR_ENTRY.key_offset), item.readUInt16LE(at + LOCATOR_ENTRY.key_length), `key ${i}`)
+    const value = str(item.readUInt32LE(at + LOCATOR_ENTRY.value_offset), item.readUInt16LE(at + LOCATOR_ENTRY.value_length), `value of ${JSON.stringify(key)}`)
     if (FORBIDDEN_KEYS.has(key)) continue
     if (key in out) throw malformed(file, `parent locator key ${JSON.stringify(key)} listed twice`)
     out[key] = value

@@ -54,6 +54,24 @@ const REPLAY_LOG_HEADER_SIZE = 34
 const KEY_TABLE_SIGNATURE = 0x0002
 const KEY_TABLE_HEADER_SIZE = 10
 const KEY_ENTRY_HEADER_SIZE = 21
+/** Field offsets of the storage header (dissect `c_hyperv.py` `HyperVStorageHeader`), relative to the header. */
+const STORAGE_HEADER = { signature: 0, checksum: 4, sequence: 8, version: 10, alignment: 22, replay_log_offset: 26, replay_log_size: 34 } as const
+/** The object table: u32 signature, u32 entry count, then entries. */
+const OBJECT_TABLE = { signature: 0, count: 4, entries: 8 } as const
+/** An object table entry (dissect `HyperVStorageObjectTableEntry`): u8 type, CRC-32, u64 offset, u32 size, u8 allocated. */
+const OBJECT_ENTRY = { type: 0, checksum: 1, offset: 5, size: 13, allocated: 17 } as const
+/** The replay log header: u32 signature, CRC-32, u32 outstanding entries. */
+const REPLAY_LOG = { signature: 0, checksum: 4, pending: 8 } as const
+/** The key table header (dissect `HyperVStorageKeyTableHeader`): u16 signature, u16 index, u16 sequence, CRC-32. */
+const KEY_TABLE = { signature: 0, index: 2, sequence: 4, checksum: 6 } as const
+/**
+ * A key table entry's header (dissect `HyperVStorageKeyTableEntry`): u16 flags<<8|type, u32 size,
+ * u16 parent table index, u32 parent entry offset, CRC-32, u32 insertion sequence, u8 data offset.
+ */
+const KEY_ENTRY = { type_flags: 0, size: 2, parent_table: 6, parent_offset: 8, checksum: 12, insertion: 16, data_offset: 20 } as const
+/** A value held in a file object: u32 size, u64 absolute offset of the file object. */
+const FILE_OBJECT_POINTER = { size: 0, offset: 4, bytes: 12 } as const
+
 /** Bounds: object table entries, object tables, key tables, key entries in all, tree depth. */
 export const VMCX_LIMITS = { objectEntries: 65536, objectTables: 16, keyTables: 4096, keyEntries: 200_000, depth: 64, keyTableBytes: 1024 * 1024 } as const
 
@@ -130,17 +148,18 @@ interface StorageHeader {
 
 function readHeader(buf: Buffer, at: number): { header: StorageHeader | null; signature: boolean } {
   if (buf.length < at + HEADER_SIZE) return { header: null, signature: false }
-  if (buf.readUInt32LE(at) !== VMCX_SIGNATURE) return { header: null, signature: false }
-  if (crcWithZeroedField(buf, at, HEADER_SIZE, 4) !== buf.readUInt32LE(at + 4)) return { header: null, signature: true }
+  const H = STORAGE_HEADER
+  if (buf.readUInt32LE(at + H.signature) !== VMCX_SIGNATURE) return { header: null, signature: false }
+  if (crcWithZeroedField(buf, at, HEADER_SIZE, H.checksum) !== buf.readUInt32LE(at + H.checksum)) return { header: null, signature: true }
   return {
     signature: true,
     header: {
       at,
-      sequence: buf.readUInt16LE(at + 8),
-      version: buf.readUInt32LE(at + 10),
-      alignment: buf.readUInt32LE(at + 22),
-      replayLogOffset: u64le(buf, at + 26),
-      replayLogSize: u64le(buf, at + 34),
+      sequence: buf.readUInt16LE(at + H.sequence),
+      version: buf.readUInt32LE(at + H.version),
+      alignment: buf.readUInt32LE(at + H.alignment),
+      replayLogOffset: u64le(buf, at + H.replay_log_offset),
+      replayLogSize: u64le(buf, at + H.replay_log_size),
     },
   }
 }
@@ -153,20 +172,21 @@ interface ObjectEntry {
 
 /** Reads one object table; returns its allocated entries. */
 function readObjectTable(buf: Buffer, at: number, label: string): ObjectEntry[] {
-  if (at + 8 > buf.length) throw malformed(label, `object table at ${hex(at)} lies past the end of the file`)
-  if (buf.readUInt32LE(at) !== OBJECT_TABLE_SIGNATURE) throw malformed(label, `no object table signature at ${hex(at)}`)
-  const n = buf.readUInt32LE(at + 4)
+  if (at + OBJECT_TABLE.entries > buf.length) throw malformed(label, `object table at ${hex(at)} lies past the end of the file`)
+  if (buf.readUInt32LE(at + OBJECT_TABLE.signature) !== OBJECT_TABLE_SIGNATURE) throw malformed(label, `no object table signature at ${hex(at)}`)
+  const n = buf.readUInt32LE(at + OBJECT_TABLE.count)
   if (n > VMCX_LIMITS.objectEntries) throw malformed(label, `object table at ${hex(at)} declares ${n} entries (limit ${VMCX_LIMITS.objectEntries})`)
-  if (at + 8 + n * OBJECT_ENTRY_SIZE > buf.length) throw malformed(label, `object table at ${hex(at)} declares ${n} entries, past the end of the file`)
+  if (at + OBJECT_TABLE.entries + n * OBJECT_ENTRY_SIZE > buf.length)
+    throw malformed(label, `object table at ${hex(at)} declares ${n} entries, past the end of the file`)
   const out: ObjectEntry[] = []
   for (let i = 0; i < n; i++) {
-    const e = at + 8 + i * OBJECT_ENTRY_SIZE
-    if (crcWithZeroedField(buf, e, OBJECT_ENTRY_SIZE, 1) !== buf.readUInt32LE(e + 1))
+    const e = at + OBJECT_TABLE.entries + i * OBJECT_ENTRY_SIZE
+    if (crcWithZeroedField(buf, e, OBJECT_ENTRY_SIZE, OBJECT_ENTRY.checksum) !== buf.readUInt32LE(e + OBJECT_ENTRY.checksum))
       throw malformed(label, `object table entry ${i} at ${hex(e)}: checksum mismatch`)
-    if (buf[e + 17] === 0) continue
-    const type = buf[e]!
-    const offset = u64le(buf, e + 5)
-    const size = buf.readUInt32LE(e + 13)
+    if (buf[e + OBJECT_ENTRY.allocated] === 0) continue
+    const type = buf[e + OBJECT_ENTRY.type]!
+    const offset = u64le(buf, e + OBJECT_ENTRY.offset)
+    const size = buf.readUInt32LE(e + OBJECT_ENTRY.size)
     if (offset === null || offset + size > buf.length)
       throw malformed(
         label,
@@ -212,9 +232,9 @@ function decodeValue(
   }
   if (flags & 0x01) {
     if (type !== VMCX_TYPE.String && type !== VMCX_TYPE.Array) throw malformed(label, `${where}: file object pointer on a value of type ${type}`)
-    need(12)
-    const size = buf.readUInt32LE(v)
-    const off = u64le(buf, v + 4)
+    need(FILE_OBJECT_POINTER.bytes)
+    const size = buf.readUInt32LE(v + FILE_OBJECT_POINTER.size)
+    const off = u64le(buf, v + FILE_OBJECT_POINTER.offset)
     const fo = off === null ? undefined : files.get(off)
     if (!fo) throw malformed(label, `${where}: points at ${off === null ? '?' : hex(off)}, which is not a file object`)
     if (size > fo.size) throw malformed(label, `${where}: value of ${size} bytes is larger than its file object (${fo.size})`)
@@ -269,8 +289,8 @@ function readKeyEntries(buf: Buffer, t: KeyTable, files: Map<number, ObjectEntry
   let unknown = 0
   while (p + KEY_ENTRY_HEADER_SIZE <= t.size) {
     const e = t.at + p
-    const typeFlags = buf.readUInt16LE(e)
-    const size = buf.readUInt32LE(e + 2)
+    const typeFlags = buf.readUInt16LE(e + KEY_ENTRY.type_flags)
+    const size = buf.readUInt32LE(e + KEY_ENTRY.size)
     if (size === 0) break
     const where = `key table ${t.index} entry at ${hex(p)}`
     if (size < KEY_ENTRY_HEADER_SIZE || p + size > t.size) throw malformed(label, `${where}: entry size ${size} does not fit the table`)
@@ -286,7 +306,7 @@ function readKeyEntries(buf: Buffer, t: KeyTable, files: Map<number, ObjectEntry
       p += size
       continue
     }
-    const dataOffset = buf[e + 20]!
+    const dataOffset = buf[e + KEY_ENTRY.data_offset]!
     if (dataOffset < 1 || KEY_ENTRY_HEADER_SIZE + dataOffset > size) throw malformed(label, `${where}: key length ${dataOffset} does not fit the entry`)
     const keyStart = e + KEY_ENTRY_HEADER_SIZE
     if (buf[keyStart + dataOffset - 1] !== 0) throw malformed(label, `${where}: key is not NUL-terminated`)
@@ -304,15 +324,15 @@ function readKeyEntries(buf: Buffer, t: KeyTable, files: Map<number, ObjectEntry
       label,
     )
     const covered = KEY_ENTRY_HEADER_SIZE + dataOffset + valueSize
-    if (crcWithZeroedField(buf, e, covered, 12) !== buf.readUInt32LE(e + 12))
+    if (crcWithZeroedField(buf, e, covered, KEY_ENTRY.checksum) !== buf.readUInt32LE(e + KEY_ENTRY.checksum))
       throw malformed(label, `${where} (${JSON.stringify(key.slice(0, 64))}): checksum mismatch`)
     out.push({
       table: t.index,
       offset: p,
       type,
-      parentTable: buf.readUInt16LE(e + 6),
-      parentOffset: buf.readUInt32LE(e + 8),
-      insertion: buf.readUInt32LE(e + 16),
+      parentTable: buf.readUInt16LE(e + KEY_ENTRY.parent_table),
+      parentOffset: buf.readUInt32LE(e + KEY_ENTRY.parent_offset),
+      insertion: buf.readUInt32LE(e + KEY_ENTRY.insertion),
       key,
       value,
     })
@@ -363,10 +383,13 @@ export function parseVmcx(buf: Buffer, label: string): VmcxConfig {
   const rl = header.replayLogOffset
   if (rl === null || rl < OBJECT_TABLE_OFFSET || rl + REPLAY_LOG_HEADER_SIZE > buf.length) {
     warnings.push(`replay log offset ${rl === null ? '?' : hex(rl)} is outside the file: not checked`)
-  } else if (buf.readUInt32LE(rl) !== REPLAY_LOG_SIGNATURE || crcWithZeroedField(buf, rl, REPLAY_LOG_HEADER_SIZE, 4) !== buf.readUInt32LE(rl + 4)) {
+  } else if (
+    buf.readUInt32LE(rl + REPLAY_LOG.signature) !== REPLAY_LOG_SIGNATURE ||
+    crcWithZeroedField(buf, rl, REPLAY_LOG_HEADER_SIZE, REPLAY_LOG.checksum) !== buf.readUInt32LE(rl + REPLAY_LOG.checksum)
+  ) {
     warnings.push(`replay log header at ${hex(rl)} is damaged: not checked`)
   } else {
-    const pending = buf.readUInt32LE(rl + 8)
+    const pending = buf.readUInt32LE(rl + REPLAY_LOG.pending)
     if (pending > 0) {
       dirty = true
       warnings.push(`the replay log holds ${pending} outstanding entries (the file was not closed cleanly): values may predate the last changes`)
@@ -398,11 +421,16 @@ export function parseVmcx(buf: Buffer, label: string): VmcxConfig {
     if (o.type !== 2) continue
     if (++keyTableCount > VMCX_LIMITS.keyTables) throw malformed(label, `more than ${VMCX_LIMITS.keyTables} key tables`)
     if (o.size < KEY_TABLE_HEADER_SIZE || o.size > VMCX_LIMITS.keyTableBytes) throw malformed(label, `key table at ${hex(o.offset)} has size ${o.size}`)
-    if (buf.readUInt16LE(o.offset) !== KEY_TABLE_SIGNATURE)
-      throw malformed(label, `key table at ${hex(o.offset)}: bad signature ${hex(buf.readUInt16LE(o.offset))}`)
-    if (crcWithZeroedField(buf, o.offset, KEY_TABLE_HEADER_SIZE, 6) !== buf.readUInt32LE(o.offset + 6))
+    if (buf.readUInt16LE(o.offset + KEY_TABLE.signature) !== KEY_TABLE_SIGNATURE)
+      throw malformed(label, `key table at ${hex(o.offset)}: bad signature ${hex(buf.readUInt16LE(o.offset + KEY_TABLE.signature))}`)
+    if (crcWithZeroedField(buf, o.offset, KEY_TABLE_HEADER_SIZE, KEY_TABLE.checksum) !== buf.readUInt32LE(o.offset + KEY_TABLE.checksum))
       throw malformed(label, `key table at ${hex(o.offset)}: header checksum mismatch`)
-    const t: KeyTable = { index: buf.readUInt16LE(o.offset + 2), sequence: buf.readUInt16LE(o.offset + 4), at: o.offset, size: o.size }
+    const t: KeyTable = {
+      index: buf.readUInt16LE(o.offset + KEY_TABLE.index),
+      sequence: buf.readUInt16LE(o.offset + KEY_TABLE.sequence),
+      at: o.offset,
+      size: o.size,
+    }
     if (t.index === 0) throw malformed(label, `key table at ${hex(o.offset)} has index 0`)
     const prev = active.get(t.index)
     if (!prev || t.sequence > prev.sequence) active.set(t.index, t)

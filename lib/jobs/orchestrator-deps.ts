@@ -71,7 +71,7 @@ export interface CutoverTiming {
 }
 
 /**
- * The test boot of a warm job waiting in `DeltaSyncing` (docs/test-boot.md; lib/jobs/job-deps.ts
+ * The test boot of a warm job waiting in `DeltaSyncing` (docs/test-boot.md; lib/jobs/test-boot.ts
  * wires lib/domain/test-boot.ts).
  * - `requested()`: the operator asked for a test boot that has not started (store).
  * - `start(...)`: starts one over the job's volumes (flushed), publishing each change of the job

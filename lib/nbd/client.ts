@@ -20,7 +20,7 @@
  * A protocol violation also disconnects hard and fails every request in flight.
  */
 import { connect as netConnect, type Socket } from 'node:net'
-import { u64be } from '../bytes.ts'
+import { u64beExact as u64 } from '../bytes.ts'
 import { MigError } from '../errors.ts'
 import { sleep } from '../retry.ts'
 
@@ -191,12 +191,6 @@ class Receiver {
     this.takeReject = null
     r?.(e)
   }
-}
-
-function u64(b: Buffer, at: number): number {
-  const v = u64be(b, at)
-  if (v === null) throw new RangeError(`64-bit value ${b.readBigUInt64BE(at)} is too large`)
-  return v
 }
 
 /**

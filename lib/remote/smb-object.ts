@@ -189,19 +189,15 @@ class CutError extends Error {
   }
 }
 
-function u64(b: Buffer): bigint {
-  return b.readBigUInt64LE(0)
-}
-
 /** A FILETIME (100 ns since 1601) as ISO text. */
 function filetime(b: Buffer): string {
-  const t = u64(b)
+  const t = b.readBigUInt64LE(0)
   const ms = Number(t / 10_000n) - 11_644_473_600_000
   return `${new Date(ms).toISOString().replace(/Z$/, '')}${String(t % 10_000n).padStart(4, '0')}Z`
 }
 
 function identityOf(f: SmbCreated): string {
-  return `LastWriteTime ${filetime(f.LastWriteTime)}, ChangeTime ${filetime(f.ChangeTime)}, ${Number(u64(f.EndofFile))} bytes`
+  return `LastWriteTime ${filetime(f.LastWriteTime)}, ChangeTime ${filetime(f.ChangeTime)}, ${Number(f.EndofFile.readBigUInt64LE(0))} bytes`
 }
 
 function offsetBuffer(pos: number): Buffer {
@@ -622,7 +618,7 @@ class SmbObject implements RemoteFile {
     private session: SmbSession,
     private file: SmbCreated,
   ) {
-    this.size = Number(u64(file.EndofFile))
+    this.size = Number(file.EndofFile.readBigUInt64LE(0))
     this.identity = identityOf(file)
     this.slots = opts.inFlight ?? 8
   }

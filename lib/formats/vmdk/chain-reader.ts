@@ -25,6 +25,7 @@ import { MigError } from '../../errors.ts'
 import { landInto, type DiskExtent, type DiskReader } from '../../contracts/disk-reader.ts'
 import { looksLikeDescriptor, parentCidOf, parseVmdkDescriptor, type VmdkDescriptor } from './descriptor.ts'
 import { malformed, unsupported } from './faults.ts'
+import { VMDK_SPARSE_MAGIC } from './hosted-sparse.ts'
 import { MAX_CHAIN_DEPTH, MAX_DESCRIPTOR_BYTES, MAX_GD_ENTRIES, MAX_GD_ENTRIES_PER_CHAIN, SECTOR } from './limits.ts'
 import { MAX_RANGE, openSparseExtent, type Run, type SparseExtent, type VmdkFile } from './sparse-extent.ts'
 
@@ -63,7 +64,7 @@ async function openLayer(file: VmdkFile, openSibling: (name: string) => Promise<
   const pieces: Piece[] = []
   const head = await file.read(0, Math.min(file.size, 4096))
   let d: VmdkDescriptor | null = null
-  if (head.toString('latin1', 0, 4) === 'KDMV') {
+  if (head.toString('latin1', 0, 4) === VMDK_SPARSE_MAGIC) {
     const { extent, descriptor } = await openSparse(file, budget)
     pieces.push({ kind: 'sparse', start: 0, length: extent.g.capacityBytes, sparse: extent })
     if (descriptor && descriptor.length > 0) d = parseVmdkDescriptor(descriptor, `${label} (embedded descriptor)`)

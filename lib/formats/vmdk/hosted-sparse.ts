@@ -11,6 +11,48 @@ import { malformed, unsupported } from './faults.ts'
 import { MAX_CAPACITY_SECTORS, MAX_DESCRIPTOR_BYTES, MAX_GRAIN_SECTORS, MAX_GTES_PER_GT, SECTOR } from './limits.ts'
 import type { SparseCodec } from './sparse-codec.ts'
 
+/** The hosted sparse extent's magic, the first four bytes of the extent (`SPARSE_MAGICNUMBER` 0x564d444b read as text). */
+export const VMDK_SPARSE_MAGIC = 'KDMV'
+
+/**
+ * Byte offsets of the 512-byte hosted sparse extent header (VMDK 5.0 "SparseExtentHeader"; qemu
+ * `block/vmdk.c` `VMDK4Header`, which starts after the magic), little-endian: u64 in sectors
+ * unless marked.
+ */
+export const KDMV_HEADER = {
+  /** 4 bytes, `KDMV` */
+  magic: 0,
+  /** u32 */
+  version: 4,
+  /** u32 */
+  flags: 8,
+  capacity: 12,
+  grain_size: 20,
+  descriptor_offset: 28,
+  descriptor_size: 36,
+  /** u32 */
+  num_gtes_per_gt: 44,
+  rgd_offset: 48,
+  gd_offset: 56,
+  overhead: 64,
+  /** u8 */
+  unclean_shutdown: 72,
+  /** 4 bytes: `\n`, ` `, `\r`, `\n` */
+  newline_check: 73,
+  /** u16 */
+  compress_algorithm: 77,
+} as const
+const K = KDMV_HEADER
+/** The newline check bytes a header written in binary mode holds. */
+const NEWLINE_CHECK = [0x0a, 0x20, 0x0d, 0x0a]
+
+/**
+ * Byte offsets of a stream-optimized extent's marker (VMDK 5.0 "Stream-Optimized Compressed
+ * Sparse Extents"; qemu `block/vmdk.c` `VmdkGrainMarker`), little-endian: the sector (`lba`, u64),
+ * the compressed size (u32; 0 for a metadata marker, which then has a u32 `type`), then the data.
+ */
+export const VMDK_MARKER = { lba: 0, size: 8, type: 12 } as const
+
 /** `gdOffset` value of a stream-optimized header whose real value is in the footer. */
 export const GD_AT_END = 0xffffffffffffffffn
 const FLAG_NL_DETECT = 1 << 0
@@ -85,24 +127,25 @@ export interface VmdkSparseHeader {
  * than none/deflate).
  */
 export function parseKdmvHeader(b: Buffer, label: string): VmdkSparseHeader {
-  if (b.length < SECTOR || b.toString('latin1', 0, 4) !== 'KDMV') throw malformed(label, `not a complete KDMV sparse extent header (${b.length} bytes)`)
-  const version = b.readUInt32LE(4)
+  if (b.length < SECTOR || b.toString('latin1', K.magic, K.magic + 4) !== VMDK_SPARSE_MAGIC)
+    throw malformed(label, `not a complete ${VMDK_SPARSE_MAGIC} sparse extent header (${b.length} bytes)`)
+  const version = b.readUInt32LE(K.version)
   if (version === 0) throw malformed(label, 'sparse header version 0')
   if (version > 3) throw unsupported(label, `sparse header version ${version} (1..3 supported)`)
-  const flags = b.readUInt32LE(8)
-  const capacity = u64le(b, 12)
-  const grainSize = u64le(b, 20)
-  const descriptorOffset = u64le(b, 28)
-  const descriptorSize = u64le(b, 36)
-  const numGTEsPerGT = b.readUInt32LE(44)
-  const rgdOffset = u64le(b, 48)
-  const gdRaw = b.readBigUInt64LE(56)
-  const overHead = u64le(b, 64)
-  const uncleanShutdown = b[72] !== 0
-  const compressAlgorithm = b.readUInt16LE(77)
+  const flags = b.readUInt32LE(K.flags)
+  const capacity = u64le(b, K.capacity)
+  const grainSize = u64le(b, K.grain_size)
+  const descriptorOffset = u64le(b, K.descriptor_offset)
+  const descriptorSize = u64le(b, K.descriptor_size)
+  const numGTEsPerGT = b.readUInt32LE(K.num_gtes_per_gt)
+  const rgdOffset = u64le(b, K.rgd_offset)
+  const gdRaw = b.readBigUInt64LE(K.gd_offset)
+  const overHead = u64le(b, K.overhead)
+  const uncleanShutdown = b[K.unclean_shutdown] !== 0
+  const compressAlgorithm = b.readUInt16LE(K.compress_algorithm)
   if (capacity === null || capacity > MAX_CAPACITY_SECTORS) throw malformed(label, 'capacity larger than 64 TiB')
   if (grainSize === null || grainSize < 1 || grainSize > MAX_GRAIN_SECTORS || (grainSize & (grainSize - 1)) !== 0) {
-    throw malformed(label, `grain size ${b.readBigUInt64LE(20)} sectors is not a power of two up to 1 GiB`)
+    throw malformed(label, `grain size ${b.readBigUInt64LE(K.grain_size)} sectors is not a power of two up to 1 GiB`)
   }
   if (descriptorOffset === null || descriptorSize === null) throw malformed(label, 'descriptor offset/size out of range')
   if (descriptorSize * SECTOR > MAX_DESCRIPTOR_BYTES) throw malformed(label, `embedded descriptor of ${descriptorSize} sectors exceeds 4 MiB`)
@@ -111,13 +154,13 @@ export function parseKdmvHeader(b: Buffer, label: string): VmdkSparseHeader {
   const gdAtEnd = gdRaw === GD_AT_END
   if (!gdAtEnd && gdRaw > BigInt(Number.MAX_SAFE_INTEGER)) throw malformed(label, 'grain directory offset out of range')
   if (flags & FLAG_NL_DETECT) {
-    if (b[73] !== 0x0a || b[74] !== 0x20 || b[75] !== 0x0d || b[76] !== 0x0a) {
+    if (NEWLINE_CHECK.some((byte, i) => b[K.newline_check + i] !== byte)) {
       throw malformed(label, 'newline check bytes corrupted (file transferred in text mode?)')
     }
   }
   if (compressAlgorithm > 1) throw unsupported(label, `compression algorithm ${compressAlgorithm} (0 none, 1 deflate)`)
   return {
-    magic: 'KDMV',
+    magic: VMDK_SPARSE_MAGIC,
     version,
     flags,
     newlineDetect: (flags & FLAG_NL_DETECT) !== 0,
@@ -155,12 +198,12 @@ export function parseKdmvHeader(b: Buffer, label: string): VmdkSparseHeader {
 export function parseStreamFooter(tail: Buffer, label: string): VmdkSparseHeader | null {
   const ok =
     tail.length === 3 * SECTOR &&
-    tail.readUInt32LE(8) === 0 &&
-    tail.readUInt32LE(12) === MARKER_FOOTER &&
-    tail.toString('latin1', SECTOR, SECTOR + 4) === 'KDMV' &&
-    tail.readBigUInt64LE(2 * SECTOR) === 0n &&
-    tail.readUInt32LE(2 * SECTOR + 8) === 0 &&
-    tail.readUInt32LE(2 * SECTOR + 12) === MARKER_EOS
+    tail.readUInt32LE(VMDK_MARKER.size) === 0 &&
+    tail.readUInt32LE(VMDK_MARKER.type) === MARKER_FOOTER &&
+    tail.toString('latin1', SECTOR + K.magic, SECTOR + K.magic + 4) === VMDK_SPARSE_MAGIC &&
+    tail.readBigUInt64LE(2 * SECTOR + VMDK_MARKER.lba) === 0n &&
+    tail.readUInt32LE(2 * SECTOR + VMDK_MARKER.size) === 0 &&
+    tail.readUInt32LE(2 * SECTOR + VMDK_MARKER.type) === MARKER_EOS
   if (!ok) return null
   const footer = parseKdmvHeader(tail.subarray(SECTOR, 2 * SECTOR), `${label} footer`)
   if (footer.gdAtEnd) throw malformed(label, 'footer grain directory offset is GD_AT_END too')

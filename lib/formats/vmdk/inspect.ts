@@ -19,7 +19,7 @@ import { readFileRange, statPath } from '../io.ts'
 import { currentInputScope, resolveInRoot } from '../../hostpath.ts'
 import type { ControllerBus, ManifestDisk } from '../../manifest.ts'
 import type { InspectContext } from '../../contracts/inspect.ts'
-import { parseCowdHeader } from './cowd.ts'
+import { COWD_MAGIC, parseCowdHeader } from './cowd.ts'
 import {
   DEVICE_CREATE_TYPES,
   looksLikeDescriptor,
@@ -29,7 +29,7 @@ import {
   type VmdkExtentLine,
 } from './descriptor.ts'
 import { malformed, unsupported } from './faults.ts'
-import { parseKdmvHeader, parseStreamFooter, type VmdkSparseHeader } from './hosted-sparse.ts'
+import { parseKdmvHeader, parseStreamFooter, VMDK_SPARSE_MAGIC, type VmdkSparseHeader } from './hosted-sparse.ts'
 import { MAX_CAPACITY_SECTORS, MAX_CHAIN_DEPTH, MAX_DESCRIPTOR_BYTES, SECTOR } from './limits.ts'
 import { isSeSparse, parseSeSparseHeader } from './sesparse.ts'
 
@@ -118,8 +118,8 @@ export async function readVmdkSparseHeader(file: string, offset = 0, length?: nu
   const head = await readFileRange(file, offset, Math.min(2048, extentBytes))
   if (head.length < 4) throw unsupported(label, 'too short to be a VMDK sparse extent')
   const magic = head.toString('latin1', 0, 4)
-  if (magic === 'COWD') return parseCowdHeader(head, label, extentBytes)
-  if (magic !== 'KDMV') throw unsupported(label, 'no KDMV or COWD sparse extent magic')
+  if (magic === COWD_MAGIC) return parseCowdHeader(head, label, extentBytes)
+  if (magic !== VMDK_SPARSE_MAGIC) throw unsupported(label, 'no KDMV or COWD sparse extent magic')
   if (head.length < SECTOR) throw malformed(label, `sparse extent header truncated (${head.length} of 512 bytes)`)
   const first = parseKdmvHeader(head.subarray(0, SECTOR), label)
   let h = first
@@ -184,9 +184,9 @@ async function inspectLayer(file: string, ctx: InspectContext, chain: ChainState
   const magic = head.toString('latin1', 0, 4)
   const warnings: string[] = []
   let info: VmdkInfo
-  if (magic === 'KDMV') {
+  if (magic === VMDK_SPARSE_MAGIC) {
     info = await inspectSparseFile(abs, st, ctx, warnings)
-  } else if (magic === 'COWD') {
+  } else if (magic === COWD_MAGIC) {
     const header = await readVmdkSparseHeader(abs)
     if (header.truncated) throw malformed(abs, 'COWD extent is truncated')
     info = {

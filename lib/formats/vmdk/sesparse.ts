@@ -18,6 +18,35 @@ import { malformed, unsupported } from './faults.ts'
 import { MAX_CAPACITY_SECTORS, SECTOR } from './limits.ts'
 import type { SparseCodec } from './sparse-codec.ts'
 
+/** The magic of the seSparse const header and of its volatile header (64-bit words). */
+export const SESPARSE_CONST_MAGIC = 0xcafebaben
+export const SESPARSE_VOLATILE_MAGIC = 0xcafecafen
+
+/**
+ * Byte offsets of the seSparse const header's 64-bit little-endian fields (qemu `block/vmdk.c`
+ * `VMDKSESparseConstHeader`), sectors unless marked; zero padding from `pad` to the sector's end.
+ */
+export const SESPARSE_CONST_HEADER = {
+  magic: 0,
+  /** `0x200000001`: low word 1, high word 2 */
+  version: 8,
+  capacity: 16,
+  grain_size: 24,
+  grain_table_size: 32,
+  flags: 40,
+  /** four reserved words, 0 */
+  reserved: 48,
+  volatile_header_offset: 80,
+  grain_dir_offset: 128,
+  grain_dir_size: 136,
+  grain_tables_offset: 144,
+  grains_offset: 192,
+  pad: 208,
+} as const
+const H = SESPARSE_CONST_HEADER
+/** Byte offsets of the seSparse volatile header's 64-bit fields (qemu `VMDKSESparseVolatileHeader`). */
+export const SESPARSE_VOLATILE_HEADER = { magic: 0, replay_journal: 24 } as const
+
 /** Entries per seSparse grain table (64 sectors of 64-bit entries). */
 export const SESPARSE_GT_ENTRIES = 4096
 /** seSparse grain, sectors (4 KiB). */
@@ -35,7 +64,7 @@ export interface SeSparseHeader {
 
 /** Whether `b` starts with the seSparse const header magic. */
 export function isSeSparse(b: Buffer): boolean {
-  return b.length >= 8 && b.readUInt32LE(0) === 0xcafebabe && b.readUInt32LE(4) === 0
+  return b.length >= 8 && b.readBigUInt64LE(H.magic) === SESPARSE_CONST_MAGIC
 }
 
 /**
@@ -45,29 +74,33 @@ export function isSeSparse(b: Buffer): boolean {
  */
 export function parseSeSparseHeader(b: Buffer, label: string): SeSparseHeader {
   if (b.length < SECTOR || !isSeSparse(b)) throw malformed(label, 'not a complete seSparse const header')
-  const f = (i: number) => {
-    const v = b.readBigUInt64LE(i * 8)
+  const f = (at: number) => {
+    const v = b.readBigUInt64LE(at)
     return v > BigInt(Number.MAX_SAFE_INTEGER) ? -1 : Number(v)
   }
-  if (b.readUInt32LE(8) !== 1 || b.readUInt32LE(12) !== 2)
-    throw unsupported(label, `unsupported seSparse version 0x${b.readUInt32LE(12).toString(16)}${b.readUInt32LE(8).toString(16).padStart(8, '0')}`)
-  const [capacity, grainSize, gtSize, flags] = [f(2), f(3), f(4), f(5)]
+  const [versionLo, versionHi] = [b.readUInt32LE(H.version), b.readUInt32LE(H.version + 4)]
+  if (versionLo !== 1 || versionHi !== 2)
+    throw unsupported(label, `unsupported seSparse version 0x${versionHi.toString(16)}${versionLo.toString(16).padStart(8, '0')}`)
+  const [capacity, grainSize, gtSize, flags] = [f(H.capacity), f(H.grain_size), f(H.grain_table_size), f(H.flags)]
   if (
     grainSize !== SESPARSE_GRAIN_SECTORS ||
     gtSize !== 64 ||
     flags !== 0 ||
-    f(6) !== 0 ||
-    f(7) !== 0 ||
-    f(8) !== 0 ||
-    f(9) !== 0 ||
-    !b.subarray(208, SECTOR).every((x) => x === 0)
+    [0, 1, 2, 3].some((i) => f(H.reserved + i * 8) !== 0) ||
+    !b.subarray(H.pad, SECTOR).every((x) => x === 0)
   ) {
     throw unsupported(
       label,
       `seSparse with grain size ${grainSize}, table size ${gtSize}, flags ${flags} or reserved fields set is not read (only the layout ESXi writes)`,
     )
   }
-  const [volatileOffset, gdOffset, gdSize, tablesOffset, grainsOffset] = [f(10), f(16), f(17), f(18), f(24)]
+  const [volatileOffset, gdOffset, gdSize, tablesOffset, grainsOffset] = [
+    f(H.volatile_header_offset),
+    f(H.grain_dir_offset),
+    f(H.grain_dir_size),
+    f(H.grain_tables_offset),
+    f(H.grains_offset),
+  ]
   if ([capacity, volatileOffset, gdOffset, gdSize, tablesOffset, grainsOffset].some((v) => v < 0 || v > 2 ** 40))
     throw malformed(label, 'implausible seSparse header offsets')
   if (capacity > MAX_CAPACITY_SECTORS) throw malformed(label, `implausible capacity ${capacity} sectors`)
@@ -79,8 +112,10 @@ export function parseSeSparseHeader(b: Buffer, label: string): SeSparseHeader {
  * `E_MIG_MALFORMED_ARCHIVE` (bad magic) and `E_MIG_UNSUPPORTED_FORMAT` (a journal to replay).
  */
 export function checkSeSparseVolatile(v: Buffer, label: string): void {
-  if (v.length < 32 || v.readUInt32LE(0) !== 0xcafecafe || v.readUInt32LE(4) !== 0) throw malformed(label, 'bad seSparse volatile header magic')
-  if (v.readBigUInt64LE(24) !== 0n) throw unsupported(label, 'the seSparse file is dirty (its journal needs replaying); consolidate the VM on ESXi first')
+  if (v.length < 32 || v.readBigUInt64LE(SESPARSE_VOLATILE_HEADER.magic) !== SESPARSE_VOLATILE_MAGIC)
+    throw malformed(label, 'bad seSparse volatile header magic')
+  if (v.readBigUInt64LE(SESPARSE_VOLATILE_HEADER.replay_journal) !== 0n)
+    throw unsupported(label, 'the seSparse file is dirty (its journal needs replaying); consolidate the VM on ESXi first')
 }
 
 /**

@@ -11,9 +11,9 @@
  * for what is not read); a failed read is whatever the {@link VmdkFile} throws.
  */
 import { BufferPool } from '../../buffer-pool.ts'
-import { cowdCodec, COWD_HEADER_BYTES, parseCowdHeader } from './cowd.ts'
+import { cowdCodec, COWD_HEADER_BYTES, COWD_MAGIC, parseCowdHeader } from './cowd.ts'
 import { malformed } from './faults.ts'
-import { hostedSparseCodec, parseKdmvHeader, parseStreamFooter, streamOptimizedCodec } from './hosted-sparse.ts'
+import { hostedSparseCodec, parseKdmvHeader, parseStreamFooter, streamOptimizedCodec, VMDK_SPARSE_MAGIC } from './hosted-sparse.ts'
 import { GRAIN_MARKER_BYTES, MAX_GD_ENTRIES, SECTOR } from './limits.ts'
 import type { Grain, SparseCodec } from './sparse-codec.ts'
 import { checkSeSparseVolatile, isSeSparse, parseSeSparseHeader, seSparseCodec } from './sesparse.ts'
@@ -217,7 +217,7 @@ export async function openSparseExtent(file: VmdkFile, maxGdEntries = MAX_GD_ENT
   const magic = h.toString('latin1', 0, 4)
   let g: SparseCodec
   let descriptor: Buffer | null = null
-  if (magic === 'KDMV') {
+  if (magic === VMDK_SPARSE_MAGIC) {
     const header = parseKdmvHeader(h.subarray(0, SECTOR), label)
     g = hostedSparseCodec(header, label)
     if (header.descriptorOffset > 0 && header.descriptorSize > 0) {
@@ -227,7 +227,7 @@ export async function openSparseExtent(file: VmdkFile, maxGdEntries = MAX_GD_ENT
       const nul = raw.indexOf(0)
       descriptor = nul >= 0 ? raw.subarray(0, nul) : raw
     }
-  } else if (magic === 'COWD') {
+  } else if (magic === COWD_MAGIC) {
     g = cowdCodec(parseCowdHeader(h, label, file.size), label)
   } else if (isSeSparse(h)) {
     const header = parseSeSparseHeader(h, label)
@@ -252,7 +252,7 @@ export async function openStreamOptimizedExtent(file: VmdkFile, maxGdEntries = M
   const label = file.name
   if (file.size < SECTOR) return null
   const head = await file.read(0, SECTOR)
-  if (head.toString('latin1', 0, 4) !== 'KDMV') return null
+  if (head.toString('latin1', 0, 4) !== VMDK_SPARSE_MAGIC) return null
   let header = parseKdmvHeader(head, label)
   if (!header.compressedGrains || !header.markers || header.compressAlgorithm !== 1) return null
   if (header.gdAtEnd) {

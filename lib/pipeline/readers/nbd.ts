@@ -11,6 +11,8 @@ import { pinnedPath } from '../../hostpath.ts'
 import { MigError } from '../../errors.ts'
 import { sleep } from '../../retry.ts'
 import type { DiskFormat } from '../../manifest.ts'
+import { QCOW2_HEADER, QCOW_MAGIC } from '../../formats/qcow2.ts'
+import { VMDK_SPARSE_MAGIC } from '../../formats/vmdk/hosted-sparse.ts'
 import { NbdClient, NBD_STATE_ZERO } from '../../nbd/client.ts'
 import { qemuBlockSpec, startQemuNbd, type QemuNbdServer } from '../qemu-nbd.ts'
 import { pinnedProcPath } from '../../hostpath.ts'
@@ -64,12 +66,18 @@ export async function checkImageHeader(opts: Pick<NbdReaderOptions, 'path' | 'fo
     throw new MigError('E_MIG_DISK_READ_FAILED', `${label}: cannot read the image header: ${(e as Error).message}`, { cause: e })
   }
   if (opts.format === 'vmdk') {
-    if (n < 4 || head.subarray(0, 4).toString('latin1') !== 'KDMV') {
-      throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: a VMDK inside an archive must be a sparse extent (KDMV magic)`)
+    if (n < 4 || head.subarray(0, 4).toString('latin1') !== VMDK_SPARSE_MAGIC) {
+      throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: a VMDK inside an archive must be a sparse extent (${VMDK_SPARSE_MAGIC} magic)`)
     }
     return
   }
-  if (n >= 80 && head.readUInt32BE(0) === 0x514649fb && head.readUInt32BE(4) >= 3 && (head.readBigUInt64BE(72) & 4n) !== 0n) {
+  const Q = QCOW2_HEADER
+  if (
+    n >= Q.incompatible_features + 8 &&
+    head.readUInt32BE(Q.magic) === QCOW_MAGIC &&
+    head.readUInt32BE(Q.version) >= 3 &&
+    (head.readBigUInt64BE(Q.incompatible_features) & 4n) !== 0n
+  ) {
     throw new MigError('E_MIG_UNSUPPORTED_FORMAT', `${label}: qcow2 images with an external data file are not supported`)
   }
 }

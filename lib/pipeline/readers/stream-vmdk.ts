@@ -24,6 +24,7 @@
  */
 import { MigError } from '../../errors.ts'
 import { readAt } from '../../formats/io.ts'
+import { VMDK_MARKER } from '../../formats/vmdk/hosted-sparse.ts'
 import { GRAIN_MARKER_BYTES, SECTOR } from '../../formats/vmdk/limits.ts'
 import { openStreamOptimizedExtent, type SparseExtent } from '../../formats/vmdk/sparse-extent.ts'
 import type { Grain } from '../../formats/vmdk/sparse-codec.ts'
@@ -191,8 +192,8 @@ class StreamVmdkReader implements DiskReader {
         const m = w.at - start
         const where = `grain ${w.grain} (disk offset ${w.grain * G}, marker at file offset ${w.at})`
         if (m + GRAIN_MARKER_BYTES > got.length) throw this.fail(`${where} lies past the end of the file: the image is truncated; refusing to copy it`)
-        const lba = got.readBigUInt64LE(m)
-        const size = got.readUInt32LE(m + 8)
+        const lba = got.readBigUInt64LE(m + VMDK_MARKER.lba)
+        const size = got.readUInt32LE(m + VMDK_MARKER.size)
         if (lba !== BigInt((w.grain * G) / SECTOR))
           throw this.fail(`${where}: its marker names sector ${lba}, not ${(w.grain * G) / SECTOR}: the grain table is damaged; refusing to copy it`)
         if (size === 0 || size > 2 * G) throw this.fail(`${where}: compressed size ${size} is outside 1..${2 * G} bytes; refusing to copy it`)

@@ -19,7 +19,7 @@
  */
 import type { DiskReader } from '../../contracts/disk-reader.ts'
 import { parentCidOf, parseVmdkDescriptor } from '../../formats/vmdk/descriptor.ts'
-import { isPlainHostedSparse, parseKdmvHeader } from '../../formats/vmdk/hosted-sparse.ts'
+import { isPlainHostedSparse, parseKdmvHeader, VMDK_SPARSE_MAGIC } from '../../formats/vmdk/hosted-sparse.ts'
 import { SECTOR } from '../../formats/vmdk/limits.ts'
 import type { Grain } from '../../formats/vmdk/sparse-codec.ts'
 import { openSparseExtent, type SparseExtent } from '../../formats/vmdk/sparse-extent.ts'
@@ -42,7 +42,7 @@ export function openSparseVmdkReader(path: string, opts: ImageFileOptions = {}):
     if (file.length < SECTOR) return null
     const view = imageFileView(file)
     const head = await view.read(0, SECTOR)
-    if (head.toString('latin1', 0, 4) !== 'KDMV') return null
+    if (head.toString('latin1', 0, 4) !== VMDK_SPARSE_MAGIC) return null
     if (!isPlainHostedSparse(refusing(() => parseKdmvHeader(head, file.label)))) return null
     const { extent, descriptor } = await openSparseExtent(view).catch(refuseMalformed)
     if (!descriptor || descriptor.length === 0) return null

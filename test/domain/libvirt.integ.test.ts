@@ -13,6 +13,7 @@ import { makeBadBootDisk, makeBootDisk, makePowerOffBootDisk } from '../helpers/
 import { cleanupDomains, ensureLibvirt, qemuPidsFor, TEST_LIBVIRT_URI } from '../helpers/libvirt.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 import { disk, manifest } from './fixtures.ts'
+import { expectMigThrown } from '../helpers/mig-error.ts'
 
 const PREFIX = `migtest${process.pid}-`
 const tmp = tempDir('mig-libvirt-')
@@ -180,9 +181,10 @@ describe('defineAndStart on real libvirt (TCG)', () => {
   }, 30_000)
 
   test('XML libvirt rejects -> E_MIG_DOMAIN_DEFINE_FAILED with libvirt message', async () => {
-    const noMemory = await thrown(() => virsh.define(`<domain type='qemu'><name>${PREFIX}nomem</name><os><type>hvm</type></os></domain>`))
-    expect(noMemory).toBeInstanceOf(MigError)
-    expect(noMemory.code).toBe('E_MIG_DOMAIN_DEFINE_FAILED')
+    const noMemory = await expectMigThrown(
+      () => virsh.define(`<domain type='qemu'><name>${PREFIX}nomem</name><os><type>hvm</type></os></domain>`),
+      'E_MIG_DOMAIN_DEFINE_FAILED',
+    )
     expect(noMemory.message).toMatch(/^virsh define failed: .*memory/i)
 
     // Same name, another UUID: libvirt refuses to redefine.
@@ -198,10 +200,11 @@ describe('defineAndStart on real libvirt (TCG)', () => {
       serialLogPath: path.join(tmp.dir, 'rej.log'),
     })
     const dumped = (await virsh.run(['dumpxml', '--domain', first.name])).stdout
-    const clash = await thrown(() => virsh.define(dumped.replace(first.uuid, '00000000-1111-4222-8333-444444444444')))
-    expect(clash).toBeInstanceOf(MigError)
-    expect(clash.code).toBe('E_MIG_DOMAIN_DEFINE_FAILED')
-    expect(clash.message).toContain(`domain '${first.name}' already exists with uuid ${first.uuid}`)
+    await expectMigThrown(
+      () => virsh.define(dumped.replace(first.uuid, '00000000-1111-4222-8333-444444444444')),
+      'E_MIG_DOMAIN_DEFINE_FAILED',
+      `domain '${first.name}' already exists with uuid ${first.uuid}`,
+    )
     await dispose(first.name)
 
     // A volume that does not exist never reaches libvirt.
@@ -235,11 +238,7 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     })
     const { rmSync } = await import('node:fs')
     rmSync(img)
-    const err = await thrown(() => virsh.start(r.name))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
-    expect(err.message).toContain(`virsh start ${r.name} failed:`)
-    expect(err.message).toContain(img)
+    await expectMigThrown(() => virsh.start(r.name), 'E_MIG_GUEST_BOOT_FAILED', `virsh start ${r.name} failed:`, img)
     expect(await virsh.state(r.name)).toBe('shut off')
     await dispose(r.name)
   }, 30_000)
@@ -274,13 +273,8 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     expect(await virsh.exists(`${PREFIX}absent`)).toBe(false)
     await virsh.destroy(`${PREFIX}absent`)
     await virsh.undefine(`${PREFIX}absent`)
-    const err = await thrown(() => virsh.state(`${PREFIX}absent`))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_GUEST_BOOT_FAILED')
-    expect(err.message).toContain(`failed to get domain '${PREFIX}absent'`)
+    await expectMigThrown(() => virsh.state(`${PREFIX}absent`), 'E_MIG_GUEST_BOOT_FAILED', `failed to get domain '${PREFIX}absent'`)
     const down = new Virsh({ uri: 'qemu:///nonexistent-socket-dir', timeoutMs: 5000, reconnectMs: 0 })
-    const e2 = await thrown(() => down.uniqueName('x'))
-    expect(e2).toBeInstanceOf(MigError)
-    expect(e2.code).toBe('E_MIG_DOMAIN_DEFINE_FAILED')
+    await expectMigThrown(() => down.uniqueName('x'), 'E_MIG_DOMAIN_DEFINE_FAILED')
   }, 30_000)
 })

@@ -13,7 +13,7 @@ import * as path from 'node:path'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, offlinePlan, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
-import { startServer } from '../helpers/server.ts'
+import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { randomImage } from '../helpers/random-image.ts'
 
@@ -50,6 +50,16 @@ describe('host faults (real server, worker processes, loop-device file systems)'
   let raw = ''
 
   /** A data dir `<t.dir>/<name>` that is a fresh ext4 of `size` bytes on a loop device (unmounted in afterAll). */
+  /**
+   * Submits an offline job of `rel` (under the import root) named `<PREFIX><name>`, not started
+   * after the copy, to `srv`; waits (60 s at most) until it has copied more than `bytes` or ended.
+   */
+  async function copying(srv: RunningServer, rel: string, name: string, bytes: number): Promise<any> {
+    const job = await submit(srv.base, offlinePlan('qcow2', rel, { name: `${PREFIX}${name}`, start: false }))
+    await waitJob(srv.base, job.id, (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > bytes) || !['queued', 'running'].includes(j.status), 60_000)
+    return job
+  }
+
   function dataDirOnExt4(name: string, size: number): string {
     const d = path.join(t.dir, name)
     mkdirSync(d, { recursive: true })
@@ -93,13 +103,7 @@ describe('host faults (real server, worker processes, loop-device file systems)'
       MIGRATOR_DOMAIN_TYPE: 'qemu',
     })
     try {
-      const job = await submit(srv.base, offlinePlan('qcow2', 'disk/disk.qcow2', { name: `${PREFIX}full`, start: false }))
-      await waitJob(
-        srv.base,
-        job.id,
-        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 24 * MiB) || !['queued', 'running'].includes(j.status),
-        60_000,
-      )
+      const job = await copying(srv, 'disk/disk.qcow2', 'full', 24 * MiB)
       const filler = fill(d)
       const filledAt = Date.now()
       const waiting = await waitJob(srv.base, job.id, (j) => j.last_error !== null || j.status !== 'running', 30_000)
@@ -149,13 +153,7 @@ describe('host faults (real server, worker processes, loop-device file systems)'
       MIGRATOR_DOMAIN_TYPE: 'qemu',
     })
     try {
-      const job = await submit(srv.base, offlinePlan('qcow2', 'disk/disk.qcow2', { name: `${PREFIX}stays`, start: false }))
-      await waitJob(
-        srv.base,
-        job.id,
-        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 24 * MiB) || !['queued', 'running'].includes(j.status),
-        60_000,
-      )
+      const job = await copying(srv, 'disk/disk.qcow2', 'stays', 24 * MiB)
       fill(d)
       const done = await waitJob(srv.base, job.id, undefined, 60_000)
       expect(done.state).toBe('Failed')
@@ -221,13 +219,7 @@ describe('host faults (real server, worker processes, loop-device file systems)'
     copyFileSync(path.join(importRoot, 'disk', 'disk.qcow2'), path.join(importRoot, 'mod', 'mod.qcow2'))
     const { d, srv } = await slowServer('inplace')
     try {
-      const job = await submit(srv.base, offlinePlan('qcow2', 'mod/mod.qcow2', { name: `${PREFIX}inplace`, start: false }))
-      await waitJob(
-        srv.base,
-        job.id,
-        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 16 * MiB) || !['queued', 'running'].includes(j.status),
-        60_000,
-      )
+      const job = await copying(srv, 'mod/mod.qcow2', 'inplace', 16 * MiB)
       // Another process rewrites 1 MiB of the image's data area in place (same size, new bytes).
       const fd = openSync(path.join(importRoot, 'mod', 'mod.qcow2'), 'r+')
       writeSync(fd, randomBytes(MiB), 0, MiB, 80 * MiB)
@@ -248,13 +240,7 @@ describe('host faults (real server, worker processes, loop-device file systems)'
     const other = randomImage(path.join(t.dir, 'other.raw'), 128 * MiB, 8 * MiB)
     const { d, srv } = await slowServer('renamed')
     try {
-      const job = await submit(srv.base, offlinePlan('qcow2', 'ren/ren.qcow2', { name: `${PREFIX}renamed`, start: false }))
-      await waitJob(
-        srv.base,
-        job.id,
-        (j) => (j.state === 'CopyingFull' && j.progress.bytes_done > 16 * MiB) || !['queued', 'running'].includes(j.status),
-        60_000,
-      )
+      const job = await copying(srv, 'ren/ren.qcow2', 'renamed', 16 * MiB)
       execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', other, path.join(importRoot, 'ren', 'new.qcow2')])
       renameSync(path.join(importRoot, 'ren', 'new.qcow2'), path.join(importRoot, 'ren', 'ren.qcow2'))
       const done = await waitJob(srv.base, job.id, undefined, 60_000)

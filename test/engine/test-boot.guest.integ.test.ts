@@ -12,9 +12,7 @@
  *   removes the clone domain and overlays);
  * - an offline import of a real Debian guest (fixtures/guest-image.ts) with `start: false`: the
  *   server test-boots the defined domain's clone (one TCG boot, verified by the guest's login or
- *   multi-user evidence) through `migrator test-boot --wait`. The import (its copy and the
- *   inspection of the guest) is submitted before the first test, on a server of its own, and runs
- *   while the simulator's tests do.
+ *   multi-user evidence) through `migrator test-boot --wait`.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
@@ -24,8 +22,8 @@ import { guestImages } from '../../fixtures/guest-image.ts'
 import { buildInput } from '../../fixtures/inputs.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
-import { call, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { guestServerEnv, startGuestLane, type GuestLane } from '../helpers/guest-jobs.ts'
+import { call, livePlan, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
+import { guestServerEnv, startGuestLane } from '../helpers/guest-jobs.ts'
 import { cleanupDomains, domainsWithPrefix, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -40,17 +38,6 @@ describe('test boot before the cutover', () => {
   let v: Vcsim
   let srv: RunningServer
   const sourceIds = new Map<RunningServer, string>()
-  /** The real Debian guest's import (start: false) on a server without the serial pattern: the guest's own boot evidence decides. */
-  let debian: Promise<{ lane: GuestLane; job: any }> | null = null
-
-  /** Starts that server and submits the import; the copy and the inspection run in the background. */
-  async function submitDebianImport(): Promise<{ lane: GuestLane; job: any }> {
-    const dataDir = path.join(t.dir, 'plain')
-    mkdirSync(dataDir, { recursive: true })
-    const lane = await startGuestLane(dataDir, ['i48-debian'], guestServerEnv({ timeoutS: 600 }))
-    const { job } = await lane.importExport('i48-debian', 'qcow2', [guestImages().generic.path], undefined, { name: 'i48-debian', start: false })
-    return { lane, job }
-  }
 
   /** A warm VM: a 16 MiB boot disk printing `marker` (flat) and a 2 MiB data disk (sparse), one NIC. */
   async function makeVm(name: string, marker = MARKER): Promise<{ id: string; files: string[] }> {
@@ -61,15 +48,8 @@ describe('test boot before the cutover', () => {
     return { id, files }
   }
 
-  const warmPlan = (s: RunningServer, vmId: string, name: string) => ({
-    source: { Live: 'vim_api' },
-    source_ref: { kind: 'live_vm', source_id: sourceIds.get(s)!, vm_id: vmId },
-    mode: 'Warm',
-    name,
-    start: false,
-    cutover: { mode: 'manual' },
-    precopy_interval_seconds: 1,
-  })
+  const warmPlan = (s: RunningServer, vmId: string, name: string) =>
+    livePlan(sourceIds.get(s)!, vmId, 'Warm', { name, start: false, cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
 
   /** Submits a warm job and waits until it waits in DeltaSyncing with at least one delta pass. */
   async function waiting(s: RunningServer, name: string, marker = MARKER): Promise<{ vm: { id: string; files: string[] }; job: any }> {
@@ -94,13 +74,10 @@ describe('test boot before the cutover', () => {
       MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5',
     })
     sourceIds.set(srv, await registerVcsim(srv.base, v))
-    debian = submitDebianImport()
-    await debian
   }, 300_000)
 
   afterAll(async () => {
     await srv?.stop()
-    await (await debian?.catch(() => null))?.lane.stop()
     await cleanupDomains(PREFIX)
     await v?.stop()
     t.cleanup()
@@ -228,8 +205,16 @@ describe('test boot before the cutover', () => {
   test(
     'offline import of a real Debian guest with start: false: the server test-boots a clone of the defined domain (TCG)',
     async () => {
-      const { lane, job } = await debian!
-      await debianTestBoot(lane.srv, lane.dir, job)
+      // a server without the serial pattern: the guest's own boot evidence decides
+      const dataDir = path.join(t.dir, 'plain')
+      mkdirSync(dataDir, { recursive: true })
+      const plain = await startGuestLane(dataDir, ['i48-debian'], guestServerEnv({ timeoutS: 600 }))
+      try {
+        const { job } = await plain.importExport('i48-debian', 'qcow2', [guestImages().generic.path], undefined, { name: 'i48-debian', start: false })
+        await debianTestBoot(plain.srv, plain.dir, job)
+      } finally {
+        await plain.stop()
+      }
     },
     30 * 60_000,
   )

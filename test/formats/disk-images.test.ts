@@ -15,6 +15,7 @@ import { crc32c, readVhdxInfo, VHDX_MAX_VIRTUAL_SIZE } from '../../lib/formats/v
 import { readVhdInfo, VHD_MAX_VIRTUAL_SIZE } from '../../lib/formats/vhd.ts'
 import { readVdiInfo, VDI_MAX_DISK_SIZE } from '../../lib/formats/vdi.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { writeAt } from '../helpers/reader-fixtures.ts'
 
 const MiB = 1024 * 1024
 const tmp = tempDir('mig-disk-')
@@ -125,31 +126,21 @@ describe('qcow2 header (docs/interop/qcow2.txt)', () => {
   })
 
   test('virtual size over 64 TiB and an L1 table outside the file are E_MIG_MALFORMED_ARCHIVE', async () => {
-    const huge = path.join(ROOT, 'huge.qcow2')
-    copyFileSync(path.join(ROOT, 'v3.qcow2'), huge)
-    const fd = openSync(huge, 'r+')
-    const b = Buffer.alloc(8)
-    b.writeBigUInt64BE(BigInt(QCOW2_MAX_VIRTUAL_SIZE) + 512n)
-    writeSync(fd, b, 0, 8, 24)
-    closeSync(fd)
-    expect((await expectCode(readQcow2Header(huge), 'E_MIG_MALFORMED_ARCHIVE')).message).toContain('64 TiB')
-
-    const l1 = path.join(ROOT, 'l1-out.qcow2')
-    copyFileSync(path.join(ROOT, 'v3.qcow2'), l1)
-    const fd2 = openSync(l1, 'r+')
-    b.writeBigUInt64BE(1024n * 1024n * 1024n)
-    writeSync(fd2, b, 0, 8, 40)
-    closeSync(fd2)
-    expect((await expectCode(readQcow2Header(l1), 'E_MIG_MALFORMED_ARCHIVE')).message).toContain('L1 table')
-
-    const small = path.join(ROOT, 'l1-small.qcow2')
-    copyFileSync(path.join(ROOT, 'big-cluster.qcow2'), small)
-    const fd3 = openSync(small, 'r+')
-    const n = Buffer.alloc(8)
-    n.writeBigUInt64BE(64n * 1024n * 1024n * 1024n * 1024n) // 64 TiB needs 256 L1 entries at 2 MiB clusters
-    writeSync(fd3, n, 0, 8, 24)
-    closeSync(fd3)
-    expect((await expectCode(readQcow2Header(small), 'E_MIG_MALFORMED_ARCHIVE')).message).toContain('cannot map')
+    // A copy of a qemu-written image with one big-endian 64-bit header field set, and the words of the refusal.
+    const cases = [
+      { name: 'huge.qcow2', from: 'v3.qcow2', field: 24, value: BigInt(QCOW2_MAX_VIRTUAL_SIZE) + 512n, says: '64 TiB' }, // size
+      { name: 'l1-out.qcow2', from: 'v3.qcow2', field: 40, value: 1024n * 1024n * 1024n, says: 'L1 table' }, // l1_table_offset
+      // 64 TiB needs 256 L1 entries at 2 MiB clusters
+      { name: 'l1-small.qcow2', from: 'big-cluster.qcow2', field: 24, value: 64n * 1024n * 1024n * 1024n * 1024n, says: 'cannot map' },
+    ]
+    for (const c of cases) {
+      const img = path.join(ROOT, c.name)
+      copyFileSync(path.join(ROOT, c.from), img)
+      const b = Buffer.alloc(8)
+      b.writeBigUInt64BE(c.value)
+      writeAt(img, c.field, b)
+      expect((await expectCode(readQcow2Header(img), 'E_MIG_MALFORMED_ARCHIVE')).message).toContain(c.says)
+    }
   })
 
   test('backing file ../outside.qcow2 is E_MIG_HOST_PATH_REJECTED', async () => {

@@ -8,11 +8,12 @@ import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { mkdirSync, writeFileSync, truncateSync, statSync } from 'node:fs'
 import * as path from 'node:path'
-import { MigError } from '../../lib/errors.ts'
+import type { MigError } from '../../lib/errors.ts'
 import { hashRange, listTarMembers, readTarMember } from '../../lib/formats/tar.ts'
 import { InputScope } from '../../lib/hostpath.ts'
-import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { CORPUS, tempDir } from '../helpers/tmp.ts'
 import { bytesAt } from '../helpers/reader-fixtures.ts'
+import { expectMigThrown } from '../helpers/mig-error.ts'
 
 let tmp: { dir: string; cleanup(): void }
 beforeAll(() => {
@@ -82,18 +83,20 @@ describe('corpus archives', () => {
   })
 
   test('a PNG named .ova is "not a tar archive"', async () => {
-    const err = await thrown(() => listTarMembers(path.join(CORPUS, 'glance/testserver-not-tar.ova')))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('not a tar archive')
-    expect(err.message).toContain('testserver-not-tar.ova')
+    await expectMigThrown(
+      () => listTarMembers(path.join(CORPUS, 'glance/testserver-not-tar.ova')),
+      'E_MIG_MALFORMED_ARCHIVE',
+      'not a tar archive',
+      'testserver-not-tar.ova',
+    )
   })
 
   test('a gzip tar (Vagrant box) is E_MIG_UNSUPPORTED_FORMAT', async () => {
-    const err = await thrown(() => listTarMembers(path.join(CORPUS, 'vagrant-mutate/virtualbox-mutate-test.box')))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_UNSUPPORTED_FORMAT')
-    expect(err.message).toContain('gzip-compressed archive: decompress it first')
+    await expectMigThrown(
+      () => listTarMembers(path.join(CORPUS, 'vagrant-mutate/virtualbox-mutate-test.box')),
+      'E_MIG_UNSUPPORTED_FORMAT',
+      'gzip-compressed archive: decompress it first',
+    )
   })
 })
 
@@ -150,10 +153,7 @@ describe('archives written by GNU tar', () => {
       ['m1', 'm2', 'm3'].map((n) => `many/${n}`),
     )
     expect((await listTarMembers(file, { maxMembers: 3 })).length).toBe(3)
-    const err = await thrown(() => listTarMembers(file, { maxMembers: 2 }))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('more than 2 members')
+    await expectMigThrown(() => listTarMembers(file, { maxMembers: 2 }), 'E_MIG_MALFORMED_ARCHIVE', 'more than 2 members')
   })
 
   test('600 members (more than one turn of 256 headers): all listed in order; inside an input scope walked once per file, offset and bound', async () => {
@@ -200,10 +200,7 @@ describe('hand-made headers', () => {
     size.writeUInt32BE(2, 4) // byte 7 = 2: 2 * 2^32 = 8 GiB
     const file = path.join(tmp.dir, 'b256-trunc.tar')
     writeFileSync(file, Buffer.concat([header('huge.img', size), Buffer.alloc(1024)]))
-    const err = await thrown(() => listTarMembers(file))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('truncated member huge.img: declares 8589934592 bytes, archive holds 1024')
+    await expectMigThrown(() => listTarMembers(file), 'E_MIG_MALFORMED_ARCHIVE', 'truncated member huge.img: declares 8589934592 bytes, archive holds 1024')
   })
 
   test('PAX path/size override the ustar fields', async () => {
@@ -223,20 +220,14 @@ describe('hand-made headers', () => {
   test('PAX record over 1 MiB is refused', async () => {
     const file = path.join(tmp.dir, 'pax-big.tar')
     writeFileSync(file, Buffer.concat([header('PaxHeader', 2 * 1024 * 1024, 'x'), Buffer.alloc(2 * 1024 * 1024 + 1024)]))
-    const err = await thrown(() => listTarMembers(file))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('limit 1048576')
+    await expectMigThrown(() => listTarMembers(file), 'E_MIG_MALFORMED_ARCHIVE', 'limit 1048576')
   })
 
   test('malformed PAX record', async () => {
     const pax = Buffer.from('99 path=x\n')
     const file = path.join(tmp.dir, 'pax-bad.tar')
     writeFileSync(file, Buffer.concat([header('PaxHeader', pax.length, 'x'), pad(pax), header('a', 0), Buffer.alloc(1024)]))
-    const err = await thrown(() => listTarMembers(file))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('bad PAX record')
+    await expectMigThrown(() => listTarMembers(file), 'E_MIG_MALFORMED_ARCHIVE', 'bad PAX record')
   })
 
   test('bad checksum on a later header names the previous member', async () => {
@@ -244,19 +235,13 @@ describe('hand-made headers', () => {
     bad[0] = 0x58 // change the name after the checksum was computed
     const file = path.join(tmp.dir, 'badsum.tar')
     writeFileSync(file, Buffer.concat([header('first.ovf', 3), pad(Buffer.from('abc')), bad, pad(Buffer.alloc(10)), Buffer.alloc(1024)]))
-    const err = await thrown(() => listTarMembers(file))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('bad tar header checksum at offset 1024 after member first.ovf')
+    await expectMigThrown(() => listTarMembers(file), 'E_MIG_MALFORMED_ARCHIVE', 'bad tar header checksum at offset 1024 after member first.ovf')
   })
 
   test('archive truncated mid-header', async () => {
     const file = path.join(tmp.dir, 'midheader.tar')
     writeFileSync(file, Buffer.concat([header('first.ovf', 3), pad(Buffer.from('abc')), header('second', 10).subarray(0, 300)]))
-    const err = await thrown(() => listTarMembers(file))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('header at offset 1024 cut short by end of file (300 of 512 bytes)')
+    await expectMigThrown(() => listTarMembers(file), 'E_MIG_MALFORMED_ARCHIVE', 'header at offset 1024 cut short by end of file (300 of 512 bytes)')
   })
 
   test('archive truncated inside member data (real tar, cut)', async () => {
@@ -266,10 +251,7 @@ describe('hand-made headers', () => {
     const file = path.join(tmp.dir, 'cut.tar')
     tar(['-cf', file, 'disk.vmdk'], src)
     truncateSync(file, 512 + 40_000)
-    const err = await thrown(() => listTarMembers(file))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('truncated member disk.vmdk: declares 100000 bytes, archive holds 40000')
+    await expectMigThrown(() => listTarMembers(file), 'E_MIG_MALFORMED_ARCHIVE', 'truncated member disk.vmdk: declares 100000 bytes, archive holds 40000')
   })
 
   test('missing end-of-archive blocks is a clean EOF; empty file lists nothing', async () => {
@@ -285,25 +267,18 @@ describe('hand-made headers', () => {
     const ln = Buffer.from('x'.repeat(300) + '\0')
     const file = path.join(tmp.dir, 'dangling-L.tar')
     writeFileSync(file, Buffer.concat([header('././@LongLink', ln.length, 'L'), pad(ln)]))
-    const err = await thrown(() => listTarMembers(file))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
+    await expectMigThrown(() => listTarMembers(file), 'E_MIG_MALFORMED_ARCHIVE')
   })
 
   test('non-octal size field', async () => {
     const h = header('weird', Buffer.from('12345678x01\0'))
     const file = path.join(tmp.dir, 'nonoctal.tar')
     writeFileSync(file, Buffer.concat([h, Buffer.alloc(1024)]))
-    const err = await thrown(() => listTarMembers(file))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('bad size field')
+    await expectMigThrown(() => listTarMembers(file), 'E_MIG_MALFORMED_ARCHIVE', 'bad size field')
   })
 
   test('unreadable path is E_MIG_DISK_READ_FAILED', async () => {
-    const err = await thrown(() => listTarMembers(path.join(tmp.dir, 'does-not-exist.tar')))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+    await expectMigThrown(() => listTarMembers(path.join(tmp.dir, 'does-not-exist.tar')), 'E_MIG_DISK_READ_FAILED')
   })
 })
 
@@ -311,10 +286,7 @@ describe('readTarMember and hashRange', () => {
   test('readTarMember refuses members over maxBytes', async () => {
     const f = path.join(CORPUS, 'govmomi/ttylinux-pc_i486-16.1.ova')
     const members = await listTarMembers(f)
-    const err = await thrown(() => readTarMember(f, members[2]!, 4096))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
-    expect(err.message).toContain('ttylinux-pc_i486-16.1-disk1.vmdk is 1048576 bytes')
+    await expectMigThrown(() => readTarMember(f, members[2]!, 4096), 'E_MIG_MALFORMED_ARCHIVE', 'ttylinux-pc_i486-16.1-disk1.vmdk is 1048576 bytes')
   })
 
   test('hashRange matches node crypto over a 5 MiB range spanning several reads', async () => {
@@ -331,8 +303,6 @@ describe('readTarMember and hashRange', () => {
       )
     }
     expect(await hashRange(file, 0, 0, 'sha256')).toBe(createHash('sha256').digest('hex'))
-    const err = await thrown(() => hashRange(file, statSync(file).size - 10, 20, 'sha1'))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_MALFORMED_ARCHIVE')
+    await expectMigThrown(() => hashRange(file, statSync(file).size - 10, 20, 'sha1'), 'E_MIG_MALFORMED_ARCHIVE')
   })
 })

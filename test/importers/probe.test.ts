@@ -7,10 +7,11 @@ import { execFileSync } from 'node:child_process'
 import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { gunzipSync } from 'node:zlib'
-import { MigError } from '../../lib/errors.ts'
+import type { MigError } from '../../lib/errors.ts'
 import { detectKind, probeFile } from '../../lib/importers/probe.ts'
 import { probeMagic } from '../../lib/formats/sniff.ts'
-import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { CORPUS, tempDir } from '../helpers/tmp.ts'
+import { expectMigThrown } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
 const tmp = tempDir('mig-probe-')
@@ -22,9 +23,7 @@ const run = (cmd: string, args: string[], cwd = ROOT): void => {
 }
 
 async function unsupported(target: string): Promise<MigError> {
-  const err = await thrown(() => detectKind(target, ctx))
-  expect(err).toBeInstanceOf(MigError)
-  expect(err.code).toBe('E_MIG_UNSUPPORTED_FORMAT')
+  const err = await expectMigThrown(() => detectKind(target, ctx), 'E_MIG_UNSUPPORTED_FORMAT')
   return err
 }
 
@@ -127,9 +126,7 @@ describe('probeFile', () => {
   })
 
   test('an unreadable path is E_MIG_DISK_READ_FAILED', async () => {
-    const err = await thrown(() => probeFile(p('missing.img')))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_DISK_READ_FAILED')
+    await expectMigThrown(() => probeFile(p('missing.img')), 'E_MIG_DISK_READ_FAILED')
   })
 })
 
@@ -179,8 +176,6 @@ describe('detectKind', () => {
   })
 
   test('a missing path is E_MIG_NOT_FOUND', async () => {
-    const err = await thrown(() => detectKind(p('nothing-here'), ctx))
-    expect(err).toBeInstanceOf(MigError)
-    expect(err.code).toBe('E_MIG_NOT_FOUND')
+    await expectMigThrown(() => detectKind(p('nothing-here'), ctx), 'E_MIG_NOT_FOUND')
   })
 })

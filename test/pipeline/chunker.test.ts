@@ -5,6 +5,10 @@ import type { DiskExtent } from '../../lib/contracts/disk-reader.ts'
 
 const MiB = 1024 * 1024
 const KiB = 1024
+/** A data extent (or chunk) of `length` bytes at `offset`. */
+const data = (offset: number, length: number) => ({ offset, length, zero: false })
+/** A zero extent (or chunk) of `length` bytes at `offset`. */
+const zero = (offset: number, length: number) => ({ offset, length, zero: true })
 
 async function collect(extents: DiskExtent[], from: number, size: number): Promise<Chunk[]> {
   const out: Chunk[] = []
@@ -17,49 +21,22 @@ async function collect(extents: DiskExtent[], from: number, size: number): Promi
 
 describe('chunkExtents', () => {
   test('cuts a data extent at absolute 4 MiB boundaries', async () => {
-    const c = await collect([{ offset: 0, length: 10 * MiB, zero: false }], 0, 10 * MiB)
-    expect(c).toEqual([
-      { offset: 0, length: 4 * MiB, zero: false },
-      { offset: 4 * MiB, length: 4 * MiB, zero: false },
-      { offset: 8 * MiB, length: 2 * MiB, zero: false },
-    ])
+    const c = await collect([data(0, 10 * MiB)], 0, 10 * MiB)
+    expect(c).toEqual([data(0, 4 * MiB), data(4 * MiB, 4 * MiB), data(8 * MiB, 2 * MiB)])
   })
 
   test('a resumed copy starts mid-window and realigns on the next boundary', async () => {
-    const c = await collect([{ offset: 0, length: 10 * MiB, zero: false }], 5 * MiB, 10 * MiB)
-    expect(c).toEqual([
-      { offset: 5 * MiB, length: 3 * MiB, zero: false },
-      { offset: 8 * MiB, length: 2 * MiB, zero: false },
-    ])
+    const c = await collect([data(0, 10 * MiB)], 5 * MiB, 10 * MiB)
+    expect(c).toEqual([data(5 * MiB, 3 * MiB), data(8 * MiB, 2 * MiB)])
   })
 
   test('merges adjacent zero extents into one run of any length', async () => {
-    const c = await collect(
-      [
-        { offset: 0, length: 8 * MiB, zero: true },
-        { offset: 8 * MiB, length: 100 * MiB, zero: true },
-        { offset: 108 * MiB, length: 4 * MiB, zero: false },
-      ],
-      0,
-      112 * MiB,
-    )
-    expect(c).toEqual([
-      { offset: 0, length: 108 * MiB, zero: true },
-      { offset: 108 * MiB, length: 4 * MiB, zero: false },
-    ])
+    const c = await collect([zero(0, 8 * MiB), zero(8 * MiB, 100 * MiB), data(108 * MiB, 4 * MiB)], 0, 112 * MiB)
+    expect(c).toEqual([zero(0, 108 * MiB), data(108 * MiB, 4 * MiB)])
   })
 
   test('data pieces separated by small zero extents in one window form one pieced chunk', async () => {
-    const c = await collect(
-      [
-        { offset: 0, length: 64 * KiB, zero: false },
-        { offset: 64 * KiB, length: 64 * KiB, zero: true },
-        { offset: 128 * KiB, length: 64 * KiB, zero: false },
-        { offset: 192 * KiB, length: 8 * MiB - 192 * KiB, zero: true },
-      ],
-      0,
-      8 * MiB,
-    )
+    const c = await collect([data(0, 64 * KiB), zero(64 * KiB, 64 * KiB), data(128 * KiB, 64 * KiB), zero(192 * KiB, 8 * MiB - 192 * KiB)], 0, 8 * MiB)
     expect(c).toEqual([
       {
         offset: 0,
@@ -70,48 +47,24 @@ describe('chunkExtents', () => {
           { offset: 128 * KiB, length: 64 * KiB },
         ],
       },
-      { offset: 192 * KiB, length: 8 * MiB - 192 * KiB, zero: true },
+      zero(192 * KiB, 8 * MiB - 192 * KiB),
     ])
   })
 
   test('gaps (restricted readers) are skipped and never bridged', async () => {
-    const c = await collect(
-      [
-        { offset: MiB, length: MiB, zero: false },
-        { offset: 3 * MiB, length: MiB, zero: false },
-      ],
-      0,
-      8 * MiB,
-    )
-    expect(c).toEqual([
-      { offset: MiB, length: MiB, zero: false },
-      { offset: 3 * MiB, length: MiB, zero: false },
-    ])
+    const c = await collect([data(MiB, MiB), data(3 * MiB, MiB)], 0, 8 * MiB)
+    expect(c).toEqual([data(MiB, MiB), data(3 * MiB, MiB)])
   })
 
   test('clips to the disk size and drops extents before `from`', async () => {
-    const c = await collect(
-      [
-        { offset: 0, length: MiB, zero: false },
-        { offset: MiB, length: 9 * MiB, zero: true },
-      ],
-      2 * MiB,
-      6 * MiB,
-    )
-    expect(c).toEqual([{ offset: 2 * MiB, length: 4 * MiB, zero: true }])
+    const c = await collect([data(0, MiB), zero(MiB, 9 * MiB)], 2 * MiB, 6 * MiB)
+    expect(c).toEqual([zero(2 * MiB, 4 * MiB)])
   })
 
   test('overlapping or unordered extents are E_MIG_DISK_READ_FAILED', async () => {
     let err: unknown
     try {
-      await collect(
-        [
-          { offset: 0, length: 2 * MiB, zero: false },
-          { offset: MiB, length: MiB, zero: false },
-        ],
-        0,
-        4 * MiB,
-      )
+      await collect([data(0, 2 * MiB), data(MiB, MiB)], 0, 4 * MiB)
     } catch (e) {
       err = e
     }
@@ -137,13 +90,7 @@ describe('zero detection', () => {
     buf[40 * KiB] = 1 // block [40K, 44K)
     // buffer starts at disk offset 2 KiB: first segment is partial
     const segs = splitZeroRuns(buf, 2 * KiB, 4 * KiB)
-    expect(segs).toEqual([
-      { offset: 2 * KiB, length: 2 * KiB, zero: true },
-      { offset: 4 * KiB, length: 8 * KiB, zero: false },
-      { offset: 12 * KiB, length: 28 * KiB, zero: true },
-      { offset: 40 * KiB, length: 4 * KiB, zero: false },
-      { offset: 44 * KiB, length: 22 * KiB, zero: true },
-    ])
+    expect(segs).toEqual([zero(2 * KiB, 2 * KiB), data(4 * KiB, 8 * KiB), zero(12 * KiB, 28 * KiB), data(40 * KiB, 4 * KiB), zero(44 * KiB, 22 * KiB)])
     const total = segs.reduce((a, s) => a + s.length, 0)
     expect(total).toBe(64 * KiB)
   })

@@ -211,29 +211,24 @@ describe('NbdClient against a scripted server', () => {
     server.close()
   })
 
-  test('data chunk outside the request is a violation', async () => {
-    const { socket, server } = await fakeServer({
-      onRequest(sock, req) {
-        sock.write(chunk(req.handle, 1, 1, Buffer.concat([u64(req.offset + 4096), Buffer.alloc(16)])))
-      },
+  // Data chunks (type 1, flag DONE) that break the read of 512 bytes at 0: the payload's offset and length, and the words of the error.
+  const violations = [
+    { name: 'data chunk outside the request is a violation', at: (offset: number) => offset + 4096, bytes: 16, says: 'outside the read' },
+    { name: 'a reply that does not cover the whole read is a violation', at: (offset: number) => offset, bytes: 100, says: 'answered 100 bytes' },
+  ]
+  for (const v of violations) {
+    test(v.name, async () => {
+      const { socket, server } = await fakeServer({
+        onRequest(sock, req) {
+          sock.write(chunk(req.handle, 1, 1, Buffer.concat([u64(v.at(req.offset)), Buffer.alloc(v.bytes)])))
+        },
+      })
+      const c = await NbdClient.connect(socket)
+      const err = await expectCode(c.read(0, 512), 'E_MIG_DISK_READ_FAILED')
+      expect(err.message).toContain(v.says)
+      server.close()
     })
-    const c = await NbdClient.connect(socket)
-    const err = await expectCode(c.read(0, 512), 'E_MIG_DISK_READ_FAILED')
-    expect(err.message).toContain('outside the read')
-    server.close()
-  })
-
-  test('a reply that does not cover the whole read is a violation', async () => {
-    const { socket, server } = await fakeServer({
-      onRequest(sock, req) {
-        sock.write(chunk(req.handle, 1, 1, Buffer.concat([u64(req.offset), Buffer.alloc(100)])))
-      },
-    })
-    const c = await NbdClient.connect(socket)
-    const err = await expectCode(c.read(0, 512), 'E_MIG_DISK_READ_FAILED')
-    expect(err.message).toContain('answered 100 bytes')
-    server.close()
-  })
+  }
 
   test('without structured replies, simple replies carry the data', async () => {
     const { socket, server } = await fakeServer({

@@ -40,7 +40,7 @@ import type { ManifestDisk, VmManifest } from '../../lib/manifest.ts'
 import { importer as vmcxImporter } from '../../lib/importers/vmcx-export.ts'
 import { FileSink } from '../../lib/sink/file.ts'
 import { fullImportCommand, v2vDriveName } from '../../lib/v2v/full-import-command.ts'
-import { runV2vFullImport, type FullImportVolume } from '../../lib/v2v/full-import.ts'
+import { runV2vFullImport, type FullImportOptions, type FullImportVolume } from '../../lib/v2v/full-import.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
 
@@ -231,6 +231,17 @@ function hyperv(over: Partial<VmManifest> = {}): VmManifest {
 }
 
 const doubleEnv = (rec: string, mode: string) => ({ V2V_DOUBLE_RECORD: rec, V2V_DOUBLE_MODE: mode, LIBGUESTFS_BACKEND_SETTINGS: 'force_tcg' })
+
+/** runV2vFullImport's options for the case `c` (its manifest, volumes and run directory; never aborted, progress ignored, no virtio-win ISO), `over` on top. */
+const importOptions = (c: { m: VmManifest; volumes: FullImportOptions['volumes']; workDir: string }, over: Partial<FullImportOptions>): FullImportOptions => ({
+  manifest: c.m,
+  volumes: c.volumes,
+  signal: new AbortController().signal,
+  onProgress: () => {},
+  workDir: c.workDir,
+  virtioWinIso: null,
+  ...over,
+})
 
 describe('fullImportCommand', () => {
   test('exact command line, environment and input XML for a two-disk Hyper-V manifest', () => {
@@ -428,17 +439,9 @@ describe('runV2vFullImport with virt-v2v-test-double (a test double, not the rea
     const calls: Array<[string, number]> = []
     const messages: string[] = []
     const fileInode = statSync(c.volumes[0]!.path).ino
-    const r = await runV2vFullImport({
-      manifest: c.m,
-      volumes: c.volumes,
-      signal: new AbortController().signal,
-      onProgress: (l, b) => calls.push([l, b]),
-      onMessage: (t) => messages.push(t),
-      binary: DOUBLE,
-      env: doubleEnv(c.rec, 'ok'),
-      workDir: c.workDir,
-      virtioWinIso: null,
-    })
+    const r = await runV2vFullImport(
+      importOptions(c, { onProgress: (l, b) => calls.push([l, b]), onMessage: (t) => messages.push(t), binary: DOUBLE, env: doubleEnv(c.rec, 'ok') }),
+    )
     // The command it ran and what it was given.
     const argv = recorded(c.rec, 'argv').split('\n').slice(0, -1)
     const runDir = path.dirname(argv[2]!)
@@ -503,16 +506,7 @@ describe('runV2vFullImport with virt-v2v-test-double (a test double, not the rea
     const calls: Array<[string, number]> = []
     const fileInode = statSync(c.volumes[0]!.path).ino
     const mode = statSync(c.volumes[0]!.path).mode & 0o7777
-    const r = await runV2vFullImport({
-      manifest: c.m,
-      volumes: c.volumes,
-      signal: new AbortController().signal,
-      onProgress: (l, b) => calls.push([l, b]),
-      binary: DOUBLE,
-      env: doubleEnv(c.rec, 'beside'),
-      workDir: c.workDir,
-      virtioWinIso: null,
-    })
+    const r = await runV2vFullImport(importOptions(c, { onProgress: (l, b) => calls.push([l, b]), binary: DOUBLE, env: doubleEnv(c.rec, 'beside') }))
     expect(r.placement).toEqual(['renamed', 'copied'])
     expect(r.warnings.filter((w) => w.includes('instead of the volume link'))).toHaveLength(2)
     expect(sha(c.volumes[0]!.path)).toBe(c.expected[0]!)
@@ -525,15 +519,7 @@ describe('runV2vFullImport with virt-v2v-test-double (a test double, not the rea
 
   test('a converted disk of the wrong size or missing: E_MIG_V2V_FAILED', async () => {
     const c = await twoDiskCase()
-    const base = {
-      manifest: c.m,
-      volumes: c.volumes,
-      signal: new AbortController().signal,
-      onProgress: () => {},
-      binary: DOUBLE,
-      workDir: c.workDir,
-      virtioWinIso: null,
-    }
+    const base = importOptions(c, { binary: DOUBLE })
     const short = await thrown(() => runV2vFullImport({ ...base, env: doubleEnv(c.rec, 'short') }))
     expect(short).toBeInstanceOf(MigError)
     expect(short.code).toBe('E_MIG_V2V_FAILED')
@@ -551,17 +537,14 @@ describe('runV2vFullImport with virt-v2v-test-double (a test double, not the rea
     const ac = new AbortController()
     const t0 = Date.now()
     const err = await thrown(() =>
-      runV2vFullImport({
-        manifest: c.m,
-        volumes: c.volumes,
-        signal: ac.signal,
-        onProgress: () => {},
-        onMessage: (t) => t === 'Inspecting the source' && setTimeout(() => ac.abort(), 100),
-        binary: DOUBLE,
-        env: doubleEnv(c.rec, 'hang'),
-        workDir: c.workDir,
-        virtioWinIso: null,
-      }),
+      runV2vFullImport(
+        importOptions(c, {
+          signal: ac.signal,
+          onMessage: (t) => t === 'Inspecting the source' && setTimeout(() => ac.abort(), 100),
+          binary: DOUBLE,
+          env: doubleEnv(c.rec, 'hang'),
+        }),
+      ),
     )
     expect(err).toBeInstanceOf(MigError)
     expect(err.code).toBe('E_MIG_CANCELLED')
@@ -577,15 +560,7 @@ describe('runV2vFullImport with virt-v2v-test-double (a test double, not the rea
 
   test('preflight: missing binary, missing source, differencing disk, mismatched volumes; nothing runs', async () => {
     const c = await twoDiskCase()
-    const base = {
-      manifest: c.m,
-      volumes: c.volumes,
-      signal: new AbortController().signal,
-      onProgress: () => {},
-      env: doubleEnv(c.rec, 'ok'),
-      workDir: c.workDir,
-      virtioWinIso: null,
-    }
+    const base = importOptions(c, { env: doubleEnv(c.rec, 'ok') })
     const noBin = await thrown(() => runV2vFullImport({ ...base, binary: 'virt-v2v-not-installed-here' }))
     expect(noBin.code).toBe('E_MIG_V2V_FAILED')
     expect(noBin.message).toContain('virt-v2v-not-installed-here not found')

@@ -30,14 +30,21 @@ try {
     socket = await prepareSocket(config.socket.path, config.socket.group)
     // Bun's types leave idleTimeout out for unix sockets; it is passed all the same, since SSE
     // streams stay quiet longer than the default 10 s between heartbeats
-    unixServer = Bun.serve({ ...limits, unix: socket.bindPath, fetch: (request: Request) => app.fetch(request, { via: 'socket', address: null }) } as unknown as Parameters<
-      typeof Bun.serve
-    >[0])
+    unixServer = Bun.serve({
+      ...limits,
+      unix: socket.bindPath,
+      fetch: (request: Request) => app.fetch(request, { via: 'socket', address: null }),
+    } as unknown as Parameters<typeof Bun.serve>[0])
     socket.publish()
     app.ctx.logger.info({ socket: socket.path, runtime: `bun ${Bun.version}` }, 'migrator listening')
   }
   if (config.listen) {
-    server = Bun.serve({ ...limits, hostname: config.listen.host, port: config.listen.port, fetch: (request, srv) => app.fetch(request, { via: 'tcp', address: srv.requestIP(request)?.address ?? null }) })
+    server = Bun.serve({
+      ...limits,
+      hostname: config.listen.host,
+      port: config.listen.port,
+      fetch: (request, srv) => app.fetch(request, { via: 'tcp', address: srv.requestIP(request)?.address ?? null }),
+    })
     app.ctx.logger.info({ url: `http://${server.hostname}:${server.port}${config.basePath}`, runtime: `bun ${Bun.version}` }, 'migrator listening')
   }
 } catch (e) {

@@ -37,14 +37,12 @@ export interface BootFile {
   text: string
 }
 
-
 /** The plan: the files to write (path and new text, and the text they must still hold), the changes, and names left as they are. */
 export interface DeviceNamePlan {
   writes: Array<{ path: string; content: string; expect: string }>
   rewritten: DeviceNameChange[]
   kept: DeviceNameChange[]
 }
-
 
 /** The destination disk bus in the terms that decide names: virtio-blk names `vdX`, every other bus here `sdX` in probe order. */
 export interface NameContext {

@@ -35,7 +35,6 @@ export interface ServiceCheck {
   on_failure?: 'fail' | 'notice'
 }
 
-
 /** An address to run the checks against, and where it came from. */
 export interface CheckTarget {
   address: string

@@ -79,6 +79,30 @@ function storeRows(dataDir: string): Record<string, number> {
   }
 }
 
+/** The highest sequence number of the audit log (0 when empty). */
+function auditSeq(dataDir: string): number {
+  const db = new Database(path.join(dataDir, 'migrator.db', 'migrator.sqlite'), { readonly: true })
+  try {
+    return (db.query('SELECT coalesce(max(seq), 0) AS n FROM audit_log').get() as { n: number }).n
+  } finally {
+    db.close()
+  }
+}
+
+/** The audit log's entries after sequence number `seq`, in order: method, status, `E_MIG_*` code. */
+function auditAfter(dataDir: string, seq: number): Array<{ method: string; status: number; error_code: string | null }> {
+  const db = new Database(path.join(dataDir, 'migrator.db', 'migrator.sqlite'), { readonly: true })
+  try {
+    return db.query('SELECT method, status, error_code FROM audit_log WHERE seq > ? ORDER BY seq').all(seq) as Array<{
+      method: string
+      status: number
+      error_code: string | null
+    }>
+  } finally {
+    db.close()
+  }
+}
+
 /** Files under the import root and the upload area (what an upload or a registration would add). */
 function importFiles(dataDir: string): string[] {
   const root = path.join(dataDir, 'imports')
@@ -300,15 +324,24 @@ for (const runtime of RUNTIMES) {
       expect(srv.stdout()).toMatch(new RegExp(`migrator: console: open ${srv.base.replace(/[.]/g, '\\.')}/ui/login\\?ticket=\\d+\\.[\\w-]{22}\\.[\\w-]{43} `))
     })
 
-    test('as nobody: every route, the SSE stream and an upload answer 401 E_MIG_AUTH_FAILED; nothing is stored', () => {
+    test('as nobody: every route, the SSE stream and an upload answer 401 E_MIG_AUTH_FAILED; nothing is stored but the refusals in the audit log', () => {
       const rows = storeRows(dataDir)
       const files = importFiles(dataDir)
+      const seq = auditSeq(dataDir)
       for (const route of ROUTES) {
         const r = curlAs('nobody', route, { base: srv.base })
         expect({ route, status: r.status }).toEqual({ route, status: 401 })
         expect(JSON.parse(r.body).error.code).toBe('E_MIG_AUTH_FAILED')
       }
-      expect(storeRows(dataDir)).toEqual(rows)
+      // every refused state-changing request is audited (runtime/audit.ts), nothing else is written
+      const changing = ROUTES.filter((r) => !['GET', 'HEAD'].includes(r.method))
+      const refusals = auditAfter(dataDir, seq)
+      expect(refusals.map((e) => `${e.method} ${e.status} ${e.error_code}`)).toEqual(changing.map((r) => `${r.method} 401 E_MIG_AUTH_FAILED`))
+      const { audit_log, sqlite_sequence, ...others } = storeRows(dataDir)
+      const { audit_log: auditBefore, sqlite_sequence: _seqBefore, ...othersBefore } = rows
+      expect(others).toEqual(othersBefore)
+      expect(audit_log).toBe(auditBefore! + changing.length)
+      expect(sqlite_sequence).toBeLessThanOrEqual(1)
       expect(importFiles(dataDir)).toEqual(files)
     }, 120_000)
 

@@ -29,6 +29,31 @@ import { chmod, chown, rm } from 'node:fs/promises'
 import { createServer, type Server, type Socket } from 'node:net'
 import type { DiskExtent, DiskReader } from '../contracts/disk-reader.ts'
 import { MigError } from '../errors.ts'
+import {
+  NBDMAGIC,
+  IHAVEOPT,
+  REPLY_MAGIC,
+  REQUEST_MAGIC,
+  SIMPLE_REPLY_MAGIC,
+  STRUCTURED_REPLY_MAGIC,
+  FLAG_FIXED_NEWSTYLE,
+  FLAG_NO_ZEROES,
+  OPT_GO,
+  OPT_STRUCTURED_REPLY,
+  OPT_SET_META_CONTEXT,
+  REP_ACK,
+  REP_INFO,
+  REP_META_CONTEXT,
+  INFO_EXPORT,
+  INFO_BLOCK_SIZE,
+  CMD_READ,
+  CMD_DISC,
+  CMD_BLOCK_STATUS,
+  REPLY_FLAG_DONE,
+  REPLY_TYPE_OFFSET_DATA,
+  REPLY_TYPE_OFFSET_HOLE,
+  REPLY_TYPE_BLOCK_STATUS,
+} from '../nbd/protocol.ts'
 
 /** Largest read or block-status span served in one request, bytes (32 MiB: the readers' limit). */
 export const NBD_SERVER_MAX_REQUEST = 32 * 1024 * 1024
@@ -37,54 +62,27 @@ export const MAX_OPTION_BYTES = 64 * 1024
 /** Requests of one connection served at once. */
 export const MAX_IN_FLIGHT = 16
 
-const NBDMAGIC = 0x4e42444d41474943n
-const IHAVEOPT = 0x49484156454f5054n
-const REPLY_MAGIC = 0x0003e889045565a9n
-const REQUEST_MAGIC = 0x25609513
-const SIMPLE_REPLY_MAGIC = 0x67446698
-const STRUCTURED_REPLY_MAGIC = 0x668e33ef
-
-const FLAG_FIXED_NEWSTYLE = 1
-const FLAG_NO_ZEROES = 2
-
 const OPT_EXPORT_NAME = 1
 const OPT_ABORT = 2
 const OPT_LIST = 3
 const OPT_INFO = 6
-const OPT_GO = 7
-const OPT_STRUCTURED_REPLY = 8
 const OPT_LIST_META_CONTEXT = 9
-const OPT_SET_META_CONTEXT = 10
 
-const REP_ACK = 1
 const REP_SERVER = 2
-const REP_INFO = 3
-const REP_META_CONTEXT = 4
 const REP_ERR_UNSUP = 0x80000001
 const REP_ERR_INVALID = 0x80000003
 const REP_ERR_UNKNOWN = 0x80000006
 const REP_ERR_TOO_BIG = 0x80000009
-
-const INFO_EXPORT = 0
-const INFO_BLOCK_SIZE = 3
 
 const TFLAG_HAS_FLAGS = 1
 const TFLAG_READ_ONLY = 1 << 1
 const TFLAG_SEND_FLUSH = 1 << 2
 const TFLAG_CAN_MULTI_CONN = 1 << 8
 
-const CMD_READ = 0
 const CMD_WRITE = 1
-const CMD_DISC = 2
 const CMD_FLUSH = 3
 const CMD_TRIM = 4
 const CMD_WRITE_ZEROES = 6
-const CMD_BLOCK_STATUS = 7
-
-const REPLY_FLAG_DONE = 1
-const REPLY_TYPE_OFFSET_DATA = 1
-const REPLY_TYPE_OFFSET_HOLE = 2
-const REPLY_TYPE_BLOCK_STATUS = 5
 
 const STATE_HOLE = 1
 const STATE_ZERO = 2

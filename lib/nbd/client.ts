@@ -23,42 +23,40 @@ import { connect as netConnect, type Socket } from 'node:net'
 import { u64beExact as u64 } from '../bytes.ts'
 import { MigError } from '../errors.ts'
 import { sleep } from '../retry.ts'
+import {
+  NBDMAGIC,
+  IHAVEOPT,
+  REPLY_MAGIC,
+  REQUEST_MAGIC,
+  SIMPLE_REPLY_MAGIC,
+  STRUCTURED_REPLY_MAGIC,
+  FLAG_FIXED_NEWSTYLE,
+  FLAG_NO_ZEROES,
+  OPT_GO,
+  OPT_STRUCTURED_REPLY,
+  OPT_SET_META_CONTEXT,
+  REP_ACK,
+  REP_INFO,
+  REP_META_CONTEXT,
+  INFO_EXPORT,
+  INFO_BLOCK_SIZE,
+  CMD_READ,
+  CMD_DISC,
+  CMD_BLOCK_STATUS,
+  REPLY_FLAG_DONE,
+  REPLY_TYPE_OFFSET_DATA,
+  REPLY_TYPE_OFFSET_HOLE,
+  REPLY_TYPE_BLOCK_STATUS,
+} from './protocol.ts'
 
 /** Largest read or block-status span the client sends in one request, bytes (32 MiB). */
 export const NBD_MAX_REQUEST = 32 * 1024 * 1024
 
-const NBDMAGIC = 0x4e42444d41474943n
-const IHAVEOPT = 0x49484156454f5054n
 const OLDSTYLE_MAGIC = 0x00420281861253n
-const REPLY_MAGIC = 0x0003e889045565a9n
-const REQUEST_MAGIC = 0x25609513
-const SIMPLE_REPLY_MAGIC = 0x67446698
-const STRUCTURED_REPLY_MAGIC = 0x668e33ef
 
-const FLAG_FIXED_NEWSTYLE = 1
-const FLAG_NO_ZEROES = 2
-
-const OPT_GO = 7
-const OPT_STRUCTURED_REPLY = 8
-const OPT_SET_META_CONTEXT = 10
-
-const REP_ACK = 1
-const REP_INFO = 3
-const REP_META_CONTEXT = 4
 const REP_FLAG_ERROR = 0x80000000
 
-const INFO_EXPORT = 0
-const INFO_BLOCK_SIZE = 3
-
-const CMD_READ = 0
-const CMD_DISC = 2
-const CMD_BLOCK_STATUS = 7
-
-const REPLY_FLAG_DONE = 1
 const REPLY_TYPE_NONE = 0
-const REPLY_TYPE_OFFSET_DATA = 1
-const REPLY_TYPE_OFFSET_HOLE = 2
-const REPLY_TYPE_BLOCK_STATUS = 5
 const REPLY_TYPE_ERROR = 0x8001
 const REPLY_TYPE_ERROR_OFFSET = 0x8002
 

@@ -114,10 +114,9 @@ describe('Ansible collection migrator.kvm over two migrator servers', () => {
         vms.push({ name: 'a63-b-bad', wave: 1, plan: plan('ova_archive', 'bad/bad.ova') })
       }
       servers[i] = await startServer('bun', data, { MIGRATOR_LIBVIRT_URI: 'qemu:///system' })
-      const tokenFile = path.join(data, 'api-token')
       hostVars[host] = {
         migrator_url: servers[i]!.base,
-        ...(existsSync(tokenFile) ? { migrator_token: readFileSync(tokenFile, 'utf8').trim() } : {}),
+        migrator_token: servers[i]!.token,
         vms,
       }
     }
@@ -213,7 +212,7 @@ describe('Ansible collection migrator.kvm over two migrator servers', () => {
         '-m',
         `migrator.kvm.${name}`,
         '-a',
-        JSON.stringify({ url: base, ...args }),
+        JSON.stringify({ url: base, token: servers[0]!.token, ...args }),
       ])
     const imports = path.join(t.dir, HOSTS[0], 'imports')
     const bulk = { vms: [{ key: 'one', plan: plan('qcow2', smallDisk(imports, 'a63-a-bulk')) }] }

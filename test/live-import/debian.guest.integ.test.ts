@@ -57,7 +57,7 @@ describe('live import of a real Debian guest', () => {
   for (const kind of ['vmx_folder'] as const) {
     const name = `lig-${kind === 'vmx_folder' ? 'vmx' : 'ova'}`
     test(
-      `${kind}: boot verified while copying; Completed on the plain volume; the guest's writes on it, fsck clean`,
+      `${kind}: boot verified while copying; Completed on the plain volume; the guest's record of this boot on it`,
       async () => {
         const image = guestImages().noconsole
         const input = buildInput(kind, importRoot, name, [image.path])

@@ -357,13 +357,28 @@ async function readGuestNetwork(fish: Fish): Promise<GuestNetwork> {
   return { interfaces, rules, notes }
 }
 
+/** Failures of libguestfs within this many seconds are tried once more (its appliance did not come up). */
+const QUICK_FAILURE_SECONDS = 120
+
 /**
  * Inspects the guest on `disks` (raw images or block devices, boot disk first) read-only. Skips
  * libguestfs (result `inspected: false`) when the boot disk has neither partitions nor a file
  * system, or is a bare file system without boot code. Never throws for the guest's content; a libguestfs failure yields `inspected: false`
- * with the error in `skipped`.
+ * with the error in `skipped`. A libguestfs failure within {@link QUICK_FAILURE_SECONDS} (its
+ * appliance or guestfish server gone before the first answer, seen with two inspections starting
+ * at once) is tried once more: without the inspection the hardware choice falls back to defaults
+ * the guest may not boot on.
  */
 export async function inspectGuest(disks: string[], opts: InspectOptions): Promise<GuestInspection> {
+  const first = await inspectOnce(disks, opts)
+  const quickFailure = !first.inspected && first.skipped?.startsWith('libguestfs inspection failed') && first.seconds < QUICK_FAILURE_SECONDS
+  if (!quickFailure || opts.signal?.aborted) return first
+  const second = await inspectOnce(disks, opts)
+  return second.inspected ? second : first
+}
+
+/** One inspection of the guest on `disks`, as {@link inspectGuest} describes. */
+async function inspectOnce(disks: string[], opts: InspectOptions): Promise<GuestInspection> {
   const layout = await probeDiskLayout(disks[0]!)
   if (!layout.partitioned && !layout.filesystem)
     return empty('the boot disk has no partition table nor file system (nothing for libguestfs to inspect)', layout)

@@ -149,6 +149,11 @@ export async function qemuPidsFor(prefix: string): Promise<number[]> {
     .filter((n) => Number.isInteger(n) && n > 0)
 }
 
+/** The pid of the qemu process of running domain `name`, from libvirt's pid file (throws when it has none). */
+export function qemuPid(name: string): number {
+  return Number(readFileSync(`/run/libvirt/qemu/${name}.pid`, 'utf8').trim())
+}
+
 /** `virsh -c qemu:///system <args>`'s output, trimmed; `absent` when the call fails (no such domain, libvirt away). */
 export function virshText(...args: string[]): string {
   try {

@@ -23,17 +23,13 @@ import * as path from 'node:path'
 import { buildInput } from '../../fixtures/inputs.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, virshText, qemuPid } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'lib-'
 const MARKER = 'MIGRATOR-LIVE-IMPORT-BOOT-7781'
 const MiB = 1024 * 1024
-
-function qemuPid(name: string): number {
-  return Number(readFileSync(`/run/libvirt/qemu/${name}.pid`, 'utf8').trim())
-}
 
 describe('live import of a boot-sector guest', () => {
   const t = tempDir('mig-lib-')

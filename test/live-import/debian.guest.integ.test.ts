@@ -12,12 +12,12 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { existsSync, mkdirSync, readFileSync } from 'node:fs'
+import { existsSync, mkdirSync } from 'node:fs'
 import * as path from 'node:path'
 import { GUEST_RECORD_FILE, guestImages, readGuestRecord } from '../../fixtures/guest-image.ts'
 import { buildInput } from '../../fixtures/inputs.ts'
 import { offlinePlan, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, virshText, qemuPid } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -25,10 +25,6 @@ const PREFIX = 'lig-'
 const MiB = 1024 * 1024
 /** The copy cap: the guest's data (about 1 GiB allocated) takes minutes, longer than its TCG boot. */
 const CAP = 4 * MiB
-
-function qemuPid(name: string): number {
-  return Number(readFileSync(`/run/libvirt/qemu/${name}.pid`, 'utf8').trim())
-}
 
 describe('live import of a real Debian guest', () => {
   const t = tempDir('mig-lig-')

@@ -74,7 +74,9 @@ describe('remote offline inputs from S3 (s3rver, server, workers, file sink)', (
     expect(nb.code).toBe('E_MIG_NOT_FOUND')
   })
 
-  test('the object replaced between two reads: E_MIG_DISK_READ_FAILED (its ETag changed)', async () => {
+  // s3rver answers a PUT before its new file is whole, so a read right after may see the new
+  // version's ETag or a part of it whose size differs: either is the change, told apart by its reason.
+  test('the object replaced between two reads: E_MIG_DISK_READ_FAILED (its ETag or size changed)', async () => {
     await put('swap.bin', randomBytes(3 * MiB))
     const o = await openS3Object('s3://disks/swap.bin', { endpoint, access: ACCESS })
     await o.read(Buffer.alloc(MiB), MiB)
@@ -82,7 +84,7 @@ describe('remote offline inputs from S3 (s3rver, server, workers, file sink)', (
     const e = await thrown(() => o.read(Buffer.alloc(MiB), 2 * MiB))
     o.close()
     expect(e.code).toBe('E_MIG_DISK_READ_FAILED')
-    expect(e.message).toContain('s3://disks/swap.bin: the object changed on the server since the copy began (ETag')
+    expect(e.message).toMatch(/^s3:\/\/disks\/swap\.bin: the object changed on the server since the copy began \((ETag|Content-Range) /)
   })
 
   test('jobs import a qcow2 and a two-disk OVA from s3:// with a registered S3 credential, bit-exact', async () => {

@@ -1,7 +1,7 @@
 /**
- * HTTP/1.1 GETs over a small keep-alive connection pool whose sockets read into one reused
- * buffer per connection (the `onread` socket option of `node:net`/`node:tls`), with the body
- * written straight into the caller's buffer: the transport of the datastore reads
+ * HTTP/1.1 GETs over a small keep-alive connection pool whose sockets read (the `onread` socket
+ * option of `node:net`/`node:tls`) a `Content-Length` body straight into the caller's buffer, and
+ * anything else (heads, chunked bodies) into one reused buffer per connection: the transport of the datastore reads
  * (datastore.ts), so a disk copy allocates nothing per socket read. Through undici every socket
  * read is a new buffer; at a few hundred MB/s that garbage held a worker's RSS at 220-250 MiB
  * (bench/vim-job.ts) until the collector caught up.
@@ -190,10 +190,23 @@ export class RangeHttp {
       c.ex = null
       ex?.reject(e)
     }
+    // The body of a fixed-length answer is read straight into its place (the caller's buffer):
+    // the socket's next read is given the exact rest of that body, so no byte of it is copied
+    // out of `rx`. Both runtimes ask for the next read's buffer right after each read, and write
+    // into it only when data arrives; an exchange that ends early (timeout, error) destroys the
+    // socket first, so no read lands in a buffer its caller got back.
+    let direct: Exchange | null = null
     const onread = {
-      buffer: rx,
+      buffer: (): Buffer => {
+        const ex = c.ex
+        direct = ex !== null && ex.phase === 'fixed' && !ex.partial ? ex : null
+        if (!direct) return rx
+        direct.body ??= direct.into ?? Buffer.allocUnsafe(direct.left)
+        return direct.body.subarray(direct.got, direct.got + direct.left)
+      },
       callback: (n: number) => {
-        if (c.ex) this.feed(c, rx.subarray(0, n))
+        if (direct && c.ex === direct) this.landed(c, direct, n)
+        else if (c.ex) this.feed(c, rx.subarray(0, n))
         else this.kill(c) // data while no request is open: the connection is out of step
         return true
       },
@@ -274,6 +287,16 @@ export class RangeHttp {
       if (c.dead || !c.socket) return this.ended(c)
       c.socket.write(req)
     })
+  }
+
+  /** `n` body bytes of a fixed-length answer arrived in place (see `connect`). */
+  private landed(c: Conn, ex: Exchange, n: number): void {
+    ex.seen += n
+    ex.got += n
+    ex.left -= n
+    if (ex.left > 0) return
+    ex.phase = 'done'
+    this.finish(c, ex)
   }
 
   /** Parses `bytes` of the answer on `c` (copied out before the socket reads again). */

@@ -155,6 +155,28 @@ describe('RangeHttp', () => {
     expect(srv.connections() - before).toBeLessThanOrEqual(3)
   })
 
+  test('a body read in place: parts sent after the head land in the caller buffer; once an answer timed out, its late bytes never reach that buffer', async () => {
+    const data = randomBytes(256 * 1024)
+    const srv = await serve((req, _n, s) => {
+      const slow = req.includes('/slow')
+      s.write(head('206 Partial Content', [`Content-Length: ${data.length}`]))
+      setTimeout(() => s.write(data.subarray(0, 1000)), 30)
+      setTimeout(() => s.write(data.subarray(1000)), slow ? 600 : 60)
+      return null
+    })
+    const p = pool(srv.origin, 1)
+    const into = Buffer.alloc(data.length + 10, 0xee)
+    const a = await p.get('/ok', {}, { max: data.length, into, timeoutMs: 5000 })
+    expect([a.body.equals(data), a.body.buffer === into.buffer, into.subarray(data.length).every((b) => b === 0xee)]).toEqual([true, true, true])
+    into.fill(0xee)
+    expect((await thrown(() => p.get('/slow', {}, { max: data.length, into, timeoutMs: 300 }))).message).toContain('no complete answer within 300 ms')
+    // the caller owns its buffer again: what the server sends later lands nowhere
+    into.fill(0x55)
+    await Bun.sleep(500)
+    expect(into.every((b) => b === 0x55)).toBe(true)
+    expect((await p.get('/ok', {}, { max: data.length, into, timeoutMs: 5000 })).body.equals(data)).toBe(true)
+  })
+
   test('hostile answers fail with a message, within the timeout, and the pool goes on', async () => {
     const cases: Record<string, (s: Socket) => string | Buffer | null> = {
       '/big-head': () => `HTTP/1.1 200 OK\r\nx: ${'a'.repeat(MAX_HEAD_BYTES)}\r\n\r\n`,

@@ -15,7 +15,9 @@
  * ({@link makeHalfFullQcow2}), and (`--objects qcow2,ova`) a one-disk OVA of the same disk
  * (stream-optimized VMDK, `fixtures/inputs.ts`). Ours: a job (`offline_url`, `start: false`) of
  * the real server (Bun) and its worker into the file sink; its time is the job's `CopyingFull`
- * phase from the SSE stream. Theirs: the download's wall time. MB/s are of the object's size on
+ * phase from the SSE stream. Theirs: the download's wall time; and for a disk image object, the
+ * download followed by `qemu-img convert` of it to a raw volume (what an administrator runs
+ * without the migrator: the job's output is that volume, flushed). MB/s are of the object's size on
  * the server. Each side runs `--reps` times (default 3), the order alternating, each run after
  * the other side's output was removed; best and median printed, and the ratio ours / theirs of
  * each. Bytes equal: every download's sha256 is the object's, every job's volume the sha256 of
@@ -150,6 +152,24 @@ try {
         : { kind: 'offline_url', url: `${sv.smb.base}/${rel(name)}`, credential_id: smbcred }
 
   const dl = path.join(t.dir, 'download.bin')
+  const converted = path.join(t.dir, 'converted.raw')
+  /**
+   * The administrator's way without the migrator, after the download: `qemu-img convert` of the
+   * downloaded image to a raw volume (`-t writeback`: flushed at its end, as the job's volume
+   * is). Seconds; null for an object whose disk is a member of an archive.
+   */
+  const convertDownload = (name: string): number | null => {
+    const f = files[name]!
+    if (f.member) return null
+    const t0 = performance.now()
+    execFileSync('qemu-img', ['convert', '-t', 'writeback', '-f', f.format, '-O', 'raw', dl, converted])
+    const sec = (performance.now() - t0) / 1000
+    if (sha256File(converted) !== expect[name]!.disk) {
+      failed = true
+      console.log(`MISMATCH: qemu-img convert of the ${name} download`)
+    }
+    return sec
+  }
   /** The transport's own client downloads the object to a file; returns seconds. */
   const download = (sv: Servers, tr: string, name: string): number => {
     const t0 = performance.now()
@@ -214,6 +234,7 @@ try {
   /** Removes every job's volume and the download: each timed run starts without the other side's output. */
   const clearOutputs = async () => {
     rmSync(dl, { force: true })
+    rmSync(converted, { force: true })
     rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
     await cleanupDomains('migbench-remote-')
   }
@@ -231,6 +252,7 @@ try {
         const sv = servers[link]!
         const ours: number[] = []
         const theirs: number[] = []
+        const fetchConvert: number[] = []
         const before = load()
         const settle = async () => {
           await clearOutputs()
@@ -241,7 +263,10 @@ try {
           reps,
           async () => {
             await settle()
-            theirs.push(download(sv, tr, name))
+            const d = download(sv, tr, name)
+            theirs.push(d)
+            const c = convertDownload(name)
+            if (c !== null) fetchConvert.push(d + c)
           },
           async () => {
             await settle()
@@ -255,8 +280,14 @@ try {
         rows.push(
           `${link.padEnd(8)} ${name.padEnd(6)} ${tr.padEnd(5)} ${b.toLocaleString('en-US').padStart(15)}  migrator best ${mbps(b, Math.min(...ours)).padStart(5)} median ${mbps(b, median(ours)).padStart(5)} MB/s   ${ref.padEnd(16)} best ${mbps(b, Math.min(...theirs)).padStart(5)} median ${mbps(b, median(theirs)).padStart(5)} MB/s   ratio best ${ratio(Math.min(...ours), Math.min(...theirs))} median ${ratio(median(ours), median(theirs))}   load ${before} -> ${load()}`,
         )
-        console.log(rows.at(-1))
-        console.log(`  seconds: migrator ${ours.map((x) => x.toFixed(2)).join(' ')}; reference ${theirs.map((x) => x.toFixed(2)).join(' ')}`)
+        if (fetchConvert.length)
+          rows.push(
+            `${''.padEnd(8)} ${''.padEnd(6)} ${''.padEnd(5)} ${''.padStart(15)}  ${'download + qemu-img convert'.padEnd(45)} best ${mbps(b, Math.min(...fetchConvert)).padStart(5)} median ${mbps(b, median(fetchConvert)).padStart(5)} MB/s   ratio best ${ratio(Math.min(...ours), Math.min(...fetchConvert))} median ${ratio(median(ours), median(fetchConvert))}`,
+          )
+        console.log(rows.slice(fetchConvert.length ? -2 : -1).join('\n'))
+        console.log(
+          `  seconds: migrator ${ours.map((x) => x.toFixed(2)).join(' ')}; reference ${theirs.map((x) => x.toFixed(2)).join(' ')}; download + convert ${fetchConvert.map((x) => x.toFixed(2)).join(' ')}`,
+        )
       }
   console.log(`\nload average after: ${load()}`)
   console.log(`object sizes in bytes on the server; ${reps} runs a side, interleaved; MB/s = object bytes / seconds (10^6); ratio = migrator / reference`)

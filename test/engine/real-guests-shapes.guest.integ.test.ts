@@ -15,7 +15,10 @@
  *   over and the job's address check must see both (ARP and neighbour discovery);
  * - a service: busybox httpd on port 8080 serving a page from /srv; the plan's checks (an HTTP
  *   request expecting 200 and a TCP connect) must pass against the guest's static address from
- *   this host, recorded in `hardware.checks`.
+ *   this host, recorded in `hardware.checks`;
+ * - a root logical volume spanning both disks (a PV on each, one segment of the root LV on each):
+ *   the guest's record must show the root mounted from the LV, both PVs in its volume group and
+ *   the LV's segments on `/dev/vda3` and `/dev/vdb3`.
  *
  * The NIC is on a bridge this test creates (a libvirt network with no forwarding, no DHCP, no DNS)
  * with the host's own addresses on the guest's networks (198.18.60.1/24, 2001:db8:60::1/64), so the
@@ -217,7 +220,7 @@ describe('real guest shapes: device names, IPv6, a service that answers (TCG), c
   )
 
   test(
-    "shapes, the guest's record: multi-user, /srv mounted from the data disk by its UUID, swap in use, resume=UUID= on its kernel line, ens192 UP with both addresses",
+    "shapes, the guest's record: multi-user, the root LV over a PV on each disk, /srv mounted from the data disk by its UUID, swap in use, resume=UUID= on its kernel line, ens192 UP with both addresses",
     async () => {
       const o = await outcomes.get('shapes')!
       const boot = lastBoot(o.record)
@@ -231,6 +234,13 @@ describe('real guest shapes: device names, IPv6, a service that answers (TCG), c
       expect(boot).toMatch(new RegExp(`^\\d+: ${SHAPES.iface}\\s+inet ${SHAPES.address4.replace(/\./g, '\\.')} `, 'm'))
       expect(boot).toMatch(new RegExp(`^\\d+: ${SHAPES.iface}\\s+inet6 ${SHAPES.address6} scope global`, 'm'))
       expect(boot).toMatch(new RegExp(`^\\d+: ${SHAPES.iface}: <[^>]*\\bUP\\b[^>]*>.* state UP `, 'm'))
+      // The root LV spans both disks: the initramfs assembled the volume group from a PV on each
+      // virtio disk, and the root's two segments are one on each.
+      expect(boot).toMatch(new RegExp(`^root: ${SHAPES.rootDevice} +ext4 +/ `, 'm'))
+      const pvs = [...boot.matchAll(/^pv: (\S+) +(\S+)$/gm)].map((m) => `${m[1]} ${m[2]}`)
+      expect(pvs.sort()).toEqual([`/dev/vda3 ${SHAPES.vg}`, `/dev/vdb3 ${SHAPES.vg}`])
+      const segments = [...boot.matchAll(/^lv: (\S+) +(\S+) +(\S+)$/gm)].map((m) => `${m[1]} ${m[2]} ${m[3]}`)
+      expect(segments).toEqual([`${SHAPES.lv} ${SHAPES.vg} /dev/vda3(0)`, `${SHAPES.lv} ${SHAPES.vg} /dev/vdb3(0)`])
     },
     45 * 60_000,
   )

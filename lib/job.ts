@@ -276,7 +276,7 @@ export interface UefiBootRecord {
 
 /**
  * The test boot of a job (docs/test-boot.md): a disposable clone of the destination volumes booted
- * as its own domain on no network, while the source keeps running. Timestamps ISO-8601 UTC,
+ * as its own domain, never on the plan's networks, while the source keeps running. Timestamps ISO-8601 UTC,
  * `seconds` wall time of the whole test boot.
  * - `state`: `requested` (asked; a warm job takes it at its next pass boundary), `running`,
  *   `passed` (the clone booted through the boot check), `failed` (did not boot, or the test boot
@@ -285,8 +285,11 @@ export interface UefiBootRecord {
  *   guest that gives no serial evidence; `evidence` says so).
  * - `domain`: the clone's domain name (`<domain>-testboot`), removed when the test boot ends.
  * - `clone`: what was cloned (`qcow2 overlay` or `zfs clone`).
- * - `hardware`: the hardware chosen for the clone, as a real start would choose it.
+ * - `hardware`: the hardware chosen for the clone, as a real start would choose it; with the
+ *   plan's `checks`, their results (`hardware.checks`, run from the test boot's isolated network).
  * - `serial_tail`: the last lines of the clone's serial console.
+ * - `notice`: what does not fail the test boot but is worth reading (an unverified boot, a check
+ *   with `on_failure: notice` that failed); null when none (absent on records written before it).
  * A failed test boot never fails the job: it is a notice read before the cutover.
  */
 export interface TestBootRecord {
@@ -302,6 +305,7 @@ export interface TestBootRecord {
   hardware: HardwareRecord | null
   serial_tail: string[]
   error: string | null
+  notice?: string | null
 }
 
 /** Test boot states in which a clone may exist (a domain and volumes to remove). */

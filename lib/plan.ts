@@ -148,7 +148,7 @@ export const Plan = z
       .array(ServiceCheckPlan)
       .max(32)
       .describe(
-        'Service checks run from this host after the boot against the guest\'s address (docs/boot-check.md "Services that answer"); results in the job\'s hardware.checks',
+        'Service checks run from this host after the boot against the guest\'s address (docs/boot-check.md "Services that answer"); results in the job\'s hardware.checks. A test boot runs them too, from its isolated network (docs/test-boot.md); with "start": false only a test boot runs them',
       )
       .optional(),
   })
@@ -193,9 +193,6 @@ export const Plan = z
     for (const [i, c] of (p.checks ?? []).entries()) {
       if (seen.has(c.name)) ctx.addIssue({ code: 'custom', path: ['checks', i, 'name'], message: `the check name "${c.name}" is used twice` })
       seen.add(c.name)
-    }
-    if (p.checks?.length && p.start === false) {
-      ctx.addIssue({ code: 'custom', path: ['checks'], message: 'checks run after the boot: a plan with "start": false starts nothing to check' })
     }
 
     for (const why of liveImportRefusals(p)) ctx.addIssue({ code: 'custom', path: ['live_import'], message: why })

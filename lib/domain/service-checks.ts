@@ -41,11 +41,31 @@ export interface CheckTarget {
   source: string
 }
 
-/** Options: how long to keep trying each check (s), cancellation, the clock. */
+/** One attempt of a check on an address, bounded by `timeoutMs`: whether it passed and the result in words. */
+export type CheckAttempt = (check: ServiceCheck, address: string, timeoutMs: number) => Promise<{ ok: boolean; result: string }>
+
+/**
+ * Options: how long to keep trying each check (s), cancellation, each attempt's limit (ms), and
+ * `attempt`: where an attempt runs (default {@link attemptCheck}, from this host's network; a test
+ * boot's runs in its isolated network, lib/domain/test-boot-network.ts).
+ */
 export interface ServiceCheckOptions {
   waitSeconds: number
   signal?: AbortSignal
   attemptTimeoutMs?: number
+  attempt?: CheckAttempt
+}
+
+/**
+ * A network the checks run from other than this host's (a test boot's isolated network): `where`
+ * in words; `reach` makes the guest's static addresses (CIDR) reachable from it and returns notes on
+ * those it could not; `attempt` runs one attempt there; `neighbours` is its `ip neigh` output.
+ */
+export interface CheckNetwork {
+  where: string
+  reach(addresses: string[]): Promise<string[]>
+  attempt: CheckAttempt
+  neighbours(): Promise<string>
 }
 
 const ATTEMPT_MS = 5000
@@ -137,7 +157,7 @@ export async function runServiceChecks(checks: ServiceCheck[], targets: CheckTar
     while (!passed && !opts.signal?.aborted) {
       for (const target of targets) {
         attempts++
-        const r = await attemptCheck(check, target.address, opts.attemptTimeoutMs ?? ATTEMPT_MS)
+        const r = await (opts.attempt ?? attemptCheck)(check, target.address, opts.attemptTimeoutMs ?? ATTEMPT_MS)
         if (r.ok) {
           passed = { target, result: r.result }
           break
@@ -191,13 +211,15 @@ export function parseNeighbours(output: string, macs: Set<string>): CheckTarget[
 /**
  * The addresses to check, deduplicated, in the order of the module comment: `statics` (each
  * interface's configured addresses, seen ones first), then the DHCP leases libvirt knows of domain
- * `domain` for `macs`, then the host's neighbour table for `macs`. `virshUri` is libvirt's URI.
+ * `domain` for `macs`, then the neighbour table for `macs` (the host's, or `neighbours()`'s output
+ * when the checks run from another network). `virshUri` is libvirt's URI.
  */
 export async function checkTargets(
   statics: Array<{ name: string | null; addresses: string[]; seen: boolean }>,
   domain: string,
   macs: string[],
   virshUri: string,
+  neighbours?: () => Promise<string>,
 ): Promise<CheckTarget[]> {
   const out: CheckTarget[] = []
   const add = (t: CheckTarget) => {
@@ -209,8 +231,11 @@ export async function checkTargets(
   if (wanted.size) {
     const leases = await exec('virsh', ['-c', virshUri, 'domifaddr', '--domain', domain, '--source', 'lease'], { timeoutMs: 15_000 })
     if (leases.code === 0) for (const t of parseDomifaddr(leases.stdout, wanted)) add(t)
-    const neigh = await exec('ip', ['neigh', 'show'], { timeoutMs: 10_000 })
-    if (neigh.code === 0) for (const t of parseNeighbours(neigh.stdout, wanted)) add(t)
+    if (neighbours) for (const t of parseNeighbours(await neighbours(), wanted)) add(t)
+    else {
+      const neigh = await exec('ip', ['neigh', 'show'], { timeoutMs: 10_000 })
+      if (neigh.code === 0) for (const t of parseNeighbours(neigh.stdout, wanted)) add(t)
+    }
   }
   return out
 }

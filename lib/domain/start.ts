@@ -36,7 +36,7 @@ import { checkAddresses } from './address-check.ts'
 import { restoreGuestFiles, writeGuestFiles, type GuestFilesUndo } from './guest-files.ts'
 import { destinationNics, planNetworkIdentity } from './net-identity.ts'
 import { planGuestDeviceNames } from './device-names.ts'
-import { checkTargets, checkVerdict, runServiceChecks, type ServiceCheck, type ServiceCheckResult } from './service-checks.ts'
+import { type CheckNetwork, checkTargets, checkVerdict, runServiceChecks, type ServiceCheck, type ServiceCheckResult } from './service-checks.ts'
 import { normalizeMac } from '../mac.ts'
 import type { Virsh } from './virsh.ts'
 import {
@@ -85,8 +85,12 @@ export interface StartBootCheck {
  *   when the guest is inspected): `.link` files written into the guest on the volumes after the
  *   inspection (and conversion) and before the define, put back when the define fails or the
  *   guest turns out unbootable; `addressCheckSeconds` (default 60) bounds the check of the
- *   configured addresses after a verified boot. `false` skips both. `writeGuestFiles` replaces
- *   the libguestfs writer (tests).
+ *   configured addresses after a verified boot; `addressCheck: false` skips that check (a test
+ *   boot's NICs are on a bridge the host has no address on). `false` skips both. `writeGuestFiles`
+ *   replaces the libguestfs writer (tests).
+ * - `checkNetwork`: run the plan's checks from that network instead of this host's (a test boot's
+ *   isolated network, lib/domain/test-boot-network.ts): the guest's static addresses are made
+ *   reachable there first.
  * - `rename`: when libvirt refuses the name as taken ("already exists"), picks and records another
  *   given the names libvirt has now (lib/jobs/reserve.ts: the store's reservation, so the name is
  *   also free of every other active job's); default {@link Virsh.uniqueName}'s `-2`, `-3`, ... of
@@ -110,8 +114,9 @@ export interface DefineAndStartInput {
   inspectGuest?: typeof inspectGuest
   convertGuest?: (paths: string[], signal?: AbortSignal) => Promise<void>
   rename?: (taken: ReadonlySet<string>) => Promise<string>
-  network?: { addressCheckSeconds?: number } | false
+  network?: { addressCheckSeconds?: number; addressCheck?: boolean } | false
   writeGuestFiles?: typeof writeGuestFiles
+  checkNetwork?: CheckNetwork
   /** How long each of `plan.checks` is retried after the boot (s, default 120). */
   checkSeconds?: number
 }
@@ -358,7 +363,13 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   const networkNotice = networkProblems.length ? networkProblems.join('; ') : null
   if (network) {
     for (const r of network.interfaces)
-      if (r.carried) r.address_evidence = plan?.start === false ? 'the domain was not started' : 'not checked yet: the boot check did not verify a boot'
+      if (r.carried)
+        r.address_evidence =
+          plan?.start === false
+            ? 'the domain was not started'
+            : input.network && input.network.addressCheck === false
+              ? 'not checked: the NIC is on an isolated network the host has no address on'
+              : 'not checked yet: the boot check did not verify a boot'
   }
   const hardware = { ...record(choice, inspection, null, uefiBoot, network), ...(deviceNames ? { device_names: deviceNames } : {}) }
   if (choice.fatal) {
@@ -411,7 +422,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
       waited_seconds: Math.round(boot.waitedSeconds * 10) / 10,
       ...(boot.screenTail ? { screen_tail: boot.screenTail } : {}),
     }
-    if (boot.verified && network && input.network !== false) {
+    if (boot.verified && network && input.network !== false && input.network?.addressCheck !== false) {
       await checkAddresses(network.interfaces as CarriedInterface[], {
         bridgeOf: bridgesByMac(manifest, plan, input.defaultBridge),
         waitSeconds: input.network?.addressCheckSeconds ?? 60,
@@ -426,12 +437,16 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
         .filter((r) => r.carried && r.method === 'static')
         .map((r) => ({ name: r.name, addresses: r.addresses, seen: r.address_check === 'seen' }))
       const macs = manifest.nics.map((n) => normalizeMac(n.mac)).filter((m): m is string => !!m)
-      const targets = await checkTargets(statics, name, macs, virsh.uri)
-      checkResults = await runServiceChecks(plan.checks, targets, { waitSeconds: input.checkSeconds ?? 120, signal: input.signal })
+      const cn = input.checkNetwork
+      const unreachable = cn ? await cn.reach(statics.flatMap((st) => st.addresses)) : []
+      const targets = await checkTargets(statics, name, macs, virsh.uri, cn ? () => cn.neighbours() : undefined)
+      checkResults = await runServiceChecks(plan.checks, targets, { waitSeconds: input.checkSeconds ?? 120, signal: input.signal, attempt: cn?.attempt })
       if (input.signal?.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled during the service checks')
       const v = checkVerdict(checkResults)
-      if (v.failure) throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name}: ${v.failure}`, { details: { domain: name, why: v.failure, verdict } })
-      checkNotice = v.notice
+      const from = cn ? ` (checked from the ${cn.where}${unreachable.length ? `; ${unreachable.join('; ')}` : ''})` : ''
+      if (v.failure)
+        throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name}: ${v.failure}${from}`, { details: { domain: name, why: `${v.failure}${from}`, verdict } })
+      checkNotice = v.notice ? `${v.notice}${from}` : unreachable.length ? unreachable.join('; ') : null
     }
     const notices = [boot.verified ? null : `boot not verified: ${boot.evidence}`, checkNotice].filter((n): n is string => !!n)
     return {

@@ -15,7 +15,10 @@
  *   over and the job's address check must see both (ARP and neighbour discovery);
  * - a service: busybox httpd on port 8080 serving a page from /srv; the plan's checks (an HTTP
  *   request expecting 200 and a TCP connect) must pass against the guest's static address from
- *   this host, recorded in `hardware.checks`.
+ *   this host, recorded in `hardware.checks`;
+ * - a root logical volume spanning both disks (a PV on each, one segment of the root LV on each):
+ *   the guest's record must show the root mounted from the LV, both PVs in its volume group and
+ *   the LV's segments on `/dev/vda3` and `/dev/vdb3`.
  *
  * The NIC is on a bridge this test creates (a libvirt network with no forwarding, no DHCP, no DNS)
  * with the host's own addresses on the guest's networks (198.18.60.1/24, 2001:db8:60::1/64), so the
@@ -36,9 +39,10 @@ import {
   SHAPES,
 } from '../../fixtures/guest-image.ts'
 import { buildInput } from '../../fixtures/inputs.ts'
-import { offlinePlan, submit, waitJob } from '../helpers/jobs.ts'
+import { call, offlinePlan, submit, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
+import { testBootNetworkNames } from '../../lib/domain/test-boot-network.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'i60s-'
@@ -66,6 +70,16 @@ function lastBoot(record: string): string {
   return blocks.length ? `boot ${blocks.at(-1)}` : ''
 }
 
+/** The test boot of the `start: false` job: the job when it ended, and what was seen while the clone ran. */
+interface TestBootOutcome {
+  job: any
+  /** The clone's domain XML, read while it ran. */
+  cloneXml: string
+  /** `ip netns list` and `virsh net-info` of the test boot's network while the clone ran, and after. */
+  during: { netns: string; net: string }
+  after: { netns: string; net: string; bridge: string }
+}
+
 interface Outcome {
   job: any
   xml: string
@@ -81,6 +95,34 @@ describe('real guest shapes: device names, IPv6, a service that answers (TCG), c
   let srv: RunningServer
   let images: Record<ExtraVariant, ExtraImage>
   const outcomes = new Map<ExtraVariant, Promise<Outcome>>()
+  let testBoot: Promise<TestBootOutcome>
+
+  const netState = (id: string) => {
+    const n = testBootNetworkNames(id)
+    let bridge = ''
+    try {
+      bridge = execFileSync('ip', ['-o', 'link', 'show', n.bridge], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
+    } catch {
+      bridge = 'absent'
+    }
+    return { netns: execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }), net: virsh('net-info', n.network), bridge }
+  }
+
+  /** Waits for the `start: false` job, asks for its test boot and follows it to its end. */
+  async function testBootOf(id: string, clone: string): Promise<TestBootOutcome> {
+    const done = await waitJob(srv.base, id, undefined, 40 * 60_000)
+    if (done.state !== 'Completed') return { job: done, cloneXml: '', during: { netns: '', net: '' }, after: netState(id) }
+    const r = await call(srv.base, 'POST', `/migrations/${id}/test-boot`)
+    if (r.status !== 202) throw new Error(`test boot request: ${r.status} ${JSON.stringify(r.body)}`)
+    let cloneXml = ''
+    for (let i = 0; i < 6000 && !cloneXml.includes('<domain'); i++) {
+      await Bun.sleep(100)
+      cloneXml = virsh('dumpxml', clone)
+    }
+    const during = netState(id)
+    const job = await waitJob(srv.base, id, (j) => ['passed', 'failed', 'cancelled'].includes(j.test_boot?.state), 40 * 60_000)
+    return { job, cloneXml, during, after: netState(id) }
+  }
 
   async function outcomeOf(id: string, name: string): Promise<Outcome> {
     const job = await waitJob(srv.base, id, undefined, 40 * 60_000)
@@ -143,8 +185,14 @@ describe('real guest shapes: device names, IPv6, a service that answers (TCG), c
     }
     for (const v of ['shapes'] as const) {
       const input = buildInput('vmx_folder', importRoot, `in-${v}`, images[v].disks, {}, { controller: 'pvscsi', nicSlot: 192, vcpus: GUEST_TEST_VCPUS })
-      const job = await submit(srv.base, offlinePlan('vmx_folder', path.relative(importRoot, input.path), { name: `${PREFIX}${v}`, ...plans[v] }))
+      const rel = path.relative(importRoot, input.path)
+      const job = await submit(srv.base, offlinePlan('vmx_folder', rel, { name: `${PREFIX}${v}`, ...plans[v] }))
       outcomes.set(v, outcomeOf(job.id, `${PREFIX}${v}`))
+      // The same guest imported with `start: false` and test-booted: its clone on the test boot's
+      // isolated network, the plan's checks run from there (at the same time as the real boot above,
+      // whose guest holds the same addresses on the test's own bridge).
+      const held = await submit(srv.base, offlinePlan('vmx_folder', rel, { name: `${PREFIX}${v}-tb`, start: false, ...plans[v] }))
+      testBoot = testBootOf(held.id, `${PREFIX}${v}-tb-testboot`)
     }
   }, 45 * 60_000)
 
@@ -217,7 +265,7 @@ describe('real guest shapes: device names, IPv6, a service that answers (TCG), c
   )
 
   test(
-    "shapes, the guest's record: multi-user, /srv mounted from the data disk by its UUID, swap in use, resume=UUID= on its kernel line, ens192 UP with both addresses",
+    "shapes, the guest's record: multi-user, the root LV over a PV on each disk, /srv mounted from the data disk by its UUID, swap in use, resume=UUID= on its kernel line, ens192 UP with both addresses",
     async () => {
       const o = await outcomes.get('shapes')!
       const boot = lastBoot(o.record)
@@ -231,6 +279,43 @@ describe('real guest shapes: device names, IPv6, a service that answers (TCG), c
       expect(boot).toMatch(new RegExp(`^\\d+: ${SHAPES.iface}\\s+inet ${SHAPES.address4.replace(/\./g, '\\.')} `, 'm'))
       expect(boot).toMatch(new RegExp(`^\\d+: ${SHAPES.iface}\\s+inet6 ${SHAPES.address6} scope global`, 'm'))
       expect(boot).toMatch(new RegExp(`^\\d+: ${SHAPES.iface}: <[^>]*\\bUP\\b[^>]*>.* state UP `, 'm'))
+      // The root LV spans both disks: the initramfs assembled the volume group from a PV on each
+      // virtio disk, and the root's two segments are one on each.
+      expect(boot).toMatch(new RegExp(`^root: ${SHAPES.rootDevice} +ext4 +/ `, 'm'))
+      const pvs = [...boot.matchAll(/^pv: (\S+) +(\S+)$/gm)].map((m) => `${m[1]} ${m[2]}`)
+      expect(pvs.sort()).toEqual([`/dev/vda3 ${SHAPES.vg}`, `/dev/vdb3 ${SHAPES.vg}`])
+      const segments = [...boot.matchAll(/^lv: (\S+) +(\S+) +(\S+)$/gm)].map((m) => `${m[1]} ${m[2]} ${m[3]}`)
+      expect(segments).toEqual([`${SHAPES.lv} ${SHAPES.vg} /dev/vda3(0)`, `${SHAPES.lv} ${SHAPES.vg} /dev/vdb3(0)`])
+    },
+    45 * 60_000,
+  )
+
+  test(
+    'shapes, a test boot of the start: false job: its clone on an isolated network the migrator made, both checks passed from its namespace, all of it removed after',
+    async () => {
+      const o = await testBoot
+      const tb = o.job.test_boot
+      console.log(`test boot: ${JSON.stringify({ ...tb, serial_tail: tb?.serial_tail?.slice(-5), hardware: { checks: tb?.hardware?.checks } })}`)
+      expect([o.job.state, o.job.last_error]).toEqual(['Completed', null])
+      expect([tb.state, tb.verified, tb.error]).toEqual(['passed', true, null])
+      const names = testBootNetworkNames(o.job.id)
+      // the clone's NIC: the guest's MAC, on the isolated bridge (never the plan's bridge)
+      expect(o.cloneXml).toContain(`<mac address='${VMX_MAC}'/>`)
+      expect(o.cloneXml).toContain(`<source bridge='${names.bridge}'/>`)
+      expect(o.cloneXml).not.toContain(BRIDGE)
+      expect(o.during.netns).toMatch(new RegExp(`^${names.netns}( |$)`, 'm'))
+      expect(o.during.net).toMatch(/Active:\s+yes/)
+      // the checks, from the namespace against the carried static address
+      expect(tb.hardware.checks.map((c: any) => [c.name, c.kind, c.ok, c.result, c.address_source])).toEqual([
+        ['web', 'http', true, 'HTTP 200', `static ${SHAPES.iface}`],
+        ['web-port', 'tcp', true, 'connected', `static ${SHAPES.iface}`],
+      ])
+      for (const c of tb.hardware.checks) expect([SHAPES.address4.split('/')[0], SHAPES.address6.split('/')[0]]).toContain(c.address)
+      // everything the test boot made is gone: its domain, namespace, network and bridge
+      expect(virsh('domstate', `${PREFIX}shapes-tb-testboot`)).toContain('error')
+      expect(o.after.netns).not.toMatch(new RegExp(`^${names.netns}( |$)`, 'm'))
+      expect(o.after.net).toContain('error')
+      expect(o.after.bridge).toBe('absent')
     },
     45 * 60_000,
   )

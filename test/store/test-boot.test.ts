@@ -89,3 +89,23 @@ test('manifestOfDefinedDomain: disks from the job, memory, vCPUs, firmware and f
   expect([m.name, m.memory_bytes, m.cpu.count, m.firmware, m.secure_boot, m.guest_os.family, m.nics]).toEqual(['vm-a', 1 << 30, 2, 'efi', false, 'linux', []])
   expect(m.disks.map((d) => [d.label, d.capacity_bytes])).toEqual([['Hard disk 1', 2 << 30]])
 })
+
+test("manifestOfDefinedDomain: the defined domain's NICs (MAC and model, in order) for a test boot with checks", () => {
+  const job = {
+    id: 'j',
+    domain: 'vm-b',
+    plan: { source: { Offline: 'vmx_folder' } },
+    hardware: null,
+    progress: { disks: [{ label: 'd', capacity_bytes: 1 << 30 }] },
+  } as never
+  const xml = `<domain type='qemu'><name>vm-b</name><memory unit='KiB'>524288</memory><vcpu>1</vcpu><devices>
+    <interface type='bridge'><mac address='00:0c:29:aa:bb:cc'/><source bridge='br0'/><model type='virtio'/></interface>
+    <interface type='user'><mac address='52:54:00:00:00:02'/><model type='e1000e'/></interface>
+    <interface type='bridge'><source bridge='br1'/></interface>
+  </devices></domain>`
+  expect(manifestOfDefinedDomain(job, xml).nics).toEqual([
+    { label: 'nic0', mac: '00:0c:29:aa:bb:cc', model: 'virtio', network: null },
+    { label: 'nic1', mac: '52:54:00:00:00:02', model: 'e1000e', network: null },
+    { label: 'nic2', mac: null, model: 'virtio', network: null },
+  ])
+})

@@ -2,7 +2,8 @@
  * The test boot card of a job's page (docs/test-boot.md): whether the job can test-boot now (a warm
  * job waiting in `DeltaSyncing` for its cutover, or a job `Completed` with `plan.start: false`),
  * the **Test boot** button (`POST /migrations/:id/test-boot`), and the latest test boot: its
- * state, duration, boot evidence, hardware and serial tail, or why it failed.
+ * state, duration, boot evidence, hardware, the plan's checks' results, notice and serial tail, or
+ * why it failed.
  */
 import { useState } from 'preact/hooks'
 import type { Job, TestBootRecord } from '../../lib/job.ts'
@@ -22,7 +23,7 @@ function stateText(tb: TestBootRecord): string {
     case 'requested':
       return `Requested ${time(tb.requested_at)}; a warm job starts it after its delta pass under way.`
     case 'running':
-      return `Running since ${time(tb.started_at)}: the clone ${tb.domain} boots on no network while the source keeps running.`
+      return `Running since ${time(tb.started_at)}: the clone ${tb.domain} boots off the migration's networks while the source keeps running.`
     case 'passed':
       return `Passed ${time(tb.finished_at)} in ${tb.seconds} s: ${tb.verified ? 'boot verified' : 'boot not verified'} (${tb.evidence}).`
     case 'failed':
@@ -54,14 +55,29 @@ export function TestBootCard({ job, onJob }: { job: Job; onJob(j: Job): void }) 
     <section class="card" data-testid="test-boot" data-state={tb?.state ?? 'none'}>
       <h3>Test boot</h3>
       <p class="small muted">
-        Boots a disposable clone of the destination disks ({tb?.clone ?? 'qcow2 overlay or ZFS clone'}) as its own domain with no network, while the
-        source keeps running; then removes it. The migration is not touched.
+        Boots a disposable clone of the destination disks ({tb?.clone ?? 'qcow2 overlay or ZFS clone'}) as its own domain, never on the migration's
+        networks (with the plan's checks, on an isolated network of its own where they run), while the source keeps running; then removes it. The
+        migration is not touched.
       </p>
       {error && <ErrorBox code={error.code} message={error.message} />}
       {tb && (
         <>
           <p data-testid="test-boot-state">{stateText(tb)}</p>
           {tb.error && tb.state === 'failed' && <pre class="small" data-testid="test-boot-error">{tb.error}</pre>}
+          {tb.notice && (
+            <p class="small" data-testid="test-boot-notice">
+              Notice: {tb.notice}
+            </p>
+          )}
+          {tb.hardware?.checks && tb.hardware.checks.length > 0 && (
+            <ul class="small" data-testid="test-boot-checks">
+              {tb.hardware.checks.map((c) => (
+                <li key={c.name}>
+                  {c.name}: {c.ok ? 'passed' : 'failed'} ({c.target ?? c.kind}: {c.result})
+                </li>
+              ))}
+            </ul>
+          )}
           {tb.hardware && (
             <dl class="kv small">
               <dt>Hardware</dt>

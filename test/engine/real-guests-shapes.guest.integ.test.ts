@@ -39,8 +39,9 @@ import {
   SHAPES,
 } from '../../fixtures/guest-image.ts'
 import { buildInput } from '../../fixtures/inputs.ts'
-import { call, offlinePlan, submit, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { offlinePlan, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { runCli } from '../helpers/cli.ts'
+import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { testBootNetworkNames } from '../../lib/domain/test-boot-network.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -72,7 +73,17 @@ function lastBoot(record: string): string {
 
 /** The test boot of the `start: false` job: the job when it ended, and what was seen while the clone ran. */
 interface TestBootOutcome {
+  /** The job at `Completed` (before the test boot) and after its test boot. */
+  done: any
   job: any
+  /** `migrator test-boot --wait`: its exit code and output. */
+  cli: { code: number | null; out: string }
+  /** sha256 of each volume before and after the test boot. */
+  volumes: { before: string[]; after: string[] }
+  /** The defined (real) domain's state before and after; whether the clone's overlays remain. */
+  domainBefore: string
+  domainAfter: string
+  overlaysLeft: boolean
   /** The clone's domain XML, read while it ran. */
   cloneXml: string
   /** `ip netns list` and `virsh net-info` of the test boot's network while the clone ran, and after. */
@@ -108,20 +119,38 @@ describe('real guest shapes: device names, IPv6, a service that answers (TCG), c
     return { netns: execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }), net: virsh('net-info', n.network), bridge }
   }
 
-  /** Waits for the `start: false` job, asks for its test boot and follows it to its end. */
-  async function testBootOf(id: string, clone: string): Promise<TestBootOutcome> {
+  /** sha256 of each of the job's volumes. */
+  const volumeSums = (job: any): string[] =>
+    job.progress.disks.map((d: any) => execFileSync('sha256sum', [volumePath(t.dir, job.id, d.label)], { encoding: 'utf8' }).split(' ')[0])
+
+  /** Waits for the `start: false` job, test-boots it with `migrator test-boot --wait` and follows it to its end. */
+  async function testBootOf(id: string, name: string): Promise<TestBootOutcome> {
     const done = await waitJob(srv.base, id, undefined, 40 * 60_000)
-    if (done.state !== 'Completed') return { job: done, cloneXml: '', during: { netns: '', net: '' }, after: netState(id) }
-    const r = await call(srv.base, 'POST', `/migrations/${id}/test-boot`)
-    if (r.status !== 202) throw new Error(`test boot request: ${r.status} ${JSON.stringify(r.body)}`)
+    const none = { done, job: done, cli: { code: null, out: '' }, volumes: { before: [], after: [] }, domainBefore: '', domainAfter: '', overlaysLeft: false }
+    if (done.state !== 'Completed') return { ...none, cloneXml: '', during: { netns: '', net: '' }, after: netState(id) }
+    const domainBefore = virsh('domstate', name)
+    const before = volumeSums(done)
+    const cli = runCli(['test-boot', '--wait', id], { env: { MIGRATOR_URL: srv.base }, timeoutMs: 40 * 60_000 })
     let cloneXml = ''
     for (let i = 0; i < 6000 && !cloneXml.includes('<domain'); i++) {
       await Bun.sleep(100)
-      cloneXml = virsh('dumpxml', clone)
+      cloneXml = virsh('dumpxml', `${name}-testboot`)
     }
     const during = netState(id)
+    const ran = await cli
     const job = await waitJob(srv.base, id, (j) => ['passed', 'failed', 'cancelled'].includes(j.test_boot?.state), 40 * 60_000)
-    return { job, cloneXml, during, after: netState(id) }
+    return {
+      done,
+      job,
+      cli: { code: ran.code, out: `${ran.stdout.trim()} ${ran.stderr.trim()}` },
+      volumes: { before, after: volumeSums(done) },
+      domainBefore,
+      domainAfter: virsh('domstate', name),
+      overlaysLeft: existsSync(path.join(t.dir, 'volumes', 'migrations', id, '.testboot')),
+      cloneXml,
+      during,
+      after: netState(id),
+    }
   }
 
   async function outcomeOf(id: string, name: string): Promise<Outcome> {
@@ -192,7 +221,7 @@ describe('real guest shapes: device names, IPv6, a service that answers (TCG), c
       // isolated network, the plan's checks run from there (at the same time as the real boot above,
       // whose guest holds the same addresses on the test's own bridge).
       const held = await submit(srv.base, offlinePlan('vmx_folder', rel, { name: `${PREFIX}${v}-tb`, start: false, ...plans[v] }))
-      testBoot = testBootOf(held.id, `${PREFIX}${v}-tb-testboot`)
+      testBoot = testBootOf(held.id, `${PREFIX}${v}-tb`)
     }
   }, 45 * 60_000)
 
@@ -291,13 +320,22 @@ describe('real guest shapes: device names, IPv6, a service that answers (TCG), c
   )
 
   test(
-    'shapes, a test boot of the start: false job: its clone on an isolated network the migrator made, both checks passed from its namespace, all of it removed after',
+    'shapes, a test boot of the start: false job (migrator test-boot --wait): its clone on an isolated network the migrator made, both checks passed from its namespace, all of it removed after, the defined domain never started and its volumes unchanged',
     async () => {
       const o = await testBoot
       const tb = o.job.test_boot
-      console.log(`test boot: ${JSON.stringify({ ...tb, serial_tail: tb?.serial_tail?.slice(-5), hardware: { checks: tb?.hardware?.checks } })}`)
+      console.log(`test boot: ${o.cli.out} ${JSON.stringify({ ...tb, serial_tail: tb?.serial_tail?.slice(-5), hardware: { checks: tb?.hardware?.checks } })}`)
+      expect([o.done.state, o.done.domain, o.domainBefore]).toEqual(['Completed', `${PREFIX}shapes-tb`, 'shut off'])
+      expect([o.cli.code, o.cli.out]).toEqual([0, expect.stringContaining('test boot passed')])
       expect([o.job.state, o.job.last_error]).toEqual(['Completed', null])
       expect([tb.state, tb.verified, tb.error]).toEqual(['passed', true, null])
+      // the clone had the defined domain's hardware, from the inspection
+      expect([tb.hardware.disk_bus, tb.hardware.inspected]).toEqual([o.done.hardware.disk_bus, true])
+      // the real domain is still defined and was never started; its volumes are unchanged, the overlays gone
+      expect(o.domainAfter).toBe('shut off')
+      expect(o.volumes.after).toEqual(o.volumes.before)
+      expect(o.overlaysLeft).toBe(false)
+      expect(await domainsWithPrefix(`${PREFIX}shapes-tb-testboot`)).toEqual([])
       const names = testBootNetworkNames(o.job.id)
       // the clone's NIC: the guest's MAC, on the isolated bridge (never the plan's bridge)
       expect(o.cloneXml).toContain(`<mac address='${VMX_MAC}'/>`)

@@ -9,21 +9,19 @@
  *   resumed after, the job still waiting, then a cutover that completes with the volumes equal
  *   to the source's disks; a test boot that fails (the marker never comes) with the job still
  *   waiting; a cancel during a test boot; a worker SIGKILLed during a test boot (the next worker
- *   removes the clone domain and overlays);
- * - an offline import of a real Debian guest (fixtures/guest-image.ts) with `start: false`: the
- *   server test-boots the defined domain's clone (one TCG boot, verified by the guest's login or
- *   multi-user evidence) through `migrator test-boot --wait`.
+ *   removes the clone domain and overlays).
+ * A real Debian guest's test boot (an offline import with `start: false`, `migrator test-boot
+ * --wait`, the plan's checks in the test boot's isolated network) is asserted in
+ * real-guests-shapes.guest.integ.test.ts, on the guest that boots there anyway.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { chmodSync, existsSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { guestImages } from '../../fixtures/guest-image.ts'
 import { buildInput } from '../../fixtures/inputs.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { call, livePlan, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { guestServerEnv, startGuestLane } from '../helpers/guest-jobs.ts'
 import { cleanupDomains, domainsWithPrefix, ensureLibvirt, virshText } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -201,43 +199,4 @@ describe('test boot before the cutover', () => {
     expect(c.body.error.message).toContain('Completed with plan start: false')
     await cleanupDomains('i48-conflict')
   }, 120_000)
-
-  test(
-    'offline import of a real Debian guest with start: false: the server test-boots a clone of the defined domain (TCG)',
-    async () => {
-      // a server without the serial pattern: the guest's own boot evidence decides
-      const dataDir = path.join(t.dir, 'plain')
-      mkdirSync(dataDir, { recursive: true })
-      const plain = await startGuestLane(dataDir, ['i48-debian'], guestServerEnv({ timeoutS: 600 }))
-      try {
-        const { job } = await plain.importExport('i48-debian', 'qcow2', [guestImages().generic.path], undefined, { name: 'i48-debian', start: false })
-        await debianTestBoot(plain.srv, plain.dir, job)
-      } finally {
-        await plain.stop()
-      }
-    },
-    30 * 60_000,
-  )
-
-  async function debianTestBoot(srv: RunningServer, dataDir: string, job: { id: string }): Promise<void> {
-    const done = await waitJob(srv.base, job.id, undefined, 15 * 60_000)
-    expect([done.state, done.domain]).toEqual(['Completed', 'i48-debian'])
-    expect(virshText('domstate', 'i48-debian')).toBe('shut off')
-    const rawBefore = execFileSync('sha256sum', [volumePath(dataDir, job.id, done.progress.disks[0].label)], { encoding: 'utf8' }).split(' ')[0]
-    const cli = await runCli(['test-boot', '--wait', job.id], { env: { MIGRATOR_URL: srv.base }, timeoutMs: 15 * 60_000 })
-    console.log(`debian test boot: ${cli.stdout.trim()} ${cli.stderr.trim()}`)
-    expect(cli.code).toBe(0)
-    expect(cli.stdout).toContain('test boot passed')
-    const after = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
-    expect([after.state, after.test_boot.state, after.test_boot.verified]).toEqual(['Completed', 'passed', true])
-    expect(after.test_boot.hardware.disk_bus).toBe(done.hardware.disk_bus)
-    expect(after.test_boot.hardware.inspected).toBe(true)
-    // the clone is gone, the real domain is still defined and never started, its volume unchanged
-    expect(virshText('domstate', 'i48-debian-testboot')).toBe('absent')
-    expect(virshText('domstate', 'i48-debian')).toBe('shut off')
-    expect(existsSync(overlayDir(dataDir, job.id))).toBe(false)
-    const rawAfter = execFileSync('sha256sum', [volumePath(dataDir, job.id, done.progress.disks[0].label)], { encoding: 'utf8' }).split(' ')[0]
-    expect(rawAfter).toBe(rawBefore)
-    expect(await domainsWithPrefix('i48-debian-testboot')).toEqual([])
-  }
 })

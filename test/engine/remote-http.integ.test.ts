@@ -11,17 +11,15 @@
  * Copies are slowed with `MIGRATOR_COPY_MAX_BYTES_PER_SECOND` and checkpointed every 16 MiB so
  * "half-way" is a moment a test can hit. Plans use `start: false` (define the domain, no boot).
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, statSync, utimesSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { runCli } from '../helpers/cli.ts'
 import { call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { makeTestCa, NGINX_USER, startNginx, type RunningNginx } from '../helpers/nginx.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 import { randomImage } from '../helpers/random-image.ts'
 
 const PREFIX = 'migurl-'
@@ -36,12 +34,11 @@ function urlPlan(kind: string, url: string, name: string, ref: Record<string, un
 }
 
 describe('remote offline inputs over HTTP(S) (real nginx, server, workers, file sink)', () => {
-  const t = tempDir('mig-remote-')
-  const www = path.join(t.dir, 'www')
-  const scratch = path.join(t.dir, 'scratch')
-  let srv: RunningServer
   let web: RunningNginx
   let tlsWeb: RunningNginx
+  const { t, srv } = serverSuite({ prefix: PREFIX, tmpPrefix: 'mig-remote-', env: SLOW, stop: (s) => [s, web, tlsWeb] })
+  const www = path.join(t.dir, 'www')
+  const scratch = path.join(t.dir, 'scratch')
   let ca: ReturnType<typeof makeTestCa>
   const raws: string[] = []
   const files: Record<string, string> = {}
@@ -49,7 +46,7 @@ describe('remote offline inputs over HTTP(S) (real nginx, server, workers, file 
   beforeAll(async () => {
     mkdirSync(www, { recursive: true })
     mkdirSync(scratch)
-    mkdirSync(path.join(t.dir, 'imports'))
+    mkdirSync(path.join(t.dir, 'imports'), { recursive: true })
     raws.push(makeRawImage(path.join(scratch, 'a.raw'), 64 * MiB, 1), makeRawImage(path.join(scratch, 'b.raw'), 40 * MiB, 2))
     files.qcow2 = buildInput('qcow2', www, 'q', [raws[0]!]).path
     files.vmdk = buildInput('vmdk', www, 'v', [raws[0]!]).path
@@ -59,12 +56,7 @@ describe('remote offline inputs over HTTP(S) (real nginx, server, workers, file 
     ca = makeTestCa(path.join(t.dir, 'ca'))
     web = await startNginx(www, path.join(t.dir, 'nginx'))
     tlsWeb = await startNginx(www, path.join(t.dir, 'nginx-tls'), { tls: { cert: ca.cert, key: ca.key } })
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    srv = await startServer('bun', t.dir, SLOW)
   }, 180_000)
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv, web, tlsWeb))
 
   const url = (file: string, prefix = '') => `${web.base}${prefix}/${path.relative(www, file)}`
   const requestsOf = (file: string) => web.requests().filter((r) => r.uri === `/${path.relative(www, file)}`)

@@ -8,18 +8,16 @@
  * after the kill, counted by a TCP proxy, are at most the data above the watermark plus one
  * flush interval); a file replaced mid-copy.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { mkdirSync, readdirSync, readFileSync, renameSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { runCli } from '../helpers/cli.ts'
 import { call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startCuttingProxy, type CuttingProxy } from '../helpers/nginx.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 import { SMBD_USER, startSmbd, type RunningSmbd } from '../helpers/smbd.ts'
-import { tempDir } from '../helpers/tmp.ts'
 import { randomImage } from '../helpers/random-image.ts'
 
 const PREFIX = 'migsmb-'
@@ -29,19 +27,18 @@ const BIG_DATA = 160 * MiB
 const SLOW = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(48 * MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(FLUSH), MIGRATOR_DOMAIN_TYPE: 'qemu' }
 
 describe('remote offline inputs over SMB (real smbd, server, workers, file sink)', () => {
-  const t = tempDir('mig-smbjob-')
-  const share = path.join(t.dir, 'share')
-  const scratch = path.join(t.dir, 'scratch')
-  let srv: RunningServer
   let smbd: RunningSmbd
   let counter: CuttingProxy
+  const { t, srv } = serverSuite({ prefix: PREFIX, tmpPrefix: 'mig-smbjob-', env: SLOW, stop: (s) => [s, counter, smbd] })
+  const share = path.join(t.dir, 'share')
+  const scratch = path.join(t.dir, 'scratch')
   let credential = ''
   const files: Record<string, string> = {}
 
   beforeAll(async () => {
     mkdirSync(path.join(share, 'exports'), { recursive: true })
     mkdirSync(scratch)
-    mkdirSync(path.join(t.dir, 'imports'))
+    mkdirSync(path.join(t.dir, 'imports'), { recursive: true })
     const raws = [makeRawImage(path.join(scratch, 'a.raw'), 64 * MiB, 1), makeRawImage(path.join(scratch, 'b.raw'), 40 * MiB, 2)]
     files.qcow2 = buildInput('qcow2', share, 'q', [raws[0]!]).path
     files.vmdk = buildInput('vmdk', share, 'v', [raws[0]!]).path
@@ -51,15 +48,10 @@ describe('remote offline inputs over SMB (real smbd, server, workers, file sink)
     smbd = await startSmbd(share, path.join(t.dir, 'smbd'))
     // passes every connection through, counting the bytes smbd sends
     counter = await startCuttingProxy(smbd.port, 0, 0)
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    srv = await startServer('bun', t.dir, SLOW)
     const c = await call(srv.base, 'POST', '/remote-credentials', { name: 'share', kind: 'smb', ...SMBD_USER, domain: 'WORKGROUP' })
     expect(c.status).toBe(201)
     credential = c.body.id
   }, 180_000)
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv, counter, smbd))
 
   const url = (file: string, base = smbd.base) => `${base}/${path.relative(share, file).split('/').map(encodeURIComponent).join('/')}`
   const plan = (kind: string, u: string, name: string, credential_id = credential) => ({

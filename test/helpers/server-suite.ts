@@ -12,6 +12,13 @@ import { startServer, type RunningServer } from './server.ts'
 import { tempDir } from './tmp.ts'
 
 /**
+ * The timeout of the clean-ups after each test and at the end: destroying a running domain and
+ * stopping a server (SIGKILL after 10 s) outlast bun's default 5 s on a loaded host, and a hook
+ * timed out makes bun kill the suite's processes, failing the tests after it.
+ */
+const HOOK_TIMEOUT_MS = 60_000
+
+/**
  * A handle on an object made later (in a `beforeAll`): `handle` forwards every property read (and
  * `in`) to the object given to `set`, functions bound to it; before that it throws naming `what`.
  * `current` is the object itself, undefined until set.
@@ -100,8 +107,8 @@ export function serverSuite(o: ServerSuiteOptions): ServerSuite {
     afterEach(async () => {
       await cleanupDomains(o.prefix)
       rmSync(path.join(t.dir, o.dataSubdir ?? '', 'volumes', 'migrations'), { recursive: true, force: true })
-    })
+    }, HOOK_TIMEOUT_MS)
 
-  afterAll(() => tearDownJobs(o.prefix, t, ...(o.stop ? o.stop(server.current) : [server.current])))
+  afterAll(() => tearDownJobs(o.prefix, t, ...(o.stop ? o.stop(server.current) : [server.current])), HOOK_TIMEOUT_MS)
   return { t, srv }
 }

@@ -18,7 +18,7 @@ import { makeRawImage } from '../helpers/inputs.ts'
 import { call, livePlan, submit, waitJob } from '../helpers/jobs.ts'
 import { putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 import { consoleUrl, consoleSuite } from './browser.ts'
-import type { Locator } from 'playwright-core'
+import type { Locator, Page } from 'playwright-core'
 
 const MiB = 1024 * 1024
 
@@ -65,16 +65,22 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
 
   const warmPlan = (vmId: string, name: string) => livePlan(sourceId, vmId, 'Warm', { name, start: false })
 
+  /** A new VM `name` and its warm job with a manual cutover (a delta pass every second), the job's page open. */
+  async function openManualCutoverJob(name: string): Promise<{ vm: string; job: any; page: Page }> {
+    const vm = await makeVm(name)
+    const job = await submit(srv.base, { ...warmPlan(vm, name), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
+    const { page } = b
+    await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
+    return { vm, job, page }
+  }
+
   beforeAll(async () => {
     v = await startVcsim()
     sourceId = await registerVcsim(srv.base, v)
   }, 180_000)
 
   test('a warm job waits for the cutover, shows its last delta sync, and cuts over from the page', async () => {
-    const vm = await makeVm('i17x-cut')
-    const job = await submit(srv.base, { ...warmPlan(vm, 'i17x-cut'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
-    const { page } = b
-    await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
+    const { vm, job, page } = await openManualCutoverJob('i17x-cut')
     const card = page.getByTestId('cutover')
     await card.waitFor()
     expect(await card.getAttribute('data-mode')).toBe('manual')
@@ -116,10 +122,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
   }, 300_000)
 
   test('a Cut over confirmed after the job was cancelled under the dialog shows E_MIG_CONFLICT', async () => {
-    const vm = await makeVm('i17x-cut409')
-    const job = await submit(srv.base, { ...warmPlan(vm, 'i17x-cut409'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
-    const { page } = b
-    await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
+    const { job, page } = await openManualCutoverJob('i17x-cut409')
     await page.locator('[data-testid=cutover][data-waiting=true]').waitFor({ timeout: 120_000 })
     await page.getByTestId('cutover-button').click()
     await page.getByTestId('cutover-dialog').waitFor()

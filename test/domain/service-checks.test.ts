@@ -2,7 +2,6 @@
 // ::1: TCP connects, HTTP statuses, HTTPS with a self-signed certificate, a closed port, a server
 // that never answers, the order of the addresses tried; and the plan's validation of `checks`.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { execFileSync } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import * as http from 'node:http'
 import * as https from 'node:https'
@@ -10,6 +9,7 @@ import * as net from 'node:net'
 import * as path from 'node:path'
 import { checkTarget, checkVerdict, parseDomifaddr, parseNeighbours, runServiceChecks } from '../../lib/domain/service-checks.ts'
 import { parseSubmitBody } from '../../lib/plan.ts'
+import { selfSignedCert } from '../helpers/tls.ts'
 import { tempDir, thrown } from '../helpers/tmp.ts'
 
 const t = tempDir('mig-checks-')
@@ -30,27 +30,7 @@ beforeAll(async () => {
     res.end('x')
   })
   webPort = await listen(web)
-  execFileSync(
-    'openssl',
-    [
-      'req',
-      '-x509',
-      '-newkey',
-      'rsa:2048',
-      '-nodes',
-      '-subj',
-      '/CN=guest.example',
-      '-days',
-      '1',
-      '-keyout',
-      path.join(t.dir, 'k.pem'),
-      '-out',
-      path.join(t.dir, 'c.pem'),
-    ],
-    {
-      stdio: 'ignore',
-    },
-  )
+  selfSignedCert(path.join(t.dir, 'k.pem'), path.join(t.dir, 'c.pem'), 'guest.example')
   tls = https.createServer({ key: readFileSync(path.join(t.dir, 'k.pem')), cert: readFileSync(path.join(t.dir, 'c.pem')) }, (_req, res) => res.end('ok'))
   tlsPort = await listen(tls)
   // Accepts and never answers: an HTTP check must time out, not hang.

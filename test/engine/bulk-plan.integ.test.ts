@@ -6,25 +6,35 @@
  * after several seconds of passes) that blocks only its dependant, the aggregate plan state, and the
  * shared cutover of a plan's warm VMs. Bad bulk bodies are refused with field paths.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, mkdirSync } from 'node:fs'
+import { beforeAll, describe, expect, test } from 'bun:test'
+import { mkdirSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { buildInput, makeRawImage } from '../helpers/inputs.ts'
 import { call, livePlan, offlinePlan, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 import { registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
 
 const MiB = 1024 * 1024
 
 describe('bulk plans (vCenter simulator + offline input)', () => {
-  const t = tempDir('mig-i16b-bulk-')
-  const dataDir = path.join(t.dir, 'data')
   let v: Vcsim
-  let srv: RunningServer
+  // the copy is capped so that each live job runs a few seconds and the limit shows
+  const { t, srv } = serverSuite({
+    prefix: 'i16b-',
+    tmpPrefix: 'mig-i16b-bulk-',
+    traversable: true,
+    dataSubdir: 'data',
+    env: {
+      MIGRATOR_MAX_JOBS: '4',
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024),
+      MIGRATOR_DELTA_CONVERGE_BYTES: String(512 * 1024),
+      MIGRATOR_DELTA_MAX_PASSES: '2',
+    },
+    stop: (s) => [s, v],
+  })
+  const dataDir = path.join(t.dir, 'data')
   let sourceId = ''
 
   async function makeVm(name: string): Promise<string> {
@@ -45,22 +55,10 @@ describe('bulk plans (vCenter simulator + offline input)', () => {
   }
 
   beforeAll(async () => {
-    await ensureLibvirt()
-    await cleanupDomains('i16b-')
-    chmodSync(t.dir, 0o755)
     mkdirSync(path.join(dataDir, 'imports'), { recursive: true })
     v = await startVcsim({ cbtPage: 4 * MiB })
-    // the copy is capped so that each live job runs a few seconds and the limit shows
-    srv = await startServer('bun', dataDir, {
-      MIGRATOR_MAX_JOBS: '4',
-      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024),
-      MIGRATOR_DELTA_CONVERGE_BYTES: String(512 * 1024),
-      MIGRATOR_DELTA_MAX_PASSES: '2',
-    })
     sourceId = await registerVcsim(srv.base, v)
   }, 300_000)
-
-  afterAll(() => tearDownJobs('i16b-', t, srv, v))
 
   test('five VMs: db -> app in order, at most two per source at once, a failing VM blocks only its dependant', async () => {
     const ids = { db: await makeVm('i16b-db'), app: await makeVm('i16b-app'), solo: await makeVm('i16b-solo'), bad: await makeVm('i16b-bad') }

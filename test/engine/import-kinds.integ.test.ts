@@ -10,15 +10,14 @@
  * shows the marker. Then the failure ends of Starting: a disk that does not boot, and a domain
  * libvirt refuses to define.
  */
-import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { beforeAll, describe, expect, test } from 'bun:test'
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBadBootDisk, makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage, rawSha256, type InputPacking } from '../helpers/inputs.ts'
 import { allocatedBytes, bootCheckEnv, call, nonZeroBytes, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, domstate, tearDownJobs } from '../helpers/libvirt.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { domstate } from '../helpers/libvirt.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 import { execFileSync } from 'node:child_process'
 
 const PREFIX = 'mige2e-'
@@ -41,31 +40,17 @@ const KINDS: Array<{ kind: string; disks: 1 | 2; format?: string; packing?: Inpu
 ]
 
 describe('offline import of every kind, end to end on libvirt (TCG)', () => {
-  const t = tempDir('mig-e2e-')
+  // Each test's domains and destination disks go when it ends, passed or failed.
+  const { t, srv } = serverSuite({ prefix: PREFIX, tmpPrefix: 'mig-e2e-', traversable: true, env: bootCheckEnv(MARKER), cleanEach: true })
   const importRoot = path.join(t.dir, 'imports')
-  let srv: RunningServer
   let boot = ''
   let data = ''
 
   beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
     mkdirSync(importRoot, { recursive: true })
     boot = makeBootDisk(path.join(t.dir, 'boot.raw'), MARKER, 32 * MiB).path
     data = makeRawImage(path.join(t.dir, 'data.raw'), 24 * MiB, 7)
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    srv = await startServer('bun', t.dir, {
-      ...bootCheckEnv(MARKER),
-    })
   }, 60_000)
-
-  // Each test's domains and destination disks go when it ends, passed or failed.
-  afterEach(async () => {
-    await cleanupDomains(PREFIX)
-    rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
-  })
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv))
 
   for (const [n, { kind, disks, format, packing, how }] of KINDS.entries()) {
     test(`${kind}${how ? ` (${how})` : ''}: Completed, ${disks} image(s) bit-exact and sparse, domain running with the marker on its serial console`, async () => {

@@ -9,27 +9,35 @@
  * records its call): injecting drivers needs a real Windows guest image, which this machine
  * cannot have.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs'
+import { beforeAll, describe, expect, test } from 'bun:test'
+import { existsSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { call, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
 import { registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
 
 const PREFIX = 'i16lp-'
 const MiB = 1024 * 1024
 
 describe('live paths against the vCenter simulator', () => {
-  const t = tempDir('mig-i16-live-')
-  const record = path.join(t.dir, 'v2v-calls.log')
   let v: Vcsim
-  /** Copy capped at 512 KiB/s (cancel has time to land), V2V test double, volumes removed on cancel. */
-  let srv: RunningServer
-  /** The same with MIGRATOR_KEEP_ON_CANCEL=1. */
+  /** The same as `srv` with MIGRATOR_KEEP_ON_CANCEL=1. */
   let keep: RunningServer
+  /** Copy capped at 512 KiB/s (cancel has time to land), V2V test double, volumes removed on cancel. */
+  const { t, srv } = serverSuite({ prefix: PREFIX, tmpPrefix: 'mig-i16-live-', traversable: true, env: () => env, stop: (s) => [s, keep, v] })
+  const record = path.join(t.dir, 'v2v-calls.log')
+  const iso = path.join(t.dir, 'virtio-win.iso')
+  const double = path.join(t.dir, 'virt-v2v-in-place-test-double')
+  const env = {
+    MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024),
+    MIGRATOR_V2V_BINARY: double,
+    MIGRATOR_VIRTIO_WIN_ISO: iso,
+    MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB),
+    MIGRATOR_DOMAIN_TYPE: 'qemu',
+    MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '2',
+  }
   const sources = new Map<RunningServer, string>()
 
   async function makeVm(name: string, guestId = 'debian10_64Guest'): Promise<{ id: string; files: string[] }> {
@@ -46,10 +54,7 @@ describe('live paths against the vCenter simulator', () => {
   })
 
   beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
-    const iso = path.join(t.dir, 'virtio-win.iso')
     writeFileSync(iso, 'not really an ISO: the test double never opens it')
-    const double = path.join(t.dir, 'virt-v2v-in-place-test-double')
     // records its command line and the libvirt XML it was given (the last argument), then succeeds
     writeFileSync(
       double,
@@ -57,22 +62,9 @@ describe('live paths against the vCenter simulator', () => {
       { mode: 0o755 },
     )
     v = await startVcsim({ cbtPage: 4 * MiB })
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    const env = {
-      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024),
-      MIGRATOR_V2V_BINARY: double,
-      MIGRATOR_VIRTIO_WIN_ISO: iso,
-      MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB),
-      MIGRATOR_DOMAIN_TYPE: 'qemu',
-      MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '2',
-    }
-    srv = await startServer('bun', t.dir, env)
     keep = await startServer('bun', path.join(t.dir, 'keep'), { ...env, MIGRATOR_KEEP_ON_CANCEL: '1' })
     for (const s of [srv, keep]) sources.set(s, await registerVcsim(s.base, v))
   }, 300_000)
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv, keep, v))
 
   for (const keepOnCancel of [false, true]) {
     test(`cancel of a live job during its copy removes its snapshots, powers the source on again and ${keepOnCancel ? 'keeps (MIGRATOR_KEEP_ON_CANCEL=1)' : 'removes'} its volumes`, async () => {

@@ -16,16 +16,15 @@
  * with the non-fatal E_MIG_CBT_UNSUPPORTED. A guest that keeps writing: E_MIG_DELTA_TOO_LARGE,
  * snapshots removed.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, readdirSync, readFileSync } from 'node:fs'
+import { beforeAll, describe, expect, test } from 'bun:test'
+import { readdirSync, readFileSync } from 'node:fs'
 import { hostname } from 'node:os'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { bootCheckEnv, livePlan, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
+import { startServer } from '../helpers/server.ts'
 import { datastoreRaw, putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
 
 const PREFIX = 'migvim-'
@@ -33,9 +32,14 @@ const MARKER = 'MIGRATOR-VIM-BOOT-5521'
 const MiB = 1024 * 1024
 
 describe('live vim_api migrations through the HTTP API', () => {
-  const t = tempDir('mig-live-vim-')
   let v: Vcsim
-  let srv: RunningServer
+  const { t, srv } = serverSuite({
+    prefix: PREFIX,
+    tmpPrefix: 'mig-live-vim-',
+    traversable: true,
+    env: { ...bootCheckEnv(MARKER), MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB), MIGRATOR_DELTA_MAX_PASSES: '3' },
+    stop: (s) => [s, v],
+  })
   let sourceId = ''
 
   /** Creates a VM with a bootable flat disk (16 MiB) and a sparse data disk (8 MiB). */
@@ -69,19 +73,9 @@ describe('live vim_api migrations through the HTTP API', () => {
   const planFor = (vmId: string, mode: 'Cold' | 'Warm', name: string, start = false) => livePlan(sourceId, vmId, mode, { name, start })
 
   beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
     v = await startVcsim({ cbtPage: 4 * MiB })
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    srv = await startServer('bun', t.dir, {
-      ...bootCheckEnv(MARKER),
-      MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB),
-      MIGRATOR_DELTA_MAX_PASSES: '3',
-    })
     sourceId = await registerVcsim(srv.base, v) // 201 with the source's id, or it throws
   }, 120_000)
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv, v))
 
   test('cold: two disks copied bit-exact from the snapshot, the domain boots, the VM is shut down and marked, no snapshot left', async () => {
     const vm = await makeVm('migvim-cold', true)

@@ -5,15 +5,14 @@
  * warm vim_api migration from the vCenter simulator (SOAP, datastore HTTP and snapshot delta
  * chains in a Node worker); and a cancel mid-copy that removes the destination.
  */
-import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs'
+import { describe, expect, test } from 'bun:test'
+import { existsSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
 import { bootCheckEnv, call, livePlan, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
+import { startServer } from '../helpers/server.ts'
 import { putVmdk, registerVcsim, startVcsim } from '../helpers/vcsim.ts'
 import { execFileSync } from 'node:child_process'
 
@@ -22,27 +21,10 @@ const MARKER = 'MIGRATOR-NODE-BOOT-9043'
 const MiB = 1024 * 1024
 
 describe('jobs under the Node server and Node workers', () => {
-  const t = tempDir('mig-node-engine-')
-  const importRoot = path.join(t.dir, 'imports')
-  let srv: RunningServer
-
-  beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
-    mkdirSync(importRoot, { recursive: true })
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    srv = await startServer('node', t.dir, {
-      ...bootCheckEnv(MARKER),
-    })
-  }, 120_000)
-
   // Each test's domains and destination disks go when it ends, passed or failed.
-  afterEach(async () => {
-    await cleanupDomains(PREFIX)
-    rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
-  })
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv))
+  const node = { runtime: 'node', traversable: true, cleanEach: true, timeoutMs: 120_000 } as const
+  const { t, srv } = serverSuite({ prefix: PREFIX, tmpPrefix: 'mig-node-engine-', env: bootCheckEnv(MARKER), ...node })
+  const importRoot = path.join(t.dir, 'imports')
 
   test('an OVA with two disks: Completed, images bit-exact, the domain runs and printed its marker; the worker was Node, with --expose-gc', async () => {
     const boot = makeBootDisk(path.join(t.dir, 'boot.raw'), MARKER, 16 * MiB).path

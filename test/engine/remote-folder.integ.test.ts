@@ -6,33 +6,30 @@
  * bit-exact over HTTP, the OVF folder over SMB; a hostile href (`..`, another host) rejected
  * naming it; a missing companion named by its URL.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { beforeAll, describe, expect, test } from 'bun:test'
 import { cpSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { call, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startNginx, type RunningNginx } from '../helpers/nginx.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 import { SMBD_USER, startSmbd, type RunningSmbd } from '../helpers/smbd.ts'
-import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'migfold-'
 const MiB = 1024 * 1024
 
 describe('remote folder exports (real nginx and smbd, server, workers, file sink)', () => {
-  const t = tempDir('mig-rfold-')
-  const www = path.join(t.dir, 'www')
-  const scratch = path.join(t.dir, 'scratch')
-  let srv: RunningServer
   let web: RunningNginx
   let smbd: RunningSmbd
+  const { t, srv } = serverSuite({ prefix: PREFIX, tmpPrefix: 'mig-rfold-', env: { MIGRATOR_DOMAIN_TYPE: 'qemu' }, stop: (s) => [s, web, smbd] })
+  const www = path.join(t.dir, 'www')
+  const scratch = path.join(t.dir, 'scratch')
   let smbCredential = ''
 
   beforeAll(async () => {
     mkdirSync(www, { recursive: true })
     mkdirSync(scratch)
-    mkdirSync(path.join(t.dir, 'imports'))
+    mkdirSync(path.join(t.dir, 'imports'), { recursive: true })
     const raws = [makeRawImage(path.join(scratch, 'a.raw'), 48 * MiB, 5), makeRawImage(path.join(scratch, 'b.raw'), 32 * MiB, 6)]
     buildInput('ovf_folder', www, 'of', raws)
     buildInput('vmx_folder', www, 'vx', [raws[0]!])
@@ -51,13 +48,8 @@ describe('remote folder exports (real nginx and smbd, server, workers, file sink
     cpSync(path.join(www, 'of', 'of-disk1.vmdk'), path.join(www, 'gap', 'of-disk1.vmdk'))
     web = await startNginx(www, path.join(t.dir, 'nginx'))
     smbd = await startSmbd(www, path.join(t.dir, 'smbd'))
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    srv = await startServer('bun', t.dir, { MIGRATOR_DOMAIN_TYPE: 'qemu' })
     smbCredential = (await call(srv.base, 'POST', '/remote-credentials', { name: 'share', kind: 'smb', ...SMBD_USER })).body.id
   }, 180_000)
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv, web, smbd))
 
   const plan = (kind: string, url: string, name: string, extra: Record<string, unknown> = {}) => ({
     source: { Offline: kind },

@@ -8,19 +8,18 @@
  * after the kill, counted by a TCP proxy, are at most the data above the watermark plus one
  * flush interval); a file replaced mid-copy.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { mkdirSync, readdirSync, readFileSync, renameSync } from 'node:fs'
+import { mkdirSync, readdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { runCli } from '../helpers/cli.ts'
-import { call, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
+import { call, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { startCuttingProxy, type CuttingProxy } from '../helpers/nginx.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 import { SMBD_USER, startSmbd, type RunningSmbd } from '../helpers/smbd.ts'
-import { tempDir } from '../helpers/tmp.ts'
 import { randomImage } from '../helpers/random-image.ts'
+import { expectResumedFromWatermark, killWorkerHalfway, replaceMidCopy, stageReplacement } from '../helpers/remote-faults.ts'
 
 const PREFIX = 'migsmb-'
 const MiB = 1024 * 1024
@@ -29,19 +28,19 @@ const BIG_DATA = 160 * MiB
 const SLOW = { MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(48 * MiB), MIGRATOR_FLUSH_EVERY_BYTES: String(FLUSH), MIGRATOR_DOMAIN_TYPE: 'qemu' }
 
 describe('remote offline inputs over SMB (real smbd, server, workers, file sink)', () => {
-  const t = tempDir('mig-smbjob-')
-  const share = path.join(t.dir, 'share')
-  const scratch = path.join(t.dir, 'scratch')
-  let srv: RunningServer
   let smbd: RunningSmbd
+  /** A TCP proxy in front of smbd counting the bytes it sends. */
   let counter: CuttingProxy
   let credential = ''
   const files: Record<string, string> = {}
+  const { t, srv } = serverSuite({ prefix: PREFIX, tmpPrefix: 'mig-smbjob-', env: SLOW, stop: (s) => [s, counter, smbd] })
+  const share = path.join(t.dir, 'share')
+  const scratch = path.join(t.dir, 'scratch')
 
   beforeAll(async () => {
     mkdirSync(path.join(share, 'exports'), { recursive: true })
     mkdirSync(scratch)
-    mkdirSync(path.join(t.dir, 'imports'))
+    mkdirSync(path.join(t.dir, 'imports'), { recursive: true })
     const raws = [makeRawImage(path.join(scratch, 'a.raw'), 64 * MiB, 1), makeRawImage(path.join(scratch, 'b.raw'), 40 * MiB, 2)]
     files.qcow2 = buildInput('qcow2', share, 'q', [raws[0]!]).path
     files.vmdk = buildInput('vmdk', share, 'v', [raws[0]!]).path
@@ -51,15 +50,10 @@ describe('remote offline inputs over SMB (real smbd, server, workers, file sink)
     smbd = await startSmbd(share, path.join(t.dir, 'smbd'))
     // passes every connection through, counting the bytes smbd sends
     counter = await startCuttingProxy(smbd.port, 0, 0)
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    srv = await startServer('bun', t.dir, SLOW)
     const c = await call(srv.base, 'POST', '/remote-credentials', { name: 'share', kind: 'smb', ...SMBD_USER, domain: 'WORKGROUP' })
     expect(c.status).toBe(201)
     credential = c.body.id
   }, 180_000)
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv, counter, smbd))
 
   const url = (file: string, base = smbd.base) => `${base}/${path.relative(share, file).split('/').map(encodeURIComponent).join('/')}`
   const plan = (kind: string, u: string, name: string, credential_id = credential) => ({
@@ -150,40 +144,20 @@ describe('remote offline inputs over SMB (real smbd, server, workers, file sink)
   }, 120_000)
 
   test('kill -9 of the worker half-way: the retried job resumes from its watermark and completes bit-exact', async () => {
-    const stream = openStream(srv.base)
-    await stream.ready
-    const job = await submit(srv.base, plan('qcow2', url(files.big!, `smb://127.0.0.1:${new URL(counter.base).port}/exports`), 'wkill'))
-    const half = await waitJob(srv.base, job.id, (j) => j.progress.bytes_total > 0 && j.progress.bytes_done >= j.progress.bytes_total / 2, 60_000)
-    const durable = half.progress.disks[0].watermark
-    expect(durable).toBeGreaterThan(0)
-    const pid = workerPid(t.dir, job.id)
-    expect(pid).not.toBeNull()
-    process.kill(pid!, 'SIGKILL')
-    const servedAtKill = counter.bytes
-    const done = await waitJob(srv.base, job.id)
-    stream.close()
+    const counted = plan('qcow2', url(files.big!, `smb://127.0.0.1:${new URL(counter.base).port}/exports`), 'wkill')
+    const { job, done, durable, servedAtKill } = await killWorkerHalfway(srv.base, t.dir, counted, () => counter.bytes)
     expect([done.state, done.last_error]).toEqual(['Completed', null])
     expect(fileSha256(volumePath(t.dir, job.id, done.progress.disks[0].label))).toBe(rawSha256(files.big!, 'qcow2', scratch))
     // from zero the restarted worker would read all 160 MiB; it reads the data above the durable
     // watermark plus at most one flush interval (and the image's tables, SMB headers)
-    expect(done.progress.disks[0].bytes_read).toBeLessThanOrEqual(BIG_DATA - durable + FLUSH)
-    const servedAfter = counter.bytes - servedAtKill
-    expect(servedAfter).toBeLessThanOrEqual(BIG_DATA - durable + FLUSH + 2 * MiB)
-    expect(BIG_DATA - durable + FLUSH + 2 * MiB).toBeLessThan(BIG_DATA)
+    expectResumedFromWatermark(done, durable, counter.bytes - servedAtKill, { data: BIG_DATA, flush: FLUSH, slack: 2 * MiB })
   }, 120_000)
 
   test('the file replaced on the share mid-copy: the job fails E_MIG_DISK_READ_FAILED, never a mixed disk', async () => {
     const f = path.join(share, 'swap.qcow2')
-    execFileSync('cp', [files.big!, f])
-    // the other version is made before the copy starts: the swap mid-copy is one rename, not a
-    // conversion that a fast copy could outrun
-    execFileSync('qemu-img', ['convert', '-O', 'qcow2', path.join(scratch, 'big.raw'), `${f}.new`])
+    stageReplacement(f, files.big!, path.join(scratch, 'big.raw'))
     const job = await submit(srv.base, plan('qcow2', url(f), 'swap'))
-    // swapped as soon as the copy has begun: the read-ahead runs windows ahead of the writes, so a
-    // swap after a later mark could come after the last read of a fast copy
-    await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 0, 60_000)
-    renameSync(`${f}.new`, f)
-    const done = await waitJob(srv.base, job.id)
+    const done = await replaceMidCopy(srv.base, job.id, f)
     expect([done.state, done.last_error.code]).toEqual(['Failed', 'E_MIG_DISK_READ_FAILED'])
     expect(done.last_error.message).toContain('the file changed on the server since the copy began')
   }, 120_000)

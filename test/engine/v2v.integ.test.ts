@@ -9,32 +9,36 @@
  * and VIRTIO_WIN, and fails (after scribbling over the disk, so the rollback shows) when the
  * disk's first bytes say `V2V-FAIL`.
  */
-import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync, writeSync } from 'node:fs'
+import { beforeAll, describe, expect, test } from 'bun:test'
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256, makeRawImage } from '../helpers/inputs.ts'
 import { bootCheckEnv, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, domainsWithPrefix, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { domainsWithPrefix } from '../helpers/libvirt.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 
 const PREFIX = 'migv2v-'
 const MARKER = 'MIGRATOR-V2V-BOOT-5521'
 const MiB = 1024 * 1024
 
 describe('Windows guests go through V2vProcessing (virt-v2v-in-place TEST DOUBLE)', () => {
-  const t = tempDir('mig-v2v-job-')
+  // Each test's domains and destination disks go when it ends, passed or failed.
+  const { t, srv } = serverSuite({
+    prefix: PREFIX,
+    tmpPrefix: 'mig-v2v-job-',
+    traversable: true,
+    env: () => ({ ...bootCheckEnv(MARKER), MIGRATOR_V2V_BINARY: double, MIGRATOR_VIRTIO_WIN_ISO: iso }),
+    cleanEach: true,
+  })
   const importRoot = path.join(t.dir, 'imports')
   const record = path.join(t.dir, 'v2v-calls.log')
-  let srv: RunningServer
+  const iso = path.join(t.dir, 'virtio-win.iso')
+  const double = path.join(t.dir, 'virt-v2v-in-place-test-double')
 
-  beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
+  beforeAll(() => {
     mkdirSync(importRoot, { recursive: true })
-    const iso = path.join(t.dir, 'virtio-win.iso')
     writeFileSync(iso, 'not really an ISO: the test double never opens it')
-    const double = path.join(t.dir, 'virt-v2v-in-place-test-double')
     writeFileSync(
       double,
       `#!/bin/bash
@@ -53,22 +57,7 @@ exit 0
 `,
       { mode: 0o755 },
     )
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    srv = await startServer('bun', t.dir, {
-      ...bootCheckEnv(MARKER),
-      MIGRATOR_V2V_BINARY: double,
-      MIGRATOR_VIRTIO_WIN_ISO: iso,
-    })
   }, 60_000)
-
-  // Each test's domains and destination disks go when it ends, passed or failed.
-  afterEach(async () => {
-    await cleanupDomains(PREFIX)
-    rmSync(path.join(t.dir, 'volumes', 'migrations'), { recursive: true, force: true })
-  })
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv))
 
   test('guest_os windows: Queued -> CopyingFull -> V2vProcessing -> Starting -> Completed; the tool got the volume and the ISO; its snapshot is released', async () => {
     const boot = makeBootDisk(path.join(t.dir, 'win.raw'), MARKER, 16 * MiB).path

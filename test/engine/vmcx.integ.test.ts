@@ -12,28 +12,18 @@
  *   disk, whose marker appears on the serial console. No V2vProcessing: virt-v2v converted it.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
-import { convert, fileSha256 } from '../helpers/inputs.ts'
+import { buildVmcxExport, fileSha256 } from '../helpers/inputs.ts'
 import { bootCheckEnv, offlinePlan, openStream, streamSaw, submit, volumePath, waitJob } from '../helpers/jobs.ts'
 import { cleanupDomains, domainsWithPrefix, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
-import { CORPUS, tempDir } from '../helpers/tmp.ts'
+import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'migvmcx-'
 const MARKER = 'MIGRATOR-VMCX-BOOT-2718'
 const MiB = 1024 * 1024
-
-/** A Hyper-V export folder under `root`: the corpus VMCX and the VHDX it attaches (IDE 0:0). */
-function hyperVExport(root: string, name: string, raw: string): string {
-  const dir = path.join(root, name)
-  mkdirSync(path.join(dir, 'Virtual Machines'), { recursive: true })
-  mkdirSync(path.join(dir, 'Virtual Hard Disks'), { recursive: true })
-  copyFileSync(path.join(CORPUS, 'dissect.hypervisor/test.vmcx'), path.join(dir, 'Virtual Machines', '282874FC-59D6-4F30-BC04-5FDD909C82E0.vmcx'))
-  convert(raw, 'vhdx', path.join(dir, 'Virtual Hard Disks', 'Other Location.vhdx'))
-  return dir
-}
 
 describe('vmcx_export passthrough (virt-v2v) through the HTTP API', () => {
   const t = tempDir('mig-vmcx-job-')
@@ -47,7 +37,7 @@ describe('vmcx_export passthrough (virt-v2v) through the HTTP API', () => {
     chmodSync(t.dir, 0o755)
     mkdirSync(importRoot, { recursive: true })
     boot = makeBootDisk(path.join(t.dir, 'boot.raw'), MARKER, 16 * MiB).path
-    hyperVExport(importRoot, 'hv', boot)
+    buildVmcxExport(importRoot, 'hv', boot)
     writeFileSync(
       double,
       `#!/bin/bash

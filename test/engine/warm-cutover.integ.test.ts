@@ -10,27 +10,39 @@
  *   CuttingOver, and a worker SIGKILLed during the final delta (the supervisor gives up) each end
  *   with the source VM powered on again and no migrator snapshot left.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, readFileSync } from 'node:fs'
+import { beforeAll, describe, expect, test } from 'bun:test'
+import { readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk, makePowerOffBootDisk } from '../helpers/bootdisk.ts'
 import { runCli } from '../helpers/cli.ts'
 import { call, openStream, streamSaw, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
 import { datastoreRaw, registerVcsim, startVcsim, type Vcsim, createTwoDiskVm } from '../helpers/vcsim.ts'
 
 const PREFIX = 'i16-'
 const MARKER = 'MIGRATOR-I16-BOOT-7730'
 const MiB = 1024 * 1024
+/** Both servers' boot check and guest shutdown. */
+const BOOT_ENV = {
+  MIGRATOR_DOMAIN_TYPE: 'qemu',
+  MIGRATOR_BOOT_GRACE_SECONDS: '1',
+  MIGRATOR_BOOT_TIMEOUT_SECONDS: '6',
+  MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
+  MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5',
+}
 
 describe('warm cutover on command (vCenter simulator)', () => {
-  const t = tempDir('mig-i16-cutover-')
   let v: Vcsim
-  let srv: RunningServer
   /** A server whose copy is capped at 512 KiB/s and that gives a job up after one worker death. */
   let slow: RunningServer
+  const { t, srv } = serverSuite({
+    prefix: PREFIX,
+    tmpPrefix: 'mig-i16-cutover-',
+    traversable: true,
+    env: { ...BOOT_ENV, MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB) },
+    stop: (s) => [s, slow, v],
+  })
   const sourceIds = new Map<RunningServer, string>()
 
   /** A VM with a 16 MiB boot disk (flat; bootable unless `bootable` is false) and a 2 MiB sparse data disk. */
@@ -70,23 +82,14 @@ describe('warm cutover on command (vCenter simulator)', () => {
   }
 
   beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
     v = await startVcsim({ cbtPage: 4 * MiB })
-    await ensureLibvirt()
-    await cleanupDomains(PREFIX)
-    const boot = {
-      MIGRATOR_DOMAIN_TYPE: 'qemu',
-      MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: '6',
-      MIGRATOR_BOOT_SERIAL_PATTERN: MARKER,
-      MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5',
-    }
-    srv = await startServer('bun', t.dir, { ...boot, MIGRATOR_DELTA_CONVERGE_BYTES: String(MiB) })
-    slow = await startServer('bun', path.join(t.dir, 'slow'), { ...boot, MIGRATOR_MAX_ATTEMPTS: '1', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024) })
+    slow = await startServer('bun', path.join(t.dir, 'slow'), {
+      ...BOOT_ENV,
+      MIGRATOR_MAX_ATTEMPTS: '1',
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(512 * 1024),
+    })
     for (const s of [srv, slow]) sourceIds.set(s, await registerVcsim(s.base, v))
   }, 300_000)
-
-  afterAll(() => tearDownJobs(PREFIX, t, srv, slow, v))
 
   test('manual: >= 3 timed passes in DeltaSyncing while the guest writes, projected downtime shown, cutover on POST, bit-exact', async () => {
     const vm = await makeVm('i16-manual')

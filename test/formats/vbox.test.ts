@@ -3,8 +3,7 @@
  * (GOAD-DC01.vbox, values read by hand), a generated VM folder with real images made by qemu-img
  * (VDI base, VHD, VMDK base + VMDK differencing child), and hostile settings files.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { execFileSync } from 'node:child_process'
+import { beforeAll, describe, expect, test } from 'bun:test'
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import type { MigError } from '../../lib/errors.ts'
@@ -12,19 +11,14 @@ import { VmManifest } from '../../lib/manifest.ts'
 import { parseVbox, vboxMediumChain, vboxToManifest } from '../../lib/formats/vbox.ts'
 import { parseXmlDocument } from '../../lib/formats/xml.ts'
 import { importer } from '../../lib/importers/vbox-folder.ts'
-import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
-import { expectMig } from '../helpers/mig-error.ts'
+import { importRootFor, qemuImg } from '../helpers/import-root.ts'
+import { CORPUS, thrown } from '../helpers/tmp.ts'
+import { caught, expectMig } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
 const GOAD = path.join(CORPUS, 'dissect.hypervisor/GOAD-DC01.vbox')
 
-let tmp: ReturnType<typeof tempDir>
-let root: string
-const ctx = () => ({ importRoot: root })
-
-function qemuImg(cwd: string, ...args: string[]): void {
-  execFileSync('qemu-img', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] })
-}
+const { root, ctx } = importRootFor('mig-vbox-')
 
 const U = {
   vdi: '11111111-1111-4111-8111-111111111111',
@@ -97,8 +91,6 @@ ${opts.doctype ?? ''}<VirtualBox xmlns="http://www.virtualbox.org/" version="1.1
 let vmDir: string
 
 beforeAll(() => {
-  tmp = tempDir('mig-vbox-')
-  root = tmp.dir
   vmDir = path.join(root, 'GenVM')
   mkdirSync(path.join(vmDir, 'Snapshots'), { recursive: true })
   qemuImg(vmDir, 'create', '-q', '-f', 'vdi', 'base.vdi', '64M')
@@ -109,8 +101,6 @@ beforeAll(() => {
   writeFileSync(path.join(vmDir, 'GenVM.vbox'), vboxXml())
   writeFileSync(path.join(vmDir, 'install.iso'), Buffer.alloc(2048))
 })
-
-afterAll(() => tmp.cleanup())
 
 describe('parseVbox on the corpus (GOAD-DC01.vbox, VirtualBox 7.2, settings 1.19)', () => {
   const m = parseVbox(readFileSync(GOAD), 'GOAD-DC01.vbox')
@@ -271,44 +261,31 @@ describe('hostile and broken settings', () => {
       vboxXml().replace(`<Image uuid="{${U.vdi}}"/>`, '<Image uuid="not-a-uuid"/>'),
       vboxXml().replace('name="Gen &amp; Test"', 'name="&undefined;"'),
     ]) {
-      let err: unknown
-      try {
-        parseVbox(xml, 'x.vbox')
-      } catch (e) {
-        err = e
-      }
-      expectMig(err, 'E_MIG_MALFORMED_ARCHIVE')
+      expectMig(
+        caught(() => parseVbox(xml, 'x.vbox')),
+        'E_MIG_MALFORMED_ARCHIVE',
+      )
     }
   })
 
   test('a root that is not <VirtualBox> -> E_MIG_UNSUPPORTED_FORMAT; encrypted settings too', () => {
-    let err: unknown
-    try {
-      parseVbox('<Envelope/>', 'x.vbox')
-    } catch (e) {
-      err = e
-    }
-    expectMig(err, 'E_MIG_UNSUPPORTED_FORMAT')
-    err = undefined
-    try {
-      parseVbox(
-        '<VirtualBox version="1.19"><Machine uuid="{aaaaaaaa-0000-4000-8000-000000000001}" name="e" keyId="k" keyStore="AAAA">blob</Machine></VirtualBox>',
-        'x.vbox',
-      )
-    } catch (e) {
-      err = e
-    }
-    expectMig(err, 'E_MIG_UNSUPPORTED_FORMAT')
+    expectMig(
+      caught(() => parseVbox('<Envelope/>', 'x.vbox')),
+      'E_MIG_UNSUPPORTED_FORMAT',
+    )
+    const encrypted =
+      '<VirtualBox version="1.19"><Machine uuid="{aaaaaaaa-0000-4000-8000-000000000001}" name="e" keyId="k" keyStore="AAAA">blob</Machine></VirtualBox>'
+    expectMig(
+      caught(() => parseVbox(encrypted, 'x.vbox')),
+      'E_MIG_UNSUPPORTED_FORMAT',
+    )
   })
 
   test('over 4 MiB -> E_MIG_MALFORMED_ARCHIVE', () => {
-    let err: unknown
-    try {
-      parseVbox(Buffer.alloc(4 * MiB + 1, 0x20), 'big.vbox')
-    } catch (e) {
-      err = e
-    }
-    expectMig(err, 'E_MIG_MALFORMED_ARCHIVE')
+    expectMig(
+      caught(() => parseVbox(Buffer.alloc(4 * MiB + 1, 0x20), 'big.vbox')),
+      'E_MIG_MALFORMED_ARCHIVE',
+    )
   })
 
   test('__proto__ / constructor names are dropped, nothing is polluted', () => {

@@ -4,7 +4,7 @@
  * corpus VMCX copied into a temp `Virtual Machines/` beside a qemu-made `.vhdx`), and damaged
  * files (truncated, randomly mutated, checksum failures, wrong version).
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
@@ -13,7 +13,8 @@ import { VmManifest } from '../../lib/manifest.ts'
 import { crc32, isVmcxNode, parseVmcx, vmcxGet, type VmcxNode } from '../../lib/formats/vmcx-container.ts'
 import { vmcxDevices, vmcxVmInfo } from '../../lib/formats/vmcx.ts'
 import { importer } from '../../lib/importers/vmcx-export.ts'
-import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { importRootFor } from '../helpers/import-root.ts'
+import { CORPUS, thrown } from '../helpers/tmp.ts'
 import { expectMig } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
@@ -21,9 +22,7 @@ const VMCX = path.join(CORPUS, 'dissect.hypervisor/test.vmcx')
 const BYTES = readFileSync(VMCX)
 const VHDX_PATH = 'C:\\Users\\Public\\Documents\\Hyper-V\\Virtual Hard Disks\\Other Location.vhdx'
 
-let tmp: ReturnType<typeof tempDir>
-let root: string
-const ctx = () => ({ importRoot: root })
+const { root, ctx } = importRootFor('mig-vmcx-')
 
 function parseErr(buf: Buffer): unknown {
   try {
@@ -33,12 +32,6 @@ function parseErr(buf: Buffer): unknown {
   }
   return undefined
 }
-
-beforeAll(() => {
-  tmp = tempDir('mig-vmcx-')
-  root = tmp.dir
-})
-afterAll(() => tmp.cleanup())
 
 describe('parseVmcx on the corpus (test.vmcx, Gen 1)', () => {
   const cfg = parseVmcx(BYTES, 'test.vmcx')

@@ -2,7 +2,7 @@
  * VMDK reader tests: sparse headers (corpus streamOptimized files, qemu-made images, hand-made
  * COWD), descriptors, whole-disk inspection (extents, chains, confinement) and hostile input.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { closeSync, copyFileSync, mkdirSync, openSync, readFileSync, readSync, symlinkSync, truncateSync, writeFileSync, writeSync } from 'node:fs'
 import * as path from 'node:path'
@@ -10,14 +10,15 @@ import { MigError } from '../../lib/errors.ts'
 import { busOfAdapterType, inspectVmdk, readVmdkSparseHeader } from '../../lib/formats/vmdk/inspect.ts'
 import { parseVmdkDescriptor } from '../../lib/formats/vmdk/descriptor.ts'
 import { MAX_CHAIN_DEPTH } from '../../lib/formats/vmdk/limits.ts'
-import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { caught } from '../helpers/mig-error.ts'
+import { importRootFor } from '../helpers/import-root.ts'
+import { CORPUS, thrown } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024
 const VBOX_VMDK = path.join(CORPUS, 'vagrant-mutate/virtualbox-box-disk1.vmdk')
 const TTY_OVA = path.join(CORPUS, 'govmomi/ttylinux-pc_i486-16.1.ova')
 
-let tmp: ReturnType<typeof tempDir>
-let root: string
+const { root, ctx } = importRootFor('mig-vmdk-')
 
 function qemuImg(...args: string[]): void {
   execFileSync('qemu-img', args, { stdio: ['ignore', 'pipe', 'pipe'] })
@@ -60,12 +61,6 @@ function descriptorText(createType: string, extents: string[], extra: string[] =
     '',
   ].join('\n')
 }
-
-beforeAll(() => {
-  tmp = tempDir('mig-vmdk-')
-  root = tmp.dir
-})
-afterAll(() => tmp.cleanup())
 
 describe('readVmdkSparseHeader', () => {
   test('corpus VirtualBox streamOptimized: header values and the footer copy (GD_AT_END)', async () => {
@@ -265,20 +260,15 @@ describe('parseVmdkDescriptor', () => {
       ['x'.repeat(5 * MiB), 'E_MIG_MALFORMED_ARCHIVE'],
     ]
     for (const [text, code] of cases) {
-      let err: unknown
-      try {
-        parseVmdkDescriptor(text, 'bad.vmdk')
-      } catch (e) {
-        err = e
-      }
-      expectMig(err, code)
+      expectMig(
+        caught(() => parseVmdkDescriptor(text, 'bad.vmdk')),
+        code,
+      )
     }
   })
 })
 
 describe('inspectVmdk', () => {
-  const ctx = () => ({ importRoot: root })
-
   test('corpus streamOptimized (VirtualBox): 4 MiB, vmdk, adapter ide', async () => {
     const info = await inspectVmdk(VBOX_VMDK, { importRoot: path.dirname(VBOX_VMDK) })
     expect(info.kind).toBe('sparse')

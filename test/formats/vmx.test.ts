@@ -7,7 +7,7 @@ import * as path from 'node:path'
 import { VmManifest, type ControllerBus, type ManifestDisk } from '../../lib/manifest.ts'
 import { parseVmx, vmxGet, vmxHardware, vmxToManifest, type VmxFile } from '../../lib/formats/vmx.ts'
 import { CORPUS, thrown } from '../helpers/tmp.ts'
-import { expectMig } from '../helpers/mig-error.ts'
+import { caught, expectMig } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
 
@@ -92,13 +92,10 @@ describe('parseVmx', () => {
   test('malformed VMX lines and sizes', () => {
     const cases = ['no equals sign here', 'key = "unterminated', '= "no key"', 'key = "v" trailing', 'bad key = "v"', 'a = "b"\0', 'x'.repeat(5 * MiB)]
     for (const text of cases) {
-      let err: unknown
-      try {
-        parseVmx(text, 'bad.vmx')
-      } catch (e) {
-        err = e
-      }
-      expectMig(err, 'E_MIG_MALFORMED_ARCHIVE')
+      expectMig(
+        caught(() => parseVmx(text, 'bad.vmx')),
+        'E_MIG_MALFORMED_ARCHIVE',
+      )
     }
   })
 })

@@ -3,7 +3,7 @@
  * xapi's export format (XML-RPC objects VM, VBD, VDI, VIF, network), 1 MiB blocks with `.checksum`
  * (SHA-1) companions and missing (all-zero) blocks, tarred with GNU tar; plus hostile variants.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { createXXHash64 } from 'hash-wasm'
 import { createHash } from 'node:crypto'
@@ -18,13 +18,12 @@ import { decodeXmlRpcValue } from '../../lib/formats/xmlrpc.ts'
 import { parseXmlDocument } from '../../lib/formats/xml.ts'
 import { importer } from '../../lib/importers/xva-archive.ts'
 import { xxh64Upper } from '../helpers/inputs.ts'
-import { tempDir, thrown } from '../helpers/tmp.ts'
-import { expectMig } from '../helpers/mig-error.ts'
+import { importRootFor } from '../helpers/import-root.ts'
+import { thrown } from '../helpers/tmp.ts'
+import { caught, expectMig } from '../helpers/mig-error.ts'
 
 const MiB = 1024 * 1024
-let tmp: ReturnType<typeof tempDir>
-let root: string
-const ctx = () => ({ importRoot: root })
+const { root, ctx } = importRootFor('mig-xva-')
 
 const s = (v: string) => `<value>${v}</value>`
 const member = (name: string, value: string) => `<member><name>${name}</name>${value}</member>`
@@ -143,12 +142,6 @@ const GOOD: BlockSpec[] = [
   { dir: 'Ref:5', index: 3, size: MiB / 2 }, // last chunk of a 3.5 MiB disk
 ]
 
-beforeAll(() => {
-  tmp = tempDir('mig-xva-')
-  root = tmp.dir
-})
-afterAll(() => tmp.cleanup())
-
 describe('parseOvaXml', () => {
   test('VM, VBDs, VDIs, VIFs, firmware and OS hint from a xapi-style ova.xml', () => {
     const d = parseOvaXml(ovaXml(), 'ova.xml')
@@ -203,13 +196,10 @@ describe('parseOvaXml', () => {
       'not xml at all',
     ]
     for (const x of bad) {
-      let err: unknown
-      try {
-        parseOvaXml(x, 'ova.xml')
-      } catch (e) {
-        err = e
-      }
-      expectMig(err, 'E_MIG_MALFORMED_ARCHIVE')
+      expectMig(
+        caught(() => parseOvaXml(x, 'ova.xml')),
+        'E_MIG_MALFORMED_ARCHIVE',
+      )
     }
   })
 })

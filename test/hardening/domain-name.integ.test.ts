@@ -3,36 +3,30 @@
  * against every other active job and the domains libvirt has. Twelve plans for the same disk
  * without `name`, four at a time: all complete, each with its own domain.
  */
-import { afterAll, beforeAll, expect, test } from 'bun:test'
+import { beforeAll, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { chmodSync, mkdirSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { submit, offlinePlan, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, domainsWithPrefix, ensureLibvirt } from '../helpers/libvirt.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { domainsWithPrefix } from '../helpers/libvirt.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 
-const t = tempDir('mig-i12-name-')
+const { t, srv: server } = serverSuite({
+  prefix: 'i12-same',
+  tmpPrefix: 'mig-i12-name-',
+  dataSubdir: 'data',
+  env: { MIGRATOR_MAX_JOBS: '4', MIGRATOR_DOMAIN_TYPE: 'qemu' },
+})
 // qemu (libvirt's user) must search the temp dir down to the volumes (mkdtemp makes it 0700; docs/operations.md: defaults).
 chmodSync(t.dir, 0o711)
 const dataDir = path.join(t.dir, 'data')
-let server: RunningServer
 
-beforeAll(async () => {
-  await ensureLibvirt()
-  await cleanupDomains('i12-same')
+beforeAll(() => {
   mkdirSync(path.join(dataDir, 'imports'), { recursive: true })
   const raw = path.join(t.dir, 'disk.raw')
   makeBootDisk(raw, 'I12-SAME', 1 << 20)
   execFileSync('qemu-img', ['convert', '-q', '-f', 'raw', '-O', 'qcow2', raw, path.join(dataDir, 'imports', 'i12-same.qcow2')])
-  server = await startServer('bun', dataDir, { MIGRATOR_MAX_JOBS: '4', MIGRATOR_DOMAIN_TYPE: 'qemu' })
-}, 60_000)
-
-afterAll(async () => {
-  await server?.stop()
-  await cleanupDomains('i12-same')
-  t.cleanup()
 }, 60_000)
 
 test('twelve same-name jobs, four concurrent, all complete with distinct domains', async () => {

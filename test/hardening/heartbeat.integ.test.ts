@@ -2,35 +2,25 @@
  * Worker heartbeats: a worker that stops heart-beating (SIGSTOP: alive but silent) is killed after
  * `MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS` and its job retried by a new worker, which completes it.
  */
-import { afterAll, beforeAll, expect, test } from 'bun:test'
+import { beforeAll, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { offlinePlan, submit, waitJob, workerPid } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 
-const t = tempDir('mig-i12-hb-')
-let server: RunningServer
+// 4 MiB/s: the 24 MiB copy lasts about 6 s, long enough to stop the worker in the middle.
+const { t, srv: server } = serverSuite({
+  prefix: 'i12-hb',
+  tmpPrefix: 'mig-i12-hb-',
+  env: { MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS: '3', MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(4 << 20), MIGRATOR_FLUSH_EVERY_BYTES: String(4 << 20) },
+})
 
-beforeAll(async () => {
-  await ensureLibvirt()
+beforeAll(() => {
   mkdirSync(path.join(t.dir, 'imports'), { recursive: true })
   const raw = path.join(t.dir, 'd.raw')
   writeFileSync(raw, Buffer.alloc(24 << 20, 0x5a))
   execFileSync('qemu-img', ['convert', '-q', '-f', 'raw', '-O', 'qcow2', raw, path.join(t.dir, 'imports', 'hb.qcow2')])
-  // 4 MiB/s: the 24 MiB copy lasts about 6 s, long enough to stop the worker in the middle.
-  server = await startServer('bun', t.dir, {
-    MIGRATOR_HEARTBEAT_TIMEOUT_SECONDS: '3',
-    MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(4 << 20),
-    MIGRATOR_FLUSH_EVERY_BYTES: String(4 << 20),
-  })
-}, 60_000)
-afterAll(async () => {
-  await server?.stop()
-  await cleanupDomains('i12-hb')
-  t.cleanup()
 }, 60_000)
 
 test('a silent (SIGSTOPped) worker is killed after the heartbeat timeout and the job completes on a retry', async () => {

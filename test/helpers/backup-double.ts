@@ -11,11 +11,11 @@
  * behaviour its job id was registered with ({@link BackupJobBehaviour}). Every run is recorded
  * with its wall-clock time (`runs`), so tests can order it against job timestamps.
  */
-import { execFileSync } from 'node:child_process'
 import { X509Certificate } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { createServer, type Server } from 'node:https'
 import * as path from 'node:path'
+import { selfSignedCert } from './tls.ts'
 
 /**
  * What a run of a backup job does:
@@ -79,27 +79,7 @@ export class HostBackupApiTestDouble {
     const d = new HostBackupApiTestDouble({ user: 'backup', password: 's3cret', delayMs: 150, ...options })
     const key = path.join(options.dir, 'key.pem')
     d.certFile = path.join(options.dir, 'cert.pem')
-    execFileSync(
-      'openssl',
-      [
-        'req',
-        '-x509',
-        '-newkey',
-        'rsa:2048',
-        '-nodes',
-        '-keyout',
-        key,
-        '-out',
-        d.certFile,
-        '-days',
-        '1',
-        '-subj',
-        '/CN=127.0.0.1',
-        '-addext',
-        'subjectAltName=IP:127.0.0.1',
-      ],
-      { stdio: 'ignore', timeout: 30_000 },
-    )
+    selfSignedCert(key, d.certFile, '127.0.0.1', 'IP:127.0.0.1')
     d.certPem = readFileSync(d.certFile, 'utf8')
     d.fingerprint256 = new X509Certificate(d.certPem).fingerprint256
     d.server = createServer({ key: readFileSync(key), cert: readFileSync(d.certFile) }, (req, res) =>

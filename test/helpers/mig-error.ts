@@ -10,6 +10,16 @@ export async function migErrorOf(p: Promise<unknown>): Promise<MigError> {
   return e as MigError
 }
 
+/** What `fn` throws when called, undefined when it returns (a synchronous parser's error, say). */
+export function caught(fn: () => unknown): unknown {
+  try {
+    fn()
+  } catch (e) {
+    return e
+  }
+  return undefined
+}
+
 /** Checks that `err` (a value thrown) is a MigError whose code is `code`. */
 export function expectMig(err: unknown, code: MigError['code']): void {
   expect(err).toBeInstanceOf(MigError)

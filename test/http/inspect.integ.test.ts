@@ -13,9 +13,9 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { copyFileSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { buildInput, convert, makeRawImage, type BuiltInput } from '../helpers/inputs.ts'
+import { buildInput, buildVmcxExport, makeRawImage, type BuiltInput } from '../helpers/inputs.ts'
 import { RUNTIMES, startServer, type RunningServer } from '../helpers/server.ts'
-import { CORPUS, tempDir } from '../helpers/tmp.ts'
+import { tempDir } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024
 
@@ -76,17 +76,6 @@ const EXPECTED: Record<string, Expected> = {
   },
   // XVA ova.xml: VCPUs_max 2, memory_static_max 1 GiB, no VIFs, raw 1 MiB blocks.
   xva_archive: { disks: 2, formats: ['raw', 'raw'], guest: 'unknown', cpu: [2, 1], memory: 1024 * MiB, nics: [] },
-}
-
-/** A Hyper-V export folder: the corpus VMCX and a VHDX made from `raw` with `qemu-img convert -O vhdx`. */
-function buildVmcxExport(root: string, name: string, raw: string): BuiltInput {
-  const dir = path.join(root, name)
-  mkdirSync(path.join(dir, 'Virtual Machines'), { recursive: true })
-  mkdirSync(path.join(dir, 'Virtual Hard Disks'), { recursive: true })
-  copyFileSync(path.join(CORPUS, 'dissect.hypervisor/test.vmcx'), path.join(dir, 'Virtual Machines', '282874FC-59D6-4F30-BC04-5FDD909C82E0.vmcx'))
-  // The VMCX attaches "...\Virtual Hard Disks\Other Location.vhdx" on IDE 0:0.
-  convert(raw, 'vhdx', path.join(dir, 'Virtual Hard Disks', 'Other Location.vhdx'))
-  return { kind: 'vmcx_export', name, path: dir, disks: [{ raw, capacity: statSync(raw).size }] }
 }
 
 /** The nine inputs under `root`, from two raw images of different sizes. */

@@ -2,33 +2,23 @@
  * vmx_folder and vmdk importer tests: corpus VMX files copied into a temporary import root with
  * real disks made by qemu-img (sparse, flat, split, snapshot chains), and hostile folders.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { copyFileSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { MigError } from '../../lib/errors.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { importer as vmxImporter } from '../../lib/importers/vmx-folder.ts'
 import { importer as vmdkImporter } from '../../lib/importers/vmdk.ts'
 import { inspectInput } from '../../lib/importers/index.ts'
-import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
+import { importRootFor, qemuImg } from '../helpers/import-root.ts'
+import { expectMig } from '../helpers/mig-error.ts'
+import { CORPUS, thrown } from '../helpers/tmp.ts'
 
 const MiB = 1024 * 1024
 const VMX3 = path.join(CORPUS, 'virt-v2v/test-i-vmx-3.vmx')
 const VMX5 = path.join(CORPUS, 'virt-v2v/test-i-vmx-5.vmx')
 
-let tmp: ReturnType<typeof tempDir>
-let root: string
-const ctx = () => ({ importRoot: root })
-
-function qemuImg(cwd: string, ...args: string[]): void {
-  execFileSync('qemu-img', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] })
-}
-
-function expectMig(err: unknown, code: string): void {
-  expect(err).toBeInstanceOf(MigError)
-  expect((err as MigError).code).toBe(code as MigError['code'])
-}
+const { root, ctx } = importRootFor('mig-vmx-')
 
 /** A folder under the root with the corpus VMX copied in (optionally rewritten). */
 function vmFolder(name: string, vmx: string, edit: (t: string) => string = (t) => t): string {
@@ -37,12 +27,6 @@ function vmFolder(name: string, vmx: string, edit: (t: string) => string = (t) =
   writeFileSync(path.join(dir, path.basename(vmx)), edit(readFileSync(vmx, 'utf8')))
   return dir
 }
-
-beforeAll(() => {
-  tmp = tempDir('mig-vmx-')
-  root = tmp.dir
-})
-afterAll(() => tmp.cleanup())
 
 describe('vmx_folder importer', () => {
   test('test-i-vmx-3 with a monolithicSparse disk (folder and .vmx path)', async () => {

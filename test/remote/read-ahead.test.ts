@@ -34,19 +34,27 @@ function memoryFile(data: Buffer, failAt?: number) {
   return { file, reads, closed: () => closed }
 }
 
+/**
+ * Reads `f` whole (`size` bytes) as the copy loop does: chunk after chunk of `chunk` bytes, each
+ * chunk's reads of `piece` bytes issued at once. Returns the bytes read.
+ */
+async function readInChunks(f: RemoteFile, size: number, chunk: number, piece: number): Promise<Buffer> {
+  const out = Buffer.alloc(size)
+  for (let at = 0; at < size; at += chunk) {
+    const pieces: Promise<number>[] = []
+    for (let p = at; p < Math.min(size, at + chunk); p += piece) pieces.push(f.read(out.subarray(p, Math.min(size, p + piece)), p))
+    await Promise.all(pieces)
+  }
+  return out
+}
+
 describe('withReadAhead', () => {
   test('64 KiB reads in file order, issued many at once: the bytes of the object, a request per window of up to 4 MiB', async () => {
     const data = randomBytes(16 * MiB + 5 * KiB)
     const m = memoryFile(data)
     const f = withReadAhead(m.file)
     f.readAhead!(true)
-    const out = Buffer.alloc(data.length)
-    for (let at = 0; at < data.length; at += 4 * MiB) {
-      // one chunk's pieces, read in parallel as the copy loop does
-      const pieces: Promise<number>[] = []
-      for (let p = at; p < Math.min(data.length, at + 4 * MiB); p += 64 * KiB) pieces.push(f.read(out.subarray(p, Math.min(data.length, p + 64 * KiB)), p))
-      await Promise.all(pieces)
-    }
+    const out = await readInChunks(f, data.length, 4 * MiB, 64 * KiB)
     expect(out.equals(data)).toBe(true)
     expect(m.reads.length).toBeLessThan(16)
     expect(Math.max(...m.reads.map(([, n]) => n))).toBe(4 * MiB)
@@ -71,13 +79,8 @@ describe('withReadAhead', () => {
     }
     const f = withReadAhead(m.file, { maxWindowBytes: 64 * KiB, ahead: 2 })
     f.readAhead!(true)
-    const out = Buffer.alloc(data.length)
-    for (let at = 0; at < data.length; at += 256 * KiB) {
-      // reads of 16 KiB issued 16 at a time, across the borders of four windows
-      const pieces: Promise<number>[] = []
-      for (let p = at; p < Math.min(data.length, at + 256 * KiB); p += 16 * KiB) pieces.push(f.read(out.subarray(p, Math.min(data.length, p + 16 * KiB)), p))
-      await Promise.all(pieces)
-    }
+    // reads of 16 KiB issued 16 at a time, across the borders of four windows
+    const out = await readInChunks(f, data.length, 256 * KiB, 16 * KiB)
     expect(out.equals(data)).toBe(true)
     // at most the windows ahead of the last read fetched beyond what was read, and never past the end
     expect(m.reads.reduce((s, [, n]) => s + n, 0)).toBeLessThanOrEqual(data.length)

@@ -8,7 +8,8 @@ import { chmodSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import * as path from 'node:path'
 import { chromium, type BrowserContext, type Locator, type Page } from 'playwright-core'
-import { cleanupDomains, ensureLibvirt } from '../helpers/libvirt.ts'
+import { cleanupDomains, ensureLibvirt, type Stoppable } from '../helpers/libvirt.ts'
+import { lateBound, type ServerSuite, serverSuite } from '../helpers/server-suite.ts'
 import type { RunningServer } from '../helpers/server.ts'
 import { sessionCookies } from '../helpers/test-auth.ts'
 
@@ -72,6 +73,36 @@ export async function openBrowser(opts: { httpCredentials?: { username: string; 
       rmSync(profile, { recursive: true, force: true })
     },
   }
+}
+
+/**
+ * A console suite on the enclosing `describe` (test/helpers/server-suite.ts): its temporary dir
+ * made traversable, no domain named `prefix*` left, the server (environment `env`, data dir
+ * `<dir>/data`) and then Chromium (`opts.browser`: openBrowser's options) opened before the file's
+ * own `beforeAll`; at the end the browser closed, the server and `opts.also()` stopped, the
+ * domains and the dir removed. `b` forwards to the browser (see lateBound).
+ */
+export function consoleSuite(
+  prefix: string,
+  tmpPrefix: string,
+  env: Record<string, string>,
+  opts: { runtime?: 'bun' | 'node'; browser?: Parameters<typeof openBrowser>[0]; also?: () => Array<Stoppable | undefined>; timeoutMs?: number } = {},
+): ServerSuite & { b: Browser } {
+  const browser = lateBound<Browser>(`the ${prefix} console suite's browser`)
+  const suite = serverSuite({
+    prefix,
+    tmpPrefix,
+    runtime: opts.runtime,
+    traversable: true,
+    dataSubdir: 'data',
+    env,
+    ready: async () => {
+      browser.set(await openBrowser(opts.browser))
+    },
+    stop: (srv) => [browser.current, srv, ...(opts.also?.() ?? [])],
+    timeoutMs: opts.timeoutMs ?? 120_000,
+  })
+  return { ...suite, b: browser.handle }
 }
 
 /** The console's URL for a server whose API base is `base`. */

@@ -8,16 +8,14 @@
  * the tail of its serial log. Domains are defined with `start: false` where a boot is not the
  * point (prefix `i17c-`).
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { beforeAll, describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makePowerOffBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, offlinePlan, waitJob } from '../helpers/jobs.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
-import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browser } from './browser.ts'
+import { consoleSuite, consoleUrl, submitPlan } from './browser.ts'
 
 const MiB = 1024 * 1024
 /** Source read cap of the server: 2 MiB/s. */
@@ -32,29 +30,22 @@ function rawImage(file: string, sizeBytes: number, dataBytes: number): string {
 }
 
 describe('web console (Bun server, Chromium)', () => {
-  const t = tempDir('i17c-ui-')
+  // No MIGRATOR_BOOT_SERIAL_PATTERN: the failed boot below is a guest that really stops.
+  const { t, srv, b } = consoleSuite('i17c-', 'i17c-ui-', {
+    MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(CAP),
+    MIGRATOR_DOMAIN_TYPE: 'qemu',
+    MIGRATOR_BOOT_GRACE_SECONDS: '1',
+    MIGRATOR_BOOT_TIMEOUT_SECONDS: '4',
+  })
   const inputs = path.join(t.dir, 'inputs')
   const data = path.join(t.dir, 'data')
-  let srv: RunningServer
-  let b: Browser
   /** Every URL the page requested: the console works offline, so all are the migrator's. */
   const requested: string[] = []
 
   beforeAll(async () => {
-    await prepareHost(t.dir, 'i17c-')
     mkdirSync(inputs)
-    // No MIGRATOR_BOOT_SERIAL_PATTERN: the failed boot below is a guest that really stops.
-    srv = await startServer('bun', data, {
-      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(CAP),
-      MIGRATOR_DOMAIN_TYPE: 'qemu',
-      MIGRATOR_BOOT_GRACE_SECONDS: '1',
-      MIGRATOR_BOOT_TIMEOUT_SECONDS: '4',
-    })
-    b = await openBrowser()
     b.page.on('request', (r) => requested.push(r.url()))
   }, 120_000)
-
-  afterAll(() => teardown(b, srv, t, 'i17c-'))
 
   test('upload an OVA from the page: the browser hashes and uploads it, the manifest shows, the progress bar moves and reaches Completed', async () => {
     // 8 MiB of data then 8 MiB of zeros: 4 s at the cap, the zeros skipped

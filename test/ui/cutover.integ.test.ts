@@ -12,23 +12,24 @@
  *   reaches the wait after db completed) to a Completed plan, after which the button is disabled.
  * No guest boots (`start: false`): the cutover is the point.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { beforeAll, describe, expect, test } from 'bun:test'
 import * as path from 'node:path'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { call, livePlan, submit, waitJob } from '../helpers/jobs.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, registerVcsim, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
-import { consoleUrl, openBrowser, prepareHost, teardown, type Browser } from './browser.ts'
-import type { Locator } from 'playwright-core'
+import { consoleUrl, consoleSuite } from './browser.ts'
+import type { Locator, Page } from 'playwright-core'
 
 const MiB = 1024 * 1024
 
 describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
-  const t = tempDir('i17x-ui-cut-')
   let v: Vcsim
-  let srv: RunningServer
-  let b: Browser
+  const { t, srv, b } = consoleSuite(
+    'i17x-',
+    'i17x-ui-cut-',
+    { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5' },
+    { also: () => [v] },
+  )
   let sourceId: string
 
   /** A running VM with CBT and one 8 MiB flat disk the guest writes 128 KiB to before every delta snapshot. */
@@ -64,24 +65,22 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
 
   const warmPlan = (vmId: string, name: string) => livePlan(sourceId, vmId, 'Warm', { name, start: false })
 
-  beforeAll(async () => {
-    v = await startVcsim()
-    await prepareHost(t.dir, 'i17x-')
-    srv = await startServer('bun', path.join(t.dir, 'data'), { MIGRATOR_DOMAIN_TYPE: 'qemu', MIGRATOR_GUEST_SHUTDOWN_TIMEOUT_SECONDS: '5' })
-    sourceId = await registerVcsim(srv.base, v)
-    b = await openBrowser()
-  }, 180_000)
-
-  afterAll(async () => {
-    await teardown(b, srv, t, 'i17x-')
-    await v?.stop()
-  })
-
-  test('a warm job waits for the cutover, shows its last delta sync, and cuts over from the page', async () => {
-    const vm = await makeVm('i17x-cut')
-    const job = await submit(srv.base, { ...warmPlan(vm, 'i17x-cut'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
+  /** A new VM `name` and its warm job with a manual cutover (a delta pass every second), the job's page open. */
+  async function openManualCutoverJob(name: string): Promise<{ vm: string; job: any; page: Page }> {
+    const vm = await makeVm(name)
+    const job = await submit(srv.base, { ...warmPlan(vm, name), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
     const { page } = b
     await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
+    return { vm, job, page }
+  }
+
+  beforeAll(async () => {
+    v = await startVcsim()
+    sourceId = await registerVcsim(srv.base, v)
+  }, 180_000)
+
+  test('a warm job waits for the cutover, shows its last delta sync, and cuts over from the page', async () => {
+    const { vm, job, page } = await openManualCutoverJob('i17x-cut')
     const card = page.getByTestId('cutover')
     await card.waitFor()
     expect(await card.getAttribute('data-mode')).toBe('manual')
@@ -123,10 +122,7 @@ describe('web console: warm cutover and bulk plans (vCenter simulator)', () => {
   }, 300_000)
 
   test('a Cut over confirmed after the job was cancelled under the dialog shows E_MIG_CONFLICT', async () => {
-    const vm = await makeVm('i17x-cut409')
-    const job = await submit(srv.base, { ...warmPlan(vm, 'i17x-cut409'), cutover: { mode: 'manual' }, precopy_interval_seconds: 1 })
-    const { page } = b
-    await page.goto(consoleUrl(srv.base, `#/migrations/${job.id}`))
+    const { job, page } = await openManualCutoverJob('i17x-cut409')
     await page.locator('[data-testid=cutover][data-waiting=true]').waitFor({ timeout: 120_000 })
     await page.getByTestId('cutover-button').click()
     await page.getByTestId('cutover-dialog').waitFor()

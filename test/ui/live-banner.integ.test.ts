@@ -5,34 +5,22 @@
  * VM without CBT; the job page shows the non-fatal E_MIG_CBT_UNSUPPORTED downgrade as a banner
  * (spec 1.4, 6) while the job runs on to Completed.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { beforeAll, describe, expect, test } from 'bun:test'
 import * as path from 'node:path'
 import { makeRawImage } from '../helpers/inputs.ts'
 import { call } from '../helpers/jobs.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
 import { putVmdk, startVcsim, type Vcsim, SMALL_LINUX_VM } from '../helpers/vcsim.ts'
-import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browser } from './browser.ts'
+import { consoleUrl, submitPlan, consoleSuite } from './browser.ts'
 
 const MiB = 1024 * 1024
 
 describe('web console: vSphere source, warm plan without CBT (vCenter simulator)', () => {
-  const t = tempDir('i17l-ui-vim-')
   let v: Vcsim
-  let srv: RunningServer
-  let b: Browser
+  const { t, srv, b } = consoleSuite('i17l-', 'i17l-ui-vim-', { MIGRATOR_DOMAIN_TYPE: 'qemu' }, { also: () => [v] })
 
   beforeAll(async () => {
     v = await startVcsim()
-    await prepareHost(t.dir, 'i17l-')
-    srv = await startServer('bun', path.join(t.dir, 'data'), { MIGRATOR_DOMAIN_TYPE: 'qemu' })
-    b = await openBrowser()
   }, 180_000)
-
-  afterAll(async () => {
-    await teardown(b, srv, t, 'i17l-')
-    await v?.stop()
-  })
 
   test('register, test, list, inspect, start Warm: the downgrade banner shows and the job completes cold', async () => {
     const raw = makeRawImage(path.join(t.dir, 'nocbt.raw'), 8 * MiB, 3)

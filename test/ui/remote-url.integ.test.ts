@@ -5,36 +5,29 @@
  * inspect, see the manifest, submit; the job reads the OVA from nginx and completes bit-exact,
  * its plan's source_ref an `offline_url`. The page never receives the credential's secret.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { mkdirSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput, fileSha256, makeRawImage, rawSha256 } from '../helpers/inputs.ts'
 import { call, volumePath } from '../helpers/jobs.ts'
 import { NGINX_USER, startNginx, type RunningNginx } from '../helpers/nginx.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
-import { consoleUrl, openBrowser, prepareHost, submitPlan, teardown, type Browser } from './browser.ts'
+import { consoleSuite, consoleUrl, submitPlan } from './browser.ts'
 
 const MiB = 1024 * 1024
 
 describe('web console: a new migration from a URL (Bun server, nginx, Chromium)', () => {
-  const t = tempDir('i17r-url-')
+  let web: RunningNginx
+  const { t, srv, b } = consoleSuite('i17r-', 'i17r-url-', { MIGRATOR_DOMAIN_TYPE: 'qemu' }, { also: () => [web] })
   const www = path.join(t.dir, 'www')
   const data = path.join(t.dir, 'data')
-  let srv: RunningServer
-  let web: RunningNginx
-  let b: Browser
   let ova = ''
   const bodies: string[] = []
 
   beforeAll(async () => {
-    await prepareHost(t.dir, 'i17r-')
     mkdirSync(www)
     ova = buildInput('ova_archive', www, 'i17r-url', [makeRawImage(path.join(t.dir, 'u.raw'), 8 * MiB, 5)]).path
     web = await startNginx(www, path.join(t.dir, 'nginx'))
-    srv = await startServer('bun', data, { MIGRATOR_DOMAIN_TYPE: 'qemu' })
-    b = await openBrowser()
     // every credentials answer the page received; one discarded by a reload has no body to read
     b.page.on('response', (r) => {
       if (r.url().includes('/remote-credentials'))
@@ -44,11 +37,6 @@ describe('web console: a new migration from a URL (Bun server, nginx, Chromium)'
         )
     })
   }, 120_000)
-
-  afterAll(async () => {
-    await web?.stop()
-    await teardown(b, srv, t, 'i17r-')
-  })
 
   test('type a URL, pick a credential, inspect, submit: the job reads the OVA from nginx and completes bit-exact', async () => {
     const cred = await call(srv.base, 'POST', '/remote-credentials', { name: 'web', kind: 'http_basic', ...NGINX_USER })

@@ -20,7 +20,10 @@
  *   block job qemu dropped and completes in the same qemu process;
  * - a SIGKILL of the server mid-copy (its workers end with it): the guest keeps running, a new
  *   server on the same data directory resumes the job once its lease expired and completes, the
- *   guest's writes before, during and after the outage on the volume.
+ *   guest's writes before, during and after the outage on the volume;
+ * - the HTTP source (a real nginx, `offline_url`) stopped mid-copy and started again on the same
+ *   port: the job says "waiting for the source" (non-fatal), the guest is not stopped, the job
+ *   does not fail, and once the source answers again it completes bit-exact.
  * The boot-sector guest writes nothing itself: its writes are made through qemu's block layer on
  * the guest's disk device (HMP `qemu-io -d <device>`, see {@link guestWrite}), the path a guest's
  * own writes take (the device's block backend, under the block copy's synchronous writes).
@@ -35,6 +38,7 @@ import { runCli } from '../helpers/cli.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText, qemuPid } from '../helpers/libvirt.ts'
+import { startNginx } from '../helpers/nginx.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -261,4 +265,54 @@ describe('live import of a boot-sector guest', () => {
     ).toBe(true)
     await cleanupDomains('lib-skill')
   }, 300_000)
+  test('the HTTP source stopped mid-copy and started again: waiting for the source, then Completed bit-exact', async () => {
+    const www = path.join(t.dir, 'www')
+    mkdirSync(www, { recursive: true })
+    const boot = dataBootDisk(path.join(t.dir, 'boot6.raw'))
+    const input = buildInput('qcow2', www, 'lib-http', [boot])
+    const nginxDir = path.join(t.dir, 'nginx')
+    let web = await startNginx(www, nginxDir)
+    try {
+      const url = `${web.base}/${path.relative(www, input.path)}`
+      const job = await submit(srv.base, {
+        source: { Offline: 'qcow2' },
+        source_ref: { kind: 'offline_url', url },
+        mode: 'Cold',
+        name: 'lib-http',
+        live_import: true,
+      })
+      await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
+      const before = await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
+      expect(before.progress.bytes_done).toBeLessThan(before.progress.bytes_total)
+      await web.stop()
+      const waiting = await waitJob(srv.base, job.id, (j) => /waiting for the source/.test(j.last_error?.message ?? '') || j.status !== 'running', 60_000)
+      console.log(`source down: ${JSON.stringify(waiting.last_error)} at ${waiting.progress.bytes_done} bytes`)
+      expect([waiting.status, waiting.state, waiting.last_error.code, waiting.last_error.fatal]).toEqual([
+        'running',
+        'CopyingFull',
+        'E_MIG_DISK_READ_FAILED',
+        false,
+      ])
+      // the guest is not stopped while its source is away (paused at worst, by a read of its own)
+      await Bun.sleep(5000)
+      expect(['running', 'paused']).toContain(virshText('domstate', 'lib-http'))
+      const still = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
+      expect([still.status, still.progress.bytes_done < still.progress.bytes_total]).toEqual(['running', true])
+      web = await startNginx(www, nginxDir, { port: web.port })
+      const done = await waitJob(srv.base, job.id, undefined, 240_000)
+      expect([done.state, done.last_error]).toEqual(['Completed', null])
+      expect(virshText('domstate', 'lib-http')).toBe('running')
+      const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
+      expect(virshText('domblklist', 'lib-http')).toContain(vol)
+      expect(virshText('dumpxml', 'lib-http')).not.toMatch(/<backingStore type=|nbd/)
+      expect(
+        readFileSync(vol)
+          .subarray(0, 64 * MiB)
+          .equals(readFileSync(boot)),
+      ).toBe(true)
+    } finally {
+      await web.stop()
+      await cleanupDomains('lib-http')
+    }
+  }, 420_000)
 })

@@ -214,6 +214,11 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
         const choice = input.cancelChoice ? await input.cancelChoice().catch(() => 'finish' as const) : 'destroy'
         if (choice === 'destroy' || !(name && ours)) {
           destroying = true
+          if (name && ours) {
+            // a guest whose start (the boot check) has not returned yet is destroyed too
+            guestStarted = true
+            domain = name
+          }
           startAbort.abort()
           throw cancelled()
         }

@@ -64,6 +64,16 @@ export interface Progress {
 }
 
 /** `last_error`: a fatal failure, or a non-fatal notice such as `E_MIG_CBT_UNSUPPORTED` (spec 1.4). */
+/**
+ * What a cancel does with the guest of a live import that already runs (docs/live-import.md):
+ * `finish` (the default) lets the copy run to the pivot and ends the job `Completed`, the guest
+ * running on its volumes with what it wrote; `destroy` aborts the copy and destroys the guest and
+ * its writes, then the job ends `Cancelled`. Jobs without a running live guest cancel as usual.
+ */
+export const LIVE_GUEST_ON_CANCEL = ['finish', 'destroy'] as const
+/** One of {@link LIVE_GUEST_ON_CANCEL}. */
+export type LiveGuestOnCancel = (typeof LIVE_GUEST_ON_CANCEL)[number]
+
 export interface LastError {
   code: ErrorCode
   message: string

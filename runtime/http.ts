@@ -24,9 +24,13 @@ export const MAX_JSON_BYTES = 1024 * 1024
 /**
  * Reads a JSON request body of at most {@link MAX_JSON_BYTES} bytes, counting while streaming.
  * `E_MIG_BAD_REQUEST` for a missing, oversized or unparsable body, or one that is not an object.
+ * `optional`: a missing or empty body (whitespace only) reads as `{}`.
  */
-export async function readJson(request: Request): Promise<Record<string, unknown>> {
-  if (!request.body) throw new MigError('E_MIG_BAD_REQUEST', 'request body required (JSON object)')
+export async function readJson(request: Request, opts: { optional?: boolean } = {}): Promise<Record<string, unknown>> {
+  if (!request.body) {
+    if (opts.optional) return {}
+    throw new MigError('E_MIG_BAD_REQUEST', 'request body required (JSON object)')
+  }
   const reader = request.body.getReader()
   const parts: Uint8Array[] = []
   let size = 0
@@ -42,6 +46,7 @@ export async function readJson(request: Request): Promise<Record<string, unknown
   }
   let parsed: unknown
   const text = Buffer.concat(parts).toString('utf8')
+  if (opts.optional && text.trim() === '') return {}
   try {
     parsed = JSON.parse(text)
   } catch (e) {

@@ -24,7 +24,17 @@ export function register(program: Command): void {
   program
     .command('cancel <id>')
     .description('request cancellation of a migration')
-    .action((id: string, _o, cmd: Command) => run(async () => show(await apiOf(cmd).call('POST', `/migrations/${encodeURIComponent(id)}/cancel`))))
+    .option(
+      '--live-guest <what>',
+      'a live import whose guest runs: finish (default: the copy ends, the job completes, the guest keeps running) or destroy (the guest and its writes are removed)',
+    )
+    .action((id: string, o: { liveGuest?: string }, cmd: Command) =>
+      run(async () =>
+        show(
+          await apiOf(cmd).call('POST', `/migrations/${encodeURIComponent(id)}/cancel`, o.liveGuest === undefined ? undefined : { live_guest: o.liveGuest }),
+        ),
+      ),
+    )
   program
     .command('cutover <id>')
     .description('cut a warm migration over now (it waits in DeltaSyncing for the command or its time)')

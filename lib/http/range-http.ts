@@ -136,6 +136,8 @@ export class RangeHttp {
   private async acquire(): Promise<Conn> {
     for (;;) {
       if (this.closed) throw new Error('the connection pool is closed')
+      // connections the server closed while idle hold no place in the pool
+      for (const c of this.conns.filter((x) => x.dead && !x.busy)) this.drop(c)
       const idle = this.conns.find((c) => !c.busy && !c.dead)
       if (idle) {
         idle.busy = true
@@ -148,6 +150,8 @@ export class RangeHttp {
         try {
           await c.ready
         } catch (e) {
+          // its place in the pool is free again: a request waiting for one tries its own connect
+          c.busy = false
           this.drop(c)
           throw e
         }

@@ -87,6 +87,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         startDomain,
         signal,
         logger,
+        cancelChoice: () => store.jobs.cancelChoice(job.id),
         bytesPerSecond: config.copy.maxBytesPerSecond,
       }),
   }

@@ -191,8 +191,15 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     deps.mark?.('copied')
 
-    // a live import that ended runs the guest on the volumes: a cancel then comes too late
+    // a live import that ended runs the guest on the volumes: a cancel then came too late, or
+    // asked to finish the copy of the running guest (docs/live-import.md)
     if (signal.aborted && !liveOutcome) throw cancelled()
+    if (signal.aborted && liveOutcome)
+      notice = {
+        code: 'E_MIG_CANCELLED',
+        message: `cancel requested while the guest ${liveOutcome.domain} ran: its copy was finished (live_guest "finish"); it runs on its volumes`,
+        fatal: false,
+      }
     // The passthrough (virt-v2v) converted the guest already; in-place V2V is for copied disks.
     if (!liveOutcome && isWindows(job.plan, manifest) && source.strategy !== 'passthrough' && !reached('V2vProcessing')) {
       await setState('V2vProcessing')

@@ -8,7 +8,7 @@ import type { Virsh } from '../domain/virsh.ts'
 import type { DomainVolume } from '../domain/xml.ts'
 import { MigError } from '../errors.ts'
 import type { QemuUser } from '../host/qemu-access.ts'
-import type { HardwareRecord, Job } from '../job.ts'
+import type { HardwareRecord, Job, LiveGuestOnCancel } from '../job.ts'
 import type { VmManifest } from '../manifest.ts'
 import type { PreparedSource } from '../jobs/prepared-source.ts'
 import type { SinkVolume } from '../sink/types.ts'
@@ -40,6 +40,8 @@ export interface JobLiveImportInput {
   startDomain(job: Job, manifest: VmManifest, volumes: DomainVolume[], signal: AbortSignal): Promise<JobStartOutcome>
   signal: AbortSignal
   logger: { info(fields: Record<string, unknown>, message: string): void }
+  /** The cancel asked for this job: what to do with its running guest (null: none asked; read as `finish`). */
+  cancelChoice(): Promise<LiveGuestOnCancel | null>
   /** The copy cap, bytes per second (0: none), shared by the disks' block jobs. */
   bytesPerSecond: number
 }
@@ -92,6 +94,11 @@ export async function runJobLiveImport(input: JobLiveImportInput): Promise<JobSt
     onStarted: async (o) => {
       await hooks.patch({ domain: o.domain, hardware: (o.hardware as HardwareRecord | null) ?? undefined })
       logger.info({ domain: o.domain, notice: o.notice }, 'live import: the guest runs, its disks copy')
+    },
+    cancelChoice: async () => (await input.cancelChoice()) ?? 'finish',
+    onFinishing: () => {
+      const message = `cancel requested while the guest ${job.domain ?? ''} runs: its copy is being finished (live_guest "finish"); the job then completes with the guest running on its volumes; cancel with {"live_guest": "destroy"} to remove it and its writes instead`
+      void hooks.patch({ last_error: { code: 'E_MIG_CANCELLED', message, fatal: false } }).catch(() => {})
     },
     onProgress: (i, bytes) => hooks.progress(manifest.disks[i]!.label, bytes),
     onWaiting: (message) => {

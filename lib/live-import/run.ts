@@ -19,8 +19,11 @@
  * on the same sockets (qemu reconnects on its next request; a guest paused by a read error while
  * they were away is resumed) and follows or restarts the block jobs.
  *
- * Cancel (`signal`) while the guest runs destroys it: block jobs aborted, domain destroyed and
- * undefined, overlays removed (the caller removes the volumes).
+ * Cancel (`signal`) while the guest runs does what `cancelChoice` says: `finish` (the default) lets
+ * the copy run to the pivot and returns as if no cancel came (the guest keeps running on its
+ * volumes, with what it wrote); `destroy` (or a cancel before the guest runs) destroys it: block
+ * jobs aborted, domain destroyed and undefined, overlays removed (the caller removes the volumes).
+ * A `destroy` asked while a `finish` goes on still destroys.
  */
 import { mkdir, rm } from 'node:fs/promises'
 import * as path from 'node:path'
@@ -28,6 +31,7 @@ import type { DiskReader } from '../contracts/disk-reader.ts'
 import type { DomainVolume } from '../domain/xml.ts'
 import type { Virsh } from '../domain/virsh.ts'
 import { MigError } from '../errors.ts'
+import type { LiveGuestOnCancel } from '../job.ts'
 import { sleep } from '../retry.ts'
 import { abortBlockCopy, blockJobInfo, domainDisks, pivotBlockCopy, startBlockCopy } from './block-job.ts'
 import { NbdExportServer } from './nbd-server.ts'
@@ -78,6 +82,13 @@ export interface LiveImportInput {
    * start; it is followed, never started again (its overlays hold what the guest wrote).
    */
   domainName?: string | null
+  /**
+   * After a cancel (`signal` aborted): what to do with the running guest (read again while a
+   * `finish` goes on, so a later `destroy` wins). Absent: `destroy`.
+   */
+  cancelChoice?(): Promise<LiveGuestOnCancel>
+  /** A cancel came while the guest runs and its copy is being finished (called once). */
+  onFinishing?(): void
   /** Called once the guest started (its boot verdict), before the copy ends. */
   onStarted(outcome: LiveStartOutcome): Promise<void>
   /** Bytes of disk `index` in the destination volume (from the block job's counters). */
@@ -117,6 +128,12 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
   // name runs with this import's overlays, while the boot check goes on.
   let domain: string | null = input.started?.domain ?? input.domainName ?? null
   let failing = 0
+  // The start's boot check goes on after a cancel whose choice is `finish`: its own abort signal.
+  const startAbort = new AbortController()
+  // a cancel came and the guest runs: its copy is being finished
+  let finishing = false
+  // a cancel came that destroys the guest
+  let destroying = false
   try {
     for (let i = 0; i < disks.length; i++) {
       const { socket } = livePaths(dir, i)
@@ -167,7 +184,7 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
         await createOverlay(p.overlay, p.socket, disks[i]!.capacity)
         overlays.push({ label: disks[i]!.label, path: p.overlay, format: 'qcow2', stopOnError: true })
       }
-      startDone = input.start(overlays, signal).then(async (o) => {
+      startDone = input.start(overlays, startAbort.signal).then(async (o) => {
         guestStarted = true
         domain = o.domain
         await input.onStarted(o)
@@ -187,13 +204,30 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
     let lastPaused = 0
     for (;;) {
       if (startError) throw startError
-      if (signal.aborted) throw cancelled()
       const name = outcome ? (outcome as LiveStartOutcome).domain : domain
       // The copy starts as soon as the guest runs, the boot check going on beside it.
       const state = name ? await virsh.state(name).catch(() => '') : ''
       const listed = name && (state === 'running' || state === 'paused') ? await domainDisks(virsh, name) : []
       // a domain of that name whose disks are not this import's is not the guest (yet)
       const ours = listed.some((e) => e.source.startsWith(`${dir}/`) || disks.some((d) => d.volumePath === e.source))
+      if (signal.aborted) {
+        const choice = input.cancelChoice ? await input.cancelChoice().catch(() => 'finish' as const) : 'destroy'
+        if (choice === 'destroy' || !(name && ours)) {
+          destroying = true
+          if (name && ours) {
+            // a guest whose start (the boot check) has not returned yet is destroyed too
+            guestStarted = true
+            domain = name
+          }
+          startAbort.abort()
+          throw cancelled()
+        }
+        if (!finishing) {
+          finishing = true
+          log('live import: cancel while the guest runs: its copy is finished', { domain: name })
+          input.onFinishing?.()
+        }
+      }
       if (name && ours) {
         domain = name
         guestStarted = true
@@ -252,13 +286,14 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
     await rm(dir, { recursive: true, force: true })
     return outcome as unknown as LiveStartOutcome
   } catch (e) {
-    if (signal.aborted && guestStarted && domain) {
+    if (destroying && guestStarted && domain) {
       // cancel with a guest running: it is destroyed with what it wrote
       for (const d of await domainDisks(virsh, domain).catch(() => [])) await abortBlockCopy(virsh, domain, d.target)
       await virsh.destroy(domain).catch(() => undefined)
       await virsh.undefine(domain).catch(() => undefined)
       await rm(dir, { recursive: true, force: true }).catch(() => {})
     } else if (!guestStarted) await rm(dir, { recursive: true, force: true }).catch(() => {})
+    startAbort.abort()
     throw e
   } finally {
     for (const s of servers) await s.close()

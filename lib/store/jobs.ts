@@ -13,6 +13,7 @@ import {
   type Job,
   type JobState,
   type LastError,
+  type LiveGuestOnCancel,
   type Progress,
   type RestorePointRecord,
   type SourceVmRecord,
@@ -114,6 +115,10 @@ function blockersOf(deps: string[], rows: Map<string, { state: string; depends_o
 }
 
 const ACTIVE = ['queued', 'running'] as const
+
+/** `jobs.cancel_requested`: 0 none, 1 cancel (a live guest's copy finishes), 2 cancel destroying a live guest. */
+const CANCEL_FINISH = 1
+const CANCEL_DESTROY = 2
 
 /** Jobs table access. Every method throws `E_MIG_PERSIST_FAILED` on store failure. */
 export class JobsRepo {
@@ -395,24 +400,39 @@ export class JobsRepo {
 
   /**
    * Records a cancellation request. A `Queued` job becomes `Cancelled` at once with
-   * `E_MIG_CANCELLED`; a running job is flagged for its worker. `E_MIG_CONFLICT` when the job
+   * `E_MIG_CANCELLED`; a running job is flagged for its worker. `liveGuest` says what a live
+   * import whose guest already runs does ({@link LiveGuestOnCancel}; default `finish`); a later
+   * `destroy` overrides an earlier `finish`, never the reverse. `E_MIG_CONFLICT` when the job
    * already ended; `E_MIG_NOT_FOUND` when absent.
    */
-  async requestCancel(id: string, now: string): Promise<{ job: Job; changed: boolean }> {
+  async requestCancel(id: string, now: string, liveGuest: LiveGuestOnCancel = 'finish'): Promise<{ job: Job; changed: boolean }> {
     const job = await this.get(id)
     if (TERMINAL_STATES.includes(job.state)) throw new MigError('E_MIG_CONFLICT', `migration ${id} already ended (${job.state})`)
     if (job.state === 'Queued') {
       const lastError: LastError = { code: 'E_MIG_CANCELLED', message: 'cancelled by operator before it started', fatal: true }
       return { job: await this.update(id, { state: 'Cancelled', last_error: lastError, finished_at: now }, now), changed: true }
     }
-    await persist('flag job cancel', () => this.db.updateTable('jobs').set({ cancel_requested: 1, updated_at: now }).where('id', '=', id).execute())
+    const flag = liveGuest === 'destroy' ? CANCEL_DESTROY : CANCEL_FINISH
+    await persist('flag job cancel', () =>
+      this.db
+        .updateTable('jobs')
+        .set({ cancel_requested: sql<number>`max(cancel_requested, ${flag})`, updated_at: now })
+        .where('id', '=', id)
+        .execute(),
+    )
     return { job: await this.get(id), changed: false }
   }
 
   /** Whether a cancellation was requested for a running job. */
   async cancelRequested(id: string): Promise<boolean> {
+    return (await this.cancelChoice(id)) !== null
+  }
+
+  /** The cancellation requested for a running job: what to do with a live guest, or null when none was. */
+  async cancelChoice(id: string): Promise<LiveGuestOnCancel | null> {
     const r = await persist('read cancel flag', () => this.db.selectFrom('jobs').select('cancel_requested').where('id', '=', id).executeTakeFirst())
-    return r?.cancel_requested === 1
+    const flag = r?.cancel_requested ?? 0
+    return flag >= CANCEL_DESTROY ? 'destroy' : flag === CANCEL_FINISH ? 'finish' : null
   }
 
   /** Ids of queued or running jobs whose plan uses upload `uploadId` / source `sourceId`. */

@@ -219,6 +219,27 @@ describe('RangeHttp', () => {
   })
 })
 
+test('a server that stops: its idle connections and failed connects free their places, every request waiting for one fails, none hangs; the pool serves again once it listens', async () => {
+  const open = new Set<Socket>()
+  const { origin, server } = await serve((_req, _n, s) => (open.add(s), head('206 Partial Content', ['Content-Length: 2']) + 'ok'))
+  const port = (server.address() as { port: number }).port
+  const p = pool(origin, 2)
+  // both connections made, then idle in the pool when the server goes away
+  await Promise.all([p.get('/x', {}, { max: 2, timeoutMs: 5000 }), p.get('/x', {}, { max: 2, timeoutMs: 5000 })])
+  for (const s of open) s.destroy()
+  await new Promise((r) => server.close(r))
+  servers.splice(servers.indexOf(server), 1)
+  await Bun.sleep(50)
+  // more requests than connections: those queued for a place must learn of the failed connects
+  const settled = await Promise.allSettled(Array.from({ length: 6 }, () => p.get('/x', {}, { max: 2, timeoutMs: 5000 })))
+  expect(settled.map((r) => r.status)).toEqual(Array(6).fill('rejected'))
+  const again = createServer((s) => s.on('data', () => s.write(head('206 Partial Content', ['Content-Length: 2']) + 'ok')))
+  servers.push(again)
+  await new Promise<void>((r) => again.listen(port, '127.0.0.1', r))
+  const a = await p.get('/x', {}, { max: 2, timeoutMs: 5000 })
+  expect([a.status, Buffer.from(a.body).toString()]).toEqual([206, 'ok'])
+}, 20_000)
+
 describe('DatastoreHttp over RangeHttp', () => {
   test('a read over 1 MiB goes out as parallel 1 MiB range requests into the caller buffer; the datastore reader asks the copy for one read at a time', async () => {
     const data = randomBytes(8 * 1024 * 1024)

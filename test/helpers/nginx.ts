@@ -28,16 +28,17 @@ export const NGINX_USER = { username: 'user', password: 'secret' }
 /**
  * Starts nginx serving `root` with its state under `dir` (created). `tls`: PEM certificate and key
  * files. Resolves once it accepts connections; throws with nginx's error log otherwise. `host`:
- * the address it listens on (default 127.0.0.1); `netns`: the network namespace it runs in.
+ * the address it listens on (default 127.0.0.1); `netns`: the network namespace it runs in;
+ * `port`: the port (default a free one; given, to start it again where a stopped one listened).
  */
 export async function startNginx(
   root: string,
   dir: string,
-  opts: { tls?: { cert: string; key: string }; host?: string; netns?: string } = {},
+  opts: { tls?: { cert: string; key: string }; host?: string; netns?: string; port?: number } = {},
 ): Promise<RunningNginx> {
   const host = opts.host ?? '127.0.0.1'
   mkdirSync(dir, { recursive: true })
-  const port = await freePort()
+  const port = opts.port ?? (await freePort())
   const p = (n: string) => path.join(dir, n)
   writeFileSync(p('htpasswd'), `${NGINX_USER.username}:{PLAIN}${NGINX_USER.password}\n`)
   const conf = `

@@ -10,10 +10,23 @@
  * - at Completed the domain runs on the plain volume (domblklist, no backing store), with the same
  *   qemu pid, persistent definition on the volume, the volume equal to the source, the live
  *   directory (sockets, overlay) gone;
- * - a cancel while the guest runs destroys it and removes what the job made;
+ * - a cancel with `{"live_guest": "destroy"}` (the CLI's `--live-guest destroy`) while the guest
+ *   runs destroys it and removes what the job made;
+ * - a cancel with no body (`finish`, the default) lets the copy finish: Completed with a non-fatal
+ *   E_MIG_CANCELLED notice, the guest on its volume with what it wrote; a cancel body that is not
+ *   `{"live_guest": "finish" | "destroy"}` is refused naming the field;
  * - a SIGKILL of the worker mid-copy (48 MiB of random data behind the boot sector) leaves the
  *   guest running; the next worker serves the exports again on the same sockets, restarts the
- *   block job qemu dropped and completes in the same qemu process.
+ *   block job qemu dropped and completes in the same qemu process;
+ * - a SIGKILL of the server mid-copy (its workers end with it): the guest keeps running, a new
+ *   server on the same data directory resumes the job once its lease expired and completes, the
+ *   guest's writes before, during and after the outage on the volume;
+ * - the HTTP source (a real nginx, `offline_url`) stopped mid-copy and started again on the same
+ *   port: the job says "waiting for the source" (non-fatal), the guest is not stopped, the job
+ *   does not fail, and once the source answers again it completes bit-exact.
+ * The boot-sector guest writes nothing itself: its writes are made through qemu's block layer on
+ * the guest's disk device (HMP `qemu-io -d <device>`, see {@link guestWrite}), the path a guest's
+ * own writes take (the device's block backend, under the block copy's synchronous writes).
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
@@ -21,27 +34,55 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeSync } f
 import { randomBytes } from 'node:crypto'
 import * as path from 'node:path'
 import { buildInput } from '../../fixtures/inputs.ts'
+import { runCli } from '../helpers/cli.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText, qemuPid } from '../helpers/libvirt.ts'
+import { startNginx } from '../helpers/nginx.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'lib-'
 const MARKER = 'MIGRATOR-LIVE-IMPORT-BOOT-7781'
 const MiB = 1024 * 1024
+/** qcow2's default cluster: writes of whole clusters need no read of the backing export. */
+const CLUSTER = 64 * 1024
+/** The server's job lease: a new server resumes a killed one's job after it. */
+const LEASE_SECONDS = 2
+
+/**
+ * Writes `length` bytes of `byte` at `offset` of the first disk of the running `domain` through
+ * qemu's block layer (HMP `qemu-io -d <qdev id>`): the test double of a write by the guest, which
+ * takes the same path (the device's block backend). Throws when the monitor reports an error;
+ * that the bytes landed is checked on the volume.
+ */
+function guestWrite(domain: string, offset: number, length: number, byte: number): void {
+  const alias = /<disk type=[\s\S]*?<alias name='([^']+)'\/>/.exec(virshText('dumpxml', domain))?.[1]
+  if (!alias) throw new Error(`domain ${domain}: no disk alias`)
+  const out = virshText('qemu-monitor-command', '--hmp', domain, `qemu-io -d ${alias} "write -P ${byte} ${offset} ${length}"`)
+  // qemu-io prints its report on qemu's stdout (the domain's log); the monitor answers only errors
+  if (out.trim() !== '') throw new Error(`domain ${domain}: qemu-io write: ${out}`)
+}
+
+/** The bytes of `source` with each write `[offset, length, byte]` applied. */
+function withWrites(source: Buffer, writes: Array<[number, number, number]>): Buffer {
+  const out = Buffer.from(source)
+  for (const [offset, length, byte] of writes) out.fill(byte, offset, offset + length)
+  return out
+}
 
 describe('live import of a boot-sector guest', () => {
   const t = tempDir('mig-lib-')
   let srv: RunningServer
   const importRoot = path.join(t.dir, 'imports')
+  const serverEnv = { ...bootCheckEnv(MARKER), MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(MiB), MIGRATOR_LEASE_SECONDS: String(LEASE_SECONDS) }
 
   beforeAll(async () => {
     execFileSync('chmod', ['755', t.dir])
     mkdirSync(importRoot, { recursive: true })
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
-    srv = await startServer('bun', t.dir, { ...bootCheckEnv(MARKER), MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(MiB) })
+    srv = await startServer('bun', t.dir, serverEnv)
   }, 120_000)
 
   afterAll(async () => {
@@ -99,14 +140,15 @@ describe('live import of a boot-sector guest', () => {
     await cleanupDomains('lib-one')
   }, 300_000)
 
-  test('cancel while the guest runs and copies: the guest is destroyed, the live directory and volumes removed', async () => {
+  test('cancel --live-guest destroy while the guest runs and copies: the guest is destroyed, the live directory and volumes removed', async () => {
     const boot = dataBootDisk(path.join(t.dir, 'boot2.raw'))
     const input = buildInput('qcow2', importRoot, 'lib-cancel', [boot])
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-cancel', live_import: true }))
     const live = await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
     expect(virshText('domstate', 'lib-cancel')).toBe('running')
     expect(live.progress.bytes_done).toBeLessThan(live.progress.bytes_total)
-    expect((await call(srv.base, 'POST', `/migrations/${job.id}/cancel`)).status).toBe(202)
+    const cli = await runCli(['cancel', job.id, '--live-guest', 'destroy', '--json'], { env: { MIGRATOR_URL: srv.base } })
+    expect([cli.code, cli.stderr]).toEqual([0, ''])
     const done = await waitJob(srv.base, job.id, undefined, 60_000)
     expect([done.state, done.last_error.code]).toEqual(['Cancelled', 'E_MIG_CANCELLED'])
     expect(virshText('domstate', 'lib-cancel')).toBe('absent')
@@ -140,4 +182,137 @@ describe('live import of a boot-sector guest', () => {
     expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
     await cleanupDomains('lib-kill')
   }, 300_000)
+  test('cancel with no body while the guest runs (live_guest finish): the copy finishes, Completed, the guest on its volume with its write', async () => {
+    const boot = dataBootDisk(path.join(t.dir, 'boot4.raw'))
+    const input = buildInput('qcow2', importRoot, 'lib-finish', [boot])
+    const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-finish', live_import: true }))
+    const live = await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
+    expect(live.progress.bytes_done).toBeLessThan(live.progress.bytes_total)
+    const pid = qemuPid('lib-finish')
+    const writes: Array<[number, number, number]> = [[40 * MiB, 4 * CLUSTER, 0xa5]]
+    guestWrite('lib-finish', ...writes[0]!)
+    // bodies that are not {"live_guest": "finish" | "destroy"}: refused naming the field, nothing flagged
+    for (const body of [{ live_guest: 'keep' }, { live_guest: 1 }, { guest: 'finish' }]) {
+      const r = await call(srv.base, 'POST', `/migrations/${job.id}/cancel`, body)
+      expect([r.status, r.body.error.code]).toEqual([400, 'E_MIG_BAD_REQUEST'])
+      expect(r.body.error.message).toContain(Object.keys(body)[0]!)
+    }
+    const bad = await fetch(`${srv.base}/migrations/${job.id}/cancel`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{"live_guest":',
+    })
+    expect(bad.status).toBe(400)
+    expect((await call(srv.base, 'GET', `/migrations/${job.id}`)).body.status).toBe('running')
+    expect((await call(srv.base, 'POST', `/migrations/${job.id}/cancel`)).status).toBe(202)
+    const finishing = await waitJob(srv.base, job.id, (j) => j.last_error?.code === 'E_MIG_CANCELLED' || j.status !== 'running', 30_000)
+    expect([finishing.state, finishing.last_error.fatal]).toEqual(['CopyingFull', false])
+    expect(finishing.last_error.message).toContain('finish')
+    const done = await waitJob(srv.base, job.id, undefined, 240_000)
+    expect([done.state, done.last_error.code, done.last_error.fatal]).toEqual(['Completed', 'E_MIG_CANCELLED', false])
+    expect(done.last_error.message).toContain('its copy was finished')
+    expect(virshText('domstate', 'lib-finish')).toBe('running')
+    expect(qemuPid('lib-finish')).toBe(pid)
+    const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
+    expect(virshText('domblklist', 'lib-finish')).toContain(vol)
+    expect(virshText('dumpxml', 'lib-finish')).not.toMatch(/<backingStore type=|nbd/)
+    expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
+    expect(
+      readFileSync(vol)
+        .subarray(0, 64 * MiB)
+        .equals(withWrites(readFileSync(boot), writes)),
+    ).toBe(true)
+    await cleanupDomains('lib-finish')
+  }, 300_000)
+
+  test('SIGKILL of the server mid-copy: the guest keeps running, a new server resumes the job following it, the guest writes on the volume', async () => {
+    const boot = dataBootDisk(path.join(t.dir, 'boot5.raw'))
+    const input = buildInput('qcow2', importRoot, 'lib-skill', [boot])
+    const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-skill', live_import: true }))
+    await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
+    await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
+    const pid = qemuPid('lib-skill')
+    // one write before the kill, one while no server runs, one after the new server took over
+    const writes: Array<[number, number, number]> = [
+      [12 * MiB, 2 * CLUSTER, 0x11],
+      [44 * MiB, 2 * CLUSTER, 0x22],
+      [60 * MiB, 2 * CLUSTER, 0x33],
+    ]
+    guestWrite('lib-skill', ...writes[0]!)
+    srv.child.kill('SIGKILL')
+    await new Promise((r) => srv.child.once('exit', r))
+    // the worker notices its supervisor is gone (IPC disconnect) and ends
+    for (let i = 0; i < 100 && workerPid(t.dir, job.id) !== null; i++) await Bun.sleep(100)
+    expect(workerPid(t.dir, job.id)).toBeNull()
+    expect(virshText('domstate', 'lib-skill')).toBe('running')
+    guestWrite('lib-skill', ...writes[1]!)
+    srv = await startServer('bun', t.dir, serverEnv)
+    const resumed = await waitJob(srv.base, job.id, (j) => workerPid(t.dir, j.id) !== null || j.status !== 'running', 60_000)
+    expect(resumed.status).toBe('running')
+    guestWrite('lib-skill', ...writes[2]!)
+    const done = await waitJob(srv.base, job.id, undefined, 240_000)
+    expect([done.state, done.last_error]).toEqual(['Completed', null])
+    expect(done.hardware.boot.verified).toBe(true)
+    expect(qemuPid('lib-skill')).toBe(pid)
+    const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
+    expect(virshText('domblklist', 'lib-skill')).toContain(vol)
+    expect(virshText('dumpxml', 'lib-skill')).not.toMatch(/<backingStore type=|nbd/)
+    expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
+    expect(
+      readFileSync(vol)
+        .subarray(0, 64 * MiB)
+        .equals(withWrites(readFileSync(boot), writes)),
+    ).toBe(true)
+    await cleanupDomains('lib-skill')
+  }, 300_000)
+  test('the HTTP source stopped mid-copy and started again: waiting for the source, then Completed bit-exact', async () => {
+    const www = path.join(t.dir, 'www')
+    mkdirSync(www, { recursive: true })
+    const boot = dataBootDisk(path.join(t.dir, 'boot6.raw'))
+    const input = buildInput('qcow2', www, 'lib-http', [boot])
+    const nginxDir = path.join(t.dir, 'nginx')
+    let web = await startNginx(www, nginxDir)
+    try {
+      const url = `${web.base}/${path.relative(www, input.path)}`
+      const job = await submit(srv.base, {
+        source: { Offline: 'qcow2' },
+        source_ref: { kind: 'offline_url', url },
+        mode: 'Cold',
+        name: 'lib-http',
+        live_import: true,
+      })
+      await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
+      const before = await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
+      expect(before.progress.bytes_done).toBeLessThan(before.progress.bytes_total)
+      await web.stop()
+      const waiting = await waitJob(srv.base, job.id, (j) => /waiting for the source/.test(j.last_error?.message ?? '') || j.status !== 'running', 60_000)
+      console.log(`source down: ${JSON.stringify(waiting.last_error)} at ${waiting.progress.bytes_done} bytes`)
+      expect([waiting.status, waiting.state, waiting.last_error.code, waiting.last_error.fatal]).toEqual([
+        'running',
+        'CopyingFull',
+        'E_MIG_DISK_READ_FAILED',
+        false,
+      ])
+      // the guest is not stopped while its source is away (paused at worst, by a read of its own)
+      await Bun.sleep(5000)
+      expect(['running', 'paused']).toContain(virshText('domstate', 'lib-http'))
+      const still = (await call(srv.base, 'GET', `/migrations/${job.id}`)).body
+      expect([still.status, still.progress.bytes_done < still.progress.bytes_total]).toEqual(['running', true])
+      web = await startNginx(www, nginxDir, { port: web.port })
+      const done = await waitJob(srv.base, job.id, undefined, 240_000)
+      expect([done.state, done.last_error]).toEqual(['Completed', null])
+      expect(virshText('domstate', 'lib-http')).toBe('running')
+      const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
+      expect(virshText('domblklist', 'lib-http')).toContain(vol)
+      expect(virshText('dumpxml', 'lib-http')).not.toMatch(/<backingStore type=|nbd/)
+      expect(
+        readFileSync(vol)
+          .subarray(0, 64 * MiB)
+          .equals(readFileSync(boot)),
+      ).toBe(true)
+    } finally {
+      await web.stop()
+      await cleanupDomains('lib-http')
+    }
+  }, 420_000)
 })

@@ -144,10 +144,12 @@ export function JobPage({ id }: { id: string }) {
   if (missing) return <ErrorBox code="E_MIG_NOT_FOUND" message={missing} />
   if (!job) return <p class="muted">Loading…</p>
 
-  const cancel = async () => {
+  // a live import whose guest runs: the operator chooses what becomes of the guest and its writes
+  const liveGuest = !!job.plan.live_import && job.state === 'CopyingFull' && !!job.hardware?.boot
+  const cancel = async (guest?: 'finish' | 'destroy') => {
     setConfirming(false)
     try {
-      setJob(await api<Job>('POST', `/migrations/${id}/cancel`))
+      setJob(await api<Job>('POST', `/migrations/${id}/cancel`, guest ? { live_guest: guest } : undefined))
     } catch (e) {
       setCancelError(e as ApiError)
     }
@@ -248,13 +250,26 @@ export function JobPage({ id }: { id: string }) {
         <pre>{JSON.stringify(job.plan, null, 2)}</pre>
       </details>
       <dialog ref={dialog} onClose={() => setConfirming(false)} data-testid="cancel-dialog">
-        <p>
-          Cancel <b>{job.plan.name ?? job.id}</b>? The copy stops and the volumes written so far are removed.
-        </p>
+        {liveGuest ? (
+          <p>
+            Cancel <b>{job.plan.name ?? job.id}</b>? Its guest {job.domain} already runs here and may have written. Finish the copy: the
+            guest keeps running and moves onto its volumes, the migration completes. Destroy the guest: it and what it wrote are removed
+            with the volumes.
+          </p>
+        ) : (
+          <p>
+            Cancel <b>{job.plan.name ?? job.id}</b>? The copy stops and the volumes written so far are removed.
+          </p>
+        )}
         <div class="actions">
           <button onClick={() => setConfirming(false)}>Keep running</button>
-          <button class="danger" onClick={() => void cancel()} data-testid="confirm-cancel">
-            Cancel migration
+          {liveGuest && (
+            <button onClick={() => void cancel('finish')} data-testid="confirm-cancel-finish">
+              Finish the copy
+            </button>
+          )}
+          <button class="danger" onClick={() => void cancel(liveGuest ? 'destroy' : undefined)} data-testid="confirm-cancel">
+            {liveGuest ? 'Destroy the guest' : 'Cancel migration'}
           </button>
         </div>
       </dialog>

@@ -12,7 +12,8 @@
  *   option is answered `NBD_REP_ERR_UNSUP` (TLS included: the socket is local and private);
  * - transmission: `NBD_CMD_READ` (a simple reply, or one `OFFSET_DATA` / `OFFSET_HOLE` chunk with
  *   structured replies), `NBD_CMD_BLOCK_STATUS` (`base:allocation` from the reader's extents:
- *   zero extents are `NBD_STATE_HOLE | NBD_STATE_ZERO`), `NBD_CMD_FLUSH` (nothing to flush),
+ *   zero extents are `NBD_STATE_HOLE | NBD_STATE_ZERO`; one descriptor under
+ *   `NBD_CMD_FLAG_REQ_ONE`, else at most {@link MAX_STATUS_DESCRIPTORS}), `NBD_CMD_FLUSH` (nothing to flush),
  *   `NBD_CMD_DISC`; writes, trims and write-zeroes are refused with `EPERM` (the export is
  *   read-only), any other command with `EINVAL`.
  *
@@ -49,6 +50,7 @@ import {
   CMD_READ,
   CMD_DISC,
   CMD_BLOCK_STATUS,
+  CMD_FLAG_REQ_ONE,
   REPLY_FLAG_DONE,
   REPLY_TYPE_OFFSET_DATA,
   REPLY_TYPE_OFFSET_HOLE,
@@ -59,6 +61,13 @@ import {
 export const NBD_SERVER_MAX_REQUEST = 32 * 1024 * 1024
 /** Largest option payload accepted during the handshake, bytes. */
 export const MAX_OPTION_BYTES = 64 * 1024
+/**
+ * Most descriptors in one block status answer. The NBD protocol lets a server describe less than
+ * the span asked (the client asks again from where the answer ends), and qemu's client refuses a
+ * structured reply payload over 1,000 bytes (`NBD_MAX_MALLOC_PAYLOAD` in qemu's block/nbd.c), as a
+ * protocol error that fails the guest's I/O: 4 bytes of context id and 8 per descriptor stay under it.
+ */
+export const MAX_STATUS_DESCRIPTORS = 100
 /** Requests of one connection served at once. */
 export const MAX_IN_FLIGHT = 16
 
@@ -481,6 +490,7 @@ class Connection {
   }
 
   private request(head: Buffer): void {
+    const flags = head.readUInt16BE(4)
     const type = head.readUInt16BE(6)
     const cookie = Buffer.from(head.subarray(8, 16))
     const offset = Number(head.readBigUInt64BE(16))
@@ -522,7 +532,8 @@ class Connection {
         this.inFlight++
         this.server
           .status(offset, Math.min(length, NBD_SERVER_MAX_REQUEST))
-          .then((descs) => {
+          .then((all) => {
+            const descs = all.slice(0, flags & CMD_FLAG_REQ_ONE ? 1 : MAX_STATUS_DESCRIPTORS)
             const body = Buffer.alloc(4 + descs.length * 8)
             body.writeUInt32BE(BASE_ALLOCATION_ID, 0)
             descs.forEach(([l, f], i) => {

@@ -37,6 +37,9 @@ export const CMD_READ = 0
 export const CMD_DISC = 2
 export const CMD_BLOCK_STATUS = 7
 
+/** Command flag `NBD_CMD_FLAG_REQ_ONE`: a block status answer of one extent only. */
+export const CMD_FLAG_REQ_ONE = 1 << 3
+
 /** Structured reply flag and chunk types (`NBD_REPLY_FLAG_DONE`, `NBD_REPLY_TYPE_*`). */
 export const REPLY_FLAG_DONE = 1
 export const REPLY_TYPE_OFFSET_DATA = 1

@@ -6,13 +6,14 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
 import { exec } from '../../lib/exec.ts'
 import { closeSync, openSync, readFileSync, writeSync } from 'node:fs'
 import { connect } from 'node:net'
 import * as path from 'node:path'
 import type { DiskExtent, DiskReader } from '../../lib/contracts/disk-reader.ts'
 import { MigError } from '../../lib/errors.ts'
-import { NbdExportServer } from '../../lib/live-import/nbd-server.ts'
+import { MAX_STATUS_DESCRIPTORS, NbdExportServer } from '../../lib/live-import/nbd-server.ts'
 import { NbdClient, NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../lib/nbd/client.ts'
 import { openRawFileReader } from '../../lib/pipeline/readers/raw-file.ts'
 import { tempDir } from '../helpers/tmp.ts'
@@ -60,6 +61,38 @@ describe('live import NBD server', () => {
     const out = path.join(t.dir, 'out.raw')
     expect((await q('qemu-img', ['convert', '-O', 'raw', uri(), out])).code).toBe(0)
     expect(readFileSync(out).equals(readFileSync(src))).toBe(true)
+  })
+
+  test('an export of many small extents: qemu (one extent per block status) maps, compares and converts it; other clients get at most MAX_STATUS_DESCRIPTORS per answer', async () => {
+    // 64 KiB of unique data every 128 KiB over 32 MiB: 512 data extents and 512 holes, more than
+    // qemu's client takes in one structured reply (1,000 bytes of payload)
+    const many = path.join(t.dir, 'many.raw')
+    execFileSync('qemu-img', ['create', '-q', '-f', 'raw', many, String(32 * MiB)])
+    const fd = openSync(many, 'r+')
+    for (let o = 0; o < 32 * MiB; o += 128 * 1024) writeSync(fd, randomBytes(64 * 1024), 0, 64 * 1024, o)
+    closeSync(fd)
+    const r = await openRawFileReader(many)
+    const manySock = path.join(t.dir, 'many.sock')
+    const srv = new NbdExportServer({ socketPath: manySock, reader: r, label: 'many' })
+    await srv.listen()
+    const manyUri = `nbd+unix:///?socket=${manySock}`
+    try {
+      const map = JSON.parse((await q('qemu-img', ['map', '--output=json', manyUri])).stdout) as Array<{ data: boolean }>
+      expect(map.filter((m) => m.data).length).toBe(256)
+      expect((await q('qemu-img', ['compare', '-f', 'raw', '-F', 'raw', many, manyUri])).code).toBe(0)
+      const out = path.join(t.dir, 'many-out.raw')
+      const conv = await q('qemu-img', ['convert', '-O', 'raw', manyUri, out])
+      expect([conv.code, conv.stderr]).toEqual([0, ''])
+      expect(readFileSync(out).equals(readFileSync(many))).toBe(true)
+      const c = await NbdClient.connect(manySock)
+      const st = await c.blockStatus(0, 32 * MiB)
+      expect(st.length).toBe(MAX_STATUS_DESCRIPTORS)
+      expect(st.every((d, i) => d.offset === i * 64 * 1024 && d.length === 64 * 1024)).toBe(true)
+      await c.disconnect()
+    } finally {
+      await srv.close()
+      await r.close()
+    }
   })
 
   test('the export is read-only: qemu-io cannot write it', async () => {

@@ -62,7 +62,8 @@ export function projectDowntime(last: DeltaPassRecord, rate: number, timing: Cut
  * (`cutover_requested_at`) or the time; every pass is recorded on the job's `cutover` with the
  * projected downtime of a cutover then. Returns the source's UEFI variable store when the session
  * carries one (`readNvram`), read with the source stopped: a cold job's before its copy, a warm
- * one's at the cutover, after the shutdown.
+ * one's at the cutover, after the shutdown (and once at its start, to fail early when it cannot
+ * be read).
  */
 export async function copyLive(
   deps: OrchestratorDeps,
@@ -92,7 +93,12 @@ export async function copyLive(
     if (!warm()) {
       await shutdownSource()
       nvram = await readNvram()
-    } else await session.enableCbt(vmId)
+    } else {
+      await session.enableCbt(vmId)
+      // read once now (and again at the cutover): a store that cannot be carried fails the job
+      // before the copy, not after the source was shut down
+      await readNvram()
+    }
     let current = await snap(ctl.resumedInCutover ? 1000 : 0)
     const cbtOn = warm() || manifest.cbt_available
     const fullStarted = deps.now().getTime()

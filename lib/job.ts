@@ -177,6 +177,8 @@ export interface HardwareRecord {
   boot: { verified: boolean; evidence: string; source?: BootEvidenceSource | null; waited_seconds?: number; screen_tail?: string[] } | null
   /** UEFI guests: how OVMF finds the boot loader (lib/domain/uefi-boot.ts); absent or null for BIOS guests. */
   uefi_boot?: UefiBootRecord | null
+  /** UEFI guests of a source that keeps their variable store (libvirt `<nvram>`): whether it was carried as the domain's NVRAM. */
+  nvram?: NvramRecord | null
   /** Linux guests: the interfaces their network configuration names and how each was carried over (docs/network-identity.md). */
   network?: { interfaces: CarriedInterface[]; notes: string[] } | null
   /** Linux guests: the device names in fstab, the kernel line, crypttab and the resume setting rewritten on the destination volumes (docs/boot-check.md). */
@@ -274,13 +276,31 @@ export type BootEvidenceSource = 'serial' | 'screen' | 'pattern' | 'state'
  * How OVMF finds a UEFI guest's boot loader (lib/domain/uefi-boot.ts):
  * - `method`: `removable-path` (the ESP already has `\EFI\BOOT\BOOTX64.EFI`), `fallback-installed`
  *   (the migrator copied `loader` there on the destination volume), `none` (no loader on any ESP:
- *   OVMF will not boot it, the boot check reports OVMF's words), `not-inspected` (no ESP was read).
+ *   OVMF will not boot it, the boot check reports OVMF's words), `not-inspected` (no ESP was read),
+ *   `nvram-carried` (the source's variable store is the domain's NVRAM: its boot entries find the
+ *   loader; nothing is written to the ESP).
  * - `loader`: the guest path of the loader found or copied from (backslashes), null for `none`.
  * - `detail`: the same in words.
  */
 export interface UefiBootRecord {
-  method: 'removable-path' | 'fallback-installed' | 'none' | 'not-inspected'
+  method: 'removable-path' | 'fallback-installed' | 'none' | 'not-inspected' | 'nvram-carried'
   loader: string | null
+  detail: string
+}
+
+/**
+ * The source's UEFI variable store and the destination domain's NVRAM (lib/domain/start.ts):
+ * `carried` (its bytes are the domain's NVRAM file `path`, so its boot entries are OVMF's), the
+ * file on the source (`source_path`), its size (`bytes`) and SHA-256 (hex), and `detail` in words
+ * (why it was not carried when it was not: a store of another flash size than the destination's
+ * OVMF, firmware changed to BIOS by the plan).
+ */
+export interface NvramRecord {
+  carried: boolean
+  source_path: string
+  path: string | null
+  bytes: number
+  sha256: string
   detail: string
 }
 

@@ -91,6 +91,19 @@ export interface LiveSession extends AdapterSession {
   mark(vmId: string, note: string): Promise<void>
   /** Removes every snapshot the migrator made of `vmId`; never throws. */
   cleanup(vmId: string): Promise<void>
+  /**
+   * Sources that keep a UEFI guest's variable store in a file of their own (libvirt `<nvram>`):
+   * that file's bytes, read with the VM stopped, so its boot entries travel; null when the VM has
+   * none (BIOS, or no store named). `E_MIG_DISK_READ_FAILED` naming the file when it cannot be
+   * read, is not a regular file or is larger than a variable store can be.
+   */
+  readNvram?(vmId: string): Promise<CarriedNvram | null>
+}
+
+/** A UEFI variable store read from the source: its path there and its bytes. */
+export interface CarriedNvram {
+  source_path: string
+  bytes: Buffer
 }
 
 /**

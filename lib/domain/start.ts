@@ -20,12 +20,13 @@
  * `details.domain` names the domain.
  */
 import { constants } from 'node:fs'
-import { open, stat, writeFile } from 'node:fs/promises'
-import { randomUUID } from 'node:crypto'
+import { mkdir, open, stat, writeFile } from 'node:fs/promises'
+import { createHash, randomUUID } from 'node:crypto'
 import * as path from 'node:path'
 import { MigError } from '../errors.ts'
 import type { VmManifest } from '../manifest.ts'
-import type { BootEvidenceSource, CarriedInterface, HardwareRecord } from '../job.ts'
+import type { BootEvidenceSource, CarriedInterface, HardwareRecord, NvramRecord } from '../job.ts'
+import type { CarriedNvram } from '../adapters/types.ts'
 import { checkBoot, type BootCheckResult } from './boot-check.ts'
 import { screenReader, type ScreenReader } from './screen.ts'
 
@@ -71,6 +72,12 @@ export interface StartBootCheck {
  *   can never satisfy the boot check.
  * - `nvramDir`: where UEFI NVRAM files go (`<dir>/<name>_VARS.fd`), default
  *   `/var/lib/libvirt/qemu/nvram`; `ovmf` picks other OVMF images (given the final name).
+ * - `nvram`: the source's UEFI variable store (a live source's `readNvram`): written as the
+ *   domain's NVRAM file once the domain is defined (libvirt copies the template only when that file
+ *   is missing), so the guest's boot entries travel and no fallback loader is written to its ESP;
+ *   not carried (recorded why) when its size is not the destination VARS template's (a store of
+ *   another flash size than the OVMF code image) or the firmware is BIOS. Removed with the domain
+ *   (`virsh undefine --nvram`).
  * - `bootCheck`: default grace 10 s, timeout 120 s, no serial pattern; `readScreen: false` turns
  *   the screen evidence off (default on: `virsh screenshot` + Tesseract, lib/domain/screen.ts).
  * - `inspect`: inspect the guest with libguestfs (`tcg`: force its appliance onto TCG), or `false`
@@ -119,6 +126,7 @@ export interface DefineAndStartInput {
   checkNetwork?: CheckNetwork
   /** How long each of `plan.checks` is retried after the boot (s, default 120). */
   checkSeconds?: number
+  nvram?: CarriedNvram
 }
 
 /** Defines tried with a fresh name after libvirt answered "already exists" (see `rename`). */
@@ -148,6 +156,7 @@ function record(
   boot: HardwareRecord['boot'],
   uefiBoot: UefiBootRecord | null,
   network: HardwareRecord['network'] = null,
+  nvram: NvramRecord | null = null,
 ): HardwareRecord {
   return {
     disk_bus: choice.disk_bus,
@@ -157,6 +166,7 @@ function record(
     inspected: !!inspection?.inspected,
     boot,
     ...(choice.firmware === 'efi' ? { uefi_boot: uefiBoot } : {}),
+    ...(nvram ? { nvram } : {}),
     network,
   }
 }
@@ -202,6 +212,50 @@ export async function probeVolumes(volumes: DomainVolume[]): Promise<DomainVolum
     out.push({ ...v, kind, directIo })
   }
   return out
+}
+
+/**
+ * Writes the source's variable store `carried` as the NVRAM file of domain `name` (`ovmf.nvram`,
+ * mode 0600; libvirt labels it for qemu at the start) when it fits the destination's OVMF: the
+ * same size as `ovmf.varsTemplate` (a flash image of another size does not match the code image).
+ * Returns the record; `carried: false` with the reason when it does not fit or the domain is BIOS.
+ * Throws `E_MIG_DOMAIN_DEFINE_FAILED` naming the file when it cannot be written (the domain is
+ * defined: `details.domain`).
+ */
+async function carryNvram(carried: CarriedNvram, ovmf: OvmfPaths | undefined, name: string): Promise<NvramRecord> {
+  const base = {
+    source_path: carried.source_path,
+    bytes: carried.bytes.length,
+    sha256: createHash('sha256').update(carried.bytes).digest('hex'),
+  }
+  if (!ovmf) return { ...base, carried: false, path: null, detail: 'the domain boots with BIOS (the plan chose it): the UEFI variable store is not used' }
+  let templateSize: number | null = null
+  try {
+    templateSize = (await stat(ovmf.varsTemplate)).size
+  } catch {
+    // no template to compare with: the store is written as it is
+  }
+  if (templateSize !== null && templateSize !== carried.bytes.length) {
+    return {
+      ...base,
+      carried: false,
+      path: null,
+      detail: `the source's variable store is ${carried.bytes.length} bytes and this host's OVMF variable store ${ovmf.varsTemplate} ${templateSize} (another flash size): the domain starts with a fresh store and its boot entries do not travel`,
+    }
+  }
+  try {
+    await mkdir(path.dirname(ovmf.nvram), { recursive: true, mode: 0o755 })
+    await writeFile(ovmf.nvram, carried.bytes, { mode: 0o600 })
+  } catch (e) {
+    throw new MigError(
+      'E_MIG_DOMAIN_DEFINE_FAILED',
+      `domain ${name}: writing its NVRAM ${ovmf.nvram}: ${(e as Error).message}; check that the directory exists and is writable`,
+      {
+        details: { domain: name, defined: true },
+      },
+    )
+  }
+  return { ...base, carried: true, path: ovmf.nvram, detail: `the source's UEFI variable store ${carried.source_path} is the domain's NVRAM ${ovmf.nvram}` }
 }
 
 /**
@@ -296,9 +350,12 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
   const volumes = probed.map((v) => ({ ...v, bus: v.bus ?? choice.bus }))
   const firmware = choice.firmware
   const secureBoot = firmware === 'efi' && manifest.secure_boot
-  const xmlFor = (name: string): string => {
+  const ovmfFor = (name: string): OvmfPaths | undefined => {
     const nvram = path.join(input.nvramDir ?? '/var/lib/libvirt/qemu/nvram', `${name}_VARS.fd`)
-    const ovmf = firmware === 'efi' ? (input.ovmf ? input.ovmf(name, secureBoot) : debianOvmf(secureBoot, nvram)) : undefined
+    return firmware === 'efi' ? (input.ovmf ? input.ovmf(name, secureBoot) : debianOvmf(secureBoot, nvram)) : undefined
+  }
+  const xmlFor = (name: string): string => {
+    const ovmf = ovmfFor(name)
     return buildDomainXml({
       manifest,
       plan: { ...plan, name, firmware },
@@ -341,8 +398,22 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
     await undoGuestFiles()
     throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `libvirt defined ${defined}, expected ${name}`, { details: { domain: defined } })
   }
+  // The source's variable store becomes the domain's NVRAM (written only now: before the define,
+  // the file at that path may be another domain's of the same name).
+  let nvramRecord: NvramRecord | null = null
+  if (input.nvram) {
+    const ovmf = ovmfFor(name)
+    nvramRecord = await carryNvram(input.nvram, ovmf, name)
+  }
   let uefiBoot: UefiBootRecord | null = null
-  if (firmware === 'efi' && !choice.fatal) {
+  if (firmware === 'efi' && !choice.fatal && nvramRecord?.carried) {
+    const found = inspection?.inspected ? planUefiBoot(inspection.esps) : null
+    uefiBoot = {
+      method: 'nvram-carried',
+      loader: found?.copy?.loader ? found.copy.loader.replace(/\//g, '\\') : (found?.record.loader ?? null),
+      detail: `the source's UEFI variable store ${nvramRecord.source_path} is the domain's NVRAM: OVMF boots the guest from its boot entries; nothing was written to the EFI system partition`,
+    }
+  } else if (firmware === 'efi' && !choice.fatal) {
     // OVMF starts without the source's NVRAM boot entries: the removable path must hold a loader.
     if (inspection?.inspected) {
       const uefi = planUefiBoot(inspection.esps)
@@ -371,7 +442,7 @@ export async function defineAndStart(input: DefineAndStartInput): Promise<Define
               ? 'not checked: the NIC is on an isolated network the host has no address on'
               : 'not checked yet: the boot check did not verify a boot'
   }
-  const hardware = { ...record(choice, inspection, null, uefiBoot, network), ...(deviceNames ? { device_names: deviceNames } : {}) }
+  const hardware = { ...record(choice, inspection, null, uefiBoot, network, nvramRecord), ...(deviceNames ? { device_names: deviceNames } : {}) }
   if (choice.fatal) {
     throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name} cannot boot: ${choice.fatal} (static inspection; the domain is defined, not started)`, {
       details: { domain: name, defined: true, hardware, why: choice.fatal },

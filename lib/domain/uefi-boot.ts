@@ -3,7 +3,8 @@
  *
  * A UEFI guest installed by a distribution boots through a boot entry in its firmware's NVRAM
  * (`Boot0001` -> `\EFI\debian\shimx64.efi`). That entry lived in the source hypervisor's NVRAM
- * (VMware's `.nvram` file), which the migrator does not carry over: OVMF starts from the VARS
+ * (VMware's `.nvram` file), which the migrator does not carry over (a libvirt source's `<nvram>`
+ * is carried: lib/domain/start.ts, then none of this applies): OVMF starts from the VARS
  * template and only knows the removable-media path `\EFI\BOOT\BOOTX64.EFI`. Without it the guest
  * stops at OVMF's UEFI Shell.
  *

@@ -6,7 +6,7 @@
  * and the cutover (source shutdown, final pass). Driven by the orchestrator (orchestrator.ts),
  * which owns the job's states; this file moves the bytes and reports through `LiveControl`.
  */
-import type { SnapshotRef } from '../adapters/types.ts'
+import type { CarriedNvram, SnapshotRef } from '../adapters/types.ts'
 import type { DiskArea } from '../contracts/disk-reader.ts'
 import { MigError } from '../errors.ts'
 import type { CutoverStatus, DeltaPassRecord, Job, JobState } from '../job.ts'
@@ -60,7 +60,10 @@ export function projectDowntime(last: DeltaPassRecord, rate: number, timing: Cut
  * cannot tell them, the whole disk. A warm job whose plan cuts over on command or at a time keeps
  * running a delta pass every `precopy_interval_seconds` in `DeltaSyncing` until the command
  * (`cutover_requested_at`) or the time; every pass is recorded on the job's `cutover` with the
- * projected downtime of a cutover then.
+ * projected downtime of a cutover then. Returns the source's UEFI variable store when the session
+ * carries one (`readNvram`), read with the source stopped: a cold job's before its copy, a warm
+ * one's at the cutover, after the shutdown (and once at its start, to fail early when it cannot
+ * be read).
  */
 export async function copyLive(
   deps: OrchestratorDeps,
@@ -69,7 +72,7 @@ export async function copyLive(
   tracker: ProgressTracker,
   emit: (force?: boolean) => void,
   ctl: LiveControl,
-): Promise<void> {
+): Promise<CarriedNvram | null> {
   const { session, vmId, manifest } = source
   const policy: DeltaPolicy = { convergeBelowBytes: 64 * 1024 * 1024, maxPasses: 8, ...deps.delta }
   const timing: CutoverTiming = { shutdownEstimateSeconds: 300, startEstimateSeconds: 10, pollMs: 1000, ...deps.cutover }
@@ -83,10 +86,19 @@ export async function copyLive(
   const shutdownSource = async () => {
     if (await session.shutdown(vmId)) await ctl.patch({ source_vm: { shut_down_at: deps.now().toISOString(), powered_on_at: null } })
   }
+  const readNvram = async () => (manifest.firmware === 'efi' && session.readNvram ? session.readNvram(vmId) : null)
+  let nvram: CarriedNvram | null = null
   try {
     await session.mark(vmId, `migrating to this host, job ${deps.jobId}`)
-    if (!warm()) await shutdownSource()
-    else await session.enableCbt(vmId)
+    if (!warm()) {
+      await shutdownSource()
+      nvram = await readNvram()
+    } else {
+      await session.enableCbt(vmId)
+      // read once now (and again at the cutover): a store that cannot be carried fails the job
+      // before the copy, not after the source was shut down
+      await readNvram()
+    }
     let current = await snap(ctl.resumedInCutover ? 1000 : 0)
     const cbtOn = warm() || manifest.cbt_available
     const fullStarted = deps.now().getTime()
@@ -104,7 +116,7 @@ export async function copyLive(
       }
       fullBytes += tracker.snapshot().disks[i].bytes_done - tracker.snapshot().disks[i].bytes_zero
     }
-    if (!warm()) return
+    if (!warm()) return nvram
     // the measured copy rate: the full pass's, then each delta pass's that moved data
     let rate = fullBytes / Math.max(0.001, (deps.now().getTime() - fullStarted) / 1000)
 
@@ -236,7 +248,9 @@ export async function copyLive(
     const c = ctl.job().cutover
     await ctl.setState('CuttingOver', c ? { cutover: { ...c, started_at: deps.now().toISOString() } } : {})
     await shutdownSource()
+    nvram = await readNvram()
     await recordedPass(passes + 1)
+    return nvram
   } finally {
     await session.cleanup(vmId)
   }

@@ -5,6 +5,7 @@
  * lib/jobs/job-deps.ts wires the real systems; tests inject doubles. Types only: the orchestrator
  * and its copy passes (offline-copy.ts, live-copy.ts, copy-one.ts) import them from here.
  */
+import type { CarriedNvram } from '../adapters/types.ts'
 import type { DiskReader } from '../contracts/disk-reader.ts'
 import type { HardwareRecord, Job, JobState, RestorePointRecord } from '../job.ts'
 import type { VmManifest } from '../manifest.ts'
@@ -14,6 +15,11 @@ import type { WatermarksRepo } from '../store/watermarks.ts'
 import type { PreparedSource } from './prepared-source.ts'
 import type { ReadRetry } from '../pipeline/read-retry.ts'
 import type { SpaceWait } from '../pipeline/space-wait.ts'
+
+/** What the copy brought from the source beside the disks, for the start: the UEFI variable store (a live source's `readNvram`). */
+export interface StartCarried {
+  nvram?: CarriedNvram | null
+}
 
 /**
  * What `start` reports: the domain, the hardware chosen, a boot notice (null: boot verified or
@@ -119,7 +125,7 @@ export interface OrchestratorDeps {
    * `E_MIG_GUEST_BOOT_FAILED` in `last_error`) and `networkNotice` (interfaces not carried over:
    * a non-fatal `E_MIG_V2V_FAILED`, kept inside the boot notice's message when both happen).
    */
-  start(job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal): Promise<string | StartOutcome>
+  start(job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal, carried?: StartCarried): Promise<string | StartOutcome>
   /**
    * Runs the plan's host backup job and waits for its restore point (plan `restore_point`);
    * called before anything is written to the destination. Absent: a plan asking for one fails.

@@ -34,7 +34,7 @@ import { TrailingThrottle } from '../throttle.ts'
 import type { PreparedSource } from './prepared-source.ts'
 import { copyOffline, openFirstReader, remainingBytes, type EarlyReader } from './offline-copy.ts'
 import { copyLive } from './live-copy.ts'
-import type { OrchestratorDeps, StartOutcome } from './orchestrator-deps.ts'
+import type { OrchestratorDeps, StartCarried, StartOutcome } from './orchestrator-deps.ts'
 
 /** Least time between two progress snapshots of a job (ms); the job's stored progress and SSE `progress`. */
 export const PROGRESS_EVERY_MS = 500
@@ -132,6 +132,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     deps.mark?.('copying')
 
     let liveOutcome: StartOutcome | null = null
+    let carried: StartCarried = {}
     if (copies) {
       if (job.plan.live_import) {
         if (!deps.liveImport || source.strategy !== 'offline')
@@ -185,7 +186,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
           job = await jobs.update(jobId, { effective_mode: 'Cold', last_error: notice }, iso())
           deps.onJob(job)
         }
-        await copyLive(deps, source, volumes, tracker, emit, { setState, patch, job: () => job, resumedInCutover: liveResumedInCutover })
+        carried = { nvram: await copyLive(deps, source, volumes, tracker, emit, { setState, patch, job: () => job, resumedInCutover: liveResumedInCutover }) }
       }
       emit(true)
     }
@@ -207,7 +208,7 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     }
     if (signal.aborted && !liveOutcome) throw cancelled()
     if (!liveOutcome && !reached('Starting')) await setState('Starting')
-    const started = liveOutcome ?? (await deps.start(job, manifest, volumes, signal))
+    const started = liveOutcome ?? (await deps.start(job, manifest, volumes, signal, carried))
     deps.mark?.('started')
     const outcome: StartOutcome = typeof started === 'string' ? { domain: started, hardware: null, notice: null } : started
     if (outcome.networkNotice) {

@@ -15,7 +15,7 @@ import type { DomainVolume } from '../domain/xml.ts'
 import type { SinkVolume } from '../sink/types.ts'
 import type { ConvertInPlace } from './convert.ts'
 import { bootCheckOf } from './destination.ts'
-import type { StartOutcome } from './orchestrator-deps.ts'
+import type { StartCarried, StartOutcome } from './orchestrator-deps.ts'
 import type { JobLogger, JobPaths, JobSettings } from './settings.ts'
 
 /** What the start of job `jobId` needs: the settings, the logs directory, libvirt, the conversion, the name reservation, the logger. */
@@ -31,19 +31,22 @@ export interface StartInput {
 }
 
 /** Defines and starts the job's domain on `volumes` (one per manifest disk, in order), as {@link domainStart} documents. */
-export type StartDomain = (job: Job, manifest: VmManifest, volumes: DomainVolume[], signal: AbortSignal) => Promise<StartOutcome>
+export type StartDomain = (job: Job, manifest: VmManifest, volumes: DomainVolume[], signal: AbortSignal, carried?: StartCarried) => Promise<StartOutcome>
 
 /**
  * The orchestrator's `start`: the sink's volumes flushed, then {@link domainStart} on them.
  */
-export function startStep(startDomain: StartDomain): (job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal) => Promise<StartOutcome> {
-  return async (job, manifest, volumes, sig) => {
+export function startStep(
+  startDomain: StartDomain,
+): (job: Job, manifest: VmManifest, volumes: SinkVolume[], signal: AbortSignal, carried?: StartCarried) => Promise<StartOutcome> {
+  return async (job, manifest, volumes, sig, carried) => {
     for (const v of volumes) await v.flush()
     return startDomain(
       job,
       manifest,
       manifest.disks.map((d, i) => ({ label: d.label, path: volumes[i]!.path })),
       sig,
+      carried,
     )
   }
 }
@@ -52,12 +55,12 @@ export function startStep(startDomain: StartDomain): (job: Job, manifest: VmMani
  * The domain start of a job: the domain defined on `volumes` (the sink's volumes, or a live
  * import's overlays) named `job.domain` (the reserved name), its serial console logged to
  * `<data dir>/logs/<job id>.serial.log`, started unless the plan says `start: false`, and its boot
- * checked. Throws what lib/domain/start.ts throws (`E_MIG_GUEST_BOOT_FAILED`, `E_MIG_V2V_FAILED`
+ * checked. `carried.nvram`: the source's UEFI variable store, the domain's NVRAM (lib/domain/start.ts). Throws what lib/domain/start.ts throws (`E_MIG_GUEST_BOOT_FAILED`, `E_MIG_V2V_FAILED`
  * ...); any other failure as `E_MIG_DOMAIN_DEFINE_FAILED`.
  */
 export function domainStart(input: StartInput): StartDomain {
   const { settings, paths, jobId, virsh, convert, rename, logger } = input
-  return async (job, manifest, volumes, sig) => {
+  return async (job, manifest, volumes, sig, carried) => {
     const logDir = paths.logs
     await mkdir(logDir, { recursive: true, mode: 0o750 })
     const result = await defineAndStart({
@@ -89,6 +92,7 @@ export function domainStart(input: StartInput): StartDomain {
       // reserved again against that list and every active job's reservation.
       rename: (taken) => rename(job, manifest, taken),
       signal: sig,
+      nvram: carried?.nvram ?? undefined,
     }).catch((e: unknown) => {
       throw e instanceof MigError ? e : new MigError('E_MIG_DOMAIN_DEFINE_FAILED', (e as Error).message)
     })

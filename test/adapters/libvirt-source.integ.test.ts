@@ -11,14 +11,15 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { chmodSync, existsSync, readdirSync, writeFileSync } from 'node:fs'
+import { chmodSync, existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { createLibvirtAdapter, type LibvirtSession } from '../../lib/adapters/libvirt/adapter.ts'
+import { createLibvirtAdapter, MAX_NVRAM_BYTES, type LibvirtSession } from '../../lib/adapters/libvirt/adapter.ts'
 import type { ManifestDisk } from '../../lib/manifest.ts'
 import { makeBootDisk } from '../helpers/bootdisk.ts'
 import { thrown } from '../helpers/env.ts'
 import { ensureLibvirt } from '../helpers/libvirt.ts'
 import { defineSource, makeQcow2, qemuWrite, rawOf, removeTestDomains, virsh, virshOk } from '../helpers/libvirt-source.ts'
+import { writeVarsWithBootEntry } from '../helpers/ovmf-vars.ts'
 import { startSshd, type RunningSshd } from '../helpers/sshd.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -266,6 +267,40 @@ describe('libvirt_remote adapter against the real libvirtd over a real sshd', ()
       await s.close()
     }
   }, 120_000)
+
+  test('the UEFI variable store: read over SSH byte for byte (a hostile file name quoted); a device, an oversize and a missing file refused by name', async () => {
+    const q = makeQcow2(path.join(t.dir, 'uefi.qcow2'), MARKER, 8 * MiB)
+    const vars = path.join(t.dir, "odd 'name' $(touch pwned).fd")
+    writeVarsWithBootEntry('/usr/share/OVMF/OVMF_VARS_4M.fd', vars, '\\EFI\\debian\\grubx64.efi')
+    const uuid = defineSource(`${PREFIX}uefi`, [{ file: q, format: 'qcow2' }], '52:54:00:4c:56:09', 64, { nvram: vars })
+    const s = await connect()
+    try {
+      const m = await s.inspect(uuid)
+      expect([m.firmware, m.warnings.some((w) => /variable store/.test(w))]).toEqual(['efi', false])
+      const got = await s.readNvram(uuid)
+      expect(got?.source_path).toBe(vars)
+      expect(got?.bytes.equals(readFileSync(vars))).toBe(true)
+      expect(existsSync(path.join(t.dir, 'pwned'))).toBe(false)
+      const what = 'the UEFI variable store'
+      const dev = await thrown(() => s.t.readRemoteFile('/dev/zero', MAX_NVRAM_BYTES, what))
+      expect([dev.code, /not a regular file/.test(dev.message), dev.message.includes('/dev/zero')]).toEqual(['E_MIG_DISK_READ_FAILED', true, true])
+      const big = path.join(t.dir, 'big.fd')
+      execFileSync('truncate', ['-s', String(MAX_NVRAM_BYTES + 1), big])
+      const large = await thrown(() => s.t.readRemoteFile(big, MAX_NVRAM_BYTES, what))
+      expect([large.code, /more than the 8388608 accepted/.test(large.message)]).toEqual(['E_MIG_DISK_READ_FAILED', true])
+      const missing = await thrown(() => s.t.readRemoteFile(path.join(t.dir, 'nosuch.fd'), MAX_NVRAM_BYTES, what))
+      expect([missing.code, /cannot be read/.test(missing.message), missing.details.file]).toEqual([
+        'E_MIG_DISK_READ_FAILED',
+        true,
+        path.join(t.dir, 'nosuch.fd'),
+      ])
+      // a BIOS domain has none
+      const bios = defineSource(`${PREFIX}bios`, [{ file: q, format: 'qcow2' }], '52:54:00:4c:56:0a')
+      expect(await s.readNvram(bios)).toBeNull()
+    } finally {
+      await s.close()
+    }
+  }, 60_000)
 
   test('the SSH connection cut mid-copy: reads reconnect and go on; with sshd gone they fail naming the offset', async () => {
     const q = makeQcow2(path.join(t.dir, 'cut.qcow2'), MARKER, 32 * MiB)

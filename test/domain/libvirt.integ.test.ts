@@ -4,7 +4,7 @@
  * names, UEFI secure boot. Every domain is destroyed and undefined; no qemu process is left running.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, existsSync, readFileSync } from 'node:fs'
+import { chmodSync, existsSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { MigError } from '../../lib/errors.ts'
 import { Virsh } from '../../lib/domain/virsh.ts'
@@ -247,7 +247,6 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     const img = path.join(tmp.dir, 'efi.img')
     makeBootDisk(img, 'MIG-EFI', 8 << 20)
     const nvramDir = path.join(tmp.dir, 'nvram')
-    const { mkdirSync } = await import('node:fs')
     mkdirSync(nvramDir, { mode: 0o755 })
     const r = await defineAndStart({
       virsh,
@@ -267,6 +266,45 @@ describe('defineAndStart on real libvirt (TCG)', () => {
     expect(live).toContain("<smm state='on'/>")
     await dispose(r.name)
     expect(existsSync(nvram)).toBe(false)
+  }, 30_000)
+
+  test("a carried UEFI variable store is the defined domain's NVRAM, removed with it; one of another flash size is not carried", async () => {
+    const img = path.join(tmp.dir, 'nv.img')
+    makeBootDisk(img, 'MIG-NV', 8 << 20)
+    const nvramDir = path.join(tmp.dir, 'nvram-carried')
+    mkdirSync(nvramDir, { mode: 0o755 })
+    const store = Buffer.from(readFileSync('/usr/share/OVMF/OVMF_VARS_4M.fd'))
+    store.write('MIGRATOR-CARRIED-STORE', 200_000, 'latin1')
+    const define = (suffix: string, bytes: Buffer) =>
+      defineAndStart({
+        virsh,
+        manifest: vm(suffix, { firmware: 'efi' }),
+        plan: { start: false },
+        volumes: [{ label: 'boot', path: img }],
+        domainType: 'qemu',
+        defaultBridge: null,
+        serialLogPath: path.join(tmp.dir, 'nv.log'),
+        nvramDir,
+        inspect: false,
+        nvram: { source_path: '/var/lib/libvirt/qemu/nvram/web01_VARS.fd', bytes },
+      })
+    const r = await define('nv', store)
+    const file = path.join(nvramDir, `${r.name}_VARS.fd`)
+    expect(r.hardware.nvram).toMatchObject({ carried: true, source_path: '/var/lib/libvirt/qemu/nvram/web01_VARS.fd', path: file, bytes: store.length })
+    expect(r.hardware.uefi_boot?.method).toBe('nvram-carried')
+    expect(readFileSync(file).equals(store)).toBe(true)
+    expect((await virsh.run(['dumpxml', '--domain', r.name])).stdout).toContain(file)
+    await dispose(r.name)
+    expect(existsSync(file)).toBe(false)
+    // a store of the 2 MiB flash layout does not fit the 4 MiB code image: the template is used
+    const small = await define('nv-small', Buffer.alloc(128 * 1024, 0xff))
+    expect([small.hardware.nvram?.carried, /another flash size/.test(small.hardware.nvram?.detail ?? ''), small.hardware.uefi_boot?.method]).toEqual([
+      false,
+      true,
+      'not-inspected',
+    ])
+    expect(existsSync(path.join(nvramDir, `${small.name}_VARS.fd`))).toBe(false)
+    await dispose(small.name)
   }, 30_000)
 
   test('virsh client: missing domains', async () => {

@@ -34,18 +34,33 @@ export function removeTestDomains(prefix: string): void {
   }
 }
 
-/** Defines a source domain over `disks` (qcow2 or raw files, virtio), BIOS, `memoryMiB` of memory, one user NIC with a fixed MAC. */
-export function defineSource(name: string, disks: { file: string; format: 'qcow2' | 'raw' }[], mac = '52:54:00:4c:56:01', memoryMiB = 64): string {
+/**
+ * Defines a source domain over `disks` (qcow2 or raw files, virtio), `memoryMiB` of memory, one
+ * user NIC with a fixed MAC; BIOS, or with `uefi` OVMF (Debian's 4 MiB code image) and the
+ * variable store file `uefi.nvram` (a serial console to `uefi.serial` when given).
+ */
+export function defineSource(
+  name: string,
+  disks: { file: string; format: 'qcow2' | 'raw' }[],
+  mac = '52:54:00:4c:56:01',
+  memoryMiB = 64,
+  uefi?: { nvram: string; serial?: string },
+): string {
+  const os = uefi
+    ? `<os><type arch='x86_64' machine='pc'>hvm</type><loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader><nvram template='/usr/share/OVMF/OVMF_VARS_4M.fd'>${uefi.nvram}</nvram><boot dev='hd'/></os>
+  <features><acpi/></features>`
+    : "<os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>"
+  const serial = uefi?.serial ? `<serial type='file'><source path='${uefi.serial}'/></serial>` : "<serial type='null'/>"
   const xml = `<domain type='qemu'>
   <name>${name}</name>
   <memory unit='MiB'>${memoryMiB}</memory>
   <vcpu>1</vcpu>
-  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  ${os}
   <metadata><libosinfo:libosinfo xmlns:libosinfo="http://libosinfo.org/xmlns/libvirt/domain/1.0"><libosinfo:os id="http://debian.org/debian/12"/></libosinfo:libosinfo></metadata>
   <devices>
 ${disks.map((d, i) => `    <disk type='file' device='disk'><driver name='qemu' type='${d.format}'/><source file='${d.file}'/><target dev='vd${String.fromCharCode(97 + i)}' bus='virtio'/></disk>`).join('\n')}
     <interface type='user'><mac address='${mac}'/><model type='virtio'/></interface>
-    <serial type='null'/>
+    ${serial}
   </devices>
 </domain>`
   const f = `${disks[0]!.file}.xml`

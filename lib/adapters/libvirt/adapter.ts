@@ -23,7 +23,7 @@ import { MigError, isMigError } from '../../errors.ts'
 import { guestFamilyOf, type ManifestDisk, type ManifestNic, type VmManifest } from '../../manifest.ts'
 import { sleep } from '../../retry.ts'
 import type { DiskArea, DiskReader } from '../../contracts/disk-reader.ts'
-import type { LiveSession, SnapshotRef, SourceAdapter, SourceConnection, VmSummary } from '../types.ts'
+import type { CarriedNvram, LiveSession, SnapshotRef, SourceAdapter, SourceConnection, VmSummary } from '../types.ts'
 import { type DomainInfo, diskFormatOf, parseDomainXml, parseDomblkinfoAll, powerStateOf } from './domain.ts'
 import { dirtyAreas, openExportReader, type ExportEndpoint } from './export-reader.ts'
 import { classifyFailure, LibvirtTransport, type VirshOut } from './transport.ts'
@@ -37,6 +37,12 @@ export const MARK_URI = 'https://vm-migrator.invalid/libvirt-source/mark'
 export const STARTED_URI = 'https://vm-migrator.invalid/libvirt-source/started-paused'
 /** Directory on the remote host of the backup export sockets and scratch files (qemu creates them; libvirt removes them). */
 export const REMOTE_SOCKET_DIR = '/var/lib/libvirt/qemu'
+
+/**
+ * The largest UEFI variable store carried, bytes: OVMF's are 128 KiB (2 MiB flash) and 528 KiB
+ * (4 MiB flash); a larger file is not a variable store of an x86_64 guest.
+ */
+export const MAX_NVRAM_BYTES = 8 * 1024 * 1024
 
 /** Tunables of the adapter, milliseconds. */
 export interface LibvirtAdapterOptions {
@@ -451,6 +457,19 @@ export class LibvirtSession implements LiveSession {
     }
   }
 
+  /**
+   * The domain's UEFI variable store (`<os><nvram>`), read from the host over SSH (at most
+   * {@link MAX_NVRAM_BYTES}); null for a BIOS domain or one that names none. Called with the
+   * domain stopped (a cold job before its copy, a warm one at the cutover), so the store is the
+   * one the guest last wrote.
+   */
+  async readNvram(vmId: string): Promise<CarriedNvram | null> {
+    const { info } = await this.domain(vmId)
+    if (info.firmware !== 'efi' || !info.nvram) return null
+    const bytes = await this.t.readRemoteFile(info.nvram, MAX_NVRAM_BYTES, `the UEFI variable store (<nvram>) of domain ${info.name}`)
+    return { source_path: info.nvram, bytes }
+  }
+
   async close(): Promise<void> {
     for (const vmId of [...this.active.keys()]) await this.endBackup(vmId).catch(() => {})
     this.t.close()
@@ -486,8 +505,8 @@ export function manifestOf(info: DomainInfo, xml: string, blk: ReturnType<typeof
     })
   }
   const nics: ManifestNic[] = info.nics.map((n, i) => ({ label: `net${i}`, mac: n.mac, model: n.model, network: n.network }))
-  if (info.firmware === 'efi' && info.nvram)
-    warnings.push(`UEFI variable store ${info.nvram} on the source: the destination starts with a fresh one (boot entries stored only there do not travel)`)
+  if (info.firmware === 'efi' && !info.nvram)
+    warnings.push('UEFI guest without a variable store file (<nvram>) on the source: the destination starts with a fresh one')
   if (info.arch && info.arch !== 'x86_64') warnings.push(`architecture ${info.arch}: the destination is x86_64`)
   const id = osinfoId(xml)
   const family = guestFamilyOf(id ?? info.description)

@@ -214,6 +214,40 @@ export class LibvirtTransport {
     return { code: r.code, stdout: r.stdout, stderr: r.spawnError ? `virsh: ${r.spawnError.message}` : r.stderr, timedOut: r.timedOut }
   }
 
+  /**
+   * Reads the regular file `remote` (absolute path) on the host over SSH, at most `maxBytes`:
+   * `stat -L` (type and size) and `head -c` of it, base64 on the wire (binary-safe through the
+   * shell). `E_MIG_DISK_READ_FAILED` naming the file for a path that is not absolute or holds a
+   * newline, a missing or unreadable file, a non-regular file (device, directory, FIFO: what
+   * `head` would read forever or not at all), a file larger than `maxBytes`, or a file that
+   * changed size while it was read; the transport codes of {@link classifyFailure} for SSH.
+   */
+  async readRemoteFile(remote: string, maxBytes: number, what: string, timeoutMs = 60_000): Promise<Buffer> {
+    const fail = (why: string, fix: string) =>
+      new MigError('E_MIG_DISK_READ_FAILED', `${this.label}: ${what} ${JSON.stringify(remote.slice(0, 300))}: ${why}; ${fix}`, {
+        details: { endpoint: this.label, file: remote.slice(0, 300) },
+      })
+    if (this.creds.endpoint.transport !== 'ssh') throw fail('files of the host are read over SSH', 'register the host with a qemu+ssh:// endpoint to carry it')
+    if (!remote.startsWith('/') || /[\n\r\0]/.test(remote) || remote.length > 4096)
+      throw fail('not an absolute path on one line', "correct the domain's description on the source")
+    const q = `'${remote.replace(/'/g, `'\\''`)}'`
+    const script = `LC_ALL=C; f=${q}; t=$(stat -L --printf '%F %s' -- "$f") || exit 3; echo "$t"; case "$t" in "regular file "*|"regular empty file "*) ;; *) exit 4;; esac; head -c ${maxBytes + 1} -- "$f" | base64 -w0 || exit 5`
+    const r = await exec('ssh', [...this.sshArgs(), script], { timeoutMs, maxStdout: Math.ceil(((maxBytes + 1) * 4) / 3) + 4096 })
+    const out = { code: r.code, stdout: r.stdout, stderr: r.spawnError ? `ssh: ${r.spawnError.message}` : r.stderr, timedOut: r.timedOut }
+    if (r.code === 255 || r.timedOut || r.spawnError) throw classifyFailure(this.label, out, 'E_MIG_DISK_READ_FAILED', `reading ${what} ${remote}`)
+    const [head = '', body = ''] = r.stdout.split('\n')
+    const size = Number(/ (\d+)$/.exec(head)?.[1] ?? Number.NaN)
+    if (r.code === 3)
+      throw fail(`cannot be read (${r.stderr.trim().split('\n').pop()?.slice(0, 200) ?? 'stat failed'})`, 'connect as a user who can read it (root)')
+    if (r.code === 4) throw fail(`is a ${head.replace(/ \d+$/, '')}, not a regular file`, "point the domain's description at a regular file")
+    if (Number.isFinite(size) && size > maxBytes)
+      throw fail(`is ${size} bytes, more than the ${maxBytes} accepted`, 'check that the domain names the right file')
+    if (r.code !== 0 || r.overflow) throw fail(`reading it failed (${r.stderr.trim().slice(0, 200) || `exit ${r.code}`})`, 'check the file on the host')
+    const bytes = Buffer.from(body.trim(), 'base64')
+    if (bytes.length !== size) throw fail(`read ${bytes.length} bytes of ${size} (it changed while read)`, 'stop the domain and try again')
+    return bytes
+  }
+
   /** Writes `text` to a file in the private directory and returns its path (XML for virsh). */
   writeFile(name: string, text: string): string {
     const p = path.join(this.dir, name.replace(/[^A-Za-z0-9._-]/g, '_'))

@@ -1,6 +1,8 @@
 /**
- * Sources: register a vSphere source (`POST /sources`; the password goes only to the API, which
- * seals it), test it, list and inspect its VMs, start a warm or cold migration of one.
+ * Sources: register a vSphere source or a KVM host (`libvirt_remote`: `qemu+ssh://` with a private
+ * key and the host's pinned key line) with `POST /sources` (the password or private key goes only
+ * to the API, which seals it), test it, list and inspect its VMs, start a warm or cold migration
+ * of one.
  */
 import { useEffect, useState } from 'preact/hooks'
 import type { VmSummary } from '../../../lib/adapters/types.ts'
@@ -14,20 +16,55 @@ import { PlanForm } from '../plan-form.tsx'
 /** A source as the API returns it (never with the password). */
 type SourceView = Source
 
+/** The kinds the form registers, with their endpoint placeholder. */
+const KINDS = {
+  vim_api: { label: 'vSphere (vCenter or ESXi)', endpoint: 'https://vcenter.example/sdk' },
+  libvirt_remote: { label: 'KVM host (libvirt over SSH)', endpoint: 'qemu+ssh://root@kvm1.example:22/system' },
+} as const
+type Kind = keyof typeof KINDS
+
 function AddSource({ onAdded }: { onAdded(): void }) {
-  const [f, setF] = useState({ name: '', endpoint: 'https://vcenter.example/sdk', username: '', password: '', thumbprint: '', ca_pem: '', insecure: false })
+  const [f, setF] = useState({
+    kind: 'vim_api' as Kind,
+    name: '',
+    endpoint: KINDS.vim_api.endpoint as string,
+    username: '',
+    password: '',
+    thumbprint: '',
+    ca_pem: '',
+    insecure: false,
+    private_key: '',
+    known_hosts: '',
+  })
   const [err, setErr] = useState<ApiError | null>(null)
   const set = (k: keyof typeof f) => (e: Event) => {
     const t = e.target as HTMLInputElement
     setF({ ...f, [k]: t.type === 'checkbox' ? t.checked : t.value })
   }
+  const setKind = (e: Event) => {
+    const kind = (e.target as HTMLSelectElement).value as Kind
+    // a new kind gets its own endpoint form; typed secrets are dropped
+    setF({ ...f, kind, endpoint: KINDS[kind].endpoint, password: '', private_key: '' })
+  }
   async function submit(e: Event) {
     e.preventDefault()
     setErr(null)
-    const tls = f.insecure ? { insecure: true } : f.thumbprint ? { thumbprint: f.thumbprint } : f.ca_pem ? { ca_pem: f.ca_pem } : undefined
     try {
-      await api('POST', '/sources', { name: f.name, kind: 'vim_api', endpoint: f.endpoint, username: f.username, password: f.password, ...(tls ? { tls } : {}) })
-      setF({ ...f, name: '', password: '' })
+      if (f.kind === 'libvirt_remote') {
+        await api('POST', '/sources', {
+          name: f.name,
+          kind: f.kind,
+          endpoint: f.endpoint,
+          username: f.username,
+          private_key: f.private_key,
+          known_hosts: f.known_hosts,
+          ...(f.insecure ? { tls: { insecure: true } } : {}),
+        })
+      } else {
+        const tls = f.insecure ? { insecure: true } : f.thumbprint ? { thumbprint: f.thumbprint } : f.ca_pem ? { ca_pem: f.ca_pem } : undefined
+        await api('POST', '/sources', { name: f.name, kind: f.kind, endpoint: f.endpoint, username: f.username, password: f.password, ...(tls ? { tls } : {}) })
+      }
+      setF({ ...f, name: '', password: '', private_key: '' })
       onAdded()
     } catch (x) {
       setErr(x as ApiError)
@@ -35,7 +72,17 @@ function AddSource({ onAdded }: { onAdded(): void }) {
   }
   return (
     <form class="card" onSubmit={submit} data-testid="add-source" autocomplete="off">
-      <h3>Register a vSphere source</h3>
+      <h3>Register a source</h3>
+      <label>
+        Kind{' '}
+        <select name="kind" value={f.kind} onChange={setKind}>
+          {(Object.keys(KINDS) as Kind[]).map((k) => (
+            <option key={k} value={k}>
+              {KINDS[k].label}
+            </option>
+          ))}
+        </select>
+      </label>
       <label>
         Name <input name="name" value={f.name} onInput={set('name')} required />
       </label>
@@ -45,21 +92,38 @@ function AddSource({ onAdded }: { onAdded(): void }) {
       <label>
         User <input name="username" value={f.username} onInput={set('username')} required />
       </label>
-      <label>
-        Password <input name="password" type="password" value={f.password} onInput={set('password')} autocomplete="new-password" />
-      </label>
-      <fieldset>
-        <legend>TLS</legend>
-        <label>
-          Certificate SHA-256 thumbprint <input name="thumbprint" value={f.thumbprint} onInput={set('thumbprint')} placeholder="AA:BB:…" />
-        </label>
-        <label>
-          or CA certificate (PEM) <textarea name="ca_pem" value={f.ca_pem} onInput={set('ca_pem')} rows={2} />
-        </label>
-        <label class="inline">
-          <input type="checkbox" name="insecure" checked={f.insecure} onChange={set('insecure')} /> accept any certificate (insecure)
-        </label>
-      </fieldset>
+      {f.kind === 'libvirt_remote' ? (
+        <fieldset>
+          <legend>SSH</legend>
+          <label>
+            Private key (OpenSSH, no passphrase) <textarea name="private_key" value={f.private_key} onInput={set('private_key')} rows={3} required />
+          </label>
+          <label>
+            Host key (the line ssh-keyscan prints) <textarea name="known_hosts" value={f.known_hosts} onInput={set('known_hosts')} rows={2} />
+          </label>
+          <label class="inline">
+            <input type="checkbox" name="insecure" checked={f.insecure} onChange={set('insecure')} /> accept any host key (insecure)
+          </label>
+        </fieldset>
+      ) : (
+        <>
+          <label>
+            Password <input name="password" type="password" value={f.password} onInput={set('password')} autocomplete="new-password" />
+          </label>
+          <fieldset>
+            <legend>TLS</legend>
+            <label>
+              Certificate SHA-256 thumbprint <input name="thumbprint" value={f.thumbprint} onInput={set('thumbprint')} placeholder="AA:BB:…" />
+            </label>
+            <label>
+              or CA certificate (PEM) <textarea name="ca_pem" value={f.ca_pem} onInput={set('ca_pem')} rows={2} />
+            </label>
+            <label class="inline">
+              <input type="checkbox" name="insecure" checked={f.insecure} onChange={set('insecure')} /> accept any certificate (insecure)
+            </label>
+          </fieldset>
+        </>
+      )}
       {err && <ErrorBox code={err.code} message={err.message} />}
       <button class="primary" type="submit">
         Register
@@ -89,7 +153,8 @@ function SourceCard({ source, onRemoved }: { source: SourceView; onRemoved(): vo
       <p class="small mono muted">
         {source.endpoint} as {source.username}
         {source.tls.thumbprint ? ` · pinned ${source.tls.thumbprint.slice(0, 23)}…` : ''}
-        {source.tls.insecure ? ' · insecure TLS' : ''}
+        {source.kind === 'libvirt_remote' && source.known_hosts ? ' · host key pinned' : ''}
+        {source.tls.insecure ? (source.kind === 'libvirt_remote' ? ' · any host key (insecure)' : ' · insecure TLS') : ''}
       </p>
       <div class="actions">
         <button onClick={() => guard(async () => setTest(((r) => `${r.product} ${r.version ?? ''}`)(await api<{ product: string; version: string | null }>('POST', `/sources/${source.id}/test`))))}>Test</button>
@@ -131,9 +196,9 @@ function SourceCard({ source, onRemoved }: { source: SourceView; onRemoved(): vo
       )}
       {picked && (
         <div class="two" key={picked.vm.vm_id}>
-          <ManifestView kind="vim_api" manifest={picked.manifest} />
+          <ManifestView kind={source.kind} manifest={picked.manifest} />
           <PlanForm
-            base={{ source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: source.id, vm_id: picked.vm.vm_id } }}
+            base={{ source: { Live: source.kind as Kind }, source_ref: { kind: 'live_vm', source_id: source.id, vm_id: picked.vm.vm_id } }}
             manifest={picked.manifest}
             live={true}
             onSubmitted={(job) => (location.hash = `#/migrations/${job.id}`)}

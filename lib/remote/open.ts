@@ -8,7 +8,7 @@
 import type { RemoteFile } from '../contracts/remote-file.ts'
 import { MigError } from '../errors.ts'
 import { openHttpObject, type HttpAuth, type HttpObjectOptions } from './http-object.ts'
-import { openS3Object, S3_RANGE_BYTES, type S3Access } from './s3-object.ts'
+import { openS3Object, type S3Access } from './s3-object.ts'
 import { openSmbObject, type SmbAccess, type SmbObjectOptions } from './smb-object.ts'
 import type { OfflineUrlRef } from './ref.ts'
 import { withReadAhead } from './read-ahead.ts'
@@ -53,10 +53,8 @@ export async function openRemoteInput(ref: OfflineUrlRef, opts: RemoteOpenOption
         region: ref.s3?.region,
         access: auth as S3Access | null,
         trust: ref.tls ?? {},
-        http: { pieceBytes: S3_RANGE_BYTES, ...opts.http },
+        http: opts.http,
       }),
-      // two windows ahead of S3_RANGE_BYTES hold more than a wide-area link's bandwidth-delay product
-      { maxWindowBytes: S3_RANGE_BYTES, ahead: 2 },
     )
   return withReadAhead(await openHttpObject(ref.url, { ...opts.http, trust: ref.tls ?? {}, auth: auth as HttpAuth | null }))
 }

@@ -22,15 +22,6 @@ export interface S3Access {
   secretAccessKey: string
 }
 
-/**
- * Bytes of one ranged `GET` of an S3 object, and of the read-ahead window over it. Every S3
- * request has a fixed cost on the server (authentication, the object's lookup) and at the
- * client (its signature), so S3 inputs are read in larger ranges than plain HTTP ones: AWS's
- * performance guidance for Amazon S3 names 8 MB or 16 MB as the typical size of byte-range
- * requests.
- */
-export const S3_RANGE_BYTES = 16 * 1024 * 1024
-
 /** Default region (the signature's scope; `us-east-1` is what S3-compatible servers expect when unset). */
 export const DEFAULT_S3_REGION = 'us-east-1'
 

@@ -91,6 +91,24 @@ describe('live import of a boot-sector guest', () => {
     t.cleanup()
   }, 60_000)
 
+  /** Waits until the live guest's boot is verified and more than 4 MiB are copied (or the job ended); the job then. */
+  async function bootedAndCopying(id: string): Promise<any> {
+    await waitJob(srv.base, id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
+    return waitJob(srv.base, id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
+  }
+
+  /** Domain `name` runs on the plain volume of job `done` (no backing store, no NBD), whose first 64 MiB are `expected`. */
+  function expectOnPlainVolume(name: string, done: any, expected: Buffer): void {
+    const vol = volumePath(t.dir, done.id, done.progress.disks[0].label)
+    expect(virshText('domblklist', name)).toContain(vol)
+    expect(virshText('dumpxml', name)).not.toMatch(/<backingStore type=|nbd/)
+    expect(
+      readFileSync(vol)
+        .subarray(0, 64 * MiB)
+        .equals(expected),
+    ).toBe(true)
+  }
+
   /** A 64 MiB boot disk with 48 MiB of unique data behind the boot sector: about 48 s at the cap. */
   function dataBootDisk(file: string): string {
     const boot = makeBootDisk(file, MARKER, 64 * MiB).path
@@ -160,8 +178,7 @@ describe('live import of a boot-sector guest', () => {
     const boot = dataBootDisk(path.join(t.dir, 'boot3.raw'))
     const input = buildInput('qcow2', importRoot, 'lib-kill', [boot])
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-kill', live_import: true }))
-    await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
-    await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
+    await bootedAndCopying(job.id)
     const pid = qemuPid('lib-kill')
     const worker = workerPid(t.dir, job.id)
     expect(worker).toBeGreaterThan(0)
@@ -171,14 +188,7 @@ describe('live import of a boot-sector guest', () => {
     const done = await waitJob(srv.base, job.id, undefined, 240_000)
     expect([done.state, done.last_error]).toEqual(['Completed', null])
     expect(qemuPid('lib-kill')).toBe(pid)
-    const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
-    expect(virshText('domblklist', 'lib-kill')).toContain(vol)
-    expect(virshText('dumpxml', 'lib-kill')).not.toMatch(/<backingStore type=|nbd/)
-    expect(
-      readFileSync(vol)
-        .subarray(0, 64 * MiB)
-        .equals(readFileSync(boot)),
-    ).toBe(true)
+    expectOnPlainVolume('lib-kill', done, readFileSync(boot))
     expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
     await cleanupDomains('lib-kill')
   }, 300_000)
@@ -213,15 +223,8 @@ describe('live import of a boot-sector guest', () => {
     expect(done.last_error.message).toContain('its copy was finished')
     expect(virshText('domstate', 'lib-finish')).toBe('running')
     expect(qemuPid('lib-finish')).toBe(pid)
-    const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
-    expect(virshText('domblklist', 'lib-finish')).toContain(vol)
-    expect(virshText('dumpxml', 'lib-finish')).not.toMatch(/<backingStore type=|nbd/)
+    expectOnPlainVolume('lib-finish', done, withWrites(readFileSync(boot), writes))
     expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
-    expect(
-      readFileSync(vol)
-        .subarray(0, 64 * MiB)
-        .equals(withWrites(readFileSync(boot), writes)),
-    ).toBe(true)
     await cleanupDomains('lib-finish')
   }, 300_000)
 
@@ -229,8 +232,7 @@ describe('live import of a boot-sector guest', () => {
     const boot = dataBootDisk(path.join(t.dir, 'boot5.raw'))
     const input = buildInput('qcow2', importRoot, 'lib-skill', [boot])
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-skill', live_import: true }))
-    await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
-    await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
+    await bootedAndCopying(job.id)
     const pid = qemuPid('lib-skill')
     // one write before the kill, one while no server runs, one after the new server took over
     const writes: Array<[number, number, number]> = [
@@ -254,15 +256,8 @@ describe('live import of a boot-sector guest', () => {
     expect([done.state, done.last_error]).toEqual(['Completed', null])
     expect(done.hardware.boot.verified).toBe(true)
     expect(qemuPid('lib-skill')).toBe(pid)
-    const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
-    expect(virshText('domblklist', 'lib-skill')).toContain(vol)
-    expect(virshText('dumpxml', 'lib-skill')).not.toMatch(/<backingStore type=|nbd/)
+    expectOnPlainVolume('lib-skill', done, withWrites(readFileSync(boot), writes))
     expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
-    expect(
-      readFileSync(vol)
-        .subarray(0, 64 * MiB)
-        .equals(withWrites(readFileSync(boot), writes)),
-    ).toBe(true)
     await cleanupDomains('lib-skill')
   }, 300_000)
   test('the HTTP source stopped mid-copy and started again: waiting for the source, then Completed bit-exact', async () => {
@@ -281,8 +276,7 @@ describe('live import of a boot-sector guest', () => {
         name: 'lib-http',
         live_import: true,
       })
-      await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
-      const before = await waitJob(srv.base, job.id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
+      const before = await bootedAndCopying(job.id)
       expect(before.progress.bytes_done).toBeLessThan(before.progress.bytes_total)
       await web.stop()
       const waiting = await waitJob(srv.base, job.id, (j) => /waiting for the source/.test(j.last_error?.message ?? '') || j.status !== 'running', 60_000)
@@ -302,14 +296,7 @@ describe('live import of a boot-sector guest', () => {
       const done = await waitJob(srv.base, job.id, undefined, 240_000)
       expect([done.state, done.last_error]).toEqual(['Completed', null])
       expect(virshText('domstate', 'lib-http')).toBe('running')
-      const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
-      expect(virshText('domblklist', 'lib-http')).toContain(vol)
-      expect(virshText('dumpxml', 'lib-http')).not.toMatch(/<backingStore type=|nbd/)
-      expect(
-        readFileSync(vol)
-          .subarray(0, 64 * MiB)
-          .equals(readFileSync(boot)),
-      ).toBe(true)
+      expectOnPlainVolume('lib-http', done, readFileSync(boot))
     } finally {
       await web.stop()
       await cleanupDomains('lib-http')

@@ -24,7 +24,7 @@ import { tempDir } from '../helpers/tmp.ts'
 const PREFIX = 'lig-'
 const MiB = 1024 * 1024
 /** The copy cap: the guest's data (about 1 GiB allocated) takes minutes, longer than its TCG boot. */
-const CAP = 4 * MiB
+const CAP = 8 * MiB
 
 describe('live import of a real Debian guest', () => {
   const t = tempDir('mig-lig-')

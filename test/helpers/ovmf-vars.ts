@@ -12,22 +12,11 @@
  * data. Free space is 0xFF. A variable replaced is marked deleted (State & ~0x02).
  */
 import { readFileSync, writeFileSync } from 'node:fs'
+import { guidBytes } from './guid.ts'
 
 const EFI_GLOBAL_VARIABLE = '8be4df61-93ca-11d2-aa0d-00e098032b8c'
 const NV_BS_RT = 0x7
 const HEADER = 60
-
-function guidBytes(g: string): Buffer {
-  const h = g.replace(/-/g, '')
-  const b = Buffer.from(h, 'hex')
-  // the first three fields are little-endian
-  return Buffer.concat([
-    Buffer.from(b.subarray(0, 4)).reverse(),
-    Buffer.from(b.subarray(4, 6)).reverse(),
-    Buffer.from(b.subarray(6, 8)).reverse(),
-    b.subarray(8),
-  ])
-}
 
 const utf16z = (s: string) => Buffer.from(`${s}\0`, 'utf16le')
 

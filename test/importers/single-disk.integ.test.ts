@@ -19,6 +19,7 @@ import { importer as vhdx } from '../../lib/importers/vhdx.ts'
 import { VmManifest } from '../../lib/manifest.ts'
 import { CORPUS, tempDir, thrown } from '../helpers/tmp.ts'
 import { setVhdxLogGuid } from '../helpers/vhdx-log.ts'
+import { guidBytes } from '../helpers/guid.ts'
 
 const MiB = 1024 * 1024
 const tmp = tempDir('mig-single-')
@@ -35,18 +36,6 @@ async function expectCode(fn: () => Promise<unknown>, code: string): Promise<Mig
   expect(err).toBeInstanceOf(MigError)
   expect(err.code).toBe(code)
   return err
-}
-
-/** A Microsoft GUID string as its 16 mixed-endian bytes. */
-function guidBytes(g: string): Buffer {
-  const h = g.replace(/[-{}]/g, '')
-  const b = Buffer.from(h, 'hex')
-  return Buffer.concat([
-    Buffer.from(b.subarray(0, 4)).reverse(),
-    Buffer.from(b.subarray(4, 6)).reverse(),
-    Buffer.from(b.subarray(6, 8)).reverse(),
-    b.subarray(8),
-  ])
 }
 
 /**

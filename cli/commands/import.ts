@@ -102,8 +102,9 @@ export function register(program: Command): void {
     .option('--insecure', 'a https URL: do not verify the certificate')
     .option('--name <name>', 'target domain name')
     .option('--no-start', 'define the domain but do not start it')
+    .option('--live-import', 'boot the guest here at once from its source while its disks copy (docs/live-import.md)')
     .option('--no-watch', 'return once the plan is submitted')
-    .action((target: string, o: { kind?: string; name?: string; start: boolean; watch: boolean } & RemoteOptions, cmd: Command) =>
+    .action((target: string, o: { kind?: string; name?: string; start: boolean; watch: boolean; liveImport?: boolean } & RemoteOptions, cmd: Command) =>
       run(async () => {
         const g = globals(cmd)
         const api = apiOf(cmd)
@@ -123,6 +124,7 @@ export function register(program: Command): void {
           mode: 'Cold',
           ...(o.name ? { name: o.name } : {}),
           ...(o.start ? {} : { start: false }),
+          ...(o.liveImport ? { live_import: true } : {}),
         }
         const job = await api.call('POST', '/migrations', { plan })
         if (g.json) process.stdout.write(JSON.stringify({ event: 'submitted', id: job.id }) + '\n')

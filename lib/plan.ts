@@ -100,11 +100,15 @@ export const ServiceCheckPlan = z
   })
 export type ServiceCheckPlan = z.infer<typeof ServiceCheckPlan>
 
+/** The live adapters whose VM a live import can read (from a snapshot, at any offset). */
+export const LIVE_IMPORT_ADAPTERS = ['vim_api'] as const
+
 /**
  * Why a plan cannot run as a live import (`live_import: true`, docs/live-import.md): the guest
  * must be started (`start` not false), the source read at any offset by the project's readers (an
- * offline importer other than the virt-v2v passthrough; a live adapter's snapshot readers are
- * not served yet), cold. Empty when the plan does not ask for one or can run as one.
+ * offline importer other than the virt-v2v passthrough, or the `vim_api` adapter's snapshot
+ * readers: {@link LIVE_IMPORT_ADAPTERS}), cold. Empty when the plan does not ask for one or can
+ * run as one.
  */
 export function liveImportRefusals(p: {
   live_import?: boolean
@@ -116,11 +120,12 @@ export function liveImportRefusals(p: {
   const out: string[] = []
   if (p.start === false) out.push('a live import runs the guest while its disks copy: it cannot be combined with "start": false')
   if (p.mode === 'Warm') out.push('a warm migration keeps the source running until its cutover: a live import is cold ("mode": "Cold")')
-  if ('Live' in p.source)
-    out.push(
-      `a live import reads an offline source (host path, upload or offline_url); the ${p.source.Live} adapter's snapshot disks are not served to a running guest`,
-    )
-  else if (PASSTHROUGH_IMPORTERS.includes(p.source.Offline as ImporterKind))
+  if ('Live' in p.source) {
+    if (!(LIVE_IMPORT_ADAPTERS as readonly string[]).includes(p.source.Live))
+      out.push(
+        `a live import reads an offline source (host path, upload or offline_url) or a ${LIVE_IMPORT_ADAPTERS.join(', ')} VM; the ${p.source.Live} adapter's disks are not served to a running guest`,
+      )
+  } else if (PASSTHROUGH_IMPORTERS.includes(p.source.Offline as ImporterKind))
     out.push(`a ${p.source.Offline} import is copied and converted by virt-v2v as a whole: no reader can serve its disks to a running guest`)
   return out
 }

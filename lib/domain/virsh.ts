@@ -166,9 +166,26 @@ export class Virsh {
   /** `virsh domstate --reason`: `{ state: 'running', reason: 'booted' }`. Throws `E_MIG_GUEST_BOOT_FAILED`. */
   async stateDetail(name: string): Promise<DomainState> {
     const r = await this.must('E_MIG_GUEST_BOOT_FAILED', `virsh domstate ${name} failed`, ['domstate', '--reason', '--domain', name])
-    const line = r.stdout.trim().split('\n')[0] ?? ''
-    const m = /^(.*?)\s*\((.*)\)$/.exec(line)
-    return m ? { state: m[1]!, reason: m[2]! } : { state: line, reason: null }
+    return parseDomainState(r.stdout)
+  }
+
+  /**
+   * Like {@link stateDetail}, for a caller that must tell the cases apart without an exception:
+   * `{ state: 'absent' }` when libvirt has no such domain, null when libvirt stayed out of reach
+   * (after the reconnect window). Throws `E_MIG_GUEST_BOOT_FAILED` on any other failure.
+   */
+  async stateOrAway(name: string): Promise<DomainState | null> {
+    const r = await this.run(['domstate', '--reason', '--domain', name])
+    if (r.code === 0) return parseDomainState(r.stdout)
+    if (isNoDomain(r)) return { state: 'absent', reason: null }
+    if (isConnectionLoss(r)) return null
+    throw new MigError('E_MIG_GUEST_BOOT_FAILED', `virsh domstate ${name} failed: ${libvirtMessage(r)}`, { details: { libvirt_uri: this.uri } })
+  }
+
+  /** True when libvirt answers a call (after the reconnect window when it is away). */
+  async reachable(): Promise<boolean> {
+    const r = await this.run(['uri'])
+    return r.code === 0 || !isConnectionLoss(r)
   }
 
   /** `virsh domstate`: `running`, `shut off`, `paused`, `crashed`, ... Throws `E_MIG_GUEST_BOOT_FAILED`. */
@@ -229,6 +246,13 @@ export class Virsh {
     }
     throw new MigError('E_MIG_DOMAIN_DEFINE_FAILED', `no free domain name for ${b}`)
   }
+}
+
+/** The first line of `virsh domstate --reason`'s output, split: `running (booted)` is `{ state: 'running', reason: 'booted' }`. */
+function parseDomainState(stdout: string): DomainState {
+  const line = stdout.trim().split('\n')[0] ?? ''
+  const m = /^(.*?)\s*\((.*)\)$/.exec(line)
+  return m ? { state: m[1]!, reason: m[2]! } : { state: line, reason: null }
 }
 
 function isNoDomain(r: VirshResult): boolean {

@@ -75,12 +75,13 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
     copyDisk: copy.copyDisk,
     v2v: windowsConversion(convert),
     start: startStep(startDomain),
-    liveImport: (job, source, volumes, hooks) =>
+    liveImport: (job, source, volumes, hooks, carried) =>
       runJobLiveImport({
         job,
         source,
         volumes,
         hooks,
+        carried,
         virsh,
         dataDir: config.dataDir,
         qemuUser,
@@ -89,6 +90,7 @@ export async function buildJobDeps(input: JobDepsInput): Promise<Omit<Orchestrat
         logger,
         cancelChoice: () => store.jobs.cancelChoice(job.id),
         bytesPerSecond: config.copy.maxBytesPerSecond,
+        spaceWait: copy.spaceWait,
       }),
   }
 }

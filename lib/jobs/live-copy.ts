@@ -55,6 +55,31 @@ export function projectDowntime(last: DeltaPassRecord, rate: number, timing: Cut
 }
 
 /**
+ * The source of a live import from a live adapter (plan `live_import`, cold; docs/live-import.md):
+ * the VM marked, shut down (recorded on the job's `source_vm`), its UEFI variable store read, one
+ * snapshot taken; the returned source reads its disks from that snapshot, at any offset, through
+ * the adapter's readers, and `release()` removes what the job made on the source (its snapshots).
+ * A resumed job finds the VM off and takes a snapshot of the same content again. Throws what the
+ * adapter throws (`E_MIG_SOURCE_UNREACHABLE`, `E_MIG_SNAPSHOT_FAILED`, ...).
+ */
+export async function coldSnapshotSource(
+  deps: Pick<OrchestratorDeps, 'jobId' | 'now'>,
+  source: Extract<PreparedSource, { strategy: 'live' }>,
+  patch: (extra: JobPatch) => Promise<Job>,
+): Promise<{ served: Extract<PreparedSource, { strategy: 'offline' }>; nvram: CarriedNvram | null; release(): Promise<void> }> {
+  const { session, vmId, manifest } = source
+  await session.mark(vmId, `migrating to this host (live import), job ${deps.jobId}`)
+  if (await session.shutdown(vmId)) await patch({ source_vm: { shut_down_at: deps.now().toISOString(), powered_on_at: null } })
+  const nvram = manifest.firmware === 'efi' && session.readNvram ? await session.readNvram(vmId) : null
+  const snapshot = await session.createSnapshot(vmId, `migrator-${deps.jobId}-live`)
+  return {
+    served: { strategy: 'offline', manifest, openReader: (disk) => session.openDisk(vmId, snapshot, disk), close: async () => {} },
+    nvram,
+    release: () => session.cleanup(vmId),
+  }
+}
+
+/**
  * Live copy: a full pass from a snapshot, then (warm) delta passes and the cutover. With changed
  * block tracking on, the full pass reads only the allocated areas (changeId `*`); when the source
  * cannot tell them, the whole disk. A warm job whose plan cuts over on command or at a time keeps

@@ -171,7 +171,8 @@ export interface OrchestratorDeps {
    * A live import (plan `live_import`, lib/live-import/run.ts): the guest started on overlays over
    * the source's readers while the volumes fill, ending on them; replaces the copy, the V2V and
    * the start. `progress(label, bytes)` reports each disk's bytes in its volume, `patch` records
-   * the started guest (domain, hardware) and the wait for the source on the job. Absent: a plan
+   * the started guest (domain, hardware) and the wait for the source on the job; `carried`: what
+   * the source brought beside its disks (a live adapter's UEFI variable store). Absent: a plan
    * asking for it fails with `E_MIG_INVALID_PLAN`.
    */
   liveImport?(
@@ -179,5 +180,6 @@ export interface OrchestratorDeps {
     source: Extract<PreparedSource, { strategy: 'offline' }>,
     volumes: SinkVolume[],
     hooks: { progress(label: string, bytes: number): void; patch(extra: JobPatch): Promise<Job> },
+    carried?: StartCarried,
   ): Promise<StartOutcome>
 }

@@ -33,7 +33,7 @@ import { shortageOf, waitForSpace } from '../pipeline/space-wait.ts'
 import { TrailingThrottle } from '../throttle.ts'
 import type { PreparedSource } from './prepared-source.ts'
 import { copyOffline, openFirstReader, remainingBytes, type EarlyReader } from './offline-copy.ts'
-import { copyLive } from './live-copy.ts'
+import { coldSnapshotSource, copyLive } from './live-copy.ts'
 import type { OrchestratorDeps, StartCarried, StartOutcome } from './orchestrator-deps.ts'
 
 /** Least time between two progress snapshots of a job (ms); the job's stored progress and SSE `progress`. */
@@ -93,7 +93,9 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
   }
 
   try {
-    if (signal.aborted) throw cancelled()
+    // A cancel that came while no worker ran a live import whose guest runs (the server was down)
+    // reaches the live import, which honours its choice (docs/live-import.md); any other ends here.
+    if (signal.aborted && !(job.plan.live_import && job.domain && job.state === 'CopyingFull')) throw cancelled()
     // a test boot the previous worker of this job left (a crash): its domain and clone go first
     if (job.test_boot?.state === 'running') {
       await deps.testBoot?.recover(job, deps.onJob)
@@ -135,9 +137,25 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     let carried: StartCarried = {}
     if (copies) {
       if (job.plan.live_import) {
-        if (!deps.liveImport || source.strategy !== 'offline')
+        if (!deps.liveImport || source.strategy === 'passthrough')
           throw new MigError('E_MIG_INVALID_PLAN', 'plan.live_import: this source or worker cannot run a live import (docs/live-import.md)')
-        liveOutcome = await deps.liveImport(job, source, volumes, { progress: (label, done) => (tracker!.setDone(label, done), emit()), patch })
+        // a live adapter's VM is shut down and read from one snapshot, kept while the guest's
+        // overlays may need it (a failure after the guest started keeps its writes over it)
+        const cold = source.strategy === 'live' ? await coldSnapshotSource(deps, source, patch) : null
+        if (cold) carried = { nvram: cold.nvram }
+        try {
+          liveOutcome = await deps.liveImport(
+            job,
+            cold?.served ?? (source as Extract<PreparedSource, { strategy: 'offline' }>),
+            volumes,
+            { progress: (label, done) => (tracker!.setDone(label, done), emit()), patch },
+            carried,
+          )
+        } catch (e) {
+          if (cold && (!job.hardware?.boot || signal.aborted)) await cold.release()
+          throw e
+        }
+        await cold?.release()
         for (const d of manifest.disks) tracker.finish(d.label)
       } else if (source.strategy === 'offline') {
         const readRetry = deps.readRetry && deps.readRetry.seconds > 0 ? new ReadRetryWindow(deps.readRetry) : null
@@ -233,7 +251,9 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
     return job
   } catch (e) {
     const err = signal.aborted ? cancelled() : asMigError(e, 'E_MIG_INTERNAL', 'job')
-    // The source VM comes back when the job took it down and the destination does not run.
+    // The source VM comes back when the job took it down and the destination does not run (a
+    // live import's guest ran once started, unless a cancel destroyed it).
+    if (job.plan.live_import && job.hardware?.boot && err.code !== 'E_MIG_CANCELLED') destinationRunning = true
     let sourceNote = ''
     if (source?.strategy === 'live' && job.source_vm?.shut_down_at && !job.source_vm.powered_on_at && !destinationRunning) {
       try {

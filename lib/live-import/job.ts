@@ -10,7 +10,9 @@ import { MigError } from '../errors.ts'
 import type { QemuUser } from '../host/qemu-access.ts'
 import type { HardwareRecord, Job, LiveGuestOnCancel } from '../job.ts'
 import type { VmManifest } from '../manifest.ts'
+import type { StartCarried } from '../jobs/orchestrator-deps.ts'
 import type { PreparedSource } from '../jobs/prepared-source.ts'
+import type { SpaceWait } from '../pipeline/space-wait.ts'
 import type { SinkVolume } from '../sink/types.ts'
 import type { JobPatch } from '../store/jobs.ts'
 import { runLiveImport } from './run.ts'
@@ -37,13 +39,17 @@ export interface JobLiveImportInput {
   virsh: Virsh
   dataDir: string
   qemuUser: Promise<QemuUser>
-  startDomain(job: Job, manifest: VmManifest, volumes: DomainVolume[], signal: AbortSignal): Promise<JobStartOutcome>
+  startDomain(job: Job, manifest: VmManifest, volumes: DomainVolume[], signal: AbortSignal, carried?: StartCarried): Promise<JobStartOutcome>
+  /** What the source brought beside its disks (a live adapter's UEFI variable store), for the start. */
+  carried?: StartCarried
   signal: AbortSignal
   logger: { info(fields: Record<string, unknown>, message: string): void }
   /** The cancel asked for this job: what to do with its running guest (null: none asked; read as `finish`). */
   cancelChoice(): Promise<LiveGuestOnCancel | null>
   /** The copy cap, bytes per second (0: none), shared by the disks' block jobs. */
   bytesPerSecond: number
+  /** How a full destination is waited out (absent: a stopped block copy is started again at once). */
+  spaceWait?: SpaceWait
 }
 
 /**
@@ -88,7 +94,7 @@ export async function runJobLiveImport(input: JobLiveImportInput): Promise<JobSt
     })),
     openReader: (i) => source.openReader(manifest.disks[i]!),
     qemuGid: qemu?.gid ?? null,
-    start: (overlays, sig) => input.startDomain(job, manifest, overlays, sig),
+    start: (overlays, sig) => input.startDomain(job, manifest, overlays, sig, input.carried),
     started,
     domainName: job.domain,
     onStarted: async (o) => {
@@ -101,9 +107,14 @@ export async function runJobLiveImport(input: JobLiveImportInput): Promise<JobSt
       void hooks.patch({ last_error: { code: 'E_MIG_CANCELLED', message, fatal: false } }).catch(() => {})
     },
     onProgress: (i, bytes) => hooks.progress(manifest.disks[i]!.label, bytes),
-    onWaiting: (message) => {
-      void hooks.patch({ last_error: message ? { code: 'E_MIG_DISK_READ_FAILED', message, fatal: false } : null }).catch(() => {})
+    onWaiting: (message, on) => {
+      const code = on === 'source' ? 'E_MIG_DISK_READ_FAILED' : on === 'space' ? 'E_MIG_DISK_WRITE_FAILED' : 'E_MIG_GUEST_BOOT_FAILED'
+      void hooks.patch({ last_error: message ? { code, message, fatal: false } : null }).catch(() => {})
     },
+    onGuestNotice: (message) => {
+      void hooks.patch({ last_error: { code: 'E_MIG_GUEST_BOOT_FAILED', message, fatal: false } }).catch(() => {})
+    },
+    spaceWait: input.spaceWait,
     bytesPerSecond: input.bytesPerSecond > 0 ? Math.max(1, Math.floor(input.bytesPerSecond / n)) : null,
     signal: input.signal,
     log: (message, fields) => logger.info(fields ?? {}, message),

@@ -19,26 +19,48 @@
  * on the same sockets (qemu reconnects on its next request; a guest paused by a read error while
  * they were away is resumed) and follows or restarts the block jobs.
  *
+ * The guest stopping during the copy: when its qemu ended unasked (libvirt's `shut off (crashed)`)
+ * it is started again on its overlays (what it wrote and flushed is there) and the block jobs with
+ * it, at most {@link MAX_GUEST_RESTARTS} times; shut off for any other reason (its owner shut it
+ * down, an operator destroyed it), it is started paused, so it never runs, its copy finished and
+ * pivoted, and it is shut off again. libvirt out of reach past the client's reconnect window: the
+ * import waits for it (the guest and its block jobs live in qemu), saying so through `onWaiting`.
+ *
  * Cancel (`signal`) while the guest runs does what `cancelChoice` says: `finish` (the default) lets
  * the copy run to the pivot and returns as if no cancel came (the guest keeps running on its
  * volumes, with what it wrote); `destroy` (or a cancel before the guest runs) destroys it: block
  * jobs aborted, domain destroyed and undefined, overlays removed (the caller removes the volumes).
  * A `destroy` asked while a `finish` goes on still destroys.
  */
-import { mkdir, rm } from 'node:fs/promises'
+import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises'
 import * as path from 'node:path'
 import type { DiskReader } from '../contracts/disk-reader.ts'
 import type { DomainVolume } from '../domain/xml.ts'
-import type { Virsh } from '../domain/virsh.ts'
+import { libvirtMessage, type Virsh } from '../domain/virsh.ts'
 import { MigError } from '../errors.ts'
 import type { LiveGuestOnCancel } from '../job.ts'
 import { sleep } from '../retry.ts'
+import { mib } from '../host/fs-space.ts'
+import { SPACE_WAIT_NOTICE, type SpaceWait } from '../pipeline/space-wait.ts'
 import { abortBlockCopy, blockJobInfo, domainDisks, pivotBlockCopy, startBlockCopy } from './block-job.ts'
 import { NbdExportServer } from './nbd-server.ts'
 import { createOverlay } from './overlay.ts'
 
 /** Starts of one disk's block job before the import fails (the first and the restarts). */
 export const MAX_JOB_STARTS = 20
+
+/**
+ * Starts of a guest whose qemu ended unasked (`shut off (crashed)`: killed, crashed) during the
+ * copy, before the import fails.
+ */
+export const MAX_GUEST_RESTARTS = 3
+
+/**
+ * Marker file in the job's directory, written when the guest was shut off during the copy for any
+ * reason but a crash of its qemu (its owner shut it down, an operator destroyed it); its content is
+ * libvirt's reason. It outlives the worker, so a resumed import keeps the guest off too.
+ */
+const KEPT_OFF = 'kept-off'
 
 /** Longest Unix socket path (`sun_path` is 108 bytes with its terminating NUL). */
 const MAX_SOCKET_PATH = 107
@@ -93,8 +115,19 @@ export interface LiveImportInput {
   onStarted(outcome: LiveStartOutcome): Promise<void>
   /** Bytes of disk `index` in the destination volume (from the block job's counters). */
   onProgress(index: number, doneBytes: number): void
-  /** A source read failing (`message`), or answering again (null). */
-  onWaiting(message: string | null): void
+  /**
+   * The import waits (`message`) or goes on again (null): for the source (its reads fail), for
+   * libvirt (out of reach past the client's reconnect window) or for space on the destination.
+   */
+  onWaiting(message: string | null, on: 'source' | 'libvirt' | 'space'): void
+  /** Something happened to the running guest the operator must know (its qemu restarted, it was shut off). */
+  onGuestNotice?(message: string): void
+  /**
+   * The destination filling up (file volumes): a block copy that stopped while the volume's file
+   * system has less free than the rest of the disk needs waits for space, at most `seconds`
+   * (`MIGRATOR_SPACE_WAIT_SECONDS`), looked at with `spaceOf`. Absent: no wait.
+   */
+  spaceWait?: Pick<SpaceWait, 'seconds' | 'spaceOf'>
   /** Bandwidth cap of each block job, bytes per second (null: none). */
   bytesPerSecond: number | null
   signal: AbortSignal
@@ -114,8 +147,10 @@ function cancelled(): MigError {
 
 /**
  * Runs (or resumes) a live import to the end: the guest on its destination volumes. Returns the
- * start's outcome. Throws `E_MIG_CANCELLED` (guest destroyed), `E_MIG_DISK_WRITE_FAILED` (block
- * copy), the start's errors, `E_MIG_INTERNAL` (socket path too long, export not served).
+ * start's outcome, its `notice` joined with what happened to the guest during the copy. Throws
+ * `E_MIG_CANCELLED` (guest destroyed), `E_MIG_DISK_WRITE_FAILED` (block copy, no space after the
+ * wait), `E_MIG_GUEST_BOOT_FAILED` (the guest gone, its qemu ending too often), the start's
+ * errors, `E_MIG_INTERNAL` (socket path too long, export not served).
  */
 export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOutcome> {
   const { virsh, dir, disks, signal } = input
@@ -148,8 +183,8 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
         gid: input.qemuGid,
         onWaiting: (waiting, err) => {
           failing += waiting ? 1 : -1
-          if (waiting && failing === 1) input.onWaiting(`waiting for the source: disk ${disks[i]!.label}: ${err?.message ?? 'reads fail'}`)
-          if (!waiting && failing === 0) input.onWaiting(null)
+          if (waiting && failing === 1) input.onWaiting(`waiting for the source: disk ${disks[i]!.label}: ${err?.message ?? 'reads fail'}`, 'source')
+          if (!waiting && failing === 0) input.onWaiting(null, 'source')
         },
       })
       await server.listen()
@@ -171,13 +206,11 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
         await input.onStarted(started)
       }
     }
+    // a cancel that reaches a job with no guest running yet (a resumed worker) starts nothing
+    if (!started && signal.aborted) throw cancelled()
     let startDone: Promise<LiveStartOutcome>
-    if (started) {
-      const state = await virsh.state(started.domain).catch(() => '')
-      if (state === 'paused') await virsh.run(['resume', '--domain', started.domain])
-      else if (state !== 'running') await virsh.start(started.domain)
-      startDone = Promise.resolve(started)
-    } else {
+    if (started) startDone = Promise.resolve(started)
+    else {
       const overlays: DomainVolume[] = []
       for (let i = 0; i < disks.length; i++) {
         const p = livePaths(dir, i)
@@ -202,14 +235,62 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
     const pivoted = disks.map(() => false)
     const pollMs = input.pollMs ?? 1000
     let lastPaused = 0
-    for (;;) {
-      if (startError) throw startError
+    let restarts = 0
+    const notices: string[] = []
+    const notice = (message: string) => {
+      notices.push(message)
+      log(`live import: ${message}`, { domain })
+      input.onGuestNotice?.(message)
+    }
+    // the guest was shut off by its owner during the copy: finished paused, left shut off
+    const keptOffFile = path.join(dir, KEPT_OFF)
+    let keptOff: string | null = await readFile(keptOffFile, 'utf8').catch(() => null)
+    let libvirtAway = false
+    // since when the destination has lacked space (null: it has not)
+    let spaceShortSince: number | null = null
+
+    /**
+     * Whether disk `i`'s stopped block copy must wait for space: its volume's file system has less
+     * free than the disk's capacity minus what the volume holds. Throws `E_MIG_DISK_WRITE_FAILED`
+     * once it waited `spaceWait.seconds`.
+     */
+    const waitsForSpace = async (i: number): Promise<boolean> => {
+      const d = disks[i]!
+      const wait = input.spaceWait
+      if (!wait || d.block) return false
+      const held = await stat(d.volumePath)
+        .then((x) => x.blocks * 512)
+        .catch(() => 0)
+      const needed = Math.max(0, d.capacity - held)
+      const { mount, free } = wait.spaceOf(d.volumePath)
+      if (free >= needed) return false
+      const figures = `${mib(free)} free, ${mib(needed)} needed`
+      if (spaceShortSince === null) {
+        spaceShortSince = Date.now()
+        input.onWaiting(
+          `${SPACE_WAIT_NOTICE}${mount} (the file system of the job's volumes): the block copy of disk ${d.label} stopped; ${figures}; the guest runs on, its writes kept in its overlay on this host; free space on ${mount}: the copy starts again by itself, or the job fails at ${new Date(spaceShortSince + wait.seconds * 1000).toISOString()} (MIGRATOR_SPACE_WAIT_SECONDS=${wait.seconds})`,
+          'space',
+        )
+      } else if (Date.now() - spaceShortSince >= wait.seconds * 1000)
+        throw new MigError(
+          'E_MIG_DISK_WRITE_FAILED',
+          `no space left on ${mount} (the file system of the job's volumes): ${figures} after waiting ${wait.seconds} s; free space on ${mount} and submit the migration again; the guest's writes are in ${dir}`,
+          { details: { mount, free_bytes: free, needed_bytes: needed, domain } },
+        )
+      return true
+    }
+
+    /** One look at the guest and its block jobs; true once every disk runs on its volume. */
+    const step = async (): Promise<boolean> => {
       const name = outcome ? (outcome as LiveStartOutcome).domain : domain
       // The copy starts as soon as the guest runs, the boot check going on beside it.
-      const state = name ? await virsh.state(name).catch(() => '') : ''
-      const listed = name && (state === 'running' || state === 'paused') ? await domainDisks(virsh, name) : []
+      const st = name ? await virsh.stateOrAway(name) : { state: 'absent', reason: null }
+      if (!st) throw new MigError('E_MIG_GUEST_BOOT_FAILED', `virsh domstate ${name}: no answer`)
+      // (a failure to list them is no "not ours": a cancel would destroy the guest)
+      const listed = name && st.state !== 'absent' ? await domainDisks(virsh, name) : []
       // a domain of that name whose disks are not this import's is not the guest (yet)
       const ours = listed.some((e) => e.source.startsWith(`${dir}/`) || disks.some((d) => d.volumePath === e.source))
+      const active = st.state === 'running' || st.state === 'paused'
       if (signal.aborted) {
         const choice = input.cancelChoice ? await input.cancelChoice().catch(() => 'finish' as const) : 'destroy'
         if (choice === 'destroy' || !(name && ours)) {
@@ -228,17 +309,57 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
           input.onFinishing?.()
         }
       }
-      if (name && ours) {
+      if (name && ours && st.state === 'shut off' && guestStarted && outcome) {
+        domain = name
+        if (st.reason === 'crashed' && !keptOff) {
+          // qemu ended without the guest asking (killed, crashed): the guest starts again on its
+          // overlays, which hold what it wrote; the block jobs start again with it
+          if (restarts >= MAX_GUEST_RESTARTS)
+            throw new MigError(
+              'E_MIG_GUEST_BOOT_FAILED',
+              `domain ${name}: its qemu ended ${restarts + 1} times during the live import; its writes are in ${dir}`,
+              {
+                details: { domain: name },
+              },
+            )
+          restarts++
+          await virsh.start(name)
+          notice(
+            `the guest's qemu ended (shut off: crashed) during the copy; the guest was started again on its disks here (${restarts} of at most ${MAX_GUEST_RESTARTS} restarts): what it had written and flushed is kept, unflushed writes are lost as in a power cut`,
+          )
+          return false
+        }
+        if (!keptOff) {
+          keptOff = st.reason ?? 'unknown'
+          await writeFile(keptOffFile, keptOff)
+          notice(
+            `the guest was shut off (${keptOff}) during the copy; its copy is finished with the guest started paused, and it is left shut off (virsh start ${name} starts it)`,
+          )
+        }
+        // started paused, it never runs: the block jobs need a qemu process
+        const r = await virsh.run(['start', '--paused', '--domain', name], 120_000)
+        if (r.code !== 0 && !/already active/i.test(r.stderr))
+          throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name}: starting it paused to finish its copy failed: ${libvirtMessage(r)}`, {
+            details: { domain: name },
+          })
+        return false
+      }
+      if (name && ours && active) {
         domain = name
         guestStarted = true
-        if (state === 'paused' && Date.now() - lastPaused > 5000 && failing === 0) {
-          // paused by a read error while the export was away (rerror_policy stop): it is back
+        if (
+          st.state === 'paused' &&
+          !keptOff &&
+          spaceShortSince === null &&
+          Date.now() - lastPaused > 5000 &&
+          failing === 0 &&
+          /I\/O error|ioerror/i.test(st.reason ?? '')
+        ) {
+          // paused by an I/O error (a read while the export was away, a write while the destination
+          // was full: error policy stop): what failed is back
           lastPaused = Date.now()
-          const why = await virsh.run(['domstate', '--reason', '--domain', name])
-          if (/I\/O error|ioerror/i.test(why.stdout)) {
-            log('live import: resuming the guest paused by an I/O error', { domain: name })
-            await virsh.run(['resume', '--domain', name])
-          }
+          log('live import: resuming the guest paused by an I/O error', { domain: name })
+          await virsh.run(['resume', '--domain', name])
         }
         for (let i = 0; i < disks.length; i++) {
           if (pivoted[i]) continue
@@ -253,6 +374,11 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
           }
           const info = await blockJobInfo(virsh, name, entry.target)
           if (!info) {
+            if (starts[i]! > 0 && (await waitsForSpace(i))) continue
+            if (spaceShortSince !== null) {
+              spaceShortSince = null
+              input.onWaiting(null, 'space')
+            }
             if (starts[i]! >= MAX_JOB_STARTS)
               throw new MigError('E_MIG_DISK_WRITE_FAILED', `domain ${name} disk ${entry.target}: the block copy stopped ${MAX_JOB_STARTS} times`)
             starts[i]!++
@@ -267,11 +393,34 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
             input.onProgress(i, d.capacity)
           }
         }
-        if (pivoted.every(Boolean) && outcome) break
-      } else if (name && guestStarted && outcome) {
-        throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name} stopped (${state || 'gone'}) during the live import; its writes are in ${dir}`, {
+        return pivoted.every(Boolean) && !!outcome
+      }
+      if (name && guestStarted && outcome)
+        throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name} is ${st.state} during the live import; its writes are in ${dir}`, {
           details: { domain: name },
         })
+      return false
+    }
+
+    for (;;) {
+      if (startError) throw startError
+      try {
+        if (await step()) break
+        if (libvirtAway) {
+          libvirtAway = false
+          input.onWaiting(null, 'libvirt')
+        }
+      } catch (e) {
+        // libvirt away longer than the client's reconnect window (a restart, an upgrade): the guest
+        // and its block jobs run in qemu without it; the import waits for it, never fails for it
+        if ((e instanceof MigError && e.code === 'E_MIG_CANCELLED') || !guestStarted || (await virsh.reachable())) throw e
+        if (!libvirtAway) {
+          libvirtAway = true
+          input.onWaiting(
+            `waiting for libvirt at ${virsh.uri} (${(e as Error).message}); the guest and its block copies go on in qemu meanwhile; start libvirtd if it is stopped`,
+            'libvirt',
+          )
+        }
       }
       await sleep(pollMs)
     }
@@ -282,9 +431,13 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
       disks.map((d, i) => [livePaths(dir, i).overlay, d.volumePath]),
     )
     await checkNoOverlay(virsh, name, dir)
+    // a guest shut off during the copy is shut off again (started paused, it never ran since)
+    if (keptOff) await virsh.destroy(name)
     for (const s of servers) await s.close()
     await rm(dir, { recursive: true, force: true })
-    return outcome as unknown as LiveStartOutcome
+    const o = outcome as unknown as LiveStartOutcome
+    const all = [o.notice, ...notices].filter((n): n is string => !!n)
+    return { ...o, notice: all.length ? all.join('; ') : null }
   } catch (e) {
     if (destroying && guestStarted && domain) {
       // cancel with a guest running: it is destroyed with what it wrote

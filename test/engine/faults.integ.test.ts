@@ -16,6 +16,7 @@ import { buildInput, fileSha256 } from '../helpers/inputs.ts'
 import { call, offlinePlan, openStream, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, tearDownJobs } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
+import { dataDirOnExt4 } from '../helpers/small-fs.ts'
 import { tempDir } from '../helpers/tmp.ts'
 import { randomImage } from '../helpers/random-image.ts'
 
@@ -165,19 +166,8 @@ describe('engine faults (real server, worker processes, file sink)', () => {
     expect(peak).toBe(2)
   }, 120_000)
 
-  /** A data dir `<t.dir>/<name>` whose volumes/ is a fresh ext4 of `size` bytes on a loop device (unmounted by the test). */
-  function dataDirOnExt4(name: string, size: number, mkfsArgs: string[] = []): string {
-    const d = path.join(t.dir, name)
-    mkdirSync(path.join(d, 'volumes'), { recursive: true })
-    const fsImage = path.join(t.dir, `${name}-ext4.img`)
-    execFileSync('truncate', ['-s', String(size), fsImage])
-    execFileSync('mkfs.ext4', ['-q', ...mkfsArgs, fsImage])
-    execFileSync('mount', ['-o', 'loop', fsImage, path.join(d, 'volumes')])
-    return d
-  }
-
   test('a destination too small for the disks (8 MiB ext4 on a loop device) refuses the job before the copy, E_MIG_DISK_WRITE_FAILED', async () => {
-    const d = dataDirOnExt4('small', 8 * MiB)
+    const { dir: d, unmount } = dataDirOnExt4(t.dir, 'small', 8 * MiB)
     const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot })
     try {
       const job = await submit(s2.base, offlinePlan('qcow2', 'big/big.qcow2', { name: `${PREFIX}small`, start: false }))
@@ -188,13 +178,13 @@ describe('engine faults (real server, worker processes, file sink)', () => {
       expect(existsSync(path.join(d, 'volumes', 'migrations', job.id))).toBe(false)
     } finally {
       await s2.stop()
-      execFileSync('umount', ['-l', path.join(d, 'volumes')])
+      unmount()
     }
   }, 120_000)
 
   test('a destination that fills up during the copy (ext4 on a loop device, filled by another writer) fails the job with E_MIG_DISK_WRITE_FAILED naming the volume and offset', async () => {
     // Room for the 320 MiB disk when the job starts (no blocks reserved for root: the worker is root).
-    const d = dataDirOnExt4('full', 400 * MiB, ['-m', '0'])
+    const { dir: d, unmount } = dataDirOnExt4(t.dir, 'full', 400 * MiB, ['-m', '0'])
     // The copy waits for space (lib/pipeline/space-wait.ts) 2 s here before it fails.
     const s2 = await startServer('bun', d, { ...SLOW, MIGRATOR_IMPORT_ROOT: importRoot, MIGRATOR_SPACE_WAIT_SECONDS: '2' })
     try {
@@ -216,7 +206,7 @@ describe('engine faults (real server, worker processes, file sink)', () => {
       expect(done.last_error.message).toMatch(/ENOSPC|no space/i)
     } finally {
       await s2.stop()
-      execFileSync('umount', ['-l', path.join(d, 'volumes')])
+      unmount()
     }
   }, 120_000)
 

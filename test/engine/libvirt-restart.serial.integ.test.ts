@@ -9,14 +9,18 @@
  *   lost.
  * - Down longer than MIGRATOR_LIBVIRT_RECONNECT_SECONDS: the job fails with
  *   E_MIG_DOMAIN_DEFINE_FAILED saying how long libvirt was away, never Completed, no domain left.
+ * - A live import (docs/live-import.md) whose guest runs and copies (cap 1 MiB/s), libvirtd down
+ *   past the reconnect window: the job says it waits for libvirt (non-fatal), never fails; the
+ *   guest and its block copy go on in qemu; libvirtd back, the job completes in the same qemu
+ *   process on the plain volume, bit-exact.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { chmodSync, mkdirSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
-import { makeSlowBootDisk } from '../helpers/bootdisk.ts'
+import { makeDataBootDisk, makeSlowBootDisk } from '../helpers/bootdisk.ts'
 import { buildInput } from '../helpers/inputs.ts'
-import { bootCheckEnv, offlinePlan, submit, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, startLibvirtd, stopLibvirtd, domstate } from '../helpers/libvirt.ts'
+import { bootCheckEnv, offlinePlan, submit, volumePath, waitJob } from '../helpers/jobs.ts'
+import { cleanupDomains, ensureLibvirt, startLibvirtd, stopLibvirtd, domstate, qemuPid, virshText } from '../helpers/libvirt.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
@@ -31,18 +35,21 @@ describe('libvirtd restarted while jobs need it (real libvirt, TCG)', () => {
   let srv: RunningServer
   let quick = ''
   let slow = ''
+  let data = ''
 
   beforeAll(async () => {
     chmodSync(t.dir, 0o755)
     mkdirSync(importRoot, { recursive: true })
     quick = buildInput('qcow2', importRoot, 'quick', [makeSlowBootDisk(path.join(t.dir, 'quick.raw'), MARKER, 16 * MiB, 0).path]).path
     slow = buildInput('qcow2', importRoot, 'slow', [makeSlowBootDisk(path.join(t.dir, 'slow.raw'), MARKER, 16 * MiB, 20).path]).path
+    data = makeDataBootDisk(path.join(t.dir, 'data.raw'), MARKER)
     await ensureLibvirt()
     await cleanupDomains(PREFIX)
     srv = await startServer('bun', t.dir, {
       ...bootCheckEnv(MARKER),
       MIGRATOR_BOOT_TIMEOUT_SECONDS: '120',
       MIGRATOR_LIBVIRT_RECONNECT_SECONDS: String(RECONNECT_S),
+      MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(MiB),
     })
   }, 60_000)
 
@@ -99,4 +106,45 @@ describe('libvirtd restarted while jobs need it (real libvirt, TCG)', () => {
     }
     expect(domstate(`${PREFIX}gone`)).toBe('absent')
   }, 180_000)
+
+  test(`live import: libvirtd down past the reconnect window mid-copy: the job waits for it, then Completed in the same qemu process`, async () => {
+    const name = `${PREFIX}live`
+    const input = buildInput('qcow2', importRoot, 'live', [data]).path
+    const job = await submit(srv.base, offlinePlan('qcow2', rel(input), { name, live_import: true }))
+    const copying = await waitJob(
+      srv.base,
+      job.id,
+      (j) => (j.hardware?.boot?.verified === true && j.progress.bytes_done > 2 * MiB) || ['completed', 'failed', 'cancelled'].includes(j.status),
+      120_000,
+    )
+    expect([copying.state, copying.status]).toEqual(['CopyingFull', 'running'])
+    const pid = qemuPid(name)
+    await stopLibvirtd()
+    try {
+      // the poll's call waits out the reconnect window, then libvirt is asked once more
+      const waiting = await waitJob(
+        srv.base,
+        job.id,
+        (j) => /waiting for libvirt/.test(j.last_error?.message ?? '') || j.status !== 'running',
+        4 * RECONNECT_S * 1000,
+      )
+      console.log(`libvirtd down during a live import: ${JSON.stringify(waiting.last_error)}`)
+      expect([waiting.status, waiting.state, waiting.last_error.code, waiting.last_error.fatal]).toEqual([
+        'running',
+        'CopyingFull',
+        'E_MIG_GUEST_BOOT_FAILED',
+        false,
+      ])
+    } finally {
+      await startLibvirtd()
+    }
+    const done = await waitJob(srv.base, job.id, undefined, 180_000)
+    expect([done.state, done.last_error]).toEqual(['Completed', null])
+    expect(domstate(name)).toBe('running')
+    expect(qemuPid(name)).toBe(pid)
+    const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
+    expect(virshText('domblklist', name)).toContain(vol)
+    expect(virshText('dumpxml', name)).not.toMatch(/<backingStore type=|nbd/)
+    expect(readFileSync(vol).equals(readFileSync(data))).toBe(true)
+  }, 300_000)
 })

@@ -4,9 +4,9 @@
  * MIGRATOR_BOOT_SERIAL_PATTERN makes the marker the boot evidence), packed as a qcow2 input, real
  * libvirt + qemu (TCG), file sink, the copy capped (MIGRATOR_COPY_MAX_BYTES_PER_SECOND) so it
  * takes about 16 s:
- * - the boot is verified while the job still copies (state CopyingFull, bytes below the capacity,
- *   the domain and boot verdict on the job), the domain's disk then a qcow2 overlay over the NBD
- *   export;
+ * - submitted by `migrator import <path> --live-import`: the boot is verified while the job still
+ *   copies (state CopyingFull, bytes below the capacity, the domain and boot verdict on the job),
+ *   the domain's disk then a qcow2 overlay over the NBD export;
  * - at Completed the domain runs on the plain volume (domblklist, no backing store), with the same
  *   qemu pid, persistent definition on the volume, the volume equal to the source, the live
  *   directory (sockets, overlay) gone;
@@ -18,28 +18,36 @@
  * - a SIGKILL of the worker mid-copy (48 MiB of random data behind the boot sector) leaves the
  *   guest running; the next worker serves the exports again on the same sockets, restarts the
  *   block job qemu dropped and completes in the same qemu process;
- * - a SIGKILL of the server mid-copy (its workers end with it): the guest keeps running, a new
- *   server on the same data directory resumes the job once its lease expired and completes, the
- *   guest's writes before, during and after the outage on the volume;
+ * - a SIGKILL of the server mid-copy (its workers end with it): the guest keeps running; a cancel
+ *   with no body (finish) reaches the new server on the same data directory while no worker runs
+ *   the job; once the lease expired the job resumes following the guest and finishes its copy
+ *   (Completed with the cancel's notice), the guest's writes before, during and after the outage
+ *   on the volume;
+ * - the destination's file system filled up mid-copy (ext4 on a loop device, filled by another
+ *   writer): the job says it waits for space (non-fatal), the guest runs on; space freed, the
+ *   block copy starts again and completes, a guest write made meanwhile on the volume;
+ * - qemu SIGKILLed mid-copy (libvirt: shut off, crashed): the guest is started again on its
+ *   overlay, its flushed write kept; then destroyed by an operator: its copy is finished with it
+ *   started paused, it is left shut off, its persistent definition on the volume, both writes on it;
  * - the HTTP source (a real nginx, `offline_url`) stopped mid-copy and started again on the same
  *   port: the job says "waiting for the source" (non-fatal), the guest is not stopped, the job
  *   does not fail, and once the source answers again it completes bit-exact.
  * The boot-sector guest writes nothing itself: its writes are made through qemu's block layer on
- * the guest's disk device (HMP `qemu-io -d <device>`, see {@link guestWrite}), the path a guest's
+ * the guest's disk device (HMP `qemu-io -d <device>`, see {@link qemuIo}), the path a guest's
  * own writes take (the device's block backend, under the block copy's synchronous writes).
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { execFileSync } from 'node:child_process'
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeSync } from 'node:fs'
-import { randomBytes } from 'node:crypto'
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, statfsSync } from 'node:fs'
 import * as path from 'node:path'
 import { buildInput } from '../../fixtures/inputs.ts'
 import { runCli } from '../helpers/cli.ts'
-import { makeBootDisk } from '../helpers/bootdisk.ts'
+import { makeBootDisk, makeDataBootDisk } from '../helpers/bootdisk.ts'
 import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText, qemuPid } from '../helpers/libvirt.ts'
 import { startNginx } from '../helpers/nginx.ts'
 import { startServer, type RunningServer } from '../helpers/server.ts'
+import { dataDirOnExt4 } from '../helpers/small-fs.ts'
 import { tempDir } from '../helpers/tmp.ts'
 
 const PREFIX = 'lib-'
@@ -47,21 +55,33 @@ const MARKER = 'MIGRATOR-LIVE-IMPORT-BOOT-7781'
 const MiB = 1024 * 1024
 /** qcow2's default cluster: writes of whole clusters need no read of the backing export. */
 const CLUSTER = 64 * 1024
-/** The server's job lease: a new server resumes a killed one's job after it. */
-const LEASE_SECONDS = 2
+/**
+ * The server's job lease: a new server resumes a killed one's job after it (a worker's heartbeat
+ * renews it every second), long enough for a cancel to reach the new server before.
+ */
+const LEASE_SECONDS = 10
 
 /**
- * Writes `length` bytes of `byte` at `offset` of the first disk of the running `domain` through
- * qemu's block layer (HMP `qemu-io -d <qdev id>`): the test double of a write by the guest, which
- * takes the same path (the device's block backend). Throws when the monitor reports an error;
- * that the bytes landed is checked on the volume.
+ * Runs qemu-io `command` on the first disk of the running `domain` through qemu's block layer
+ * (HMP `qemu-io -d <qdev id>`): the path a guest's own I/O takes (the device's block backend).
+ * Throws when the monitor reports an error (qemu-io prints its report on qemu's stdout, the
+ * domain's log; the monitor answers only errors).
  */
-function guestWrite(domain: string, offset: number, length: number, byte: number): void {
+function qemuIo(domain: string, command: string): void {
   const alias = /<disk type=[\s\S]*?<alias name='([^']+)'\/>/.exec(virshText('dumpxml', domain))?.[1]
   if (!alias) throw new Error(`domain ${domain}: no disk alias`)
-  const out = virshText('qemu-monitor-command', '--hmp', domain, `qemu-io -d ${alias} "write -P ${byte} ${offset} ${length}"`)
-  // qemu-io prints its report on qemu's stdout (the domain's log); the monitor answers only errors
-  if (out.trim() !== '') throw new Error(`domain ${domain}: qemu-io write: ${out}`)
+  const out = virshText('qemu-monitor-command', '--hmp', domain, `qemu-io -d ${alias} "${command}"`)
+  if (out.trim() !== '') throw new Error(`domain ${domain}: qemu-io ${command}: ${out}`)
+}
+
+/** The test double of a guest's write: `length` bytes of `byte` at `offset` of `domain`'s first disk (checked on the volume). */
+function guestWrite(domain: string, offset: number, length: number, byte: number): void {
+  qemuIo(domain, `write -P ${byte} ${offset} ${length}`)
+}
+
+/** The test double of a guest's fsync: a flush of `domain`'s first disk. */
+function guestFlush(domain: string): void {
+  qemuIo(domain, 'flush')
 }
 
 /** The bytes of `source` with each write `[offset, length, byte]` applied. */
@@ -92,14 +112,17 @@ describe('live import of a boot-sector guest', () => {
   }, 60_000)
 
   /** Waits until the live guest's boot is verified and more than 4 MiB are copied (or the job ended); the job then. */
-  async function bootedAndCopying(id: string): Promise<any> {
-    await waitJob(srv.base, id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
-    return waitJob(srv.base, id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
+  async function bootedAndCopying(id: string, base = srv.base): Promise<any> {
+    await waitJob(base, id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
+    return waitJob(base, id, (j) => j.progress.bytes_done > 4 * MiB || j.status !== 'running', 60_000)
   }
 
-  /** Domain `name` runs on the plain volume of job `done` (no backing store, no NBD), whose first 64 MiB are `expected`. */
-  function expectOnPlainVolume(name: string, done: any, expected: Buffer): void {
-    const vol = volumePath(t.dir, done.id, done.progress.disks[0].label)
+  /**
+   * Domain `name` runs on the plain volume of job `done` (no backing store, no NBD), whose first
+   * 64 MiB are `expected`; `dataDir`: the data directory of the server that ran it.
+   */
+  function expectOnPlainVolume(name: string, done: any, expected: Buffer, dataDir = t.dir): void {
+    const vol = volumePath(dataDir, done.id, done.progress.disks[0].label)
     expect(virshText('domblklist', name)).toContain(vol)
     expect(virshText('dumpxml', name)).not.toMatch(/<backingStore type=|nbd/)
     expect(
@@ -109,20 +132,15 @@ describe('live import of a boot-sector guest', () => {
     ).toBe(true)
   }
 
-  /** A 64 MiB boot disk with 48 MiB of unique data behind the boot sector: about 48 s at the cap. */
-  function dataBootDisk(file: string): string {
-    const boot = makeBootDisk(file, MARKER, 64 * MiB).path
-    const fd = openSync(boot, 'r+')
-    for (let off = 8 * MiB; off < 56 * MiB; off += MiB) writeSync(fd, randomBytes(MiB), 0, MiB, off)
-    closeSync(fd)
-    return boot
-  }
-
   test('boot verified while copying, then Completed on the plain volume in the same qemu process', async () => {
     const boot = makeBootDisk(path.join(t.dir, 'boot.raw'), MARKER, 16 * MiB).path
     const input = buildInput('qcow2', importRoot, 'lib-one', [boot])
     const t0 = Date.now()
-    const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-one', live_import: true }))
+    // submitted by the CLI's import of a path inside the import root (used in place)
+    const cli = await runCli(['import', input.path, '--name', 'lib-one', '--live-import', '--no-watch', '--json'], { env: { MIGRATOR_URL: srv.base } })
+    expect([cli.code, cli.stderr]).toEqual([0, ''])
+    const job = JSON.parse(cli.stdout.split('\n').find((l) => l.includes('"submitted"'))!) as { id: string }
+    expect((await call(srv.base, 'GET', `/migrations/${job.id}`)).body.plan.live_import).toBe(true)
     const live = await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
     const bootSeconds = (Date.now() - t0) / 1000
     expect([live.state, live.status, live.domain]).toEqual(['CopyingFull', 'running', 'lib-one'])
@@ -159,7 +177,7 @@ describe('live import of a boot-sector guest', () => {
   }, 300_000)
 
   test('cancel --live-guest destroy while the guest runs and copies: the guest is destroyed, the live directory and volumes removed', async () => {
-    const boot = dataBootDisk(path.join(t.dir, 'boot2.raw'))
+    const boot = makeDataBootDisk(path.join(t.dir, 'boot2.raw'), MARKER)
     const input = buildInput('qcow2', importRoot, 'lib-cancel', [boot])
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-cancel', live_import: true }))
     const live = await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
@@ -175,7 +193,7 @@ describe('live import of a boot-sector guest', () => {
   }, 300_000)
 
   test('SIGKILL of the worker mid-copy: the guest keeps running, the job resumes following it and completes', async () => {
-    const boot = dataBootDisk(path.join(t.dir, 'boot3.raw'))
+    const boot = makeDataBootDisk(path.join(t.dir, 'boot3.raw'), MARKER)
     const input = buildInput('qcow2', importRoot, 'lib-kill', [boot])
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-kill', live_import: true }))
     await bootedAndCopying(job.id)
@@ -193,7 +211,7 @@ describe('live import of a boot-sector guest', () => {
     await cleanupDomains('lib-kill')
   }, 300_000)
   test('cancel with no body while the guest runs (live_guest finish): the copy finishes, Completed, the guest on its volume with its write', async () => {
-    const boot = dataBootDisk(path.join(t.dir, 'boot4.raw'))
+    const boot = makeDataBootDisk(path.join(t.dir, 'boot4.raw'), MARKER)
     const input = buildInput('qcow2', importRoot, 'lib-finish', [boot])
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-finish', live_import: true }))
     const live = await waitJob(srv.base, job.id, (j) => j.hardware?.boot?.verified === true || ['completed', 'failed', 'cancelled'].includes(j.status), 120_000)
@@ -228,8 +246,8 @@ describe('live import of a boot-sector guest', () => {
     await cleanupDomains('lib-finish')
   }, 300_000)
 
-  test('SIGKILL of the server mid-copy: the guest keeps running, a new server resumes the job following it, the guest writes on the volume', async () => {
-    const boot = dataBootDisk(path.join(t.dir, 'boot5.raw'))
+  test('SIGKILL of the server mid-copy, a cancel (finish) while no worker runs: the guest keeps running, a new server resumes the job following it and finishes the copy, the guest writes on the volume', async () => {
+    const boot = makeDataBootDisk(path.join(t.dir, 'boot5.raw'), MARKER)
     const input = buildInput('qcow2', importRoot, 'lib-skill', [boot])
     const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-skill', live_import: true }))
     await bootedAndCopying(job.id)
@@ -249,21 +267,108 @@ describe('live import of a boot-sector guest', () => {
     expect(virshText('domstate', 'lib-skill')).toBe('running')
     guestWrite('lib-skill', ...writes[1]!)
     srv = await startServer('bun', t.dir, serverEnv)
+    // a cancel (no body: finish) reaches the new server before it resumes the job (the lease holds)
+    expect((await call(srv.base, 'POST', `/migrations/${job.id}/cancel`)).status).toBe(202)
+    expect(workerPid(t.dir, job.id)).toBeNull()
     const resumed = await waitJob(srv.base, job.id, (j) => workerPid(t.dir, j.id) !== null || j.status !== 'running', 60_000)
     expect(resumed.status).toBe('running')
     guestWrite('lib-skill', ...writes[2]!)
     const done = await waitJob(srv.base, job.id, undefined, 240_000)
-    expect([done.state, done.last_error]).toEqual(['Completed', null])
+    expect([done.state, done.last_error.code, done.last_error.fatal]).toEqual(['Completed', 'E_MIG_CANCELLED', false])
+    expect(done.last_error.message).toContain('its copy was finished')
+    expect(virshText('domstate', 'lib-skill')).toBe('running')
     expect(done.hardware.boot.verified).toBe(true)
     expect(qemuPid('lib-skill')).toBe(pid)
     expectOnPlainVolume('lib-skill', done, withWrites(readFileSync(boot), writes))
     expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
     await cleanupDomains('lib-skill')
   }, 300_000)
+  test('qemu killed mid-copy, then the guest destroyed: started again on its overlay, then finished paused and left shut off, its flushed writes on the volume', async () => {
+    const boot = makeDataBootDisk(path.join(t.dir, 'boot7.raw'), MARKER, 24)
+    const input = buildInput('qcow2', importRoot, 'lib-crash', [boot])
+    const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-crash', live_import: true }))
+    await bootedAndCopying(job.id)
+    const writes: Array<[number, number, number]> = [
+      [20 * MiB, 2 * CLUSTER, 0x44],
+      [36 * MiB, 2 * CLUSTER, 0x55],
+    ]
+    // the guest's write and its flush (as an fsync does), then its qemu killed
+    guestWrite('lib-crash', ...writes[0]!)
+    guestFlush('lib-crash')
+    const pid = qemuPid('lib-crash')
+    process.kill(pid!, 'SIGKILL')
+    const restarted = await waitJob(srv.base, job.id, (j) => /crashed/.test(j.last_error?.message ?? '') || j.status !== 'running', 60_000)
+    expect([restarted.status, restarted.last_error.code, restarted.last_error.fatal]).toEqual(['running', 'E_MIG_GUEST_BOOT_FAILED', false])
+    expect(virshText('domstate', 'lib-crash')).toBe('running')
+    expect(qemuPid('lib-crash')).not.toBe(pid)
+    expect(virshText('dumpxml', 'lib-crash')).toContain("protocol='nbd'")
+    guestWrite('lib-crash', ...writes[1]!)
+    guestFlush('lib-crash')
+    // an operator (or the guest's owner) powers it off while it still copies
+    virshText('destroy', 'lib-crash')
+    const paused = await waitJob(srv.base, job.id, (j) => /shut off \(destroyed\)/.test(j.last_error?.message ?? '') || j.status !== 'running', 60_000)
+    expect(paused.status).toBe('running')
+    const done = await waitJob(srv.base, job.id, undefined, 240_000)
+    expect([done.state, done.last_error.code, done.last_error.fatal]).toEqual(['Completed', 'E_MIG_GUEST_BOOT_FAILED', false])
+    expect(done.last_error.message).toContain('crashed')
+    expect(done.last_error.message).toContain('left shut off')
+    expect(virshText('domstate', 'lib-crash')).toBe('shut off')
+    const vol = volumePath(t.dir, job.id, done.progress.disks[0].label)
+    const config = virshText('dumpxml', '--inactive', 'lib-crash')
+    expect(config).toContain(vol)
+    expect(config).not.toMatch(/<backingStore type=|nbd/)
+    expect(readFileSync(vol).equals(withWrites(readFileSync(boot), writes))).toBe(true)
+    expect(existsSync(path.join(t.dir, 'live', job.id))).toBe(false)
+    await cleanupDomains('lib-crash')
+  }, 420_000)
+
+  test('the destination fills up mid-copy: waiting for space (non-fatal), the guest runs on; space freed, the copy starts again and completes with the guest write', async () => {
+    // a server whose volumes are on a 256 MiB ext4 of their own (no blocks reserved for root)
+    const small = dataDirOnExt4(t.dir, 'full', 256 * MiB, ['-m', '0'])
+    chmodSync(small.dir, 0o755)
+    const s2 = await startServer('bun', small.dir, { ...serverEnv, MIGRATOR_IMPORT_ROOT: importRoot, MIGRATOR_SPACE_WAIT_SECONDS: '300' })
+    try {
+      const boot = makeDataBootDisk(path.join(t.dir, 'boot8.raw'), MARKER)
+      const input = buildInput('qcow2', importRoot, 'lib-full', [boot])
+      const job = await submit(s2.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-full', live_import: true }))
+      await bootedAndCopying(job.id, s2.base)
+      // another writer takes every free block while the block copy runs
+      const volumes = path.join(small.dir, 'volumes')
+      const filler = path.join(volumes, 'filler')
+      const st = statfsSync(volumes)
+      try {
+        execFileSync('fallocate', ['-l', String(Number(st.bfree) * Number(st.bsize)), filler], { stdio: 'ignore' })
+      } catch {}
+      const waiting = await waitJob(s2.base, job.id, (j) => /^waiting for space on /.test(j.last_error?.message ?? '') || j.status !== 'running', 120_000)
+      console.log(`destination full: ${JSON.stringify(waiting.last_error)} at ${waiting.progress.bytes_done} bytes`)
+      expect([waiting.status, waiting.state, waiting.last_error.code, waiting.last_error.fatal]).toEqual([
+        'running',
+        'CopyingFull',
+        'E_MIG_DISK_WRITE_FAILED',
+        false,
+      ])
+      expect(waiting.last_error.message).toContain(`waiting for space on ${volumes} `)
+      expect(virshText('domstate', 'lib-full')).toBe('running')
+      // the block copy stopped: this write lands in the overlay, and on the volume with the copy
+      const writes: Array<[number, number, number]> = [[30 * MiB, 2 * CLUSTER, 0x66]]
+      guestWrite('lib-full', ...writes[0]!)
+      const pid = qemuPid('lib-full')
+      rmSync(filler)
+      const done = await waitJob(s2.base, job.id, undefined, 240_000)
+      expect([done.state, done.last_error]).toEqual(['Completed', null])
+      expect(qemuPid('lib-full')).toBe(pid)
+      expectOnPlainVolume('lib-full', done, withWrites(readFileSync(boot), writes), small.dir)
+    } finally {
+      await s2.stop()
+      await cleanupDomains('lib-full')
+      small.unmount()
+    }
+  }, 420_000)
+
   test('the HTTP source stopped mid-copy and started again: waiting for the source, then Completed bit-exact', async () => {
     const www = path.join(t.dir, 'www')
     mkdirSync(www, { recursive: true })
-    const boot = dataBootDisk(path.join(t.dir, 'boot6.raw'))
+    const boot = makeDataBootDisk(path.join(t.dir, 'boot6.raw'), MARKER)
     const input = buildInput('qcow2', www, 'lib-http', [boot])
     const nginxDir = path.join(t.dir, 'nginx')
     let web = await startNginx(www, nginxDir)

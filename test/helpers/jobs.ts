@@ -2,6 +2,7 @@
  * Helpers for tests that drive jobs through the HTTP API: JSON calls, submitting a plan, waiting
  * for a state, reading the SSE stream, and measuring destination images.
  */
+import { expect } from 'bun:test'
 import { execFileSync } from 'node:child_process'
 import { closeSync, openSync, readSync, statSync } from 'node:fs'
 import * as path from 'node:path'
@@ -41,6 +42,18 @@ export function offlinePlan(kind: string, rel: string, extra: Record<string, unk
 /** A plan for the VM `vmId` of the vim_api source `sourceId` (registered with POST /sources), in `mode` ('Cold' or 'Warm'), with `extra` (name, start, cutover...). */
 export function livePlan(sourceId: string, vmId: string, mode: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return { source: { Live: 'vim_api' }, source_ref: { kind: 'live_vm', source_id: sourceId, vm_id: vmId }, mode, ...extra }
+}
+
+/**
+ * Waits (up to `timeoutMs`) until job `id` carries a `last_error` whose message matches `pattern`,
+ * checks that it is the non-fatal notice `code` of a job still running in `CopyingFull`, and
+ * returns the job then (its notice logged).
+ */
+export async function waitNotice(base: string, id: string, pattern: RegExp, code: string, timeoutMs: number): Promise<any> {
+  const job = await waitJob(base, id, (j) => pattern.test(j.last_error?.message ?? '') || !['running', 'queued'].includes(j.status), timeoutMs)
+  console.log(`job ${id}: ${JSON.stringify(job.last_error)} at ${job.progress.bytes_done} bytes`)
+  expect([job.status, job.state, job.last_error?.code, job.last_error?.fatal]).toEqual(['running', 'CopyingFull', code, false])
+  return job
 }
 
 /** Polls `GET /migrations/:id` every 100 ms until `pred(job)` holds (default: a terminal status); `headers` go with each poll (e.g. Basic credentials). */

@@ -11,14 +11,13 @@
  * - at Completed the domain runs on the plain volumes in the same qemu process, both volumes
  *   bit-exact with the VM's disks, the snapshot removed, the VM left powered off and marked.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { chmodSync, existsSync, readFileSync } from 'node:fs'
+import { describe, expect, test } from 'bun:test'
+import { existsSync, readFileSync } from 'node:fs'
 import * as path from 'node:path'
 import { makeDataBootDisk } from '../helpers/bootdisk.ts'
 import { bootCheckEnv, livePlan, submit, volumePath, waitJob } from '../helpers/jobs.ts'
-import { cleanupDomains, ensureLibvirt, qemuPid, virshText } from '../helpers/libvirt.ts'
-import { startServer, type RunningServer } from '../helpers/server.ts'
-import { tempDir } from '../helpers/tmp.ts'
+import { qemuPid, virshText } from '../helpers/libvirt.ts'
+import { serverSuite } from '../helpers/server-suite.ts'
 import { createTwoDiskVm, datastoreRaw, registerVcsim, startVcsim, type Vcsim } from '../helpers/vcsim.ts'
 
 const MARKER = 'MIGRATOR-LIVE-IMPORT-VIM-4410'
@@ -26,26 +25,22 @@ const MiB = 1024 * 1024
 const NAME = 'liv-cold'
 
 describe('live import of a vim_api VM (vCenter simulator)', () => {
-  const t = tempDir('mig-liv-')
   let v: Vcsim
-  let srv: RunningServer
   let sourceId = ''
-
-  beforeAll(async () => {
-    chmodSync(t.dir, 0o755)
-    await ensureLibvirt()
-    await cleanupDomains(NAME)
-    v = await startVcsim({ cbtPage: 4 * MiB })
-    srv = await startServer('bun', t.dir, { ...bootCheckEnv(MARKER), MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(2 * MiB) })
-    sourceId = await registerVcsim(srv.base, v)
-  }, 300_000)
-
-  afterAll(async () => {
-    await srv?.stop()
-    await cleanupDomains(NAME)
-    await v?.stop()
-    t.cleanup()
-  }, 60_000)
+  const { t, srv } = serverSuite({
+    prefix: NAME,
+    tmpPrefix: 'mig-liv-',
+    traversable: true,
+    setUp: async () => {
+      v = await startVcsim({ cbtPage: 4 * MiB })
+    },
+    env: { ...bootCheckEnv(MARKER), MIGRATOR_COPY_MAX_BYTES_PER_SECOND: String(2 * MiB) },
+    ready: async (s) => {
+      sourceId = await registerVcsim(s.base, v)
+    },
+    stop: (s) => [s, v],
+    timeoutMs: 300_000,
+  })
 
   test('cold: VM shut down and snapshotted, the guest boots here while copying, Completed on the plain volumes bit-exact, snapshot removed', async () => {
     const boot = makeDataBootDisk(path.join(t.dir, 'boot.raw'), MARKER, 40)

@@ -182,12 +182,6 @@ export class Virsh {
     throw new MigError('E_MIG_GUEST_BOOT_FAILED', `virsh domstate ${name} failed: ${libvirtMessage(r)}`, { details: { libvirt_uri: this.uri } })
   }
 
-  /** True when libvirt answers a call (after the reconnect window when it is away). */
-  async reachable(): Promise<boolean> {
-    const r = await this.run(['uri'])
-    return r.code === 0 || !isConnectionLoss(r)
-  }
-
   /** `virsh domstate`: `running`, `shut off`, `paused`, `crashed`, ... Throws `E_MIG_GUEST_BOOT_FAILED`. */
   async state(name: string): Promise<string> {
     return (await this.stateDetail(name)).state

@@ -246,6 +246,8 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
     const keptOffFile = path.join(dir, KEPT_OFF)
     let keptOff: string | null = await readFile(keptOffFile, 'utf8').catch(() => null)
     let libvirtAway = false
+    // the last step began with the guest running or paused
+    let stepSawActive = false
     // since when the destination has lacked space (null: it has not)
     let spaceShortSince: number | null = null
 
@@ -290,7 +292,9 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
       const listed = name && st.state !== 'absent' ? await domainDisks(virsh, name) : []
       // a domain of that name whose disks are not this import's is not the guest (yet)
       const ours = listed.some((e) => e.source.startsWith(`${dir}/`) || disks.some((d) => d.volumePath === e.source))
-      const active = st.state === 'running' || st.state === 'paused'
+      // pmsuspended: the guest suspended itself to RAM; its qemu runs, and so do the block jobs
+      const active = st.state === 'running' || st.state === 'paused' || st.state === 'pmsuspended'
+      stepSawActive = active
       if (signal.aborted) {
         const choice = input.cancelChoice ? await input.cancelChoice().catch(() => 'finish' as const) : 'destroy'
         if (choice === 'destroy' || !(name && ours)) {
@@ -395,7 +399,9 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
         }
         return pivoted.every(Boolean) && !!outcome
       }
-      if (name && guestStarted && outcome)
+      // gone (undefined) or crashed and kept so (on_crash preserve): the import cannot go on; any
+      // other state (`in shutdown`) is on its way to one handled above
+      if (name && guestStarted && outcome && (st.state === 'absent' || st.state === 'crashed'))
         throw new MigError('E_MIG_GUEST_BOOT_FAILED', `domain ${name} is ${st.state} during the live import; its writes are in ${dir}`, {
           details: { domain: name },
         })
@@ -411,10 +417,17 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
           input.onWaiting(null, 'libvirt')
         }
       } catch (e) {
+        if ((e instanceof MigError && e.code === 'E_MIG_CANCELLED') || !guestStarted || !domain) throw e
+        const now = await virsh.stateOrAway(domain).catch(() => undefined)
+        if (now) {
+          // a guest that stopped while the step worked on it (a call on a domain no longer running
+          // failed): the next step sees it shut off; any other failure is the import's
+          if (!(stepSawActive && now.state === 'shut off')) throw e
+          log('live import: the guest stopped during a step', { domain, error: (e as Error).message })
+        } else if (now === undefined) throw e
         // libvirt away longer than the client's reconnect window (a restart, an upgrade): the guest
         // and its block jobs run in qemu without it; the import waits for it, never fails for it
-        if ((e instanceof MigError && e.code === 'E_MIG_CANCELLED') || !guestStarted || (await virsh.reachable())) throw e
-        if (!libvirtAway) {
+        else if (!libvirtAway) {
           libvirtAway = true
           input.onWaiting(
             `waiting for libvirt at ${virsh.uri} (${(e as Error).message}); the guest and its block copies go on in qemu meanwhile; start libvirtd if it is stopped`,

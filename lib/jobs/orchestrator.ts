@@ -141,21 +141,15 @@ export async function runJob(deps: OrchestratorDeps): Promise<Job> {
           throw new MigError('E_MIG_INVALID_PLAN', 'plan.live_import: this source or worker cannot run a live import (docs/live-import.md)')
         // a live adapter's VM is shut down and read from one snapshot, kept while the guest's
         // overlays may need it (a failure after the guest started keeps its writes over it)
-        const cold = source.strategy === 'live' ? await coldSnapshotSource(deps, source, patch) : null
-        if (cold) carried = { nvram: cold.nvram }
+        const from = source.strategy === 'live' ? await coldSnapshotSource(deps, source, patch) : { served: source, nvram: null, release: null }
+        carried = { nvram: from.nvram }
         try {
-          liveOutcome = await deps.liveImport(
-            job,
-            cold?.served ?? (source as Extract<PreparedSource, { strategy: 'offline' }>),
-            volumes,
-            { progress: (label, done) => (tracker!.setDone(label, done), emit()), patch },
-            carried,
-          )
+          liveOutcome = await deps.liveImport(job, from.served, volumes, { progress: (label, done) => (tracker!.setDone(label, done), emit()), patch }, carried)
         } catch (e) {
-          if (cold && (!job.hardware?.boot || signal.aborted)) await cold.release()
+          if (!job.hardware?.boot || signal.aborted) await from.release?.()
           throw e
         }
-        await cold?.release()
+        await from.release?.()
         for (const d of manifest.disks) tracker.finish(d.label)
       } else if (source.strategy === 'offline') {
         const readRetry = deps.readRetry && deps.readRetry.seconds > 0 ? new ReadRetryWindow(deps.readRetry) : null

@@ -101,7 +101,12 @@ const UEFI_LOADER_FIX =
 const FAILURES: Array<[RegExp, (m: RegExpExecArray, text: string) => string]> = [
   [/Kernel panic - not syncing:?\s*([^\r\n]*)/, (m) => `the guest kernel panicked: ${m[1]!.trim().slice(0, 200)}`],
   [/ALERT!\s+(\S+)\s+does not exist/, (m) => `the kernel could not find its root device ${m[1]!.slice(0, 200)} (initramfs gave up waiting for it)`],
-  [/Gave up waiting for root (?:file system )?device/, () => 'the kernel could not find its root device (initramfs gave up waiting for it)'],
+  // initramfs-tools prints "Gave up waiting ..." a few lines before the ALERT that names the
+  // device: the verdict waits for that line, or for the shell prompt after it when there is none
+  [
+    /Gave up waiting for root (?:file system )?device[\s\S]*?^\(initramfs\)\s*$/m,
+    () => 'the kernel could not find its root device (initramfs gave up waiting for it)',
+  ],
   [/dracut-initqueue\[\d+\]: Warning: Could not boot/, () => 'dracut could not find the root device'],
   [/Could not boot\.|dracut Warning: Could not boot/, () => 'dracut could not find the root device'],
   [/VFS: Unable to mount root fs/, () => 'the kernel could not mount its root file system'],

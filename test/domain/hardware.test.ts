@@ -143,6 +143,11 @@ describe('classifySerial', () => {
       why: 'the kernel could not find its root device UUID=00000000-dead-beef-0000-000000000000 (initramfs gave up waiting for it)',
     })
     expect(classifySerial('BusyBox\n(initramfs) ')!.why).toBe('the guest dropped to the initramfs shell')
+    // the line before the ALERT that names the device is no verdict yet; without an ALERT, the
+    // shell prompt after it is
+    const gaveUp = initramfs.slice(0, initramfs.indexOf('ALERT!'))
+    expect(classifySerial(gaveUp)).toBeNull()
+    expect(classifySerial(`${gaveUp}\r\n(initramfs) `)!.why).toBe('the kernel could not find its root device (initramfs gave up waiting for it)')
     expect(classifySerial('[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n')!.why).toBe(
       'the guest kernel panicked: VFS: Unable to mount root fs on unknown-block(0,0)',
     )

@@ -54,6 +54,17 @@ export function projectDowntime(last: DeltaPassRecord, rate: number, timing: Cut
   }
 }
 
+/** Shuts the source VM down, recording the time on the job's `source_vm` when it was running. */
+async function shutDownSource(source: Extract<PreparedSource, { strategy: 'live' }>, now: () => Date, patch: (extra: JobPatch) => Promise<Job>): Promise<void> {
+  if (await source.session.shutdown(source.vmId)) await patch({ source_vm: { shut_down_at: now().toISOString(), powered_on_at: null } })
+}
+
+/** The source VM's UEFI variable store when the session carries one (a UEFI guest), else null. */
+function readSourceNvram(source: Extract<PreparedSource, { strategy: 'live' }>): Promise<CarriedNvram | null> {
+  const { session, vmId, manifest } = source
+  return manifest.firmware === 'efi' && session.readNvram ? session.readNvram(vmId) : Promise.resolve(null)
+}
+
 /**
  * The source of a live import from a live adapter (plan `live_import`, cold; docs/live-import.md):
  * the VM marked, shut down (recorded on the job's `source_vm`), its UEFI variable store read, one
@@ -69,8 +80,8 @@ export async function coldSnapshotSource(
 ): Promise<{ served: Extract<PreparedSource, { strategy: 'offline' }>; nvram: CarriedNvram | null; release(): Promise<void> }> {
   const { session, vmId, manifest } = source
   await session.mark(vmId, `migrating to this host (live import), job ${deps.jobId}`)
-  if (await session.shutdown(vmId)) await patch({ source_vm: { shut_down_at: deps.now().toISOString(), powered_on_at: null } })
-  const nvram = manifest.firmware === 'efi' && session.readNvram ? await session.readNvram(vmId) : null
+  await shutDownSource(source, deps.now, patch)
+  const nvram = await readSourceNvram(source)
   const snapshot = await session.createSnapshot(vmId, `migrator-${deps.jobId}-live`)
   return {
     served: { strategy: 'offline', manifest, openReader: (disk) => session.openDisk(vmId, snapshot, disk), close: async () => {} },
@@ -108,10 +119,8 @@ export async function copyLive(
     snapshots.push(s)
     return s
   }
-  const shutdownSource = async () => {
-    if (await session.shutdown(vmId)) await ctl.patch({ source_vm: { shut_down_at: deps.now().toISOString(), powered_on_at: null } })
-  }
-  const readNvram = async () => (manifest.firmware === 'efi' && session.readNvram ? session.readNvram(vmId) : null)
+  const shutdownSource = () => shutDownSource(source, deps.now, ctl.patch)
+  const readNvram = () => readSourceNvram(source)
   let nvram: CarriedNvram | null = null
   try {
     await session.mark(vmId, `migrating to this host, job ${deps.jobId}`)

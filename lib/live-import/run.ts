@@ -40,8 +40,7 @@ import { libvirtMessage, type Virsh } from '../domain/virsh.ts'
 import { MigError } from '../errors.ts'
 import type { LiveGuestOnCancel } from '../job.ts'
 import { sleep } from '../retry.ts'
-import { mib } from '../host/fs-space.ts'
-import { SPACE_WAIT_NOTICE, type SpaceWait } from '../pipeline/space-wait.ts'
+import { type SpaceShortage, type SpaceWait, spaceWaitExpired, spaceWaitNotice } from '../pipeline/space-wait.ts'
 import { abortBlockCopy, blockJobInfo, domainDisks, pivotBlockCopy, startBlockCopy } from './block-job.ts'
 import { NbdExportServer } from './nbd-server.ts'
 import { createOverlay } from './overlay.ts'
@@ -264,21 +263,19 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
         .then((x) => x.blocks * 512)
         .catch(() => 0)
       const needed = Math.max(0, d.capacity - held)
-      const { mount, free } = wait.spaceOf(d.volumePath)
-      if (free >= needed) return false
-      const figures = `${mib(free)} free, ${mib(needed)} needed`
+      const at = wait.spaceOf(d.volumePath)
+      if (at.free >= needed) return false
+      const shortage: SpaceShortage = {
+        code: 'E_MIG_DISK_WRITE_FAILED',
+        path: d.volumePath,
+        needed,
+        what: "the job's volumes",
+        cause: new MigError('E_MIG_DISK_WRITE_FAILED', `the block copy of disk ${d.label} stopped; the guest runs on, its writes kept in ${dir}`),
+      }
       if (spaceShortSince === null) {
         spaceShortSince = Date.now()
-        input.onWaiting(
-          `${SPACE_WAIT_NOTICE}${mount} (the file system of the job's volumes): the block copy of disk ${d.label} stopped; ${figures}; the guest runs on, its writes kept in its overlay on this host; free space on ${mount}: the copy starts again by itself, or the job fails at ${new Date(spaceShortSince + wait.seconds * 1000).toISOString()} (MIGRATOR_SPACE_WAIT_SECONDS=${wait.seconds})`,
-          'space',
-        )
-      } else if (Date.now() - spaceShortSince >= wait.seconds * 1000)
-        throw new MigError(
-          'E_MIG_DISK_WRITE_FAILED',
-          `no space left on ${mount} (the file system of the job's volumes): ${figures} after waiting ${wait.seconds} s; free space on ${mount} and submit the migration again; the guest's writes are in ${dir}`,
-          { details: { mount, free_bytes: free, needed_bytes: needed, domain } },
-        )
+        input.onWaiting(spaceWaitNotice(shortage, wait, at, spaceShortSince + wait.seconds * 1000, 'the block copy starts again by itself'), 'space')
+      } else if (Date.now() - spaceShortSince >= wait.seconds * 1000) throw spaceWaitExpired(shortage, wait, at, { domain })
       return true
     }
 

@@ -62,24 +62,45 @@ export function shortageOf(e: unknown, wait: SpaceWait, volumePath: string, rema
  * point, both figures, the fix and the original error.
  */
 export async function waitForSpace(s: SpaceShortage, wait: SpaceWait, signal: AbortSignal, notify: (message: string) => Promise<void>): Promise<void> {
-  const started = Date.now()
-  const deadline = started + wait.seconds * 1000
-  const first = wait.spaceOf(s.path)
-  const figures = (free: number) => `${mib(free)} free, ${mib(s.needed)} needed`
-  await notify(
-    `${SPACE_WAIT_NOTICE}${first.mount} (the file system of ${s.what}): ${figures(first.free)}; free space on ${first.mount}: the copy resumes from its durable watermark by itself, or the job fails at ${new Date(deadline).toISOString()} (MIGRATOR_SPACE_WAIT_SECONDS=${wait.seconds}); cause: ${s.cause.message}`,
-  )
+  const deadline = Date.now() + wait.seconds * 1000
+  await notify(spaceWaitNotice(s, wait, wait.spaceOf(s.path), deadline, 'the copy resumes from its durable watermark by itself'))
   for (;;) {
     if (signal.aborted) throw new MigError('E_MIG_CANCELLED', 'cancelled by operator')
     const now = wait.spaceOf(s.path)
     if (now.free >= s.needed) return
-    if (Date.now() >= deadline) {
-      throw new MigError(
-        s.code,
-        `no space left on ${now.mount} (the file system of ${s.what}): ${figures(now.free)} after waiting ${wait.seconds} s; free space on ${now.mount} and submit the migration again; cause: ${s.cause.message}`,
-        { cause: s.cause, details: { mount: now.mount, free_bytes: now.free, needed_bytes: s.needed } },
-      )
-    }
+    if (Date.now() >= deadline) throw spaceWaitExpired(s, wait, now)
     await sleep(wait.pollMs ?? 1000, signal).catch(() => {})
   }
+}
+
+/**
+ * The notice that starts a wait for shortage `s`: the mount point, the bytes free (`at`) and
+ * needed, what happens once there is room (`resumes`), when the job fails (`deadline`, epoch ms)
+ * and the cause.
+ */
+export function spaceWaitNotice(
+  s: SpaceShortage,
+  wait: Pick<SpaceWait, 'seconds'>,
+  at: { mount: string; free: number },
+  deadline: number,
+  resumes: string,
+): string {
+  return `${SPACE_WAIT_NOTICE}${at.mount} (the file system of ${s.what}): ${mib(at.free)} free, ${mib(s.needed)} needed; free space on ${at.mount}: ${resumes}, or the job fails at ${new Date(deadline).toISOString()} (MIGRATOR_SPACE_WAIT_SECONDS=${wait.seconds}); cause: ${s.cause.message}`
+}
+
+/**
+ * The error (shortage `s`'s code) of a wait that ran `seconds` without the space: the mount point,
+ * the bytes free (`now`) and needed, the fix, the cause; `details` are added to its own.
+ */
+export function spaceWaitExpired(
+  s: SpaceShortage,
+  wait: Pick<SpaceWait, 'seconds'>,
+  now: { mount: string; free: number },
+  details: Record<string, unknown> = {},
+): MigError {
+  return new MigError(
+    s.code,
+    `no space left on ${now.mount} (the file system of ${s.what}): ${mib(now.free)} free, ${mib(s.needed)} needed after waiting ${wait.seconds} s; free space on ${now.mount} and submit the migration again; cause: ${s.cause.message}`,
+    { cause: s.cause, details: { mount: now.mount, free_bytes: now.free, needed_bytes: s.needed, ...details } },
+  )
 }

@@ -245,6 +245,8 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
     const keptOffFile = path.join(dir, KEPT_OFF)
     let keptOff: string | null = await readFile(keptOffFile, 'utf8').catch(() => null)
     let libvirtAway = false
+    // what a step throws when libvirt stayed away through the state read's reconnect window
+    const libvirtAwayError = new MigError('E_MIG_GUEST_BOOT_FAILED', 'virsh domstate: no answer')
     // the last step began with the guest running or paused
     let stepSawActive = false
     // since when the destination has lacked space (null: it has not)
@@ -284,7 +286,7 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
       const name = outcome ? (outcome as LiveStartOutcome).domain : domain
       // The copy starts as soon as the guest runs, the boot check going on beside it.
       const st = name ? await virsh.stateOrAway(name) : { state: 'absent', reason: null }
-      if (!st) throw new MigError('E_MIG_GUEST_BOOT_FAILED', `virsh domstate ${name}: no answer`)
+      if (!st) throw libvirtAwayError
       // (a failure to list them is no "not ours": a cancel would destroy the guest)
       const listed = name && st.state !== 'absent' ? await domainDisks(virsh, name) : []
       // a domain of that name whose disks are not this import's is not the guest (yet)
@@ -415,7 +417,8 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
         }
       } catch (e) {
         if ((e instanceof MigError && e.code === 'E_MIG_CANCELLED') || !guestStarted || !domain) throw e
-        const now = await virsh.stateOrAway(domain).catch(() => undefined)
+        // (read again unless the step's own read found libvirt away: a second reconnect window)
+        const now = e === libvirtAwayError ? null : await virsh.stateOrAway(domain).catch(() => undefined)
         if (now) {
           // a guest that stopped while the step worked on it (a call on a domain no longer running
           // failed): the next step sees it shut off; any other failure is the import's

@@ -121,7 +121,7 @@ describe('libvirtd restarted while jobs need it (real libvirt, TCG)', () => {
     const pid = qemuPid(name)
     await stopLibvirtd()
     try {
-      // the poll's call waits out the reconnect window, then libvirt is asked once more
+      // the poll's state read waits out the reconnect window, then the job says it waits
       await waitNotice(srv.base, job.id, /waiting for libvirt/, 'E_MIG_GUEST_BOOT_FAILED', 4 * RECONNECT_S * 1000)
     } finally {
       await startLibvirtd()

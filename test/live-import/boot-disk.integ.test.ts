@@ -10,6 +10,8 @@
  * - at Completed the domain runs on the plain volume (domblklist, no backing store), with the same
  *   qemu pid, persistent definition on the volume, the volume equal to the source, the live
  *   directory (sockets, overlay) gone;
+ * - a disk that does not boot: the job fails on the firmware's own message, before the boot
+ *   pattern's timeout;
  * - a cancel with `{"live_guest": "destroy"}` (the CLI's `--live-guest destroy`) while the guest
  *   runs destroys it and removes what the job made;
  * - a cancel with no body (`finish`, the default) lets the copy finish: Completed with a non-fatal
@@ -42,7 +44,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, statfsSync } fr
 import * as path from 'node:path'
 import { buildInput } from '../../fixtures/inputs.ts'
 import { runCli } from '../helpers/cli.ts'
-import { makeBootDisk, makeDataBootDisk } from '../helpers/bootdisk.ts'
+import { makeBadBootDisk, makeBootDisk, makeDataBootDisk } from '../helpers/bootdisk.ts'
 import { bootCheckEnv, call, offlinePlan, submit, volumePath, waitJob, waitNotice, workerPid } from '../helpers/jobs.ts'
 import { cleanupDomains, ensureLibvirt, virshText, qemuPid } from '../helpers/libvirt.ts'
 import { startNginx } from '../helpers/nginx.ts'
@@ -175,6 +177,20 @@ describe('live import of a boot-sector guest', () => {
     expect(completedSeconds).toBeGreaterThan(bootSeconds)
     await cleanupDomains('lib-one')
   }, 300_000)
+
+  test('a disk that does not boot: Failed with E_MIG_GUEST_BOOT_FAILED from the firmware, not from the boot pattern running out', async () => {
+    const bad = makeBadBootDisk(path.join(t.dir, 'bad.raw'), 8 * MiB).path
+    const input = buildInput('qcow2', importRoot, 'lib-bad', [bad])
+    const job = await submit(srv.base, offlinePlan('qcow2', path.relative(importRoot, input.path), { name: 'lib-bad', live_import: true }))
+    const done = await waitJob(srv.base, job.id, undefined, 120_000)
+    expect([done.state, done.last_error.code, done.last_error.fatal]).toEqual(['Failed', 'E_MIG_GUEST_BOOT_FAILED', true])
+    // caught by evidence (SeaBIOS's own message), before the 20 s the pattern has (bootCheckEnv)
+    expect(done.last_error.message).toContain('did not boot: the firmware found no bootable disk')
+    expect(done.last_error.message).not.toContain('did not match')
+    expect(Number(/after ([\d.]+) s/.exec(done.last_error.message)?.[1])).toBeLessThan(20)
+    expect(virshText('domstate', 'lib-bad')).not.toBe('running')
+    await cleanupDomains('lib-bad')
+  }, 180_000)
 
   test('cancel --live-guest destroy while the guest runs and copies: the guest is destroyed, the live directory and volumes removed', async () => {
     const boot = makeDataBootDisk(path.join(t.dir, 'boot2.raw'), MARKER)

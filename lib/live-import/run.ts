@@ -272,7 +272,10 @@ export async function runLiveImport(input: LiveImportInput): Promise<LiveStartOu
         path: d.volumePath,
         needed,
         what: "the job's volumes",
-        cause: new MigError('E_MIG_DISK_WRITE_FAILED', `the block copy of disk ${d.label} stopped; the guest runs on, its writes kept in ${dir}`),
+        cause: new MigError(
+          'E_MIG_DISK_WRITE_FAILED',
+          `the block copy of disk ${d.label} stopped; the guest runs on, its writes kept in its overlay on this host`,
+        ),
       }
       if (spaceShortSince === null) {
         spaceShortSince = Date.now()
